@@ -1,0 +1,141 @@
+"""Small gymnasium envs for the tests: counting envs with known dynamics, Dict
+observations, configurable infos, and envs that fail on purpose.
+
+They are importable by worker processes (spawn), so keep them at module level.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+
+class CountingEnv(gym.Env):
+    """Observation ``[t, episode, last_action]``: ``t`` counts steps since reset.
+
+    The episode length is ``length`` when given, else drawn from the reset seed
+    in ``1..max_length``, so lengths differ by seed. At ``t == length`` the
+    episode terminates (or truncates with ``truncate=True``). The reward is the
+    action. ``steps_called``/``resets_called`` count calls to the gymnasium API.
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
+
+    def __init__(self, length: int | None = None, max_length: int = 9, truncate: bool = False,
+                 render_mode: str | None = None, frame_size: int = 8):
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, shape=(3,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(3)
+        self.fixed_length, self.max_length, self.truncate = length, max_length, truncate
+        self.render_mode = render_mode
+        self.frame_size = frame_size
+        self.steps_called = 0
+        self.resets_called = 0
+        self.episode = -1
+        self.t = 0
+        self.last_action = 0
+        self.last_seed = None
+
+    def _obs(self):
+        return np.array([self.t, self.episode, self.last_action], dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.resets_called += 1
+        self.episode += 1
+        self.t = 0
+        self.last_action = 0
+        self.last_seed = seed
+        self.length = self.fixed_length or 1 + int(self.np_random.integers(self.max_length))
+        if options and "length" in options:
+            self.length = int(options["length"])
+        return self._obs(), {"t": 0, "length": self.length, "name": "counting"}
+
+    def step(self, action):
+        self.steps_called += 1
+        self.t += 1
+        self.last_action = int(action)
+        end = self.t >= self.length
+        terminated, truncated = (False, end) if self.truncate else (end, False)
+        return self._obs(), float(action), terminated, truncated, {"t": self.t, "length": self.length, "name": "counting"}
+
+    def render(self):
+        frame = np.zeros((self.frame_size, self.frame_size + 4, 3), dtype=np.uint8)
+        frame[..., 0] = min(self.t, 255)
+        frame[..., 1] = min(self.episode, 255)
+        return frame
+
+
+class DictObsEnv(gym.Env):
+    """A Dict observation with a nested Dict and a Discrete leaf; Box actions."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Dict({
+            "position": gym.spaces.Box(-10, 10, shape=(2,), dtype=np.float32),
+            "goal": gym.spaces.Dict({
+                "target": gym.spaces.Box(-10, 10, shape=(2,), dtype=np.float32),
+                "kind": gym.spaces.Discrete(4, start=1),
+            }),
+        })
+        self.action_space = gym.spaces.Box(-1, 1, shape=(2,), dtype=np.float32)
+
+    def _obs(self):
+        return {"position": self.pos.copy(), "goal": {"target": self.target.copy(), "kind": self.kind}}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.pos = self.np_random.uniform(-1, 1, 2).astype(np.float32)
+        self.target = self.np_random.uniform(-1, 1, 2).astype(np.float32)
+        self.kind = int(self.np_random.integers(1, 5))
+        self.t = 0
+        return self._obs(), {"distance": float(np.linalg.norm(self.pos - self.target))}
+
+    def step(self, action):
+        self.t += 1
+        self.pos = np.clip(self.pos + 0.1 * np.asarray(action, dtype=np.float32), -10, 10).astype(np.float32)
+        dist = float(np.linalg.norm(self.pos - self.target))
+        success = dist < 0.1
+        return self._obs(), -dist, success, self.t >= 20, {"distance": dist, "is_success": success}
+
+
+class InfoEnv(gym.Env):
+    """Returns the info dicts it is given: ``reset_info`` and ``step_infos[t]``."""
+
+    def __init__(self, reset_info=None, step_infos=None):
+        self.observation_space = gym.spaces.Box(-1, 1, shape=(1,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.reset_info = reset_info or {}
+        self.step_infos = step_infos or [{}]
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(1, np.float32), dict(self.reset_info)
+
+    def step(self, action):
+        info = self.step_infos[min(self.t, len(self.step_infos) - 1)]
+        self.t += 1
+        return np.zeros(1, np.float32), 0.0, False, False, dict(info)
+
+
+class FailingEnv(CountingEnv):
+    """A counting env that raises on its ``fail_at``-th step (or reset with ``in_reset``)."""
+
+    def __init__(self, fail_at: int = 3, in_reset: bool = False, **kwargs):
+        super().__init__(length=100, **kwargs)
+        self.fail_at, self.in_reset = fail_at, in_reset
+
+    def reset(self, *, seed=None, options=None):
+        if self.in_reset and self.resets_called >= 1:
+            raise ValueError("reset exploded")
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        if self.steps_called + 1 >= self.fail_at:
+            raise ValueError(f"boom at step {self.steps_called + 1}")
+        return super().step(action)
+
+
+def counting(length=None, max_length=9, truncate=False, render_mode=None):
+    """A picklable factory for :class:`CountingEnv` (use with functools.partial)."""
+    return CountingEnv(length=length, max_length=max_length, truncate=truncate, render_mode=render_mode)

@@ -1,0 +1,177 @@
+"""Bad input gets clear errors; failing envs are named; the pool can still be closed."""
+
+import functools
+
+import gymnasium as gym
+import pytest
+import torch
+from tensordict import TensorDict
+from envs import CountingEnv, DictObsEnv, FailingEnv, counting
+
+from torchrl_swm import EnvError, EnvPool, SpecError
+
+
+def fresh(pool):
+    td = pool.reset()
+    return td
+
+
+@pytest.mark.parametrize(
+    "action, error, match",
+    [
+        (torch.zeros(3, dtype=torch.int64), ValueError, r"expected shape \(4,\)"),
+        (torch.zeros(4, 1, dtype=torch.int64), ValueError, r"expected shape \(4,\)"),
+        (torch.zeros(4), TypeError, "integer dtype"),
+        (torch.tensor([0, 1, 3, 0]), ValueError, r"env 2.*\[0, 3\).*got 3"),
+        (torch.tensor([0, -1, 0, 0]), ValueError, r"env 1"),
+    ],
+)
+def test_bad_discrete_actions(action, error, match):
+    pool = EnvPool([functools.partial(counting, length=10)] * 4, seed=0)
+    fresh(pool)
+    with pytest.raises(error, match=match):
+        pool._step(TensorDict({"action": action}, batch_size=[]))
+    pool.close()
+
+
+def test_bad_one_hot_action():
+    pool = EnvPool([functools.partial(counting, length=10)] * 2, seed=0, categorical_action_encoding=False)
+    assert pool.action_spec.shape == (2, 3)
+    td = fresh(pool)
+    td["action"] = torch.tensor([[1, 0, 0], [1, 1, 0]])
+    with pytest.raises(ValueError, match="env 1.*one-hot"):
+        pool._step(td)
+    td["action"] = torch.tensor([[0, 0, 1], [0, 1, 0]])
+    out = pool.step(td)["next"]
+    assert out["reward"].view(-1).tolist() == [2.0, 1.0]
+    pool.close()
+
+
+def test_box_action_dtype_and_shape():
+    pool = EnvPool([DictObsEnv] * 2, seed=0)
+    td = fresh(pool)
+    td["action"] = torch.zeros(2, 2, dtype=torch.int64)
+    with pytest.raises(TypeError, match="floating dtype"):
+        pool._step(td)
+    td["action"] = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match=r"expected shape \(2, 2\)"):
+        pool._step(td)
+    pool.close()
+
+
+def test_frozen_rows_actions_are_not_validated():
+    pool = EnvPool([functools.partial(counting, length=10)] * 2, seed=0)
+    td = fresh(pool)
+    td["action"] = torch.tensor([1, 99])
+    td["_step"] = torch.tensor([[True], [False]])
+    assert pool.step(td)["next", "reward"].view(-1).tolist() == [1.0, 0.0]
+    pool.close()
+
+
+def test_env_raising_in_step_is_named_and_chained_and_pool_closes():
+    fns = [functools.partial(counting, length=50)] * 3 + [functools.partial(FailingEnv, fail_at=3)]
+    pool = EnvPool(fns, seed=0)
+    td = pool.reset()
+    td["action"] = torch.zeros(4, dtype=torch.int64)
+    pool.step(td)  # the probe made step 1, this is step 2
+    with pytest.raises(EnvError, match=r"env 3 \(step\): ValueError: boom") as err:
+        pool.step(td)
+    assert err.value.env_index == 3 and isinstance(err.value.__cause__, ValueError)
+    pool.close()
+    assert pool.is_closed
+
+
+def test_env_raising_in_reset_is_named():
+    fns = [functools.partial(counting, length=50), functools.partial(FailingEnv, in_reset=True)]
+    pool = EnvPool(fns, seed=0)
+    with pytest.raises(EnvError, match=r"env 1 \(reset\): ValueError: reset exploded") as err:
+        pool.reset()
+    assert isinstance(err.value.__cause__, ValueError)
+    pool.close()
+
+
+def test_factory_returning_a_non_env():
+    with pytest.raises(TypeError, match=r"env_fns\[1\] returned builtins.int, expected a gymnasium.Env"):
+        EnvPool([CountingEnv, lambda: 3])
+
+
+def test_factory_raising_is_named_and_earlier_envs_are_closed():
+    closed = []
+
+    class Tracked(CountingEnv):
+        def close(self):
+            closed.append(True)
+
+    def bad():
+        raise RuntimeError("cannot build")
+
+    with pytest.raises(EnvError, match=r"env 1 \(make\).*cannot build"):
+        EnvPool([Tracked, bad])
+    assert closed == [True]
+
+
+def test_spaces_must_match_and_first_differing_env_is_named():
+    def other():
+        env = CountingEnv()
+        env.action_space = gym.spaces.Discrete(5)
+        return env
+
+    with pytest.raises(EnvError, match=r"env 2 \(make\): action_space Discrete\(5\)"):
+        EnvPool([CountingEnv, CountingEnv, other, other])
+
+
+def test_unsupported_observation_space_is_named():
+    class TupleEnv(CountingEnv):
+        def __init__(self):
+            super().__init__()
+            self.observation_space = gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Discrete(3)))
+
+    with pytest.raises(SpecError, match="Tuple"):
+        EnvPool([TupleEnv])
+
+
+def test_reserved_dict_key_is_rejected():
+    class Clash(DictObsEnv):
+        def __init__(self):
+            super().__init__()
+            self.observation_space = gym.spaces.Dict({"reward": gym.spaces.Box(0, 1, (1,))})
+
+    with pytest.raises(SpecError, match="'reward'"):
+        EnvPool([Clash])
+
+
+def test_observation_of_wrong_shape_is_named():
+    class WrongShape(CountingEnv):
+        def step(self, action):
+            obs, *rest = super().step(action)
+            return obs[:2], *rest
+
+    pool = EnvPool([CountingEnv, WrongShape], seed=0)
+    td = pool.reset()
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(EnvError, match=r"env 1 \(step\): observation \('observation',\): expected shape \(3,\)"):
+        pool.step(td)
+    pool.close()
+
+
+def test_unknown_env_id_and_misused_kwargs():
+    with pytest.raises(gym.error.Error, match="CartPol"):
+        EnvPool("CartPol-v1", num_envs=2)
+    with pytest.raises(ValueError, match="num_envs"):
+        EnvPool("CartPole-v1")
+    with pytest.raises(TypeError, match="only accepted with a gymnasium id"):
+        EnvPool([CountingEnv], max_episode_steps=3)
+    with pytest.raises(TypeError, match="sequence of zero-argument factories"):
+        EnvPool(CountingEnv())
+
+
+def test_close_twice_and_double_close_errors_are_reported():
+    class BadClose(CountingEnv):
+        def close(self):
+            raise OSError("disk gone")
+
+    pool = EnvPool([CountingEnv, BadClose], seed=0)
+    with pytest.raises(EnvError, match=r"env 1 \(close\): OSError: disk gone"):
+        pool.close()
+    pool.close(raise_if_closed=False)  # a second close is harmless
+    assert pool.is_closed

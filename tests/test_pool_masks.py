@@ -1,0 +1,208 @@
+"""EnvPool masks and terminal observations: "_reset", "_step", mask isolation, dynamics continuity."""
+
+import functools
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from envs import CountingEnv, counting
+from tensordict import TensorDict
+from torchrl.testing import rollout_consistency_assertion
+
+from torchrl_swm import EnvPool
+
+
+def counting_pool(n=4, seed=0, **kwargs):
+    return EnvPool([functools.partial(counting, **kwargs)] * n, seed=seed)
+
+
+def reset_mask(n, rows):
+    mask = torch.zeros(n, 1, dtype=torch.bool)
+    mask[list(rows)] = True
+    return TensorDict({"_reset": mask}, batch_size=[n])
+
+
+def test_partial_reset_touches_only_masked_rows():
+    pool = counting_pool(4, length=50)
+    pool.reset()
+    td = pool.reset()
+    for _ in range(3):
+        td["action"] = torch.ones(4, dtype=torch.int64)
+        td = pool.step(td)["next"].clone()
+    resets_before = [env.resets_called for env in pool.envs]
+    steps_before = [env.steps_called for env in pool.envs]
+    out = pool.reset(td.update(reset_mask(4, [1])))
+    assert [env.resets_called for env in pool.envs] == [r + (i == 1) for i, r in enumerate(resets_before)]
+    assert [env.steps_called for env in pool.envs] == steps_before
+    # row 1 restarted at t=0; the others keep t=3
+    assert out["observation"][:, 0].tolist() == [3.0, 0.0, 3.0, 3.0]
+    pool.close()
+
+
+def test_reset_output_has_full_batch_and_false_done_on_reset_rows():
+    pool = counting_pool(3, length=1)
+    td = pool.reset()
+    td["action"] = torch.zeros(3, dtype=torch.int64)
+    nxt = pool.step(td)["next"]
+    assert nxt["done"].all() and nxt["terminated"].all() and not nxt["truncated"].any()
+    out = pool._reset(reset_mask(3, [0]))
+    assert out.batch_size == torch.Size([3])
+    assert not out["done"][0] and out["done"][1:].all()  # unmasked rows are left as they were
+    pool.close()
+
+
+def test_terminal_observation_is_exact_and_reset_obs_follows():
+    pool = counting_pool(2, length=3)
+    td = pool.reset()
+    seen = []
+    for _ in range(7):
+        td["action"] = torch.tensor([1, 2])
+        td, td_next = pool.step_and_maybe_reset(td)
+        seen.append((td["next", "observation"][:, 0].tolist(), td["next", "done"].view(-1).tolist(),
+                     td_next["observation"][:, 0].tolist()))
+        td = td_next
+    # step 3 is the done step: next obs is the terminal count 3, the root of the next step is the reset obs 0
+    assert seen[2] == ([3.0, 3.0], [True, True], [0.0, 0.0])
+    assert seen[3][0] == [1.0, 1.0]
+    pool.close()
+
+
+def test_mask_isolation_two_same_seed_pools():
+    """Reset row k in one of two same-seed pools; every other row stays identical for 300 steps."""
+    n, k = 6, 2
+    a = EnvPool("CartPole-v1", num_envs=n, seed=7)
+    b = EnvPool("CartPole-v1", num_envs=n, seed=7)
+    ta, tb = a.reset(), b.reset()
+    gen = torch.Generator().manual_seed(0)
+    for t in range(300):
+        if t == 10:
+            tb = b.reset(tb.update(reset_mask(n, [k])))
+        action = torch.randint(0, 2, (n,), generator=gen)
+        ta["action"], tb["action"] = action, action.clone()
+        ra, ta = a.step_and_maybe_reset(ta)
+        rb, tb = b.step_and_maybe_reset(tb)
+        others = [i for i in range(n) if i != k]
+        assert (ra[others] == rb[others]).all(), f"rows other than {k} diverged at step {t}"
+    assert not torch.equal(ra["next", "observation"][k], rb["next", "observation"][k])
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+def test_dynamics_continuity_counting_env_300_steps(truncate):
+    """obs[t+1] == obs[t] + 1 within an episode; a reset restarts at 0; the episode counter grows."""
+    n = 5
+    pool = counting_pool(n, seed=3, max_length=9, truncate=truncate)
+    rollout = pool.rollout(320, break_when_any_done=False)
+    obs, nxt = rollout["observation"][..., 0], rollout["next", "observation"][..., 0]
+    done = rollout["next", "done"].squeeze(-1)
+    assert torch.equal(nxt, obs + 1)
+    assert torch.equal(rollout["observation"][:, 1:, 0][done[:, :-1]], torch.zeros(int(done[:, :-1].sum())))
+    assert torch.equal(rollout["observation"][:, 1:][~done[:, :-1]], rollout["next", "observation"][:, :-1][~done[:, :-1]])
+    mixed = ((done.any(0)) & ~(done.all(0))).sum()
+    assert mixed > 100, "most steps should mix done and running rows"
+    # each episode's length matches its seed-drawn length (info "length")
+    lengths = rollout["next", "info", "length"].squeeze(-1)
+    assert torch.equal(nxt[done], lengths[done].float())
+    key = "truncated" if truncate else "terminated"
+    assert torch.equal(rollout["next", key], rollout["next", "done"])
+    rollout_consistency_assertion(rollout, done_key="done", observation_key="observation", done_strict=True)
+    pool.close()
+
+
+def test_partial_step_freezes_rows_and_does_not_call_step():
+    pool = counting_pool(4, length=50)
+    td = pool.reset()
+    td["action"] = torch.tensor([1, 1, 2, 2])
+    td = pool.step(td)["next"].clone()
+    td["action"] = torch.tensor([1, 1, 2, 2])
+    td["_step"] = torch.tensor([[True], [False], [True], [False]])
+    before = [env.steps_called for env in pool.envs]
+    frozen_obs = td["observation"][[1, 3]].clone()
+    out = pool.step(td)["next"]
+    assert [env.steps_called for env in pool.envs] == [before[0] + 1, before[1], before[2] + 1, before[3]]
+    assert torch.equal(out["observation"][[1, 3]], frozen_obs)
+    assert out["reward"].view(-1).tolist() == [1.0, 0.0, 2.0, 0.0]
+    assert torch.equal(out["info", "t"].view(-1), torch.tensor([2, 1, 2, 1]))
+    pool.close()
+
+
+def test_frozen_done_row_keeps_reporting_done():
+    pool = counting_pool(2, length=1)
+    td = pool.reset()
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    td = pool.step(td)["next"].clone()
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    td["_step"] = torch.tensor([[False], [True]])
+    out = pool.step(td)["next"]
+    assert out["done"][0] and out["terminated"][0] and out["reward"][0] == 0
+    pool.close()
+
+
+def test_rollout_break_when_all_done_steps_each_env_exactly_its_length():
+    lengths = [2, 5, 3, 7]
+    pool = EnvPool([functools.partial(counting, length=length) for length in lengths], seed=0)
+    rollout = pool.rollout(50, break_when_any_done=False, break_when_all_done=True)
+    assert rollout.shape == (4, max(lengths))
+    assert [env.steps_called for env in pool.envs] == [length + 1 for length in lengths]  # +1: the probe step
+    final = rollout["next", "observation"][:, -1, 0]
+    assert final.tolist() == [float(x) for x in lengths]
+    pool.close()
+
+
+def test_step_mask_all_false_is_a_no_op():
+    pool = counting_pool(3, length=10)
+    td = pool.reset()
+    td["action"] = torch.zeros(3, dtype=torch.int64)
+    td["_step"] = torch.zeros(3, 1, dtype=torch.bool)
+    before = [env.steps_called for env in pool.envs]
+    pool.step(td)
+    assert [env.steps_called for env in pool.envs] == before
+    pool.close()
+
+
+@pytest.mark.parametrize(
+    "mask, error",
+    [
+        (torch.ones(3, 1, dtype=torch.bool), ValueError),
+        (torch.ones(4, 1, dtype=torch.int64), TypeError),
+    ],
+)
+def test_bad_masks_raise_clear_errors(mask, error):
+    pool = counting_pool(4, length=10)
+    pool.reset()
+    with pytest.raises(error, match="_reset"):
+        pool._reset(TensorDict({"_reset": mask}, batch_size=[]))
+    pool.close()
+
+
+def test_bad_step_mask_shape():
+    pool = counting_pool(4, length=10)
+    td = pool.reset()
+    td["action"] = torch.zeros(4, dtype=torch.int64)
+    td.set("_step", torch.ones(4, 2, 2, dtype=torch.bool))
+    pool.step(td)  # (N, extra...) is reduced with any(), like SerialEnv
+    bad = pool.reset()
+    bad["action"] = torch.zeros(4, dtype=torch.int64)
+    with pytest.raises(TypeError, match="_step"):
+        pool._step(bad.set("_step", torch.ones(4, 1)))
+    pool.close()
+
+
+def test_gymnasium_env_untouched_by_other_rows_reset():
+    pool = EnvPool("CartPole-v1", num_envs=3, seed=1)
+    pool.reset()
+    states = [np.array(env.unwrapped.state).copy() for env in pool.envs]
+    pool.reset(reset_mask(3, [2]))
+    for i in (0, 1):
+        assert np.array_equal(pool.envs[i].unwrapped.state, states[i])
+    assert not np.array_equal(pool.envs[2].unwrapped.state, states[2])
+    pool.close()
+
+
+def test_env_instances_are_distinct():
+    pool = counting_pool(3)
+    assert len({id(env) for env in pool.envs}) == 3 and all(isinstance(e, CountingEnv) for e in pool.envs)
+    assert isinstance(pool.envs[0], gym.Env)
+    pool.close()

@@ -1,0 +1,115 @@
+"""Seeding: set_seed schedules, reset(seed=...) forms, options, and reproducibility."""
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+from envs import CountingEnv, counting
+
+from torchrl_swm import EnvPool
+
+
+def seeds_of(td):
+    return td["episode_seed"].view(-1).tolist()
+
+
+def test_set_seed_gives_env_i_seed_s_plus_i_then_unique_later_seeds():
+    n = 3
+    pool = EnvPool([functools.partial(counting, length=2)] * n)
+    pool.set_seed(100)
+    td = pool.reset()
+    assert seeds_of(td) == [100, 101, 102]
+    assert [env.last_seed for env in pool.envs] == [100, 101, 102]
+    rollout = pool.rollout(6, break_when_any_done=False)
+    # every env resets every 2 steps: its k-th episode has seed 100 + i + k * n
+    episode_seeds = rollout["next", "episode_seed"][:, :, 0]
+    # the rollout itself starts with a reset, so each env is on its 2nd seed at t=0
+    assert episode_seeds[:, 0].tolist() == [103, 104, 105]
+    assert episode_seeds[:, 2].tolist() == [106, 107, 108]
+    assert len(set(rollout["episode_seed"].unique().tolist())) == 9
+    pool.close()
+
+
+def test_same_seed_same_rollout_and_different_seed_differs():
+    def run(seed):
+        pool = EnvPool("CartPole-v1", num_envs=4, seed=seed)
+        torch.manual_seed(0)
+        out = pool.rollout(120, break_when_any_done=False)
+        pool.close()
+        return out
+
+    a, b, c = run(5), run(5), run(6)
+    assert (a == b).all()
+    assert not torch.equal(a["observation"], c["observation"])
+
+
+@pytest.mark.parametrize(
+    "seed, expected",
+    [
+        (7, [7, 8, 9]),
+        (np.int64(7), [7, 8, 9]),
+        (np.int32(7), [7, 8, 9]),
+        ([5, 50, 500], [5, 50, 500]),
+        ((5, 50, 500), [5, 50, 500]),
+        (np.array([5, 50, 500]), [5, 50, 500]),
+        (torch.tensor([5, 50, 500]), [5, 50, 500]),
+    ],
+)
+def test_reset_seed_forms(seed, expected):
+    pool = EnvPool([functools.partial(counting, length=2)] * 3)
+    assert seeds_of(pool.reset(seed=seed)) == expected
+    assert [env.last_seed for env in pool.envs] == expected
+    pool.close()
+
+
+@pytest.mark.parametrize("seed, error", [([1, 2], ValueError), (np.arange(4), ValueError), (-1, ValueError), (1.5, TypeError)])
+def test_bad_seeds(seed, error):
+    pool = EnvPool([functools.partial(counting, length=2)] * 3)
+    with pytest.raises(error, match="seed"):
+        pool.reset(seed=seed)
+    pool.close()
+
+
+def test_options_dict_is_copied_per_env_and_list_is_per_env():
+    pool = EnvPool([functools.partial(counting)] * 3, seed=0)
+    shared = {"length": 4, "payload": []}
+    pool.reset(options=shared)
+    assert [env.length for env in pool.envs] == [4, 4, 4]
+    pool.reset(options=[{"length": 1}, None, {"length": 3}])
+    assert pool.envs[0].length == 1 and pool.envs[2].length == 3
+    with pytest.raises(ValueError, match="options"):
+        pool.reset(options=[{"length": 1}])
+    pool.close()
+
+
+class OptionsRecorder(CountingEnv):
+    def reset(self, *, seed=None, options=None):
+        self.options_seen = options
+        return super().reset(seed=seed, options=options)
+
+
+def test_options_are_distinct_objects():
+    pool = EnvPool([OptionsRecorder] * 2, seed=0)
+    pool.reset(options={"payload": [1]})
+    a, b = (env.options_seen for env in pool.envs)
+    assert a == b and a is not b and a["payload"] is not b["payload"]
+    pool.close()
+
+
+def test_unseeded_pools_still_record_distinct_seeds():
+    pool = EnvPool([functools.partial(counting, length=2)] * 4)
+    seeds = seeds_of(pool.reset())
+    assert len(set(seeds)) == 4 and all(s >= 0 for s in seeds)
+    pool.close()
+
+
+def test_partial_reset_with_seed_only_reseeds_masked_rows():
+    from tensordict import TensorDict
+
+    pool = EnvPool([functools.partial(counting, length=5)] * 3, seed=0)
+    td = pool.reset()
+    mask = torch.tensor([[False], [True], [False]])
+    out = pool.reset(td.update(TensorDict({"_reset": mask}, [3])), seed=[10, 20, 30])
+    assert seeds_of(out) == [0, 20, 2]
+    pool.close()

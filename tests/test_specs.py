@@ -1,0 +1,85 @@
+"""Space <-> spec conversion (torchrl_swm.specs)."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torchrl.data import Binary, Bounded, Categorical, Composite, MultiCategorical, MultiOneHot, OneHot, Unbounded
+
+from torchrl_swm import SpecError
+from torchrl_swm.specs import batch_spec, space_to_spec, spec_to_space
+
+
+def test_box_bounded_and_unbounded():
+    spec = space_to_spec(gym.spaces.Box(-1.0, 2.0, shape=(3,), dtype=np.float32))
+    assert isinstance(spec, Bounded) and spec.shape == (3,) and spec.dtype == torch.float32
+    assert torch.equal(spec.space.low, torch.full((3,), -1.0)) and torch.equal(spec.space.high, torch.full((3,), 2.0))
+    spec = space_to_spec(gym.spaces.Box(-np.inf, np.inf, shape=(2, 2), dtype=np.float64))
+    assert isinstance(spec, Unbounded) and spec.shape == (2, 2) and spec.dtype == torch.float64
+
+
+def test_discrete_categorical_and_one_hot():
+    spec = space_to_spec(gym.spaces.Discrete(5))
+    assert isinstance(spec, Categorical) and spec.shape == () and spec.dtype == torch.int64 and spec.space.n == 5
+    spec = space_to_spec(gym.spaces.Discrete(5), categorical=False)
+    assert isinstance(spec, OneHot) and spec.shape == (5,) and spec.dtype == torch.int64
+
+
+def test_multi_spaces():
+    spec = space_to_spec(gym.spaces.MultiDiscrete([2, 3]))
+    assert isinstance(spec, MultiCategorical) and spec.shape == (2,)
+    assert isinstance(space_to_spec(gym.spaces.MultiDiscrete([2, 3]), categorical=False), MultiOneHot)
+    spec = space_to_spec(gym.spaces.MultiBinary(4))
+    assert isinstance(spec, Binary) and spec.shape == (4,) and spec.dtype == torch.int8
+
+
+def test_nested_dict():
+    space = gym.spaces.Dict({"a": gym.spaces.Box(0, 1, (2,)), "b": gym.spaces.Dict({"c": gym.spaces.Discrete(3)})})
+    spec = space_to_spec(space)
+    assert isinstance(spec, Composite)
+    assert spec["a"].shape == (2,) and isinstance(spec["b", "c"], Categorical)
+    batched = batch_spec(spec, (4,))
+    assert batched.shape == (4,) and batched["a"].shape == (4, 2) and batched["b", "c"].shape == (4,)
+
+
+@pytest.mark.parametrize(
+    "space",
+    [gym.spaces.Tuple((gym.spaces.Discrete(2),)), gym.spaces.Text(5), gym.spaces.Sequence(gym.spaces.Discrete(2))],
+)
+def test_unsupported_space_names_the_type(space):
+    with pytest.raises(SpecError, match=type(space).__name__) as info:
+        space_to_spec(space, name="observation_space")
+    assert "expected one of Box, Discrete" in str(info.value)
+
+
+def test_unsupported_leaf_inside_dict_names_the_key():
+    with pytest.raises(SpecError, match=r"\['bad'\].*Tuple"):
+        space_to_spec(gym.spaces.Dict({"bad": gym.spaces.Tuple((gym.spaces.Discrete(2),))}), name="obs")
+
+
+_dtypes = st.sampled_from([np.float32, np.float64, np.int64, np.uint8])
+_shapes = st.lists(st.integers(1, 4), min_size=0, max_size=3).map(tuple)
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=_shapes, dtype=_dtypes, bounded=st.booleans())
+def test_box_round_trip(shape, dtype, bounded):
+    if np.dtype(dtype).kind == "f" and not bounded:
+        space = gym.spaces.Box(-np.inf, np.inf, shape=shape, dtype=dtype)
+    else:
+        space = gym.spaces.Box(0, 9, shape=shape, dtype=dtype)
+    spec = space_to_spec(space)
+    assert spec.shape == shape and spec.dtype == torch.from_numpy(np.zeros(0, dtype)).dtype
+    back = spec_to_space(spec)
+    assert back == space
+    sample = torch.as_tensor(space.sample())
+    assert spec.is_in(sample)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 20), nvec=st.lists(st.integers(2, 6), min_size=1, max_size=4), m=st.integers(1, 6))
+def test_discrete_round_trips(n, nvec, m):
+    for space in (gym.spaces.Discrete(n), gym.spaces.MultiDiscrete(nvec), gym.spaces.MultiBinary(m)):
+        assert spec_to_space(space_to_spec(space)) == space

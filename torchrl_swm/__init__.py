@@ -1,0 +1,46 @@
+"""torchrl_swm: batched gymnasium pools and world-model environments for TorchRL.
+
+Public API (imported lazily, so ``import torchrl_swm`` stays cheap):
+
+* :class:`EnvPool`: N gymnasium envs as one TorchRL env with batch ``[N]``.
+* :class:`WorldModelEnv`, :func:`make_world_model_env`: a learned model as a batched TorchRL env.
+* :func:`make_env`, :func:`register_backend`, :func:`list_backends`: one factory for both.
+* :func:`to_gymnasium`, :func:`to_sb3_vec_env`, :func:`register_gymnasium_env`: export.
+* :class:`World`, :func:`load_dataset`, :class:`History`: evaluation and datasets.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .errors import EnvError, SpecError
+
+_LAZY = {
+    "EnvPool": "torchrl_swm.pool",
+    "WorldModelEnv": "torchrl_swm.world_model",
+    "make_world_model_env": "torchrl_swm.world_model",
+    "make_env": "torchrl_swm.factory",
+    "register_backend": "torchrl_swm.factory",
+    "list_backends": "torchrl_swm.factory",
+    "to_gymnasium": "torchrl_swm.export",
+    "to_sb3_vec_env": "torchrl_swm.export",
+    "register_gymnasium_env": "torchrl_swm.export",
+    "World": "torchrl_swm.world",
+    "load_dataset": "torchrl_swm.data",
+    "History": "torchrl_swm.transforms",
+}
+
+__all__ = ["EnvError", "SpecError", *_LAZY]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torchrl_swm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(__all__)

@@ -1,0 +1,52 @@
+"""Errors raised by torchrl_swm, formatted in one place.
+
+Every error that concerns one sub-environment names its index, says what was
+expected and what was received, and chains the original exception (``raise
+... from err``) so no traceback is lost.
+"""
+
+from __future__ import annotations
+
+__all__ = ["EnvError", "SpecError", "describe"]
+
+
+def describe(value) -> str:
+    """A short description of ``value`` for error messages: type, dtype, shape."""
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"{type(value).__name__}(dtype={dtype}, shape={tuple(shape)})"
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+class EnvError(RuntimeError):
+    """A sub-environment failed or produced data that does not fit the pool.
+
+    Attributes:
+        env_index: index of the sub-environment in the pool, or ``None`` when
+            the error is not tied to one env.
+        phase: what the pool was doing: ``"reset"``, ``"step"``, ``"render"``...
+    """
+
+    def __init__(self, env_index: int | None, phase: str, message: str):
+        self.env_index = env_index
+        self.phase = phase
+        where = f"env {env_index}" if env_index is not None else "pool"
+        super().__init__(f"{where} ({phase}): {message}")
+
+    def __reduce__(self):  # picklable across worker processes
+        return (_rebuild_env_error, (self.env_index, self.phase, self.args[0]))
+
+
+def _rebuild_env_error(env_index, phase, full_message):
+    err = EnvError.__new__(EnvError)
+    RuntimeError.__init__(err, full_message)
+    err.env_index, err.phase = env_index, phase
+    return err
+
+
+class SpecError(TypeError):
+    """A space, spec or declared key cannot be converted or does not match."""

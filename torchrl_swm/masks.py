@@ -1,0 +1,52 @@
+"""Per-env masks: TorchRL's ``"_reset"`` and ``"_step"`` keys turned into row indices.
+
+Every env of the package (the pool, its backends, the world-model env) reads
+its masks through :func:`mask_rows`, so a mask means the same thing everywhere:
+a bool tensor shaped like the done leaf, ``(N, 1)``, True for the rows to act on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["mask_rows", "row_mask"]
+
+
+def row_mask(mask: torch.Tensor, num_envs: int, key: str) -> torch.Tensor:
+    """Validate ``mask`` and reduce it to one bool per env, shape ``(num_envs,)``.
+
+    Accepted shapes are ``(N, 1)`` (the done shape TorchRL sends), ``(N,)``, and
+    ``(N, *extra)`` reduced with ``any`` over the extra dims, as ``SerialEnv`` does.
+
+    Raises:
+        TypeError: when the mask is not a bool tensor.
+        ValueError: when its leading dim is not ``num_envs``.
+    """
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{key!r} mask: expected a bool torch.Tensor of shape ({num_envs}, 1), got {type(mask).__name__}")
+    if mask.dtype is not torch.bool:
+        raise TypeError(f"{key!r} mask: expected dtype torch.bool, got {mask.dtype} (shape {tuple(mask.shape)})")
+    if mask.ndim == 0 or mask.shape[0] != num_envs:
+        raise ValueError(
+            f"{key!r} mask: expected shape ({num_envs}, 1) (or ({num_envs},)), got {tuple(mask.shape)}"
+        )
+    if mask.ndim == 1:
+        return mask
+    if mask.ndim == 2 and mask.shape[1] == 1:
+        return mask.view(num_envs)
+    return mask.reshape(num_envs, -1).any(-1)
+
+
+def mask_rows(mask: torch.Tensor | None, num_envs: int, key: str) -> np.ndarray | None:
+    """Row indices selected by ``mask``, or ``None`` when every row is selected.
+
+    ``None`` (no mask) selects every row. The result is an int64 numpy array
+    (possibly empty) so that backends index their buffers without torch.
+    """
+    if mask is None:
+        return None
+    flags = row_mask(mask, num_envs, key).cpu().numpy()
+    if flags.all():
+        return None
+    return np.flatnonzero(flags)

@@ -1,0 +1,134 @@
+"""Preallocated host buffers for every output leaf, and the snapshots handed to TorchRL.
+
+All leaves of a pool (observations, reward, done flags, infos, pixels, seeds)
+live in **one flat byte buffer** allocated once, at aligned offsets. Backends
+write rows of it in place through numpy views (a worker process writes into the
+same layout in shared memory). Each step hands TorchRL a *snapshot*: fresh
+tensors, so a tensordict returned by ``step`` never changes when later steps
+run (rollouts stack them).
+
+* On CPU a snapshot is one ``clone`` per leaf.
+* On an accelerator the flat buffer is pinned and a snapshot is **one**
+  host-to-device copy of the whole buffer; the leaves are views of the copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from ..specs import numpy_dtype
+
+__all__ = ["BufferLayout", "HostBuffers"]
+
+Key = tuple[str, ...]
+_ALIGN = 64
+
+
+@dataclass(frozen=True)
+class LeafSlot:
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    offset: int
+    nbytes: int
+
+
+class BufferLayout:
+    """Where each leaf lives in the flat buffer. Picklable, so workers can attach to it.
+
+    Args:
+        leaves: ``{nested key tuple: (shape, dtype)}`` with the batch dim first.
+    """
+
+    def __init__(self, leaves: Mapping[Key, tuple[tuple[int, ...], np.dtype]]):
+        self.slots: dict[Key, LeafSlot] = {}
+        offset = 0
+        for key, (shape, dtype) in leaves.items():
+            dtype = numpy_dtype(dtype)
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            self.slots[key] = LeafSlot(tuple(int(s) for s in shape), dtype, offset, nbytes)
+            offset += -(-nbytes // _ALIGN) * _ALIGN
+        self.nbytes = max(offset, _ALIGN)
+
+    def views(self, flat: np.ndarray) -> dict[Key, np.ndarray]:
+        """Numpy views of every leaf inside ``flat`` (a uint8 array of ``nbytes``)."""
+        return {
+            key: flat[s.offset : s.offset + s.nbytes].view(s.dtype).reshape(s.shape)
+            for key, s in self.slots.items()
+        }
+
+
+def _nest(flat: Mapping[Key, torch.Tensor]) -> dict:
+    nested: dict = {}
+    for key, value in flat.items():
+        node = nested
+        for part in key[:-1]:
+            node = node.setdefault(part, {})
+        node[key[-1]] = value
+    return nested
+
+
+class HostBuffers:
+    """The pool's host-side buffers, and snapshots of them on the pool's device.
+
+    Args:
+        layout: the leaf layout.
+        device: where snapshots live.
+        flat: an existing uint8 tensor to use as storage (e.g. shared memory);
+            allocated here when ``None`` (pinned when ``device`` is CUDA).
+        single_copy: snapshot with one copy of the flat buffer and views of it
+            (default: on any device but the CPU). Exposed so tests can run
+            the accelerator path on CPU.
+    """
+
+    def __init__(
+        self,
+        layout: BufferLayout,
+        device: torch.device,
+        flat: torch.Tensor | None = None,
+        single_copy: bool | None = None,
+    ):
+        self.layout = layout
+        self.device = torch.device(device)
+        self.single_copy = self.device.type != "cpu" if single_copy is None else single_copy
+        if flat is None:
+            flat = torch.zeros(layout.nbytes, dtype=torch.uint8)
+            if self.device.type == "cuda":
+                flat = flat.pin_memory()
+        self.flat = flat
+        self.arrays = layout.views(flat.numpy())
+        self.tensors = {key: torch.from_numpy(array) for key, array in self.arrays.items()}
+        self._copy_done = None  # CUDA event of the last device copy
+
+    def wait_for_copy(self) -> None:
+        """Block until the last host-to-device copy has read the host buffer."""
+        if self._copy_done is not None:
+            self._copy_done.synchronize()
+            self._copy_done = None
+
+    def snapshot(self, keys, batch_size: torch.Size) -> TensorDict:
+        """A TensorDict of fresh tensors holding the current values of ``keys``."""
+        if self.single_copy:
+            leaves = self._device_leaves(keys)
+        else:
+            tensors = self.tensors
+            leaves = {key: tensors[key].clone() for key in keys}
+        return TensorDict._new_unsafe(_nest(leaves), batch_size=batch_size, device=self.device)
+
+    def _device_leaves(self, keys) -> dict[Key, torch.Tensor]:
+        # One copy of the whole flat buffer, then typed views of it.
+        flat = self.flat.to(self.device, non_blocking=True, copy=True)
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+            self._copy_done = event
+        out = {}
+        for key in keys:
+            slot = self.layout.slots[key]
+            raw = flat[slot.offset : slot.offset + slot.nbytes]
+            out[key] = raw.view(self.tensors[key].dtype).view(slot.shape)
+        return out

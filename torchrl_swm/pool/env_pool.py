@@ -1,0 +1,298 @@
+"""EnvPool: N gymnasium environments as one batched TorchRL environment.
+
+The pool is a :class:`torchrl.envs.EnvBase` with ``batch_size == [N]``. It honours
+TorchRL's per-env masks (``"_reset"`` resets only the masked rows, ``"_step"``
+steps only the masked rows and freezes the others), never auto-resets inside a
+step (so ``("next", "observation")`` at a done step is the true terminal
+observation), stacks numeric ``info`` values into ``("info", key)`` leaves of
+shape ``(N, 1, *value_shape)``, and writes everything into buffers allocated
+once.
+
+Data path of one step::
+
+    td["action"] -> ActionCodec.decode -> backend.step (gymnasium env.step, RowWriter
+    writes row i of the host buffers) -> HostBuffers.snapshot -> TensorDict
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDictBase
+from torchrl.data import Bounded, Categorical, Composite, Unbounded
+from torchrl.envs import EnvBase
+
+from ..masks import mask_rows
+from ..specs import batch_spec, space_to_spec
+from .buffers import BufferLayout, HostBuffers
+from .infos import InfoSchema, InfoWriter
+from .rows import ActionCodec, RowWriter, observation_leaves
+from .seeding import SeedSchedule, broadcast_options, broadcast_seeds
+from .serial import SerialBackend
+
+__all__ = ["EnvPool"]
+
+Key = tuple[str, ...]
+_DONE_KEYS = (("done",), ("terminated",), ("truncated",))
+
+
+def _factories(env_fns, num_envs, pixels, make_kwargs) -> list[Callable[[], gym.Env]]:
+    if isinstance(env_fns, str):
+        if num_envs is None or int(num_envs) < 1:
+            raise ValueError(f"EnvPool({env_fns!r}): expected num_envs >= 1, got {num_envs!r}")
+        gym.spec(env_fns)  # unknown ids fail here, with gymnasium's "did you mean" message
+        if pixels:
+            make_kwargs = {"render_mode": "rgb_array", **make_kwargs}
+        return [functools.partial(gym.make, env_fns, **make_kwargs)] * int(num_envs)
+    if make_kwargs:
+        raise TypeError(
+            f"EnvPool: keyword arguments {sorted(make_kwargs)} are only accepted with a gymnasium id "
+            "(they are passed to gym.make); with factories, bind them in the factory"
+        )
+    if isinstance(env_fns, gym.Env) or not isinstance(env_fns, Sequence):
+        raise TypeError(
+            "EnvPool: expected a sequence of zero-argument factories returning gymnasium.Env, or a "
+            f"registered gymnasium id, got {type(env_fns).__name__}"
+        )
+    env_fns = list(env_fns)
+    if not env_fns:
+        raise ValueError("EnvPool: expected at least one env factory, got an empty sequence")
+    if num_envs is not None and int(num_envs) != len(env_fns):
+        raise ValueError(f"EnvPool: num_envs={num_envs} but {len(env_fns)} factories were given")
+    return env_fns
+
+
+def _nested_composite(leaves: Mapping[Key, object], shape, device) -> Composite:
+    root = Composite(shape=shape, device=device)
+    for key, spec in leaves.items():
+        node = root
+        for part in key[:-1]:
+            if part not in node.keys():
+                node[part] = Composite(shape=shape, device=device)
+            node = node[part]
+        node[key[-1]] = spec
+    return root
+
+
+class EnvPool(EnvBase):
+    """N gymnasium environments as one TorchRL env with batch size ``[N]``.
+
+    Args:
+        env_fns: a sequence of zero-argument factories returning ``gymnasium.Env``,
+            or a registered gymnasium id (then ``num_envs`` is required and extra
+            keyword arguments go to ``gym.make``).
+        num_envs: number of envs when ``env_fns`` is an id.
+
+    Keyword Args:
+        device: where the output tensordicts live. On CUDA each step makes one
+            host-to-device copy from a pinned staging buffer.
+        categorical_action_encoding: ``Discrete`` actions as ``Categorical``
+            indices (default) or as ``OneHot`` vectors (``False``).
+        pixels: add a ``"pixels"`` uint8 ``(N, H, W, 3)`` observation rendered with
+            ``env.render()`` (``render_mode="rgb_array"``).
+        image_shape: ``(H, W)`` to resize ``"pixels"`` to (bilinear, antialiased,
+            with torch). Implies ``pixels=True``.
+        info_keys: record only these info keys (nested keys as tuples).
+        info_spec: declared info specs ``{key: spec or example value}`` (value
+            shape, no batch or time dim); they override inferred ones.
+        seed: the initial seed schedule (as :meth:`set_seed`); OS entropy when ``None``.
+
+    Output keys (batch ``[N]``): the observation (``"observation"``, or one key per
+    Dict entry), ``"pixels"``, ``("info", k)`` of shape ``(N, 1, ...)``,
+    ``"episode_seed"`` (int64 ``(N, 1)``: the seed of the env's current episode),
+    ``"reward"`` (float32 ``(N, 1)``) and ``"done"``/``"terminated"``/``"truncated"``.
+
+    Examples:
+        >>> from torchrl_swm import EnvPool
+        >>> pool = EnvPool("CartPole-v1", num_envs=4, seed=0)
+        >>> rollout = pool.rollout(100, break_when_any_done=False)
+        >>> rollout.batch_size
+        torch.Size([4, 100])
+        >>> pool.close()
+    """
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], gym.Env]] | str,
+        num_envs: int | None = None,
+        *,
+        device: torch.device | str = "cpu",
+        categorical_action_encoding: bool = True,
+        pixels: bool = False,
+        image_shape: tuple[int, int] | None = None,
+        info_keys: Sequence | None = None,
+        info_spec: Mapping | Composite | None = None,
+        seed: int | None = None,
+        **make_kwargs,
+    ):
+        pixels = bool(pixels or image_shape is not None)
+        env_fns = _factories(env_fns, num_envs, pixels, make_kwargs)
+        n = len(env_fns)
+        super().__init__(batch_size=torch.Size([n]), device=torch.device(device))
+        self.num_envs = n
+        self._backend = SerialBackend(env_fns, pixels=pixels)
+        try:
+            self._build(categorical_action_encoding, pixels, image_shape, info_keys, info_spec, seed)
+        except BaseException:
+            self._backend.close()
+            raise
+
+    def _build(self, categorical, pixels, image_shape, info_keys, info_spec, seed):
+        n, device, backend = self.num_envs, self.device, self._backend
+        self.single_observation_space: gym.Space = backend.observation_space
+        self.single_action_space: gym.Space = backend.action_space
+        self._codec = ActionCodec(self.single_action_space, categorical, n)
+        obs_spaces = observation_leaves(self.single_observation_space)
+
+        self._seeds = SeedSchedule(n, seed)
+        probe = backend.probe(self._seeds.next(None))
+        self._seeds.count[:] = 0  # the probe does not use up the first seeds
+        self._info_schema = InfoSchema.infer(probe["infos"], info_keys, info_spec)
+
+        obs_specs = {
+            key: batch_spec(space_to_spec(space, categorical=categorical, device=device, name="observation_space"), (n,))
+            for key, space in obs_spaces.items()
+        }
+        leaves = {key: (spec.shape, spec.dtype) for key, spec in obs_specs.items()}
+        self._frame_key = self._resize_to = None
+        if pixels:
+            frame_shape = probe["frame_shape"]
+            target = frame_shape if image_shape is None else (*_image_hw(image_shape), 3)
+            obs_specs[("pixels",)] = Bounded(0, 255, shape=(n, *target), dtype=torch.uint8, device=device)
+            leaves[("pixels",)] = ((n, *target), torch.uint8)
+            self._frame_key = ("pixels",)
+            if tuple(target) != tuple(frame_shape):
+                leaves[("_frames",)] = ((n, *frame_shape), torch.uint8)
+                self._frame_key, self._resize_to = ("_frames",), tuple(target[:2])
+        info_leaves = self._info_schema.buffer_leaves(n)
+        leaves.update(info_leaves)
+        leaves[("episode_seed",)] = ((n, 1), torch.int64)
+        leaves[("reward",)] = ((n, 1), torch.float32)
+        for key in _DONE_KEYS:
+            leaves[key] = ((n, 1), torch.bool)
+        self._host = HostBuffers(BufferLayout(leaves), device)
+        arrays = self._host.arrays
+        self._rows = RowWriter(self.single_observation_space, arrays, InfoWriter(self._info_schema, arrays))
+        backend.attach(self._rows, arrays[self._frame_key] if pixels else None)
+
+        # Output keys: what a reset returns, and what a step adds (the reward).
+        self._reset_keys = [key for key in leaves if key not in (("reward",), ("_frames",))]
+        self._step_keys = [*self._reset_keys, ("reward",)]
+
+        if len(self._info_schema):
+            obs_specs[("info",)] = self._info_schema.spec(n, device)
+        obs_specs[("episode_seed",)] = Unbounded(shape=(n, 1), dtype=torch.int64, device=device)
+        self.observation_spec = _nested_composite(obs_specs, (n,), device)
+        self.action_spec = batch_spec(self._codec.spec.to(device), (n,))
+        self.reward_spec = Unbounded(shape=(n, 1), dtype=torch.float32, device=device)
+        self.done_spec = Composite(
+            {key[0]: Categorical(2, shape=(n, 1), dtype=torch.bool, device=device) for key in _DONE_KEYS},
+            shape=(n,),
+            device=device,
+        )
+
+    # -- TorchRL's contract ---------------------------------------------------------
+    def _reset(self, tensordict: TensorDictBase | None = None, *, seed=None, options=None, **kwargs) -> TensorDictBase:
+        if kwargs:
+            raise TypeError(f"EnvPool.reset: unexpected keyword arguments {sorted(kwargs)}; expected seed= and options=")
+        mask = None if tensordict is None else tensordict.get("_reset", None)
+        rows = mask_rows(mask, self.num_envs, "_reset")
+        override = broadcast_seeds(seed, self.num_envs)
+        options = broadcast_options(options, self.num_envs)
+        if rows is None or rows.size:
+            self._host.wait_for_copy()
+            seeds = self._seeds.next(rows, override)
+            if rows is not None:
+                options = [options[j] for j in rows]
+            self._backend.reset(rows, seeds, options)
+            self._resize_frames(rows)
+        return self._host.snapshot(self._reset_keys, self.batch_size)
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        rows = mask_rows(tensordict.get("_step", None), self.num_envs, "_step")
+        actions = self._codec.decode(tensordict.get("action"), rows)
+        self._host.wait_for_copy()
+        if rows is not None:
+            self._host.arrays[("reward",)].fill(0.0)  # frozen rows report reward 0
+        self._backend.step(actions, rows)
+        self._resize_frames(rows)
+        return self._host.snapshot(self._step_keys, self.batch_size)
+
+    def _set_seed(self, seed: int | None) -> None:
+        self._seeds.set(seed)
+
+    def _resize_frames(self, rows: np.ndarray | None) -> None:
+        if self._resize_to is None:
+            return
+        tensors = self._host.tensors
+        frames = tensors[("_frames",)] if rows is None else tensors[("_frames",)][torch.from_numpy(rows)]
+        if frames.shape[0] == 0:
+            return
+        resized = F.interpolate(
+            frames.permute(0, 3, 1, 2).float(), size=self._resize_to, mode="bilinear", antialias=True, align_corners=False
+        )
+        resized = resized.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+        if rows is None:
+            tensors[("pixels",)].copy_(resized)
+        else:
+            tensors[("pixels",)][torch.from_numpy(rows)] = resized
+
+    # -- gymnasium-style access to the sub-envs ----------------------------------------
+    @property
+    def envs(self) -> list[gym.Env]:
+        """The sub-envs (serial backend only): ``pool.envs[i].unwrapped`` reaches env i."""
+        return self._backend.envs
+
+    def _indices(self, indices) -> list[int]:
+        if indices is None:
+            return list(range(self.num_envs))
+        if isinstance(indices, (int, np.integer)):
+            indices = [indices]
+        indices = [int(i) for i in indices]
+        for i in indices:
+            if not 0 <= i < self.num_envs:
+                raise IndexError(f"env index {i} out of range for a pool of {self.num_envs} envs")
+        return indices
+
+    def call(self, name: str, *args, indices=None, **kwargs) -> list:
+        """Call method ``name`` of each sub-env (or read it, if it is not callable)."""
+        return self._backend.call(self._indices(indices), name, args, kwargs)
+
+    def get_attr(self, name: str, indices=None) -> list:
+        """Attribute ``name`` of each sub-env (gymnasium's ``VectorEnv.get_attr``)."""
+        return self._backend.get_attr(self._indices(indices), name)
+
+    def set_attr(self, name: str, values, indices=None) -> None:
+        """Set attribute ``name`` on each sub-env; ``values`` is one value or one per env."""
+        indices = self._indices(indices)
+        if not isinstance(values, (list, tuple)):
+            values = [values] * len(indices)
+        if len(values) != len(indices):
+            raise ValueError(f"set_attr: expected {len(indices)} values, got {len(values)}")
+        self._backend.set_attr(indices, name, values)
+
+    def close(self, *, raise_if_closed: bool = True) -> None:
+        backend = self.__dict__.get("_backend")
+        super().close(raise_if_closed=raise_if_closed)
+        if backend is not None:
+            self.__dict__["_backend"] = None
+            backend.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"EnvPool(num_envs={self.num_envs}, device={self.device}, "
+            f"observation_space={self.single_observation_space}, action_space={self.single_action_space}, "
+            f"info_keys={sorted(self._info_schema.leaves)})"
+        )
+
+
+def _image_hw(image_shape) -> tuple[int, int]:
+    shape = tuple(int(s) for s in image_shape)
+    if len(shape) != 2 or min(shape) < 1:
+        raise ValueError(f"image_shape: expected (height, width) with positive sizes, got {image_shape!r}")
+    return shape

@@ -1,0 +1,268 @@
+"""Stacked info buffers: which gymnasium ``info`` values the pool records, and how.
+
+The rule, applied to every ``info`` dict a sub-env returns from ``reset`` and ``step``:
+
+* **Recorded**: bools, Python and numpy integer/float scalars, numpy arrays and
+  torch tensors of bool/integer/float dtype. A nested dict becomes a nested key:
+  ``info["a"]["b"]`` is stored under ``("info", "a", "b")``.
+* **Skipped**: every other value (strings, ``None``, lists, tuples, objects,
+  complex numbers). Skipped values are never an error.
+* Each recorded key has a spec with shape ``(N, 1, *value_shape)``: the seed's
+  ``(batch, time, ...)`` convention with a time dim of 1.
+* The spec is inferred at construction from the reset info **and** the info of
+  one step of **every** env; a user can declare keys (``info_spec=``) or
+  restrict them (``info_keys=``). Dtypes follow ``torch.as_tensor``: Python
+  floats are float32, ints int64, bools bool; differing dtypes across envs are
+  promoted with ``torch.promote_types``.
+* At run time a value must have the spec's shape and a dtype that casts to the
+  spec's within its kind (int into float is fine, 0.75 into int is an error).
+  A numeric key that is not in the spec is an error (it would otherwise be
+  dropped), unless ``info_keys=`` restricted the recorded keys.
+* A recorded key absent from one env's info at one step reads as zero (the
+  spec's default) in that row for that step, as in gymnasium's vector infos.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torchrl.data import Composite, TensorSpec, Unbounded
+
+from ..errors import EnvError, SpecError, describe
+from ..specs import numpy_dtype, torch_dtype
+
+__all__ = ["InfoSchema", "InfoWriter", "numeric_value"]
+
+Key = tuple[str, ...]
+
+
+def numeric_value(value) -> np.ndarray | None:
+    """``value`` as a numpy array when the info rule records it, else ``None``.
+
+    Python scalars get torch's default dtypes (float32, int64, bool).
+    """
+    kind = type(value)
+    if kind is bool:
+        return np.asarray(value, dtype=np.bool_)
+    if kind is int:
+        return np.asarray(value, dtype=np.int64)
+    if kind is float:
+        return np.asarray(value, dtype=numpy_dtype(torch.get_default_dtype()))
+    if isinstance(value, (np.ndarray, np.generic)):
+        return np.asarray(value) if value.dtype.kind in "biuf" else None
+    if isinstance(value, torch.Tensor):
+        if value.dtype.is_complex:
+            return None
+        return value.detach().cpu().numpy()
+    return None
+
+
+def _flatten(info: Mapping, prefix: Key = ()):
+    for key, value in info.items():
+        path = (*prefix, str(key))
+        if isinstance(value, Mapping):
+            yield from _flatten(value, path)
+        else:
+            yield path, value
+
+
+def _key_str(key: Key) -> str:
+    return repr(key[0]) if len(key) == 1 else repr(key)
+
+
+@dataclass(frozen=True)
+class InfoLeaf:
+    """One recorded info key: the shape and dtype of a single env's value."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+class InfoSchema:
+    """The recorded info keys of a pool, with their per-env shapes and dtypes.
+
+    Args:
+        leaves: mapping from nested key tuple to :class:`InfoLeaf`.
+        selected: ``True`` when the user restricted the keys with ``info_keys=``;
+            other numeric keys are then ignored instead of raising.
+    """
+
+    def __init__(self, leaves: Mapping[Key, InfoLeaf], selected: bool = False):
+        self.leaves = dict(leaves)
+        self.selected = selected
+
+    def __len__(self) -> int:
+        return len(self.leaves)
+
+    def __repr__(self) -> str:
+        items = ", ".join(f"{k}: {v.dtype}{v.shape}" for k, v in self.leaves.items())
+        return f"InfoSchema({items})"
+
+    @classmethod
+    def infer(
+        cls,
+        probes: Sequence[tuple[int, str, Mapping]],
+        info_keys: Sequence | None = None,
+        info_spec: Mapping | Composite | None = None,
+    ) -> InfoSchema:
+        """Infer the schema from ``(env_index, phase, info)`` probes of every env.
+
+        ``info_spec`` entries (TorchRL specs with the value shape, no batch dim,
+        or example values) override inferred ones. ``info_keys`` keeps only the
+        listed keys; each must be declared or seen in a probe.
+        """
+        leaves: dict[Key, InfoLeaf] = {}
+        first_seen: dict[Key, tuple[int, str]] = {}
+        for env_index, phase, info in probes:
+            for key, value in _flatten(info):
+                array = numeric_value(value)
+                if array is None:
+                    continue
+                seen = leaves.get(key)
+                if seen is None:
+                    leaves[key] = InfoLeaf(array.shape, array.dtype)
+                    first_seen[key] = (env_index, phase)
+                    continue
+                if array.shape != seen.shape:
+                    env0, phase0 = first_seen[key]
+                    raise EnvError(
+                        env_index,
+                        phase,
+                        f"info key {_key_str(key)} has shape {array.shape}, but env {env0} gave "
+                        f"shape {seen.shape} at {phase0}. Every env must report the same shape; "
+                        "declare the key with info_spec= or leave it out with info_keys=.",
+                    )
+                promoted = numpy_dtype(torch.promote_types(torch_dtype(seen.dtype), torch_dtype(array.dtype)))
+                if promoted != seen.dtype:
+                    leaves[key] = InfoLeaf(seen.shape, promoted)
+        for key, spec in _declared(info_spec).items():
+            leaves[key] = spec
+        if info_keys is None:
+            return cls(leaves)
+        chosen = {}
+        for raw in info_keys:
+            key = (raw,) if isinstance(raw, str) else tuple(raw)
+            matches = {k: v for k, v in leaves.items() if k[: len(key)] == key}
+            if not matches:
+                raise SpecError(
+                    f"info_keys: {_key_str(key)} did not appear as a numeric value in the reset or "
+                    f"first-step info of any env (seen: {sorted(leaves) or 'none'}); declare its "
+                    "shape and dtype with info_spec={key: spec}."
+                )
+            chosen.update(matches)
+        return cls(chosen, selected=True)
+
+    def spec(self, num_envs: int, device=None) -> Composite:
+        """The batched ``"info"`` spec: each leaf ``(num_envs, 1, *shape)``."""
+        spec = Composite(shape=(num_envs,), device=device)
+        for key, leaf in self.leaves.items():
+            spec[key] = Unbounded(
+                shape=(num_envs, 1, *leaf.shape), dtype=torch_dtype(leaf.dtype), device=device
+            )
+        return spec
+
+    def buffer_leaves(self, num_envs: int, prefix: Key = ("info",)):
+        """``{(*prefix, *key): (shape, dtype)}`` for the buffer layout."""
+        return {(*prefix, *key): ((num_envs, 1, *leaf.shape), leaf.dtype) for key, leaf in self.leaves.items()}
+
+
+def _declared(info_spec) -> dict[Key, InfoLeaf]:
+    if info_spec is None:
+        return {}
+    if isinstance(info_spec, Composite):
+        items = [(k if isinstance(k, tuple) else (k,), v) for k, v in info_spec.items(True, True)]
+    elif isinstance(info_spec, Mapping):
+        items = [((k,) if isinstance(k, str) else tuple(k), v) for k, v in info_spec.items()]
+    else:
+        raise SpecError(f"info_spec: expected a Composite or a mapping of key -> spec, got {type(info_spec).__name__}")
+    out = {}
+    for key, spec in items:
+        if isinstance(spec, TensorSpec):
+            out[key] = InfoLeaf(tuple(spec.shape), numpy_dtype(spec.dtype))
+            continue
+        array = numeric_value(spec)
+        if array is None:
+            raise SpecError(
+                f"info_spec[{_key_str(key)}]: expected a TorchRL spec with the value's shape (no batch "
+                f"dim) or an example numeric value, got {describe(spec)}"
+            )
+        out[key] = InfoLeaf(array.shape, array.dtype)
+    return out
+
+
+class InfoWriter:
+    """Writes one env's info dict into row ``i`` of the ``(N, 1, ...)`` info buffers.
+
+    Args:
+        schema: the recorded keys.
+        arrays: the pool's buffers; info leaves are read at ``(*prefix, *key)``
+            with shape ``(N, 1, *shape)``.
+    """
+
+    def __init__(self, schema: InfoSchema, arrays: Mapping[Key, np.ndarray], prefix: Key = ("info",)):
+        self.schema = schema
+        self.arrays = {key: arrays[(*prefix, *key)] for key in schema.leaves}
+        self.kinds = {key: array.dtype.kind for key, array in self.arrays.items()}
+        self.count = len(self.arrays)
+
+    def write(self, i: int, info: Mapping, phase: str) -> None:
+        """Record ``info`` for env ``i``; absent keys read as zero for this step."""
+        if not self.count:
+            if info and not self.schema.selected:
+                self._check_unknown(i, info, phase)
+            return
+        written = 0
+        arrays = self.arrays
+        for key, value in _flatten(info):
+            array = arrays.get(key)
+            if array is None:
+                if not self.schema.selected and numeric_value(value) is not None:
+                    self._raise_unknown(i, key, value, phase)
+                continue
+            self._store(i, key, array, value, phase)
+            written += 1
+        if written < self.count:
+            present = {key for key, _ in _flatten(info)}
+            for key, array in arrays.items():
+                if key not in present:
+                    array[i] = 0
+
+    def _store(self, i, key, array, value, phase):
+        kind = self.kinds[key]
+        vtype = type(value)
+        if vtype is float and kind == "f" or vtype is bool or vtype is int and kind in "iuf":
+            if array.shape[2:] == ():
+                array[i, 0] = value
+                return
+        source = numeric_value(value)
+        expected = f"dtype {array.dtype}, shape {array.shape[2:]}"
+        if source is None:
+            raise EnvError(i, phase, f"info key {_key_str(key)}: expected a numeric value ({expected}), got {describe(value)}")
+        if source.shape != array.shape[2:]:
+            raise EnvError(i, phase, f"info key {_key_str(key)}: expected {expected}, got shape {source.shape} ({describe(value)})")
+        if not np.can_cast(source.dtype, array.dtype, "same_kind"):
+            raise EnvError(
+                i,
+                phase,
+                f"info key {_key_str(key)}: expected {expected}, got dtype {source.dtype} (value {value!r}); "
+                "storing it would change its value. Declare the key with a wider dtype via info_spec=.",
+            )
+        array[i, 0] = source
+
+    def _check_unknown(self, i, info, phase):
+        for key, value in _flatten(info):
+            if numeric_value(value) is not None:
+                self._raise_unknown(i, key, value, phase)
+
+    def _raise_unknown(self, i, key, value, phase):
+        raise EnvError(
+            i,
+            phase,
+            f"info key {_key_str(key)} ({describe(value)}) is not in the pool's info spec, which was "
+            f"inferred from the reset and first-step infos of every env (keys: "
+            f"{sorted(self.schema.leaves) or 'none'}). Declare it with info_spec={{{_key_str(key)}: spec}}, "
+            "or restrict the recorded keys with info_keys=[...].",
+        )

@@ -1,0 +1,224 @@
+"""The serial backend: the sub-envs stepped one after the other in this process.
+
+It is also the unit of work of the process backend: each worker process runs
+one :class:`SerialBackend` over its slice of envs, writing into shared memory.
+Rows are global: env ``j`` of a backend whose first env is ``first`` writes row
+``first + j``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+
+import gymnasium as gym
+import numpy as np
+
+from ..errors import EnvError, describe
+from .infos import numeric_value
+from .rows import RowWriter
+
+__all__ = ["SerialBackend", "make_envs", "numeric_only"]
+
+
+def numeric_only(info: Mapping) -> dict:
+    """The part of ``info`` the info rule records (numeric leaves, nested dicts): picklable."""
+    out = {}
+    for key, value in info.items():
+        if isinstance(value, Mapping):
+            out[key] = numeric_only(value)
+        else:
+            array = numeric_value(value)
+            if array is not None:
+                out[key] = array
+    return out
+
+
+def make_envs(env_fns: Sequence[Callable[[], gym.Env]], first: int = 0, pixels: bool = False) -> list[gym.Env]:
+    """Call each factory, check what it returned, and close everything on failure."""
+    envs: list[gym.Env] = []
+    try:
+        for j, fn in enumerate(env_fns):
+            i = first + j
+            if not callable(fn):
+                raise TypeError(f"env_fns[{i}]: expected a zero-argument callable returning a gymnasium.Env, got {describe(fn)}")
+            try:
+                env = fn()
+            except Exception as err:
+                raise EnvError(i, "make", f"the factory raised {type(err).__name__}: {err}") from err
+            if not isinstance(env, gym.Env):
+                raise TypeError(
+                    f"env_fns[{i}] returned {type(env).__module__}.{type(env).__name__}, expected a gymnasium.Env"
+                    + (" (a VectorEnv is passed to EnvPool directly, not through a factory)" if isinstance(env, gym.vector.VectorEnv) else "")
+                )
+            envs.append(env)
+            if pixels and env.render_mode != "rgb_array":
+                raise EnvError(
+                    i, "make", f"pixels=True needs render_mode='rgb_array', got render_mode={env.render_mode!r}; "
+                    "build the env with gym.make(..., render_mode='rgb_array')"
+                )
+    except BaseException:
+        for env in envs:
+            _close_quietly(env)
+        raise
+    return envs
+
+
+def _close_quietly(env) -> None:
+    try:
+        env.close()
+    except Exception:  # closing after a failure must not hide the failure
+        pass
+
+
+class SerialBackend:
+    """Steps envs ``first .. first + len(env_fns) - 1`` in this process.
+
+    Args:
+        env_fns: zero-argument factories returning ``gymnasium.Env``.
+        first: global index of the first env (the row it writes).
+        pixels: render an ``rgb_array`` frame after every reset and step.
+    """
+
+    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], first: int = 0, pixels: bool = False):
+        self.first = first
+        self.pixels = pixels
+        self.envs = make_envs(env_fns, first, pixels)
+        self.writer: RowWriter | None = None
+        self.frames: np.ndarray | None = None
+        try:
+            self.observation_space, self.action_space = self._check_spaces()
+        except BaseException:
+            for env in self.envs:
+                _close_quietly(env)
+            raise
+
+    def _check_spaces(self):
+        env0 = self.envs[0]
+        for j, env in enumerate(self.envs[1:], 1):
+            for name in ("observation_space", "action_space"):
+                if getattr(env, name) != getattr(env0, name):
+                    raise EnvError(
+                        self.first + j, "make",
+                        f"{name} {getattr(env, name)} differs from env {self.first}'s {getattr(env0, name)}; "
+                        "all sub-envs of a pool must have the same spaces",
+                    )
+        return env0.observation_space, env0.action_space
+
+    def __len__(self) -> int:
+        return len(self.envs)
+
+    # -- construction-time probe -------------------------------------------------
+    def probe(self, seeds: Sequence[int]) -> dict:
+        """Reset and step every env once, for info-spec inference and the frame shape.
+
+        Returns ``{"infos": [(index, phase, numeric info)], "frame_shape": shape | None}``.
+        """
+        infos, frame_shape = [], None
+        for j, env in enumerate(self.envs):
+            i = self.first + j
+            phase = "reset"
+            try:
+                _, info = env.reset(seed=int(seeds[j]))
+                infos.append((i, "reset", numeric_only(info)))
+                if self.pixels:
+                    phase = "render"
+                    shape = self._frame(j, env).shape
+                    if frame_shape is not None and shape != frame_shape:
+                        raise EnvError(i, "render", f"frame shape {shape} differs from env {self.first}'s {frame_shape}")
+                    frame_shape = shape
+                phase = "step"
+                space = copy.deepcopy(env.action_space)
+                space.seed(int(seeds[j]))
+                info = env.step(space.sample())[4]
+                infos.append((i, "step", numeric_only(info)))
+            except EnvError:
+                raise
+            except Exception as err:
+                raise EnvError(i, phase, f"{type(err).__name__}: {err} (while probing the env at construction)") from err
+        return {"infos": infos, "frame_shape": frame_shape}
+
+    def attach(self, writer: RowWriter, frames: np.ndarray | None) -> None:
+        """Start writing into the pool's buffers (``frames``: the raw frame buffer)."""
+        self.writer, self.frames = writer, frames
+
+    # -- the hot path --------------------------------------------------------------
+    def _frame(self, j: int, env: gym.Env) -> np.ndarray:
+        frame = env.render()
+        if not isinstance(frame, np.ndarray) or frame.ndim != 3 or frame.shape[-1] != 3 or frame.dtype != np.uint8:
+            raise EnvError(self.first + j, "render", f"expected an (H, W, 3) uint8 rgb_array frame, got {describe(frame)}")
+        return frame
+
+    def _store_frame(self, j: int, env: gym.Env) -> None:
+        frame = self._frame(j, env)
+        target = self.frames[self.first + j]
+        if frame.shape != target.shape:
+            raise EnvError(self.first + j, "render", f"frame shape {frame.shape} differs from the pool's {target.shape}")
+        target[...] = frame
+
+    def reset(self, rows: np.ndarray | None, seeds: Sequence[int], options: Sequence) -> None:
+        """Reset ``rows`` (local indices; all when ``None``) with one seed and options each."""
+        envs, after, first = self.envs, self.writer.after_reset, self.first
+        order = range(len(envs)) if rows is None else rows
+        j = -1
+        try:
+            for k, j in enumerate(order):
+                obs, info = envs[j].reset(seed=seeds[k], options=options[k])
+                after(first + j, obs, info, seeds[k])
+                if self.frames is not None:
+                    self._store_frame(j, envs[j])
+        except EnvError:
+            raise
+        except Exception as err:
+            raise EnvError(first + j, "reset", f"{type(err).__name__}: {err}") from err
+
+    def step(self, actions: Sequence, rows: np.ndarray | None) -> None:
+        """Step ``rows`` (local indices; all when ``None``) with one action each."""
+        envs, after, first = self.envs, self.writer.after_step, self.first
+        frames = self.frames
+        order = range(len(envs)) if rows is None else rows
+        j = -1
+        try:
+            for k, j in enumerate(order):
+                env = envs[j]
+                obs, reward, terminated, truncated, info = env.step(actions[k])
+                after(first + j, obs, reward, terminated, truncated, info)
+                if frames is not None:
+                    self._store_frame(j, env)
+        except EnvError:
+            raise
+        except Exception as err:
+            raise EnvError(first + j, "step", f"{type(err).__name__}: {err}") from err
+
+    # -- direct access to the envs ------------------------------------------------------
+    def call(self, rows: Sequence[int], name: str, args: tuple, kwargs: dict) -> list:
+        """``getattr(env, name)(*args, **kwargs)`` (or the attribute) for each local row."""
+        out = []
+        for j in rows:
+            try:
+                attr = getattr(self.envs[j], name)
+                out.append(attr(*args, **kwargs) if callable(attr) else attr)
+            except Exception as err:
+                raise EnvError(self.first + j, f"call {name}", f"{type(err).__name__}: {err}") from err
+        return out
+
+    def get_attr(self, rows: Sequence[int], name: str) -> list:
+        return [getattr(self.envs[j], name) for j in rows]
+
+    def set_attr(self, rows: Sequence[int], name: str, values: Sequence) -> None:
+        for j, value in zip(rows, values):
+            setattr(self.envs[j], name, value)
+
+    def close(self) -> None:
+        """Close every env; if some raise, re-raise the first after closing the rest."""
+        first_error = None
+        for j, env in enumerate(self.envs):
+            try:
+                env.close()
+            except Exception as err:
+                if first_error is None:
+                    first_error = EnvError(self.first + j, "close", f"{type(err).__name__}: {err}")
+                    first_error.__cause__ = err
+        self.envs = []
+        if first_error is not None:
+            raise first_error

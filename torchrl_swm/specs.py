@@ -1,0 +1,218 @@
+"""Gymnasium spaces to TorchRL specs, and back.
+
+One module does the conversion for every part of the package: the pool reads
+its specs from the sub-envs' spaces, the world-model env accepts either, and
+the gymnasium export needs the reverse direction.
+
+Conventions (TorchRL's ``GymWrapper`` conventions, with categorical actions by
+default):
+
+=======================  =======================================================
+gymnasium space          TorchRL spec (unbatched)
+=======================  =======================================================
+``Box``                  ``Bounded`` (``Unbounded`` when every bound is infinite),
+                         the space's shape and dtype
+``Discrete(n, start)``   ``Categorical(n)`` int64, shape ``()``; or ``OneHot(n)``
+                         int64 with ``categorical=False``. Values are indices
+                         ``0..n-1``; the pool adds ``start`` for the env.
+``MultiDiscrete(nvec)``  ``MultiCategorical(nvec)`` int64 (or ``MultiOneHot``)
+``MultiBinary(n)``       ``Binary(n)`` with the space's dtype (int8)
+``Dict``                 ``Composite``, one key per entry, nested for nested Dicts
+=======================  =======================================================
+
+Any other space (``Tuple``, ``Text``, ``Graph``, ``Sequence``...) raises a
+:class:`~torchrl_swm.errors.SpecError` that names it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torchrl.data import (
+    Binary,
+    Bounded,
+    Categorical,
+    Composite,
+    MultiCategorical,
+    MultiOneHot,
+    OneHot,
+    TensorSpec,
+    Unbounded,
+)
+
+from .errors import SpecError
+
+__all__ = [
+    "space_to_spec",
+    "spec_to_space",
+    "batch_spec",
+    "unbatch_spec",
+    "as_spec",
+    "numpy_dtype",
+    "torch_dtype",
+    "SUPPORTED_SPACES",
+]
+
+SUPPORTED_SPACES = ("Box", "Discrete", "MultiDiscrete", "MultiBinary", "Dict")
+
+
+def torch_dtype(dtype) -> torch.dtype:
+    """The torch dtype of a numpy dtype (or of a torch dtype, unchanged)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    return torch.from_numpy(np.zeros((), dtype=np.dtype(dtype))).dtype
+
+
+def numpy_dtype(dtype) -> np.dtype:
+    """The numpy dtype of a torch dtype (or of a numpy dtype, unchanged)."""
+    if isinstance(dtype, torch.dtype):
+        return torch.zeros((), dtype=dtype).numpy().dtype
+    return np.dtype(dtype)
+
+
+def space_to_spec(
+    space: gym.Space,
+    *,
+    categorical: bool = True,
+    device: torch.device | str | None = None,
+    name: str = "space",
+) -> TensorSpec:
+    """Convert a gymnasium space to an unbatched TorchRL spec.
+
+    Args:
+        space: the gymnasium space.
+        categorical: map ``Discrete``/``MultiDiscrete`` to ``Categorical`` /
+            ``MultiCategorical`` (default) rather than ``OneHot`` / ``MultiOneHot``.
+        device: device of the spec.
+        name: what the space is, used in error messages (e.g. ``"observation_space"``).
+
+    Raises:
+        SpecError: for a space type outside :data:`SUPPORTED_SPACES`.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> space_to_spec(gym.spaces.Discrete(3))
+        Categorical(...)
+    """
+    if isinstance(space, gym.spaces.Box):
+        dtype = torch_dtype(space.dtype)
+        low = np.broadcast_to(space.low, space.shape)
+        high = np.broadcast_to(space.high, space.shape)
+        if np.all(np.isinf(low)) and np.all(np.isinf(high)):
+            return Unbounded(shape=space.shape, dtype=dtype, device=device)
+        return Bounded(
+            low=torch.as_tensor(np.array(low), dtype=dtype),
+            high=torch.as_tensor(np.array(high), dtype=dtype),
+            shape=space.shape,
+            dtype=dtype,
+            device=device,
+        )
+    if isinstance(space, gym.spaces.Discrete):
+        n = int(space.n)
+        if categorical:
+            return Categorical(n, shape=(), dtype=torch.int64, device=device)
+        return OneHot(n, dtype=torch.int64, device=device)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        if space.nvec.ndim != 1:
+            raise SpecError(
+                f"{name}: MultiDiscrete with a {space.nvec.ndim}-d nvec {space.nvec.shape} is not "
+                "supported; expected a 1-d nvec. Flatten the space in a gymnasium wrapper."
+            )
+        nvec = [int(v) for v in space.nvec]
+        if categorical:
+            return MultiCategorical(nvec, dtype=torch.int64, device=device)
+        return MultiOneHot(nvec, dtype=torch.int64, device=device)
+    if isinstance(space, gym.spaces.MultiBinary):
+        shape = (space.n,) if isinstance(space.n, (int, np.integer)) else tuple(space.n)
+        return Binary(shape=shape, dtype=torch_dtype(space.dtype), device=device)
+    if isinstance(space, gym.spaces.Dict):
+        return Composite(
+            {
+                key: space_to_spec(sub, categorical=categorical, device=device, name=f"{name}[{key!r}]")
+                for key, sub in space.spaces.items()
+            },
+            device=device,
+        )
+    raise SpecError(
+        f"{name}: unsupported gymnasium space {type(space).__name__} ({space}); "
+        f"expected one of {', '.join(SUPPORTED_SPACES)}."
+    )
+
+
+def batch_spec(spec: TensorSpec, batch_size: Sequence[int]) -> TensorSpec:
+    """Expand an unbatched spec with leading batch dims ``batch_size``."""
+    batch_size = tuple(batch_size)
+    if not batch_size:
+        return spec.clone()
+    return spec.expand(*batch_size, *spec.shape)
+
+
+def unbatch_spec(spec: TensorSpec, batch_ndim: int) -> TensorSpec:
+    """Drop ``batch_ndim`` leading dims: ``spec[0]`` for each of them."""
+    for _ in range(batch_ndim):
+        spec = spec[0]
+    return spec
+
+
+def as_spec(
+    space_or_spec, *, categorical: bool = True, device=None, name: str = "space"
+) -> TensorSpec:
+    """Accept either a gymnasium space or a TorchRL spec; return an unbatched spec."""
+    if isinstance(space_or_spec, TensorSpec):
+        return space_or_spec.to(device) if device is not None else space_or_spec
+    if isinstance(space_or_spec, gym.Space):
+        return space_to_spec(space_or_spec, categorical=categorical, device=device, name=name)
+    raise SpecError(
+        f"{name}: expected a gymnasium.Space or a torchrl TensorSpec, got {type(space_or_spec).__name__}"
+    )
+
+
+def spec_to_space(spec: TensorSpec, *, name: str = "spec") -> gym.Space:
+    """Convert an unbatched TorchRL spec to a gymnasium space (the export's direction).
+
+    ``Categorical`` → ``Discrete``, ``OneHot`` → ``MultiBinary`` is *not* done:
+    a ``OneHot`` spec becomes ``Discrete(n)`` and the export converts indices to
+    one-hot vectors, which is what gymnasium users expect.
+
+    Raises:
+        SpecError: for spec types that have no gymnasium counterpart (e.g. ``NonTensor``).
+    """
+    if isinstance(spec, Composite):
+        return gym.spaces.Dict(
+            {key: spec_to_space(sub, name=f"{name}[{key!r}]") for key, sub in spec.items()}
+        )
+    np_dtype = numpy_dtype(spec.dtype)
+    shape = tuple(spec.shape)
+    # Binary and the Multi* specs subclass the single ones: test them first.
+    if isinstance(spec, Binary):
+        return gym.spaces.MultiBinary(list(shape) if len(shape) > 1 else shape[0])
+    if isinstance(spec, MultiCategorical):
+        return gym.spaces.MultiDiscrete(np.asarray(spec.nvec.cpu(), dtype=np.int64).reshape(-1))
+    if isinstance(spec, MultiOneHot):
+        return gym.spaces.MultiDiscrete(np.asarray(spec.nvec, dtype=np.int64).reshape(-1))
+    if isinstance(spec, Categorical):
+        if shape != ():
+            return gym.spaces.MultiDiscrete(np.full(shape, spec.space.n, dtype=np.int64))
+        return gym.spaces.Discrete(spec.space.n)
+    if isinstance(spec, OneHot):
+        return gym.spaces.Discrete(spec.space.n)
+    if isinstance(spec, Bounded):
+        low = spec.space.low.detach().cpu().numpy().astype(np_dtype)
+        high = spec.space.high.detach().cpu().numpy().astype(np_dtype)
+        return gym.spaces.Box(low=np.broadcast_to(low, shape), high=np.broadcast_to(high, shape), dtype=np_dtype)
+    if isinstance(spec, Unbounded):
+        if np.issubdtype(np_dtype, np.floating):
+            return gym.spaces.Box(-np.inf, np.inf, shape=shape, dtype=np_dtype)
+        info = np.iinfo(np_dtype) if np.issubdtype(np_dtype, np.integer) else None
+        if info is not None:
+            return gym.spaces.Box(info.min, info.max, shape=shape, dtype=np_dtype)
+        if np_dtype == np.bool_:
+            return gym.spaces.MultiBinary(list(shape) if shape else 1)
+    raise SpecError(
+        f"{name}: TorchRL spec {type(spec).__name__} (dtype={spec.dtype}, shape={shape}) has no "
+        "gymnasium space counterpart; expected Composite, Bounded, Unbounded, Categorical, OneHot, "
+        "MultiCategorical, MultiOneHot or Binary."
+    )
