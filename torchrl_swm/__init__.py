@@ -37,7 +37,10 @@ def __getattr__(name: str):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'torchrl_swm' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except AttributeError as err:  # keep a failing import from reading as "no such name"
+        raise ImportError(f"torchrl_swm.{name}: importing {module} failed: {err}") from err
     globals()[name] = value
     return value
 

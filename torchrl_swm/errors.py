@@ -34,18 +34,12 @@ class EnvError(RuntimeError):
     def __init__(self, env_index: int | None, phase: str, message: str):
         self.env_index = env_index
         self.phase = phase
+        self.message = message
         where = f"env {env_index}" if env_index is not None else "pool"
         super().__init__(f"{where} ({phase}): {message}")
 
     def __reduce__(self):  # picklable across worker processes
-        return (_rebuild_env_error, (self.env_index, self.phase, self.args[0]))
-
-
-def _rebuild_env_error(env_index, phase, full_message):
-    err = EnvError.__new__(EnvError)
-    RuntimeError.__init__(err, full_message)
-    err.env_index, err.phase = env_index, phase
-    return err
+        return (EnvError, (self.env_index, self.phase, self.message))
 
 
 class SpecError(TypeError):

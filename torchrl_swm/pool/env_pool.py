@@ -23,17 +23,20 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
 from ..masks import mask_rows
 from ..specs import batch_spec, space_to_spec
 from .buffers import BufferLayout, HostBuffers
-from .infos import InfoSchema, InfoWriter
-from .rows import ActionCodec, RowWriter, observation_leaves
+from .infos import InfoSchema
+from .actions import ActionCodec
+from .rows import observation_leaves
 from .seeding import SeedSchedule, broadcast_options, broadcast_seeds
+from .process import ProcessBackend
 from .serial import SerialBackend
+from .vector import VectorBackend
 
 __all__ = ["EnvPool"]
 
@@ -84,11 +87,18 @@ class EnvPool(EnvBase):
 
     Args:
         env_fns: a sequence of zero-argument factories returning ``gymnasium.Env``,
-            or a registered gymnasium id (then ``num_envs`` is required and extra
-            keyword arguments go to ``gym.make``).
+            a registered gymnasium id (then ``num_envs`` is required and extra
+            keyword arguments go to ``gym.make``), or a ``gymnasium.vector.VectorEnv``
+            (e.g. ``gym.make_vec(id, n, vectorization_mode="vector_entry_point")``),
+            in any autoreset mode: see :mod:`torchrl_swm.pool.vector`.
         num_envs: number of envs when ``env_fns`` is an id.
 
     Keyword Args:
+        backend: ``"serial"`` (default: every env in this process, the fastest for
+            cheap envs) or ``"process"`` (``num_workers`` processes, several envs
+            each, writing into shared memory: for expensive envs).
+        num_workers: worker processes of the process backend (default: one per core,
+            at most one per env).
         device: where the output tensordicts live. On CUDA each step makes one
             host-to-device copy from a pinned staging buffer.
         categorical_action_encoding: ``Discrete`` actions as ``Categorical``
@@ -101,6 +111,16 @@ class EnvPool(EnvBase):
         info_spec: declared info specs ``{key: spec or example value}`` (value
             shape, no batch or time dim); they override inferred ones.
         seed: the initial seed schedule (as :meth:`set_seed`); OS entropy when ``None``.
+        seed_every_episode: reset env ``i``'s ``k``-th episode with seed
+            ``s + i + k * N`` (default), so each episode is reproducible from its
+            ``"episode_seed"`` alone. ``False`` follows gymnasium's vector
+            convention: only the first reset after a seed gets one and later
+            episodes continue the env's random stream (still deterministic, and
+            faster: ``env.reset(seed=...)`` rebuilds the env's RNG, ~18 µs for
+            CartPole).
+        masked_reset: for a ``VectorEnv`` only: ``True`` declares that it honours
+            ``options["reset_mask"]``, or a function ``fn(venv, mask, seed, options)``
+            (see :func:`torchrl_swm.pool.vector.register_masked_reset`).
 
     Output keys (batch ``[N]``): the observation (``"observation"``, or one key per
     Dict entry), ``"pixels"``, ``("info", k)`` of shape ``(N, 1, ...)``,
@@ -121,6 +141,8 @@ class EnvPool(EnvBase):
         env_fns: Sequence[Callable[[], gym.Env]] | str,
         num_envs: int | None = None,
         *,
+        backend: str = "serial",
+        num_workers: int | None = None,
         device: torch.device | str = "cpu",
         categorical_action_encoding: bool = True,
         pixels: bool = False,
@@ -128,34 +150,50 @@ class EnvPool(EnvBase):
         info_keys: Sequence | None = None,
         info_spec: Mapping | Composite | None = None,
         seed: int | None = None,
+        seed_every_episode: bool = True,
+        masked_reset=None,
         **make_kwargs,
     ):
         pixels = bool(pixels or image_shape is not None)
-        env_fns = _factories(env_fns, num_envs, pixels, make_kwargs)
-        n = len(env_fns)
+        if isinstance(env_fns, gym.vector.VectorEnv):
+            if make_kwargs or (num_envs is not None and int(num_envs) != env_fns.num_envs):
+                raise TypeError(
+                    f"EnvPool(VectorEnv): num_envs comes from the vector env ({env_fns.num_envs}); "
+                    f"got num_envs={num_envs} and keyword arguments {sorted(make_kwargs)}"
+                )
+            backend = VectorBackend(env_fns, pixels=pixels, masked_reset=masked_reset, seed_every_episode=seed_every_episode)
+        elif backend == "serial":
+            backend = SerialBackend(_factories(env_fns, num_envs, pixels, make_kwargs), pixels=pixels)
+        elif backend == "process":
+            backend = ProcessBackend(_factories(env_fns, num_envs, pixels, make_kwargs), num_workers, pixels=pixels)
+        else:
+            raise ValueError(f"EnvPool: backend must be 'serial' or 'process', got {backend!r}")
+        n = len(backend)
         super().__init__(batch_size=torch.Size([n]), device=torch.device(device))
         self.num_envs = n
-        self._backend = SerialBackend(env_fns, pixels=pixels)
+        self._backend = backend
         try:
-            self._build(categorical_action_encoding, pixels, image_shape, info_keys, info_spec, seed)
+            self._build(categorical_action_encoding, pixels, image_shape, info_keys, info_spec, seed, seed_every_episode)
         except BaseException:
             self._backend.close()
             raise
 
-    def _build(self, categorical, pixels, image_shape, info_keys, info_spec, seed):
+    def _build(self, categorical, pixels, image_shape, info_keys, info_spec, seed, seed_every_episode):
         n, device, backend = self.num_envs, self.device, self._backend
         self.single_observation_space: gym.Space = backend.observation_space
         self.single_action_space: gym.Space = backend.action_space
         self._codec = ActionCodec(self.single_action_space, categorical, n)
         obs_spaces = observation_leaves(self.single_observation_space)
 
-        self._seeds = SeedSchedule(n, seed)
-        probe = backend.probe(self._seeds.next(None))
+        self._seeds = SeedSchedule(n, seed, every_episode=seed_every_episode)
+        probe = backend.probe(self._seeds.next(None)[1])
         self._seeds.count[:] = 0  # the probe does not use up the first seeds
         self._info_schema = InfoSchema.infer(probe["infos"], info_keys, info_spec)
 
         obs_specs = {
-            key: batch_spec(space_to_spec(space, categorical=categorical, device=device, name="observation_space"), (n,))
+            key: batch_spec(
+                space_to_spec(space, categorical=categorical, device=device, name=f"observation_space{list(key)}"), (n,)
+            )
             for key, space in obs_spaces.items()
         }
         leaves = {key: (spec.shape, spec.dtype) for key, spec in obs_specs.items()}
@@ -175,14 +213,19 @@ class EnvPool(EnvBase):
         leaves[("reward",)] = ((n, 1), torch.float32)
         for key in _DONE_KEYS:
             leaves[key] = ((n, 1), torch.bool)
-        self._host = HostBuffers(BufferLayout(leaves), device)
-        arrays = self._host.arrays
-        self._rows = RowWriter(self.single_observation_space, arrays, InfoWriter(self._info_schema, arrays))
-        backend.attach(self._rows, arrays[self._frame_key] if pixels else None)
+        if getattr(backend, "needs_action_buffer", False):
+            leaves[("_action",)] = self._codec.env_action_layout()
+        layout = BufferLayout(leaves)
+        self._host = HostBuffers(layout, device, flat=backend.allocate(layout))
+        backend.attach(layout, self._host.arrays, self._info_schema, self._frame_key)
 
-        # Output keys: what a reset returns, and what a step adds (the reward).
-        self._reset_keys = [key for key in leaves if key not in (("reward",), ("_frames",))]
+        # Output keys: what a reset returns, and what a step adds (the reward);
+        # keys starting with "_" are the backends' own scratch buffers.
+        self._reset_keys = [key for key in leaves if key != ("reward",) and not key[0].startswith("_")]
         self._step_keys = [*self._reset_keys, ("reward",)]
+        # Root keys TorchRL's step_mdp does not carry to the next step, or that
+        # the next step's outputs replace.
+        self._not_carried = {"next", "reward", "_reset", "_step", *(key[0] for key in self._reset_keys)}
 
         if len(self._info_schema):
             obs_specs[("info",)] = self._info_schema.spec(n, device)
@@ -205,23 +248,78 @@ class EnvPool(EnvBase):
         override = broadcast_seeds(seed, self.num_envs)
         options = broadcast_options(options, self.num_envs)
         if rows is None or rows.size:
-            self._host.wait_for_copy()
-            seeds = self._seeds.next(rows, override)
             if rows is not None:
                 options = [options[j] for j in rows]
-            self._backend.reset(rows, seeds, options)
-            self._resize_frames(rows)
+            self._reset_rows(rows, override, options)
         return self._host.snapshot(self._reset_keys, self.batch_size)
+
+    def _reset_rows(self, rows: np.ndarray | None, seed_override=None, options=None) -> None:
+        """Reset ``rows`` (all when ``None``) in the backend, writing the buffers."""
+        self._host.wait_for_copy()
+        reset_seeds, episode_seeds = self._seeds.next(rows, seed_override)
+        self._backend.reset(rows, reset_seeds, options, episode_seeds)
+        self._resize_frames(rows)
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         rows = mask_rows(tensordict.get("_step", None), self.num_envs, "_step")
-        actions = self._codec.decode(tensordict.get("action"), rows)
+        actions = self._codec.decode(tensordict.get("action"), rows, self._backend.batched_actions)
         self._host.wait_for_copy()
         if rows is not None:
             self._host.arrays[("reward",)].fill(0.0)  # frozen rows report reward 0
         self._backend.step(actions, rows)
         self._resize_frames(rows)
         return self._host.snapshot(self._step_keys, self.batch_size)
+
+    def _step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
+        """TorchRL's ``step`` → ``step_mdp`` → ``maybe_reset``, with the reset folded in.
+
+        Exactly what the generic path returns, without its round trip: the done
+        rows are reset in the backend right after the step, and the root of the
+        next step is a snapshot of the buffers, which then hold the reset
+        observation on reset rows and the step's observation elsewhere. Inputs
+        the fast path does not cover (a ``"_step"`` mask, a preset ``"next"``,
+        type checks, step-MDP hooks) take TorchRL's generic path.
+        """
+        if (
+            "_step" in tensordict.keys()
+            or "next" in tensordict.keys()
+            or self._run_type_checks
+            or self._post_step_mdp_hooks is not None
+            or tensordict.batch_size != self.batch_size
+        ):
+            return super()._step_and_maybe_reset(tensordict)
+        next_td = self._step(tensordict)
+        tensordict._set_str("next", next_td, validated=True, inplace=False, non_blocking=False)
+        done = self._host.arrays[("done",)][:, 0]
+        if not done.any():
+            return tensordict, self._next_root(tensordict, next_td, None)
+        # TorchRL zeroes the other root keys on reset rows, but only for a partial reset
+        mask = None if done.all() else torch.from_numpy(done.copy()).to(self.device, non_blocking=True)
+        self._reset_rows(np.flatnonzero(done))
+        reset = self._host.snapshot(self._reset_keys, self.batch_size)
+        return tensordict, self._next_root(tensordict, reset, mask)
+
+    def _next_root(self, tensordict: TensorDictBase, leaves: TensorDictBase, reset_mask) -> TensorDictBase:
+        # TorchRL's step_mdp + maybe_reset for this env's keys. The root of the
+        # next step holds every output leaf but the reward, taken from ``leaves``
+        # (the step's "next", or a snapshot after resetting the done rows, equal
+        # to "next" on the other rows), and the other root keys of the step (the
+        # action, policy outputs), zeroed on the rows of a partial reset as
+        # TorchRL's _update_during_reset does. Sub-tensordicts are shallow-copied, as
+        # step_mdp does, so the new root never shares a node with the stored step.
+        source = {}
+        for key, value in tensordict.items():
+            if key in self._not_carried:
+                continue
+            if reset_mask is not None:
+                value = _zero_rows(value, reset_mask)
+            elif isinstance(value, TensorDictBase):
+                value = value.copy()
+            source[key] = value
+        for key, value in leaves.items():
+            if key != "reward":
+                source[key] = value.copy() if isinstance(value, TensorDictBase) else value
+        return TensorDict._new_unsafe(source, batch_size=self.batch_size, device=self.device)
 
     def _set_seed(self, seed: int | None) -> None:
         self._seeds.set(seed)
@@ -246,7 +344,13 @@ class EnvPool(EnvBase):
     @property
     def envs(self) -> list[gym.Env]:
         """The sub-envs (serial backend only): ``pool.envs[i].unwrapped`` reaches env i."""
-        return self._backend.envs
+        envs = getattr(self._backend, "envs", None)
+        if envs is None:
+            raise AttributeError(
+                f"EnvPool.envs: the {type(self._backend).__name__} does not hold the envs in this process; "
+                "use pool.call / pool.get_attr / pool.set_attr"
+            )
+        return envs
 
     def _indices(self, indices) -> list[int]:
         if indices is None:
@@ -289,6 +393,14 @@ class EnvPool(EnvBase):
             f"observation_space={self.single_observation_space}, action_space={self.single_action_space}, "
             f"info_keys={sorted(self._info_schema.leaves)})"
         )
+
+
+def _zero_rows(value, mask: torch.Tensor):
+    """``value`` (a tensor or a tensordict) with the rows of ``mask`` zeroed, out of place."""
+    if isinstance(value, TensorDictBase):
+        leaves = {key: _zero_rows(leaf, mask) for key, leaf in value.items()}
+        return TensorDict._new_unsafe(leaves, batch_size=value.batch_size, device=value.device)
+    return value.masked_fill(mask.view(-1, *[1] * (value.ndim - 1)), 0)
 
 
 def _image_hw(image_shape) -> tuple[int, int]:

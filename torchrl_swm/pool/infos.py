@@ -24,15 +24,16 @@ The rule, applied to every ``info`` dict a sub-env returns from ``reset`` and ``
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-from torchrl.data import Composite, TensorSpec, Unbounded
 
 from ..errors import EnvError, SpecError, describe
-from ..specs import numpy_dtype, torch_dtype
+
+# torch and torchrl are imported where needed: worker processes write infos
+# with this module and start faster without them.
 
 __all__ = ["InfoSchema", "InfoWriter", "numeric_value"]
 
@@ -49,11 +50,13 @@ def numeric_value(value) -> np.ndarray | None:
         return np.asarray(value, dtype=np.bool_)
     if kind is int:
         return np.asarray(value, dtype=np.int64)
+    torch = sys.modules.get("torch")  # a tensor implies torch is imported
     if kind is float:
-        return np.asarray(value, dtype=numpy_dtype(torch.get_default_dtype()))
+        default = torch.get_default_dtype() if torch is not None else None
+        return np.asarray(value, dtype=np.float64 if default is not None and default.itemsize == 8 else np.float32)
     if isinstance(value, (np.ndarray, np.generic)):
         return np.asarray(value) if value.dtype.kind in "biuf" else None
-    if isinstance(value, torch.Tensor):
+    if torch is not None and isinstance(value, torch.Tensor):
         if value.dtype.is_complex:
             return None
         return value.detach().cpu().numpy()
@@ -67,6 +70,28 @@ def _flatten(info: Mapping, prefix: Key = ()):
             yield from _flatten(value, path)
         else:
             yield path, value
+
+
+#: Keys of vector-env infos that are not per-env values (SAME_STEP's terminal data).
+_VECTOR_SPECIAL = frozenset({"final_obs", "final_info", "final_observation"})
+
+
+def flatten_vector_info(info: Mapping, prefix: Key = (), present=None):
+    """Yield ``(key, value, present)`` for a gymnasium vector info dict.
+
+    ``value`` has a leading ``num_envs`` dim; ``present`` is the ``"_key"``
+    mask (inherited by nested dicts), ``None`` when every env reported it.
+    """
+    for key, value in info.items():
+        key = str(key)
+        if key.startswith("_") or (not prefix and key in _VECTOR_SPECIAL):
+            continue
+        mask = info.get("_" + key, present)
+        path = (*prefix, key)
+        if isinstance(value, Mapping):
+            yield from flatten_vector_info(value, path, mask)
+        else:
+            yield path, value, mask
 
 
 def _key_str(key: Key) -> str:
@@ -106,7 +131,7 @@ class InfoSchema:
         cls,
         probes: Sequence[tuple[int, str, Mapping]],
         info_keys: Sequence | None = None,
-        info_spec: Mapping | Composite | None = None,
+        info_spec=None,
     ) -> InfoSchema:
         """Infer the schema from ``(env_index, phase, info)`` probes of every env.
 
@@ -135,7 +160,7 @@ class InfoSchema:
                         f"shape {seen.shape} at {phase0}. Every env must report the same shape; "
                         "declare the key with info_spec= or leave it out with info_keys=.",
                     )
-                promoted = numpy_dtype(torch.promote_types(torch_dtype(seen.dtype), torch_dtype(array.dtype)))
+                promoted = _promote(seen.dtype, array.dtype)
                 if promoted != seen.dtype:
                     leaves[key] = InfoLeaf(seen.shape, promoted)
         for key, spec in _declared(info_spec).items():
@@ -155,8 +180,12 @@ class InfoSchema:
             chosen.update(matches)
         return cls(chosen, selected=True)
 
-    def spec(self, num_envs: int, device=None) -> Composite:
-        """The batched ``"info"`` spec: each leaf ``(num_envs, 1, *shape)``."""
+    def spec(self, num_envs: int, device=None):
+        """The batched ``"info"`` spec (a ``Composite``): each leaf ``(num_envs, 1, *shape)``."""
+        from torchrl.data import Composite, Unbounded
+
+        from ..specs import torch_dtype
+
         spec = Composite(shape=(num_envs,), device=device)
         for key, leaf in self.leaves.items():
             spec[key] = Unbounded(
@@ -169,9 +198,22 @@ class InfoSchema:
         return {(*prefix, *key): ((num_envs, 1, *leaf.shape), leaf.dtype) for key, leaf in self.leaves.items()}
 
 
+def _promote(a: np.dtype, b: np.dtype) -> np.dtype:
+    """torch's type promotion (int64 with float32 is float32, not numpy's float64)."""
+    import torch
+
+    from ..specs import numpy_dtype, torch_dtype
+
+    return numpy_dtype(torch.promote_types(torch_dtype(a), torch_dtype(b)))
+
+
 def _declared(info_spec) -> dict[Key, InfoLeaf]:
     if info_spec is None:
         return {}
+    from torchrl.data import Composite, TensorSpec
+
+    from ..specs import numpy_dtype
+
     if isinstance(info_spec, Composite):
         items = [(k if isinstance(k, tuple) else (k,), v) for k, v in info_spec.items(True, True)]
     elif isinstance(info_spec, Mapping):
@@ -229,6 +271,40 @@ class InfoWriter:
             for key, array in arrays.items():
                 if key not in present:
                     array[i] = 0
+
+    def write_batch(self, info: Mapping, select: np.ndarray, phase: str) -> None:
+        """Record a vector-env info dict for the rows where ``select`` (bool, (N,)) is True.
+
+        Values have a leading ``N`` dim; ``"_key"`` masks say which envs
+        reported them. Rows that did not report a key read as zero.
+        """
+        written = set()
+        for key, value, present in flatten_vector_info(info):
+            array = self.arrays.get(key)
+            source = numeric_value(value)
+            if array is None:
+                if not self.schema.selected and source is not None:
+                    rows = np.flatnonzero(select if present is None else select & present)
+                    self._raise_unknown(int(rows[0]) if rows.size else None, key, value, phase)
+                continue
+            if source is None or source.shape[1:] != array.shape[2:] or len(source) != len(array):
+                raise EnvError(
+                    None, phase, f"vector info key {_key_str(key)}: expected an array of shape "
+                    f"({len(array)}, {', '.join(map(str, array.shape[2:]))}) and dtype {array.dtype}, got {describe(value)}"
+                )
+            if not np.can_cast(source.dtype, array.dtype, "same_kind"):
+                raise EnvError(
+                    None, phase, f"vector info key {_key_str(key)}: expected dtype {array.dtype}, got {source.dtype}; "
+                    "storing it would change its values. Declare the key with a wider dtype via info_spec=."
+                )
+            rows = select if present is None else select & np.asarray(present, dtype=bool)
+            array[rows, 0] = source[rows]
+            if present is not None:
+                array[select & ~rows, 0] = 0
+            written.add(key)
+        for key, array in self.arrays.items():
+            if key not in written:
+                array[select] = 0
 
     def _store(self, i, key, array, value, phase):
         kind = self.kinds[key]

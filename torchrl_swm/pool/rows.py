@@ -1,24 +1,23 @@
-"""Reading and writing one env's row: observations in, actions out.
+"""Writing what the envs return into their rows of the pool's buffers.
 
-:class:`RowWriter` writes what a gymnasium env returned into row ``i`` of the
-pool's buffers; :class:`ActionCodec` turns a batched TorchRL action into the
-objects each gymnasium env expects. Both are built once from the spaces and are
-shared by every backend (the process backend builds them inside each worker).
+:class:`RowWriter` is built once from the observation space and shared by every
+backend (the process backend builds one inside each worker). This module and
+the ones it imports stay free of torch and torchrl, so worker processes start fast.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+import sys
+
 import gymnasium as gym
 import numpy as np
-import torch
 
 from ..errors import EnvError, SpecError, describe
-from ..specs import space_to_spec
 from .infos import InfoWriter
 
-__all__ = ["RowWriter", "ActionCodec", "observation_leaves", "RESERVED_KEYS"]
+__all__ = ["RowWriter", "observation_leaves", "action_kind", "env_action_list", "RESERVED_KEYS"]
 
 Key = tuple[str, ...]
 
@@ -43,7 +42,6 @@ def observation_leaves(space: gym.Space, prefix: Key = ()) -> dict[Key, gym.Spac
                 )
             out.update(observation_leaves(sub, (*prefix, str(key))))
         return out
-    space_to_spec(space, name=f"observation_space{list(prefix)}")  # raises for unsupported leaves
     return {prefix: space}
 
 
@@ -64,8 +62,31 @@ def _leaf_writer(key: Key, space: gym.Space, buf: np.ndarray) -> Callable[[int, 
     return write
 
 
+def _leaf_batch_writer(key: Key, space: gym.Space, buf: np.ndarray):
+    """Writes a batched leaf ``(N, *shape)`` (from a VectorEnv) into the rows ``select``."""
+    start = getattr(space, "start", None) if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) else None
+    start = None if start is None or not np.any(start) else np.asarray(start, dtype=np.int64)
+
+    def write(select, values, phase: str) -> None:
+        array = np.asarray(values)
+        if array.shape != buf.shape or array.dtype.kind not in "biuf" or not np.can_cast(array.dtype, buf.dtype, "same_kind"):
+            raise EnvError(
+                None, phase, f"vector observation {key}: expected an array of shape {buf.shape} and dtype {buf.dtype}, "
+                f"got {describe(values)}"
+            )
+        if start is not None:
+            array = array - start
+        if select is None:
+            buf[...] = array
+        else:
+            buf[select] = array[select]
+
+    return write
+
+
 def _coerce(i, key, value, shape, dtype, phase):
-    if isinstance(value, torch.Tensor):
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
         value = value.detach().cpu().numpy()
     array = np.asarray(value)
     if array.shape != shape:
@@ -84,7 +105,12 @@ def _raise_dtype(i, key, value, dtype, phase):
 
 
 class RowWriter:
-    """Writes one env's reset/step results into row ``i`` of the pool's buffers.
+    """Writes what the envs returned into their rows of the pool's buffers.
+
+    Backends loop over their envs and call :meth:`observation` (or write
+    ``fast_observation`` themselves, for the common single-array case) and the
+    info writer per env, then :meth:`step_flags`/:meth:`reset_flags` once for
+    all rows: one numpy assignment per buffer instead of one per env.
 
     Args:
         observation_space: the single-env observation space.
@@ -93,11 +119,17 @@ class RowWriter:
     """
 
     def __init__(self, observation_space: gym.Space, arrays: Mapping[Key, np.ndarray], info_writer: InfoWriter):
-        self.leaves = [
-            (key, _leaf_writer(key, space, arrays[key])) for key, space in observation_leaves(observation_space).items()
-        ]
+        leaves = observation_leaves(observation_space)
+        self.leaves = [(key, _leaf_writer(key, space, arrays[key])) for key, space in leaves.items()]
+        self.batch_leaves = [(key, _leaf_batch_writer(key, space, arrays[key])) for key, space in leaves.items()]
         self.is_dict = isinstance(observation_space, gym.spaces.Dict)
         self.write_single = self.leaves[0][1] if not self.is_dict else None
+        #: ``(buffer, shape)`` when the observation is one Box array: backends
+        #: then write ``buffer[i] = obs`` inline after checking ``obs.shape``.
+        self.fast_observation = None
+        if isinstance(observation_space, gym.spaces.Box):
+            buf = arrays[("observation",)]
+            self.fast_observation = (buf, buf.shape[1:], buf.dtype.kind)
         self.reward = arrays[("reward",)]
         self.terminated = arrays[("terminated",)]
         self.truncated = arrays[("truncated",)]
@@ -106,6 +138,7 @@ class RowWriter:
         self.info = info_writer
 
     def observation(self, i: int, obs, phase: str) -> None:
+        """Write env ``i``'s observation, checking its shape and dtype."""
         if not self.is_dict:
             self.write_single(i, obs, phase)
             return
@@ -120,113 +153,56 @@ class RowWriter:
                 raise EnvError(i, phase, f"observation is missing Dict key {key}; got keys {list(obs)}") from None
             write(i, value, phase)
 
-    def after_reset(self, i: int, obs, info: Mapping, seed: int) -> None:
-        self.observation(i, obs, "reset")
-        self.info.write(i, info, "reset")
-        self.terminated[i] = self.truncated[i] = self.done[i] = False
-        self.seed[i] = seed
+    def observations(self, select, obs, phase: str) -> None:
+        """Write a batched observation (from a VectorEnv) into the rows ``select`` (bool mask; ``None``: all)."""
+        for key, write in self.batch_leaves:
+            value = obs
+            if self.is_dict:
+                try:
+                    for part in key:
+                        value = value[part]
+                except (KeyError, TypeError):
+                    raise EnvError(None, phase, f"vector observation is missing Dict key {key}") from None
+            write(select, value, phase)
 
-    def after_step(self, i: int, obs, reward, terminated, truncated, info: Mapping) -> None:
-        self.observation(i, obs, "step")
-        self.reward[i] = reward
-        self.terminated[i] = terminated
-        self.truncated[i] = truncated
-        self.done[i] = terminated or truncated
-        self.info.write(i, info, "step")
+    def step_flags(self, index, rows, rewards: list, terminated: list, truncated: list) -> None:
+        """Write reward and done flags of the stepped ``rows`` (global indices).
+
+        ``index`` selects the same rows in the buffers (a slice or an int array).
+        """
+        try:
+            self.reward[index, 0] = rewards
+            self.terminated[index, 0] = terminated
+            self.truncated[index, 0] = truncated
+        except (TypeError, ValueError) as err:
+            for i, r, te, tr in zip(rows, rewards, terminated, truncated):
+                for name, value, kinds in (("reward", r, "biuf"), ("terminated", te, "b"), ("truncated", tr, "b")):
+                    array = np.asarray(value)
+                    if array.shape != () or array.dtype.kind not in kinds:
+                        raise EnvError(int(i), "step", f"{name}: expected a scalar {'float' if name == 'reward' else 'bool'}, got {describe(value)}") from err
+            raise
+        self.done[index] = self.terminated[index] | self.truncated[index]
+
+    def reset_flags(self, index, seeds: list) -> None:
+        """Clear the done flags of reset rows and record their episode seeds."""
+        self.terminated[index] = False
+        self.truncated[index] = False
+        self.done[index] = False
+        self.seed[index, 0] = seeds
 
 
-class ActionCodec:
-    """Converts a batched TorchRL action to one gymnasium action per env, with checks.
+def action_kind(space: gym.Space) -> str:
+    """``"discrete"``, ``"multidiscrete"``, ``"binary"`` or ``"box"``."""
+    if isinstance(space, gym.spaces.Discrete):
+        return "discrete"
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return "multidiscrete"
+    if isinstance(space, gym.spaces.MultiBinary):
+        return "binary"
+    return "box"
 
-    Args:
-        action_space: the single-env action space.
-        categorical: whether ``Discrete`` actions come as indices (``Categorical``)
-            rather than one-hot vectors.
-        num_envs: the batch size.
-    """
 
-    def __init__(self, action_space: gym.Space, categorical: bool, num_envs: int):
-        if isinstance(action_space, gym.spaces.Dict):
-            raise SpecError(
-                "action_space: Dict action spaces are not supported by EnvPool; expected Box, Discrete, "
-                "MultiDiscrete or MultiBinary. Flatten the action in a gymnasium ActionWrapper."
-            )
-        self.space = action_space
-        self.spec = space_to_spec(action_space, categorical=categorical, name="action_space")
-        self.categorical = categorical
-        self.num_envs = num_envs
-        self.shape = (num_envs, *self.spec.shape)
-        if isinstance(action_space, gym.spaces.Discrete):
-            self.kind, self.start, self.high = "discrete", int(action_space.start), int(action_space.n)
-        elif isinstance(action_space, gym.spaces.MultiDiscrete):
-            self.kind, self.start, self.high = "multidiscrete", action_space.start, action_space.nvec
-        elif isinstance(action_space, gym.spaces.MultiBinary):
-            self.kind = "binary"
-        else:
-            self.kind = "box"
-            self.np_dtype = action_space.dtype
-
-    def decode(self, action: torch.Tensor, rows: np.ndarray | None) -> list:
-        """One env action per row; frozen rows (not in ``rows``) are never read."""
-        if not isinstance(action, torch.Tensor):
-            raise TypeError(f"action: expected a torch.Tensor of shape {self.shape}, got {describe(action)}")
-        if tuple(action.shape) != self.shape:
-            raise ValueError(f"action: expected shape {self.shape} ({self.spec.__class__.__name__}), got {tuple(action.shape)}")
-        array = action.detach().cpu().numpy()
-        if rows is not None:
-            array = array[rows]
-        return getattr(self, "_" + self.kind)(array, action.dtype, rows)
-
-    def _bad(self, what, rows, bad_rows):
-        index = int(bad_rows[0]) if rows is None else int(rows[bad_rows[0]])
-        raise ValueError(f"action for env {index}: {what}")
-
-    def _discrete(self, array, dtype, rows):
-        if self.categorical:
-            if array.dtype.kind not in "iu":
-                raise TypeError(f"action: expected an integer dtype (torch.int64) for a Categorical action, got {dtype}")
-            bad = np.flatnonzero((array < 0) | (array >= self.high))
-            if bad.size:
-                self._bad(f"expected an index in [0, {self.high}), got {array[bad[0]]}", rows, bad)
-            values = array
-        else:
-            values = self._one_hot_to_index(array, dtype, rows)
-        if self.start:
-            values = values + self.start
-        return values.tolist()
-
-    def _one_hot_to_index(self, array, dtype, rows):
-        if array.dtype.kind not in "biu":
-            raise TypeError(f"action: expected an integer or bool one-hot action, got {dtype}")
-        bad = np.flatnonzero((array.sum(-1) != 1) | (array.max(-1) != 1) | (array.min(-1) < 0))
-        if bad.size:
-            self._bad(f"expected a one-hot vector, got {array[bad[0]].tolist()}", rows, bad)
-        return array.argmax(-1)
-
-    def _multidiscrete(self, array, dtype, rows):
-        if self.categorical:
-            if array.dtype.kind not in "iu":
-                raise TypeError(f"action: expected an integer dtype for a MultiCategorical action, got {dtype}")
-            values = array
-        else:
-            if array.dtype.kind not in "biu":
-                raise TypeError(f"action: expected an integer or bool multi-one-hot action, got {dtype}")
-            parts = np.split(array, np.cumsum(self.high)[:-1], axis=-1)
-            values = np.stack([self._one_hot_to_index(p, dtype, rows) for p in parts], -1)
-        bad = np.flatnonzero(((values < 0) | (values >= self.high)).any(-1))
-        if bad.size:
-            self._bad(f"expected indices below nvec={self.high.tolist()}, got {values[bad[0]].tolist()}", rows, bad)
-        return list(values.astype(np.int64) + self.start)
-
-    def _binary(self, array, dtype, rows):
-        if array.dtype.kind not in "biu":
-            raise TypeError(f"action: expected an integer or bool MultiBinary action, got {dtype}")
-        bad = np.flatnonzero(((array != 0) & (array != 1)).reshape(len(array), -1).any(-1))
-        if bad.size:
-            self._bad(f"expected 0/1 values, got {array[bad[0]].tolist()}", rows, bad)
-        return list(array.astype(self.space.dtype))
-
-    def _box(self, array, dtype, rows):
-        if array.dtype.kind != "f" and np.dtype(self.np_dtype).kind == "f":
-            raise TypeError(f"action: expected a floating dtype for a Box action (space dtype {self.np_dtype}), got {dtype}")
-        return list(array.astype(self.np_dtype, copy=True))
+def env_action_list(kind: str, array: np.ndarray) -> list:
+    """Per-env gymnasium actions from a batch: Python ints for Discrete (what
+    gymnasium checks fastest), one array row (a copy) otherwise."""
+    return array.tolist() if kind == "discrete" else list(array.copy())

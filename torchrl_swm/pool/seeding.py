@@ -11,6 +11,10 @@ reset uses ``b_i + k_i * N`` (``N`` envs), then ``k_i`` grows by one. So:
 
 Without any seed the base is drawn from OS entropy, so runs differ but every
 episode's seed is still recorded (``"episode_seed"``) and can be replayed.
+
+With ``every_episode=False`` (gymnasium's own convention), only the first reset
+after a seed passes it to the env; later episodes continue the env's random
+stream, and ``"episode_seed"`` reports the seed that started the stream.
 """
 
 from __future__ import annotations
@@ -75,10 +79,22 @@ def broadcast_options(options, num_envs: int) -> list:
 
 
 class SeedSchedule:
-    """The base seed and episode counter of each env (see the module docstring)."""
+    """The base seed and episode counter of each env (see the module docstring).
 
-    def __init__(self, num_envs: int, seed: int | None = None):
+    Args:
+        num_envs: number of envs.
+        seed: the first base seed (``seed + i`` for env ``i``); OS entropy when ``None``.
+        every_episode: give every reset its own seed (default). With ``False``
+            only the first reset after a (re)seed gets one and later episodes
+            continue the env's own random stream, gymnasium's vector-env
+            convention: cheaper (``env.reset(seed=...)`` rebuilds the env's RNG)
+            and still reproducible, but an episode is then identified by the
+            stream seed *and* its index, not by a seed of its own.
+    """
+
+    def __init__(self, num_envs: int, seed: int | None = None, every_episode: bool = True):
         self.num_envs = num_envs
+        self.every_episode = every_episode
         self.base = np.zeros(num_envs, dtype=np.int64)
         self.count = np.zeros(num_envs, dtype=np.int64)
         self.set(seed)
@@ -90,15 +106,39 @@ class SeedSchedule:
         self.base[:] = broadcast_seeds(seed, self.num_envs)
         self.count[:] = 0
 
-    def next(self, rows: np.ndarray | None, override: np.ndarray | None = None) -> list[int]:
-        """The seeds for resetting ``rows`` (all when ``None``), advancing their counters.
+    def next(self, rows: np.ndarray | None, override: np.ndarray | None = None) -> tuple[list, list[int]]:
+        """Seeds for resetting ``rows`` (all when ``None``), advancing their counters.
 
-        ``override`` (``num_envs`` seeds) restarts those rows' schedules first.
+        Returns ``(reset_seeds, episode_seeds)``: what to pass to ``env.reset``
+        (``None`` where the env continues its stream) and what to record as each
+        episode's seed. ``override`` (``num_envs`` seeds) restarts those rows'
+        schedules first.
         """
+        if rows is not None and override is None and len(rows) <= 8:
+            # the usual partial reset: a few rows, no override; plain Python is cheapest
+            base, count, n = self.base, self.count, self.num_envs
+            reset_seeds, episode_seeds = [], []
+            for j in rows.tolist():
+                k = int(count[j])
+                count[j] = k + 1
+                if self.every_episode:
+                    seed = int(base[j]) + k * n
+                    reset_seeds.append(seed)
+                    episode_seeds.append(seed)
+                else:
+                    reset_seeds.append(None if k else int(base[j]))
+                    episode_seeds.append(int(base[j]))
+            return reset_seeds, episode_seeds
         index = slice(None) if rows is None else rows
         if override is not None:
             self.base[index] = override[index]
             self.count[index] = 0
-        seeds = self.base[index] + self.count[index] * self.num_envs
+        count = self.count[index]
+        if self.every_episode:
+            seeds = (self.base[index] + count * self.num_envs).tolist()
+            self.count[index] += 1
+            return seeds, seeds
+        episode_seeds = self.base[index].tolist()
+        reset_seeds = [None if k else s for k, s in zip(count.tolist(), episode_seeds)]
         self.count[index] += 1
-        return [int(s) for s in seeds]
+        return reset_seeds, episode_seeds

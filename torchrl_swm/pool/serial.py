@@ -15,7 +15,7 @@ import gymnasium as gym
 import numpy as np
 
 from ..errors import EnvError, describe
-from .infos import numeric_value
+from .infos import InfoWriter, numeric_value
 from .rows import RowWriter
 
 __all__ = ["SerialBackend", "make_envs", "numeric_only"]
@@ -80,6 +80,8 @@ class SerialBackend:
         pixels: render an ``rgb_array`` frame after every reset and step.
     """
 
+    batched_actions = False
+
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], first: int = 0, pixels: bool = False):
         self.first = first
         self.pixels = pixels
@@ -138,9 +140,14 @@ class SerialBackend:
                 raise EnvError(i, phase, f"{type(err).__name__}: {err} (while probing the env at construction)") from err
         return {"infos": infos, "frame_shape": frame_shape}
 
-    def attach(self, writer: RowWriter, frames: np.ndarray | None) -> None:
-        """Start writing into the pool's buffers (``frames``: the raw frame buffer)."""
-        self.writer, self.frames = writer, frames
+    def allocate(self, layout) -> None:
+        """The buffers live in this process: let the pool allocate them."""
+        return None
+
+    def attach(self, layout, arrays, info_schema, frame_key) -> None:
+        """Start writing into the pool's buffers ``arrays`` (numpy views of ``layout``)."""
+        self.writer = RowWriter(self.observation_space, arrays, InfoWriter(info_schema, arrays))
+        self.frames = None if frame_key is None else arrays[frame_key]
 
     # -- the hot path --------------------------------------------------------------
     def _frame(self, j: int, env: gym.Env) -> np.ndarray:
@@ -156,39 +163,79 @@ class SerialBackend:
             raise EnvError(self.first + j, "render", f"frame shape {frame.shape} differs from the pool's {target.shape}")
         target[...] = frame
 
-    def reset(self, rows: np.ndarray | None, seeds: Sequence[int], options: Sequence) -> None:
-        """Reset ``rows`` (local indices; all when ``None``) with one seed and options each."""
-        envs, after, first = self.envs, self.writer.after_reset, self.first
-        order = range(len(envs)) if rows is None else rows
-        j = -1
-        try:
-            for k, j in enumerate(order):
-                obs, info = envs[j].reset(seed=seeds[k], options=options[k])
-                after(first + j, obs, info, seeds[k])
-                if self.frames is not None:
-                    self._store_frame(j, envs[j])
-        except EnvError:
-            raise
-        except Exception as err:
-            raise EnvError(first + j, "reset", f"{type(err).__name__}: {err}") from err
+    def _index(self, rows: np.ndarray | None):
+        """Buffer index and global row ids of local ``rows`` (all when ``None``)."""
+        if rows is None:
+            return slice(self.first, self.first + len(self.envs)), range(self.first, self.first + len(self.envs))
+        if self.first:
+            rows = rows + self.first
+        return rows, rows.tolist()
 
-    def step(self, actions: Sequence, rows: np.ndarray | None) -> None:
-        """Step ``rows`` (local indices; all when ``None``) with one action each."""
-        envs, after, first = self.envs, self.writer.after_step, self.first
-        frames = self.frames
-        order = range(len(envs)) if rows is None else rows
+    def reset(
+        self, rows: np.ndarray | None, seeds: Sequence, options: Sequence | None = None, episode_seeds: Sequence[int] | None = None
+    ) -> None:
+        """Reset ``rows`` (local indices; all when ``None``) with one seed (and options) each.
+
+        ``seeds`` go to ``env.reset`` (``None``: continue the env's stream);
+        ``episode_seeds`` are recorded as ``"episode_seed"`` (default: ``seeds``).
+        """
+        envs, writer, first, frames = self.envs, self.writer, self.first, self.frames
+        order = range(len(envs)) if rows is None else rows.tolist()
+        write_obs, write_info = writer.observation, writer.info.write
         j = -1
         try:
             for k, j in enumerate(order):
                 env = envs[j]
-                obs, reward, terminated, truncated, info = env.step(actions[k])
-                after(first + j, obs, reward, terminated, truncated, info)
+                if options is None or options[k] is None:
+                    obs, info = env.reset(seed=seeds[k])
+                else:
+                    obs, info = env.reset(seed=seeds[k], options=options[k])
+                write_obs(first + j, obs, "reset")
+                write_info(first + j, info, "reset")
+                if frames is not None:
+                    self._store_frame(j, env)
+        except EnvError:
+            raise
+        except Exception as err:
+            raise EnvError(first + j, "reset", f"{type(err).__name__}: {err}") from err
+        writer.reset_flags(self._index(rows)[0], seeds if episode_seeds is None else episode_seeds)
+
+    def step(self, actions: Sequence, rows: np.ndarray | None) -> None:
+        """Step ``rows`` (local indices; all when ``None``) with one action each.
+
+        This is the hot loop: per env, one gymnasium ``step``, one buffer write
+        for a plain array observation, and list appends; the reward and done
+        flags are written for all rows at once afterwards.
+        """
+        envs, writer, first, frames = self.envs, self.writer, self.first, self.frames
+        order = range(len(envs)) if rows is None else rows
+        rewards, terminated, truncated = [], [], []
+        write_info = writer.info.write if (writer.info.count or not writer.info.schema.selected) else None
+        fast = writer.fast_observation
+        buf, shape, kind = fast if fast is not None else (None, None, None)
+        write_obs = writer.observation
+        j = -1
+        try:
+            for k, j in enumerate(order):
+                env = envs[j]
+                obs, reward, term, trunc, info = env.step(actions[k])
+                if buf is not None and obs.__class__ is np.ndarray and obs.shape == shape and obs.dtype.kind == kind:
+                    buf[first + j] = obs
+                else:
+                    write_obs(first + j, obs, "step")
+                rewards.append(reward)
+                terminated.append(term)
+                truncated.append(trunc)
+                if write_info is not None and (info or writer.info.count):
+                    write_info(first + j, info, "step")
                 if frames is not None:
                     self._store_frame(j, env)
         except EnvError:
             raise
         except Exception as err:
             raise EnvError(first + j, "step", f"{type(err).__name__}: {err}") from err
+        index, global_rows = self._index(rows)
+        writer.step_flags(index, global_rows, rewards, terminated, truncated)
 
     # -- direct access to the envs ------------------------------------------------------
     def call(self, rows: Sequence[int], name: str, args: tuple, kwargs: dict) -> list:

@@ -1,0 +1,250 @@
+"""The process and vector backends behave exactly like the serial one; faults never hang."""
+
+import functools
+import os
+import signal
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from envs import CountingEnv, DictObsEnv, FailingEnv, counting
+from gymnasium.vector import AutoresetMode
+from tensordict import TensorDict
+from torchrl.envs.utils import check_env_specs
+from torchrl.testing import rollout_consistency_assertion
+
+from torchrl_swm import EnvError, EnvPool, SpecError
+
+
+def drive(pool, steps, seed=0, step_masks=None, reset_at=None):
+    """A fixed action/mask script; returns every (step, next-root) pair, cloned."""
+    gen = torch.Generator().manual_seed(seed)
+    td = pool.reset()
+    out = [td.clone()]
+    for t in range(steps):
+        td["action"] = pool.action_spec.rand() if gen is None else _rand_action(pool, gen)
+        if reset_at and t in reset_at:
+            td = pool.reset(td.update(TensorDict({"_reset": reset_at[t]}, pool.batch_size)))
+            out.append(td.clone())
+            td["action"] = _rand_action(pool, gen)
+        if step_masks is not None:
+            td["_step"] = step_masks[t]
+            stepped = pool.step(td)
+            out.append(stepped.clone())
+            td = stepped["next"].clone()
+            td = pool.reset(td.update(TensorDict({"_reset": td["done"] & step_masks[t]}, pool.batch_size))) if td["done"].any() else td
+        else:
+            stepped, td = pool.step_and_maybe_reset(td)
+            out.append(stepped.clone())
+            out.append(td.clone())
+    return out
+
+
+def _rand_action(pool, gen):
+    spec = pool.action_spec
+    if spec.dtype == torch.int64:
+        return torch.randint(0, spec.space.n, spec.shape, generator=gen)
+    return torch.rand(spec.shape, generator=gen) * 2 - 1
+
+
+def assert_same(a_list, b_list):
+    assert len(a_list) == len(b_list)
+    for t, (a, b) in enumerate(zip(a_list, b_list)):
+        assert set(a.keys(True, True)) == set(b.keys(True, True)), t
+        for key in a.keys(True, True):
+            assert torch.equal(a[key], b[key]), (t, key)
+
+
+# -- the fast step_and_maybe_reset is TorchRL's generic path, exactly -------------------------
+class GenericPathPool(EnvPool):
+    """The same pool driven through TorchRL's own step -> step_mdp -> maybe_reset."""
+
+    def _step_and_maybe_reset(self, tensordict):
+        return super(EnvPool, self)._step_and_maybe_reset(tensordict)
+
+
+@pytest.mark.parametrize("factory", [functools.partial(counting, max_length=5), DictObsEnv])
+def test_fast_step_and_maybe_reset_equals_generic_path(factory):
+    fast = EnvPool([factory] * 4, seed=3)
+    slow = GenericPathPool([factory] * 4, seed=3)
+    gen_a, gen_b = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    ta, tb = fast.reset(), slow.reset()
+    for t in range(120):
+        for td, gen, pool in ((ta, gen_a, fast), (tb, gen_b, slow)):
+            td["action"] = _rand_action(pool, gen)
+            td["policy_logits"] = torch.randn(4, 3, generator=gen)  # a root key the policy adds
+            td["collector", "traj_ids"] = torch.arange(4) + t  # a nested root key
+        sa, ta = fast.step_and_maybe_reset(ta)
+        sb, tb = slow.step_and_maybe_reset(tb)
+        assert_same([sa, ta], [sb, tb])
+    assert sa["next", "done"].any() or ta["done"].sum() == 0
+    fast.close()
+    slow.close()
+
+
+# -- process backend ----------------------------------------------------------------------
+def test_process_backend_matches_serial_row_for_row():
+    kwargs = dict(seed=5, pixels=True)
+    fns = [functools.partial(counting, max_length=6, render_mode="rgb_array")] * 5
+    serial = EnvPool(fns, **kwargs)
+    proc = EnvPool(fns, backend="process", num_workers=2, **kwargs)
+    masks = [torch.rand(5, 1, generator=torch.Generator().manual_seed(t)) > 0.3 for t in range(40)]
+    resets = {7: torch.tensor([[False], [True], [False], [True], [False]])}
+    assert_same(drive(serial, 60, reset_at=resets), drive(proc, 60, reset_at=resets))
+    assert_same(drive(serial, 40, step_masks=masks), drive(proc, 40, step_masks=masks))
+    # seeds, options and infos too
+    a = serial.reset(seed=[1, 2, 3, 4, 5], options={"length": 3})
+    b = proc.reset(seed=[1, 2, 3, 4, 5], options={"length": 3})
+    assert_same([a], [b])
+    assert proc.get_attr("length") == serial.get_attr("length") == [3] * 5
+    proc.set_attr("length", [9, 8, 7, 6, 5])
+    assert proc.get_attr("length", indices=[0, 4]) == [9, 5]
+    assert proc.call("render", indices=[1])[0].shape == (8, 12, 3)
+    check_env_specs(proc)
+    serial.close()
+    proc.close()
+
+
+def test_process_backend_dict_observations_and_collector_consistency():
+    pool = EnvPool([DictObsEnv] * 4, backend="process", num_workers=2, seed=0)
+    rollout = pool.rollout(50, break_when_any_done=False)
+    assert rollout["next", "goal", "target"].shape == (4, 50, 2)
+    pool.close()
+
+
+def test_env_raising_inside_a_worker_is_named_with_traceback_and_pool_closes():
+    fns = [functools.partial(counting, length=50)] * 3 + [functools.partial(FailingEnv, fail_at=3)]
+    pool = EnvPool(fns, backend="process", num_workers=2, seed=0)
+    pids = pool._backend.pids
+    td = pool.reset()
+    td["action"] = torch.zeros(4, dtype=torch.int64)
+    pool.step(td)
+    with pytest.raises(EnvError, match=r"env 3 \(step\): ValueError: boom.*worker 1 traceback.*FailingEnv|boom") as err:
+        pool.step(td)
+    assert err.value.env_index == 3 and "Traceback" in str(err.value)
+    pool.close()
+    _assert_reaped(pids)
+
+
+def test_killed_worker_is_detected_quickly_and_never_hangs():
+    pool = EnvPool([functools.partial(counting, length=50)] * 4, backend="process", num_workers=2, seed=0)
+    pids = pool._backend.pids
+    td = pool.reset()
+    os.kill(pids[1], signal.SIGKILL)
+    td["action"] = torch.zeros(4, dtype=torch.int64)
+    start = time.monotonic()
+    with pytest.raises(EnvError, match=r"worker 1 \(envs 2..3, pid \d+\) died with exit code -9"):
+        pool.step(td)
+    assert time.monotonic() - start < 5
+    pool.close()
+    _assert_reaped(pids)
+
+
+def test_worker_failing_at_construction_is_reported_and_reaped():
+    def bad():
+        raise RuntimeError("no display")
+
+    with pytest.raises(EnvError, match="no display"):
+        EnvPool([CountingEnv, CountingEnv, bad, CountingEnv], backend="process", num_workers=2)
+
+
+def test_unpicklable_factory_says_what_to_change():
+    import threading
+
+    lock = threading.Lock()
+
+    def factory():
+        with lock:
+            return CountingEnv()
+
+    with pytest.raises(TypeError, match="picklable with cloudpickle"):
+        EnvPool([factory] * 2, backend="process", num_workers=1)
+
+
+def test_more_workers_than_cores_still_work():
+    n = (os.cpu_count() or 2) * 2
+    pool = EnvPool([functools.partial(counting, max_length=4)] * n, backend="process", num_workers=n, seed=0)
+    rollout = pool.rollout(30, break_when_any_done=False)
+    rollout_consistency_assertion(rollout, done_key="done", observation_key="observation", done_strict=True)
+    pool.close()
+
+
+def _assert_reaped(pids):
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        # a zombie would still answer; a reaped pid raises above
+        with open(f"/proc/{pid}/status") as f:
+            state = [line for line in f if line.startswith("State:")][0]
+        pytest.fail(f"worker {pid} still exists: {state}")
+
+
+# -- vector backend ---------------------------------------------------------------------------
+def _vector(mode, n=6):
+    if mode == "vector_entry_point":
+        return gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="vector_entry_point")
+    return gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="sync", vector_kwargs={"autoreset_mode": mode})
+
+
+@pytest.mark.parametrize("mode", ["vector_entry_point", AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED])
+def test_vector_env_every_autoreset_mode_exact_terminal_obs_no_ghosts(mode):
+    pool = EnvPool(_vector(mode), seed=0)
+    check_env_specs(pool)
+    rollout = pool.rollout(300, break_when_any_done=False)
+    rollout_consistency_assertion(rollout, done_key="done", observation_key="observation", done_strict=True)
+    done = rollout["next", "done"][..., 0]
+    assert done.sum() > 20
+    # CartPole pays 1 per step: a ghost transition would pay 0
+    assert (rollout["next", "reward"] == 1).all()
+    # a terminal observation is past a threshold (or at the 500-step limit): never a fresh reset obs
+    terminal = rollout["next", "observation"][rollout["next", "terminated"][..., 0]]
+    assert ((terminal[:, 0].abs() > 2.4) | (terminal[:, 2].abs() > 12 * 2 * np.pi / 360)).all()
+    # the row after a done starts from a reset obs, inside the reset bounds
+    after = rollout["observation"][:, 1:][done[:, :-1]]
+    assert (after.abs() <= 0.05).all()
+    pool.close()
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED])
+def test_sync_vector_pool_equals_single_env_pool(mode):
+    single = EnvPool("CartPole-v1", num_envs=4, seed=11)
+    vector = EnvPool(_vector(mode, 4), seed=11)
+    assert_same(drive(single, 150), drive(vector, 150))
+    single.close()
+    vector.close()
+
+
+def test_vector_env_refuses_step_masks_and_unreset_done_rows():
+    pool = EnvPool(_vector(AutoresetMode.NEXT_STEP, 3), seed=0)
+    td = pool.reset()
+    td["action"] = torch.zeros(3, dtype=torch.int64)
+    td["_step"] = torch.tensor([[True], [False], [True]])
+    with pytest.raises(EnvError, match="cannot freeze rows"):
+        pool.step(td)
+    td = pool.reset()
+    for _ in range(200):
+        td["action"] = torch.zeros(3, dtype=torch.int64)
+        td = pool.step(td)["next"].clone()
+        if td["done"].any():
+            break
+    td["action"] = torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(EnvError, match="ghost transition"):
+        pool.step(td)
+    pool.close()
+
+
+def test_next_step_vector_env_without_masked_reset_is_refused_clearly():
+    class Plain(gym.vector.VectorEnv):
+        metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+
+        def __init__(self):
+            self.num_envs = 2
+            self.single_observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+            self.single_action_space = gym.spaces.Discrete(2)
+
+    with pytest.raises(SpecError, match="masked_reset=True"):
+        EnvPool(Plain())

@@ -1,0 +1,129 @@
+"""``python -m torchrl_swm.benchmarks``: run the benchmark, print the table, save JSON/PNG."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+
+import torch
+
+__all__ = ["main", "build_parser", "run_sections", "format_table", "save_plot"]
+
+SECTIONS = ("cartpole", "vector", "fixed", "expensive", "world_model", "export")
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(prog="python -m torchrl_swm.benchmarks", description=__doc__)
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, from {', '.join(SECTIONS)}")
+    parser.add_argument("--ns", default="16,256", help="pool sizes N for the pool sections")
+    parser.add_argument("--bs", default="1,64,1024", help="batch sizes B for the world-model sections")
+    parser.add_argument("--seconds", type=float, default=2.0, help="timed seconds per row (split over 3 repeats)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
+    parser.add_argument("--json", help="save the rows to this JSON file")
+    parser.add_argument("--plot", help="save a bar chart of the ratios to this PNG file")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    return parser
+
+
+def machine() -> str:
+    import gymnasium
+    import numpy
+    import tensordict
+    import torchrl
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return (f"{cpu}, {os.cpu_count()} cpus, python {platform.python_version()}, torch {torch.__version__}, "
+            f"torchrl {torchrl.__version__}, tensordict {tensordict.__version__}, gymnasium {gymnasium.__version__}, "
+            f"numpy {numpy.__version__}, torch threads {torch.get_num_threads()}")
+
+
+def run_sections(sections, ns, bs, seconds, quick, progress=print):
+    from . import pool
+
+    rows = []
+    for name in sections:
+        start = time.perf_counter()
+        if name in pool.SECTIONS:
+            rows += pool.run((name,), ns, seconds, quick)
+        elif name == "world_model":
+            from . import world_model
+
+            rows += world_model.run(bs=bs, seconds=seconds)
+        elif name == "export":
+            from . import export
+
+            rows += export.run(ns=ns, bs=[b for b in bs if b >= 64] or bs, seconds=seconds)
+        else:
+            raise SystemExit(f"unknown section {name!r}; expected some of {', '.join(SECTIONS)}")
+        progress(f"# section {name}: {time.perf_counter() - start:.0f} s")
+    return rows
+
+
+def format_table(rows) -> str:
+    lines = ["| section | N/B | row | env-steps/s (median) | spread | µs/batched step | ratio |",
+             "|---|---:|---|---:|---:|---:|---:|"]
+    for r in rows:
+        ratio = "" if r.ratio is None or math.isnan(r.ratio) else f"{r.ratio:.2f}"
+        rate = "failed" if math.isnan(r.rate) else f"{r.rate:,.0f}"
+        lines.append(f"| {r.section} | {r.n} | {r.label} | {rate} | {r.spread:.0%} | {r.us_per_call:,.1f} | {ratio} |")
+    return "\n".join(lines)
+
+
+def save_plot(rows, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = {}
+    for r in rows:
+        if r.ratio is not None and not math.isnan(r.ratio):
+            groups.setdefault((r.section, r.n), []).append(r)
+    fig, axes = plt.subplots(len(groups), 1, figsize=(10, 2.2 + 0.35 * max(len(g) for g in groups.values()) * len(groups)),
+                             squeeze=False)
+    for ax, ((section, n), items) in zip(axes[:, 0], groups.items()):
+        labels = [r.label for r in items]
+        values = [r.ratio for r in items]
+        ax.barh(range(len(items)), values, color=["tab:blue" if "EnvPool" in l or "WorldModel" in l or "export" in l.lower()
+                                                   else "tab:gray" for l in labels])
+        ax.set_yticks(range(len(items)), labels, fontsize=7)
+        ax.axvline(1.0, color="k", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_title(f"{section}, N/B = {n}: ratio to the reference row (log scale)", fontsize=9)
+        ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    sections = [s for s in args.sections.split(",") if s]
+    ns = [int(x) for x in args.ns.split(",")]
+    bs = [int(x) for x in args.bs.split(",")]
+    if args.quick:
+        ns, bs, args.seconds = [min(ns)], [min(bs)], min(args.seconds, 0.3)
+    print(f"# {machine()}")
+    rows = run_sections(sections, ns, bs, args.seconds, args.quick)
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine(), "rows": [r.as_dict() for r in rows]}, f, indent=1)
+    if args.plot:
+        save_plot(rows, args.plot)
+        print(f"# plot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

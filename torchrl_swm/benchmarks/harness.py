@@ -1,0 +1,83 @@
+"""Timing harness shared by every benchmark section.
+
+Each row builds its subject, warms it up, calibrates how many units fill about
+``seconds / repeats``, then times ``repeats`` runs. It reports the median rate
+and the spread ``(max - min) / median``. Rates are compared as ratios to a
+reference row measured in the same process run: these machines are shared and
+noisy, so absolute numbers across runs mean little.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+__all__ = ["Row", "measure"]
+
+
+@dataclass
+class Row:
+    """One measured row of a benchmark table."""
+
+    section: str
+    key: str
+    label: str
+    n: int
+    rate: float  # env-steps per second (median)
+    spread: float  # (max - min) / median over the repeats
+    us_per_call: float  # microseconds per batched step (median)
+    ratio: float | None = None  # rate / reference rate (same run)
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def measure(
+    make: Callable[[], object],
+    *,
+    steps_per_unit: int = 1,
+    envs_per_step: int,
+    seconds: float = 2.0,
+    repeats: int = 3,
+) -> dict:
+    """Time ``subject.run(units)`` of the object ``make()`` returns.
+
+    ``subject`` must have ``run(units)`` and ``close()``; each unit is
+    ``steps_per_unit`` batched steps of ``envs_per_step`` env-steps.
+
+    Returns ``{"rate", "spread", "us_per_call", "setup_s"}``.
+    """
+    t0 = time.perf_counter()
+    subject = make()
+    setup = time.perf_counter() - t0
+    try:
+        subject.run(1)  # warm-up: first-call costs, lazy buffers
+        units = 1
+        while True:  # calibrate: double until one run lasts >= 0.1 s
+            t0 = time.perf_counter()
+            subject.run(units)
+            dt = time.perf_counter() - t0
+            if dt >= 0.1 or units >= 1 << 22:
+                break
+            units *= 2
+        units = max(1, int(math.ceil(seconds / repeats * units / max(dt, 1e-9))))
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            subject.run(units)
+            times.append(time.perf_counter() - t0)
+    finally:
+        subject.close()
+    steps = units * steps_per_unit
+    rates = [steps * envs_per_step / t for t in times]
+    median = statistics.median(rates)
+    return {
+        "rate": median,
+        "spread": (max(rates) - min(rates)) / median,
+        "us_per_call": statistics.median(times) / steps * 1e6,
+        "setup_s": setup,
+    }

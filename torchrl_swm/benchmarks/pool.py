@@ -1,0 +1,368 @@
+"""Pool benchmark: EnvPool against a plain loop, gymnasium and TorchRL, in one process run.
+
+Sections (each returns :class:`~.harness.Row` objects, ratios to its reference row):
+
+* ``cartpole``: CartPole-v1 with random actions, env-steps/s, ratio to the plain
+  loop over ``gym.make`` envs (the reference, 1.00).
+* ``vector``: the numpy-batched ``CartPoleVectorEnv`` raw, and through EnvPool.
+* ``fixed``: the pool's fixed cost per batched step on an env that does nothing,
+  with no env finishing and with k envs finishing per step, next to TorchRL's
+  own ``EnvBase`` floor.
+* ``expensive``: an env burning ~1 ms of CPU per step: serial vs process backend
+  vs TorchRL ``ParallelEnv`` with the same envs.
+
+Actions are drawn once and cycled, so no row pays for a policy.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from .harness import Row, measure
+
+__all__ = ["run", "SECTIONS", "BusyEnv", "NoopEnv"]
+
+K_ACTIONS = 64  # pre-drawn action batches, cycled
+
+
+# -- envs used by the benchmark (module level: worker processes import them) ------------
+class NoopEnv(gym.Env):
+    """Does nothing: returns a constant observation; ends every ``period`` steps (0: never)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, period: int = 0):
+        self.obs = np.zeros(4, np.float32)
+        self.period, self.t = period, 0
+
+    def reset(self, *, seed=None, options=None):
+        self.t = 0
+        return self.obs, {}
+
+    def step(self, action):
+        self.t += 1
+        return self.obs, 1.0, bool(self.period) and self.t >= self.period, False, {}
+
+
+class BusyEnv(gym.Env):
+    """A CPU-bound env: each step burns about ``ms`` milliseconds of CPU (like physics)."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (8,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, ms: float = 1.0, episode: int = 200):
+        self.ms, self.episode, self.t = ms, episode, 0
+        self.state = np.zeros(8, np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.state = self.np_random.standard_normal(8).astype(np.float32)
+        return self.state.copy(), {}
+
+    def step(self, action):
+        end = time.thread_time() + self.ms / 1000.0
+        x = 0.0
+        while time.thread_time() < end:  # CPU time, not a sleep: it needs a core
+            x += 1.0
+        self.t += 1
+        self.state = (self.state * 0.99 + (action - 0.5) * 0.01).astype(np.float32)
+        return self.state.copy(), 1.0, False, self.t >= self.episode, {}
+
+
+def _cartpole():
+    return gym.make("CartPole-v1")
+
+
+def _actions(n, k=K_ACTIONS, seed=0):
+    return np.random.default_rng(seed).integers(0, 2, size=(k, n))
+
+
+# -- subjects: run(units) and close() ---------------------------------------------------------
+class PlainLoop:
+    """The reference: N gym.make envs, a Python loop, numpy buffers, manual reset."""
+
+    def __init__(self, n, factory=_cartpole):
+        self.envs = [factory() for _ in range(n)]
+        self.obs = np.zeros((n, *self.envs[0].observation_space.shape), np.float32)
+        self.rew = np.zeros(n, np.float32)
+        self.term = np.zeros(n, bool)
+        self.trunc = np.zeros(n, bool)
+        for i, env in enumerate(self.envs):
+            self.obs[i], _ = env.reset(seed=i)
+        self.acts = _actions(n).tolist()
+
+    def run(self, units):
+        envs, obs, rew, term, trunc, acts = self.envs, self.obs, self.rew, self.term, self.trunc, self.acts
+        for s in range(units):
+            a = acts[s % K_ACTIONS]
+            for i, env in enumerate(envs):
+                o, r, te, tr, _ = env.step(a[i])
+                if te or tr:
+                    o, _ = env.reset()
+                obs[i] = o
+                rew[i] = r
+                term[i] = te
+                trunc[i] = tr
+
+    def close(self):
+        for env in self.envs:
+            env.close()
+
+
+class GymVector:
+    """A gymnasium VectorEnv stepped with batches of actions (its own autoreset)."""
+
+    def __init__(self, venv, n):
+        self.env = venv
+        self.env.reset(seed=0)
+        self.acts = _actions(n)
+
+    def run(self, units):
+        step, acts = self.env.step, self.acts
+        for s in range(units):
+            step(acts[s % K_ACTIONS])
+
+    def close(self):
+        self.env.close()
+
+
+class StepLoop:
+    """A TorchRL env driven like a collector: set the action, step_and_maybe_reset."""
+
+    def __init__(self, env):
+        self.env = env
+        env.set_seed(0)
+        self.td = env.reset()
+        self.acts = [env.action_spec.rand() for _ in range(K_ACTIONS)]
+
+    def run(self, units):
+        env, acts, td = self.env, self.acts, self.td
+        with torch.no_grad():
+            for s in range(units):
+                td.set("action", acts[s % K_ACTIONS])
+                _, td = env.step_and_maybe_reset(td)
+        self.td = td
+
+    def close(self):
+        self.env.close()
+
+
+class CyclePolicy:
+    """Pre-drawn random actions, as a TorchRL policy (a callable on a TensorDict)."""
+
+    def __init__(self, env):
+        self.acts = [env.action_spec.rand() for _ in range(K_ACTIONS)]
+        self.i = 0
+
+    def __call__(self, td):
+        self.i += 1
+        return td.set("action", self.acts[self.i % K_ACTIONS])
+
+
+class Rollout:
+    """``env.rollout(T, policy, break_when_any_done=False)``: T steps per unit."""
+
+    def __init__(self, env, steps=100):
+        self.env, self.steps = env, steps
+        env.set_seed(0)
+        self.policy = CyclePolicy(env)
+
+    def run(self, units):
+        with torch.no_grad():
+            for _ in range(units):
+                self.env.rollout(self.steps, self.policy, break_when_any_done=False)
+
+    def close(self):
+        self.env.close()
+
+
+class CollectorLoop:
+    """A torchrl ``Collector`` with a random policy: one batch of ``frames`` per unit."""
+
+    def __init__(self, env, frames):
+        from torchrl.collectors import Collector
+
+        self.env = env
+        self.collector = Collector(env, CyclePolicy(env), frames_per_batch=frames, total_frames=-1)
+        self.iterator = iter(self.collector)
+
+    def run(self, units):
+        for _ in range(units):
+            next(self.iterator)
+
+    def close(self):
+        self.collector.shutdown()
+        self.env.close()
+
+
+def _floor_env(n):
+    """TorchRL's EnvBase floor: a minimal masked pool that does no env work at all."""
+    from tensordict import TensorDict
+    from torchrl.data import Categorical, Composite, Unbounded
+    from torchrl.envs import EnvBase
+
+    class Floor(EnvBase):
+        def __init__(self):
+            super().__init__(batch_size=torch.Size([n]))
+            self.observation_spec = Composite(observation=Unbounded((n, 4)), shape=(n,))
+            self.action_spec = Categorical(2, shape=(n,))
+            self.reward_spec = Unbounded((n, 1))
+            self._obs = np.zeros((n, 4), np.float32)
+            self._flags = np.zeros((n, 1), bool)
+
+        def _step(self, td):
+            term = torch.from_numpy(self._flags.copy())
+            return TensorDict(
+                {"observation": torch.from_numpy(self._obs.copy()), "reward": torch.ones(n, 1),
+                 "terminated": term, "truncated": term.clone(), "done": term.clone()},
+                batch_size=self.batch_size,
+            )
+
+        def _reset(self, td=None, **kwargs):
+            z = torch.zeros(n, 1, dtype=torch.bool)
+            return TensorDict({"observation": torch.from_numpy(self._obs.copy()), "terminated": z,
+                               "truncated": z.clone(), "done": z.clone()}, batch_size=self.batch_size)
+
+        def _set_seed(self, seed):
+            pass
+
+    return Floor()
+
+
+# -- sections ---------------------------------------------------------------------------------
+def _row(section, key, label, n, result, ref=None, **extra) -> Row:
+    return Row(section, key, label, n, result["rate"], result["spread"], result["us_per_call"],
+               None if ref is None else result["rate"] / ref, extra)
+
+
+def cartpole(ns=(16, 256), seconds=2.0, include_slow=True) -> list[Row]:
+    from torchrl.envs import GymEnv, GymWrapper, ParallelEnv, SerialEnv
+
+    from ..pool import EnvPool
+
+    rows = []
+    for n in ns:
+        ref = measure(lambda: PlainLoop(n), envs_per_step=n, seconds=seconds)
+        rows.append(_row("cartpole", "plain", "plain loop over gym.make envs [reference]", n, ref, ref["rate"]))
+        r = ref["rate"]
+
+        def add(key, label, make, steps_per_unit=1, **kw):
+            try:
+                res = measure(make, envs_per_step=n, steps_per_unit=steps_per_unit, seconds=seconds)
+            except Exception as err:  # a peer that cannot run here is reported, not fatal
+                rows.append(Row("cartpole", key, f"{label} (failed: {type(err).__name__}: {err})", n, float("nan"), 0, 0))
+                return
+            rows.append(_row("cartpole", key, label, n, res, r, **kw))
+
+        pool = functools.partial(EnvPool, "CartPole-v1", num_envs=n, seed=0)
+        add("pool_step", "EnvPool, step_and_maybe_reset loop", lambda: StepLoop(pool()))
+        add("pool_rollout", "EnvPool, rollout(100, break_when_any_done=False)", lambda: Rollout(pool()), 100)
+        add("pool_collector", "EnvPool, Collector (random policy)", lambda: CollectorLoop(pool(), n * 50), 50)
+        once = functools.partial(EnvPool, "CartPole-v1", num_envs=n, seed=0, seed_every_episode=False)
+        add("pool_step_once", "EnvPool(seed_every_episode=False), step loop", lambda: StepLoop(once()))
+        add("pool_rollout_once", "EnvPool(seed_every_episode=False), rollout(100)", lambda: Rollout(once()), 100)
+        add("pool_collector_once", "EnvPool(seed_every_episode=False), Collector", lambda: CollectorLoop(once(), n * 50), 50)
+        add("gym_sync", "gymnasium SyncVectorEnv",
+            lambda: GymVector(gym.vector.SyncVectorEnv([_cartpole] * n), n))
+        if n <= 32:
+            add("gym_async", "gymnasium AsyncVectorEnv (one process per env)",
+                lambda: GymVector(gym.vector.AsyncVectorEnv([_cartpole] * n, context="spawn"), n))
+        add("torchrl_gymwrapper", "TorchRL GymWrapper(SyncVectorEnv, SAME_STEP)",
+            lambda: StepLoop(GymWrapper(gym.vector.SyncVectorEnv(
+                [_cartpole] * n, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))))
+        if include_slow:
+            add("torchrl_serial", "TorchRL SerialEnv(N, GymEnv)",
+                lambda: StepLoop(SerialEnv(n, functools.partial(GymEnv, "CartPole-v1"))))
+            add("torchrl_parallel", "TorchRL ParallelEnv(2 workers x SerialEnv(N/2))",
+                lambda: StepLoop(ParallelEnv(2, functools.partial(
+                    SerialEnv, n // 2, functools.partial(GymEnv, "CartPole-v1")))))
+        add("floor", "TorchRL EnvBase floor (no env work)", lambda: StepLoop(_floor_env(n)))
+    return rows
+
+
+def vector(ns=(16, 256), seconds=2.0) -> list[Row]:
+    from ..pool import EnvPool
+
+    def make_vec(n):
+        return gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="vector_entry_point")
+
+    rows = []
+    for n in ns:
+        ref = measure(lambda: GymVector(make_vec(n), n), envs_per_step=n, seconds=seconds)
+        rows.append(_row("vector", "raw", "CartPoleVectorEnv raw step [reference]", n, ref, ref["rate"]))
+        res = measure(lambda: StepLoop(EnvPool(make_vec(n), seed=0)), envs_per_step=n, seconds=seconds)
+        rows.append(_row("vector", "pool", "EnvPool(CartPoleVectorEnv), step_and_maybe_reset", n, res, ref["rate"]))
+    return rows
+
+
+def fixed(n=16, seconds=2.0) -> list[Row]:
+    """Fixed cost per batched step: NoopEnv never ends, or k envs end every step."""
+    from ..pool import EnvPool
+
+    rows = []
+    floor = measure(lambda: StepLoop(_floor_env(n)), envs_per_step=n, seconds=seconds)
+    rows.append(_row("fixed", "floor", "TorchRL EnvBase floor (no env work, no resets)", n, floor, floor["rate"]))
+    for k in (0, 1, 4):
+        # k envs with period 1 end every step; the others never end
+        fns = [functools.partial(NoopEnv, 1 if i < k else 0) for i in range(n)]
+        res = measure(lambda: StepLoop(EnvPool(fns, seed=0)), envs_per_step=n, seconds=seconds)
+        rows.append(_row("fixed", f"pool_k{k}", f"EnvPool on NoopEnv, {k} envs finishing per step", n, res,
+                         floor["rate"], finishing=k))
+    return rows
+
+
+def expensive(n=8, workers=2, ms=1.0, seconds=3.0) -> list[Row]:
+    from torchrl.envs import ParallelEnv
+
+    from ..pool import EnvPool
+
+    busy = functools.partial(BusyEnv, ms)
+    rows = []
+    serial = measure(lambda: StepLoop(EnvPool([busy] * n, seed=0)), envs_per_step=n, seconds=seconds)
+    rows.append(_row("expensive", "serial", f"EnvPool serial, {n} envs x {ms:g} ms/step [reference]", n, serial,
+                     serial["rate"]))
+    res = measure(lambda: StepLoop(EnvPool([busy] * n, backend="process", num_workers=workers, seed=0)),
+                  envs_per_step=n, seconds=seconds)
+    rows.append(_row("expensive", "process", f"EnvPool process backend, {workers} workers", n, res, serial["rate"]))
+    more = 2 * workers
+    res = measure(lambda: StepLoop(EnvPool([busy] * n, backend="process", num_workers=more, seed=0)),
+                  envs_per_step=n, seconds=seconds)
+    rows.append(_row("expensive", "process_oversubscribed", f"EnvPool process backend, {more} workers", n, res,
+                     serial["rate"]))
+    res = measure(lambda: StepLoop(ParallelEnv(workers, functools.partial(
+        _torchrl_sync_busy, n // workers, ms))), envs_per_step=n, seconds=seconds)
+    rows.append(_row("expensive", "torchrl_parallel", f"TorchRL ParallelEnv({workers} x GymWrapper(SyncVectorEnv))",
+                     n, res, serial["rate"]))
+    return rows
+
+
+def _torchrl_sync_busy(n, ms):
+    from torchrl.envs import GymWrapper
+
+    return GymWrapper(gym.vector.SyncVectorEnv(
+        [functools.partial(BusyEnv, ms)] * n, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))
+
+
+SECTIONS = {"cartpole": cartpole, "vector": vector, "fixed": fixed, "expensive": expensive}
+
+
+def run(sections=("cartpole", "vector", "fixed", "expensive"), ns=(16, 256), seconds=2.0, quick=False) -> list[Row]:
+    """Run the pool sections; ``quick`` shrinks everything for a smoke test."""
+    rows = []
+    for name in sections:
+        if name == "cartpole":
+            rows += cartpole(ns, seconds, include_slow=not quick)
+        elif name == "vector":
+            rows += vector(ns, seconds)
+        elif name == "fixed":
+            rows += fixed(min(ns), seconds)
+        elif name == "expensive":
+            rows += expensive(n=4 if quick else 8, ms=0.2 if quick else 1.0, seconds=seconds)
+    return rows

@@ -1,0 +1,143 @@
+"""Actions out: a batched TorchRL action turned into what each gymnasium env expects.
+
+:class:`ActionCodec` validates the action (shape, dtype, range: an error names
+the env) and converts it once per step, for all envs.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from ..errors import SpecError, describe
+from ..specs import space_to_spec
+from .rows import action_kind, env_action_list
+
+__all__ = ["ActionCodec"]
+
+
+class ActionCodec:
+    """Converts a batched TorchRL action to one gymnasium action per env, with checks.
+
+    Args:
+        action_space: the single-env action space.
+        categorical: whether ``Discrete`` actions come as indices (``Categorical``)
+            rather than one-hot vectors.
+        num_envs: the batch size.
+    """
+
+    def __init__(self, action_space: gym.Space, categorical: bool, num_envs: int):
+        if isinstance(action_space, gym.spaces.Dict):
+            raise SpecError(
+                "action_space: Dict action spaces are not supported by EnvPool; expected Box, Discrete, "
+                "MultiDiscrete or MultiBinary. Flatten the action in a gymnasium ActionWrapper."
+            )
+        self.space = action_space
+        self.spec = space_to_spec(action_space, categorical=categorical, name="action_space")
+        self.categorical = categorical
+        self.num_envs = num_envs
+        self.shape = torch.Size((num_envs, *self.spec.shape))
+        self.kind = action_kind(action_space)
+        if self.kind == "discrete":
+            self.start, self.high = int(action_space.start), int(action_space.n)
+        elif self.kind == "multidiscrete":
+            self.start, self.high = action_space.start, action_space.nvec
+        elif self.kind == "box":
+            self.np_dtype = action_space.dtype
+
+
+    def env_action_layout(self) -> tuple[tuple[int, ...], np.dtype]:
+        """Shape and dtype of a batch of env actions (what ``decode(..., batched=True)`` returns)."""
+        if self.kind == "discrete":
+            return (self.num_envs,), np.dtype(np.int64)
+        if self.kind == "multidiscrete":
+            return (self.num_envs, len(self.high)), np.dtype(np.int64)
+        return (self.num_envs, *self.space.shape), np.dtype(self.space.dtype)
+
+    def decode(self, action: torch.Tensor, rows: np.ndarray | None, batched: bool = False):
+        """The env actions of ``rows`` (all when ``None``); frozen rows are never read.
+
+        Returns one Python object per row (ints for discrete spaces: what
+        gymnasium envs check fastest), or with ``batched=True`` one numpy array
+        with a leading row dim, for a ``VectorEnv``.
+        """
+        if not isinstance(action, torch.Tensor):
+            raise TypeError(f"action: expected a torch.Tensor of shape {tuple(self.shape)}, got {describe(action)}")
+        if action.shape != self.shape:
+            raise ValueError(f"action: expected shape {tuple(self.shape)} ({self.spec.__class__.__name__}), got {tuple(action.shape)}")
+        if action.device.type != "cpu" or action.requires_grad:
+            action = action.detach().cpu()
+        array = action.numpy()
+        if rows is not None:
+            array = array[rows]
+        if self.kind == "discrete" and self.categorical and not batched:
+            return self._categorical_list(array, action.dtype, rows)
+        values = getattr(self, "_" + self.kind)(array, action.dtype, rows)
+        return values if batched else env_action_list(self.kind, values)
+
+    def _bad(self, what, rows, bad_rows):
+        index = int(bad_rows[0]) if rows is None else int(rows[bad_rows[0]])
+        raise ValueError(f"action for env {index}: {what}")
+
+    def _check_categorical(self, array, dtype):
+        if array.dtype.kind not in "iu":
+            raise TypeError(f"action: expected an integer dtype (torch.int64) for a Categorical action, got {dtype}")
+
+    def _categorical_list(self, array, dtype, rows):
+        # the hot path of Discrete pools: Python ints, range-checked in Python
+        self._check_categorical(array, dtype)
+        values = array.tolist()
+        if values and (min(values) < 0 or max(values) >= self.high):
+            bad = np.flatnonzero((array < 0) | (array >= self.high))
+            self._bad(f"expected an index in [0, {self.high}), got {array[bad[0]]}", rows, bad)
+        if self.start:
+            values = [v + self.start for v in values]
+        return values
+
+    def _discrete(self, array, dtype, rows):
+        if self.categorical:
+            self._check_categorical(array, dtype)
+            if array.size and (array.min() < 0 or array.max() >= self.high):
+                bad = np.flatnonzero((array < 0) | (array >= self.high))
+                self._bad(f"expected an index in [0, {self.high}), got {array[bad[0]]}", rows, bad)
+            values = array.astype(np.int64)
+        else:
+            values = self._one_hot_to_index(array, dtype, rows)
+        return values + self.start if self.start else values
+
+    def _one_hot_to_index(self, array, dtype, rows):
+        if array.dtype.kind not in "biu":
+            raise TypeError(f"action: expected an integer or bool one-hot action, got {dtype}")
+        bad = np.flatnonzero((array.sum(-1) != 1) | (array.max(-1) != 1) | (array.min(-1) < 0))
+        if bad.size:
+            self._bad(f"expected a one-hot vector, got {array[bad[0]].tolist()}", rows, bad)
+        return array.argmax(-1)
+
+    def _multidiscrete(self, array, dtype, rows):
+        if self.categorical:
+            if array.dtype.kind not in "iu":
+                raise TypeError(f"action: expected an integer dtype for a MultiCategorical action, got {dtype}")
+            values = array
+        else:
+            if array.dtype.kind not in "biu":
+                raise TypeError(f"action: expected an integer or bool multi-one-hot action, got {dtype}")
+            parts = np.split(array, np.cumsum(self.high)[:-1], axis=-1)
+            values = np.stack([self._one_hot_to_index(p, dtype, rows) for p in parts], -1)
+        bad = np.flatnonzero(((values < 0) | (values >= self.high)).any(-1))
+        if bad.size:
+            self._bad(f"expected indices below nvec={self.high.tolist()}, got {values[bad[0]].tolist()}", rows, bad)
+        return values.astype(np.int64) + self.start
+
+    def _binary(self, array, dtype, rows):
+        if array.dtype.kind not in "biu":
+            raise TypeError(f"action: expected an integer or bool MultiBinary action, got {dtype}")
+        bad = np.flatnonzero(((array != 0) & (array != 1)).reshape(len(array), -1).any(-1))
+        if bad.size:
+            self._bad(f"expected 0/1 values, got {array[bad[0]].tolist()}", rows, bad)
+        return array.astype(self.space.dtype)
+
+    def _box(self, array, dtype, rows):
+        if array.dtype.kind != "f" and np.dtype(self.np_dtype).kind == "f":
+            raise TypeError(f"action: expected a floating dtype for a Box action (space dtype {self.np_dtype}), got {dtype}")
+        return array.astype(self.np_dtype, copy=True)

@@ -1,0 +1,278 @@
+"""The process backend: sub-envs stepped in worker processes, several envs per worker.
+
+Each worker runs a :class:`~.serial.SerialBackend` over a contiguous slice of
+the envs and writes its rows straight into the pool's buffers, which live in
+shared memory; actions travel the same way. A pipe carries only tiny commands
+(``("step", rows)``) and acknowledgements, so no observation is pickled per
+step. Workers block on their pipe (no busy-waiting), so more workers than cores
+degrade gracefully.
+
+Faults never hang the pool: an env that raises inside a worker comes back as an
+:class:`~torchrl_swm.errors.EnvError` naming the env, with the worker's
+traceback; a worker that dies is noticed through its process sentinel at once;
+``close()`` always reaps every worker and frees the shared memory, also after
+errors and at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import weakref
+from collections.abc import Callable, Sequence
+from multiprocessing import connection
+from multiprocessing.shared_memory import SharedMemory
+
+import cloudpickle
+import numpy as np
+import torch
+
+from ..errors import EnvError
+from .rows import action_kind
+from .worker import REPLY_ERROR, REPLY_OK, worker_main
+
+__all__ = ["ProcessBackend"]
+
+def _split(n: int, k: int) -> list[range]:
+    """``k`` contiguous, near-equal slices of ``range(n)``."""
+    bounds = np.linspace(0, n, k + 1).round().astype(int)
+    return [range(bounds[w], bounds[w + 1]) for w in range(k)]
+
+
+def _shutdown(processes, conns, shm) -> None:
+    """Reap every worker and free the shared memory (close() and the finalizer)."""
+    for conn in conns:
+        try:
+            conn.send(("close", None))
+        except (OSError, ValueError, BrokenPipeError):
+            pass
+    for proc in processes:
+        proc.join(timeout=5)
+    for proc in processes:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=2)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    for conn in conns:
+        conn.close()
+    if shm is not None:
+        shm.close()
+        try:
+            shm.unlink()
+        except FileNotFoundError:
+            pass
+
+
+class ProcessBackend:
+    """Steps the envs in ``num_workers`` processes, several envs per worker.
+
+    Args:
+        env_fns: zero-argument factories returning ``gymnasium.Env``; they are
+            sent to the workers with cloudpickle (lambdas and partials work).
+        num_workers: number of worker processes (default: ``min(cpu_count, N)``).
+        pixels: render an ``rgb_array`` frame after every reset and step.
+        start_method: multiprocessing start method (default ``"spawn"``, as TorchRL).
+    """
+
+    batched_actions = True
+    needs_action_buffer = True
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable],
+        num_workers: int | None = None,
+        pixels: bool = False,
+        start_method: str = "spawn",
+    ):
+        n = len(env_fns)
+        num_workers = min(os.cpu_count() or 1, n) if num_workers is None else int(num_workers)
+        if not 1 <= num_workers <= n:
+            raise ValueError(f"num_workers: expected 1 <= num_workers <= num_envs={n}, got {num_workers}")
+        self.num_envs = n
+        self.first = 0
+        self.slices = _split(n, num_workers)
+        self._shm = None
+        self._kind = None
+        self._action_buf = None
+        ctx = mp.get_context(start_method)
+        self._processes, self._conns = [], []
+        self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._conns, None)
+        try:
+            for w, rows in enumerate(self.slices):
+                chunk = list(env_fns[rows.start : rows.stop])
+                try:
+                    payload = cloudpickle.dumps(chunk)
+                except Exception as err:
+                    raise TypeError(
+                        f"env_fns[{rows.start}:{rows.stop}] cannot be sent to worker {w}: {type(err).__name__}: {err}. "
+                        "Factories must be picklable with cloudpickle: use module-level functions or "
+                        "functools.partial, not closures over locks, open files or live envs."
+                    ) from err
+                parent, child = ctx.Pipe(duplex=True)
+                proc = ctx.Process(target=worker_main, args=(child, payload, rows.start, pixels), daemon=True,
+                                   name=f"torchrl_swm-pool-worker-{w}")
+                proc.start()
+                child.close()
+                self._processes.append(proc)
+                self._conns.append(parent)
+            spaces = self._gather(range(num_workers), "make")
+            self.observation_space, self.action_space = spaces[0]
+            for w, (obs_space, act_space) in enumerate(spaces[1:], 1):
+                if obs_space != self.observation_space or act_space != self.action_space:
+                    raise EnvError(
+                        self.slices[w].start, "make",
+                        f"spaces {obs_space}, {act_space} differ from env 0's {self.observation_space}, "
+                        f"{self.action_space}; all sub-envs of a pool must have the same spaces",
+                    )
+        except BaseException:
+            self.close()
+            raise
+
+    def __len__(self) -> int:
+        return self.num_envs
+
+    # -- plumbing ------------------------------------------------------------------------
+    def _send(self, w: int, command: str, args=None) -> None:
+        try:
+            self._conns[w].send((command, args))
+        except (OSError, BrokenPipeError) as err:
+            raise self._dead(w) from err
+
+    def _dead(self, w: int) -> EnvError:
+        proc = self._processes[w]
+        proc.join(timeout=0.1)
+        rows = self.slices[w]
+        return EnvError(
+            rows.start, "worker",
+            f"worker {w} (envs {rows.start}..{rows.stop - 1}, pid {proc.pid}) died with exit code {proc.exitcode}",
+        )
+
+    def _gather(self, workers, phase: str) -> list:
+        """Wait for one reply from each of ``workers``; raise the first error after all replied."""
+        pending = {self._conns[w]: w for w in workers}
+        sentinels = {self._processes[w].sentinel: w for w in workers}
+        replies, error = {}, None
+        while pending:
+            ready = connection.wait(list(pending) + list(sentinels))
+            for item in ready:
+                if item in pending:
+                    w = pending.pop(item)
+                    sentinels.pop(self._processes[w].sentinel, None)
+                    try:
+                        status, value = item.recv()
+                    except (EOFError, OSError):
+                        error = error or self._dead(w)
+                        continue
+                    if status == REPLY_OK:
+                        replies[w] = value
+                    elif error is None:
+                        index, where, message, trace = value
+                        error = EnvError(index, where, f"{message}\n--- worker {w} traceback ---\n{trace}")
+                elif item in sentinels:
+                    w = sentinels.pop(item)
+                    conn = self._conns[w]
+                    if conn in pending and conn.poll():
+                        continue  # it replied before exiting: read the reply first
+                    pending.pop(conn, None)
+                    error = error or self._dead(w)
+        if error is not None:
+            raise error
+        return [replies[w] for w in workers]
+
+    def _by_worker(self, rows: np.ndarray | None):
+        """``[(worker, local rows or None)]`` for the workers that own some of ``rows``."""
+        if rows is None:
+            return [(w, None) for w in range(len(self.slices))]
+        out = []
+        for w, span in enumerate(self.slices):
+            mine = rows[(rows >= span.start) & (rows < span.stop)]
+            if mine.size:
+                out.append((w, mine - span.start, np.flatnonzero((rows >= span.start) & (rows < span.stop))))
+        return out
+
+    # -- the backend API ---------------------------------------------------------------------
+    def probe(self, seeds: Sequence[int]) -> dict:
+        for w, span in enumerate(self.slices):
+            self._send(w, "probe", list(seeds[span.start : span.stop]))
+        results = self._gather(range(len(self.slices)), "probe")
+        shapes = {r["frame_shape"] for r in results}
+        if len(shapes) > 1:
+            raise EnvError(None, "render", f"workers report different frame shapes {sorted(map(str, shapes))}")
+        return {"infos": [item for r in results for item in r["infos"]], "frame_shape": results[0]["frame_shape"]}
+
+    def allocate(self, layout) -> torch.Tensor:
+        """The pool's flat buffer, in shared memory that the workers attach to."""
+        self._shm = SharedMemory(create=True, size=layout.nbytes)
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._conns, self._shm)
+        flat = np.ndarray((layout.nbytes,), dtype=np.uint8, buffer=self._shm.buf)
+        flat[:] = 0
+        return torch.from_numpy(flat)
+
+    def attach(self, layout, arrays, info_schema, frame_key) -> None:
+        kind = action_kind(self.action_space)
+        self._action_buf = arrays[("_action",)]
+        for w in range(len(self.slices)):
+            self._send(w, "attach", (self._shm.name, layout, info_schema, frame_key, kind))
+        self._gather(range(len(self.slices)), "attach")
+
+    def reset(self, rows, seeds, options=None, episode_seeds=None) -> None:
+        episode_seeds = seeds if episode_seeds is None else episode_seeds
+        if rows is None:
+            for w, span in enumerate(self.slices):
+                part = slice(span.start, span.stop)
+                opts = None if options is None else list(options[part])
+                self._send(w, "reset", (None, list(seeds[part]), opts, list(episode_seeds[part])))
+            self._gather(range(len(self.slices)), "reset")
+            return
+        targets = self._by_worker(rows)
+        for w, local, pos in targets:
+            opts = None if options is None else [options[k] for k in pos]
+            self._send(w, "reset", (local, [seeds[k] for k in pos], opts, [episode_seeds[k] for k in pos]))
+        self._gather([w for w, *_ in targets], "reset")
+
+    def step(self, actions: np.ndarray, rows) -> None:
+        if rows is None:
+            self._action_buf[...] = actions
+            targets = [(w, None) for w in range(len(self.slices))]
+        else:
+            self._action_buf[rows] = actions
+            targets = [(w, local) for w, local, _ in self._by_worker(rows)]
+        for w, local in targets:
+            self._send(w, "step", local)
+        self._gather([w for w, _ in targets], "step")
+
+    def _per_worker_call(self, rows, command, *args) -> list:
+        rows = np.asarray(rows, dtype=np.int64)
+        targets = self._by_worker(rows)
+        for w, local, _ in targets:
+            self._send(w, command, (local.tolist(), *args))
+        replies = self._gather([w for w, *_ in targets], command)
+        out = [None] * len(rows)
+        for (w, local, pos), reply in zip(targets, replies):
+            for k, value in zip(pos, reply or [None] * len(pos)):
+                out[k] = value
+        return out
+
+    def call(self, rows, name, args, kwargs) -> list:
+        return self._per_worker_call(rows, "call", name, args, kwargs)
+
+    def get_attr(self, rows, name) -> list:
+        return self._per_worker_call(rows, "get_attr", name)
+
+    def set_attr(self, rows, name, values) -> None:
+        rows = np.asarray(rows, dtype=np.int64)
+        targets = self._by_worker(rows)
+        for w, local, pos in targets:
+            self._send(w, "set_attr", (local.tolist(), name, [values[k] for k in pos]))
+        self._gather([w for w, *_ in targets], "set_attr")
+
+    @property
+    def pids(self) -> list[int]:
+        return [proc.pid for proc in self._processes]
+
+    def close(self) -> None:
+        """Reap every worker (gracefully, then by force) and free the shared memory."""
+        self._finalizer()

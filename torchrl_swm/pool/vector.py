@@ -1,0 +1,381 @@
+"""The vector backend: a gymnasium ``VectorEnv`` (already batched) as the pool's engine.
+
+One ``VectorEnv.step`` call advances every sub-env; the pool writes the batched
+arrays into its buffers with one assignment per leaf. The three gymnasium
+autoreset modes are turned into TorchRL's contract (no auto-reset inside a
+step, exact terminal observations, no ghost transitions):
+
+* ``DISABLED``: done rows stay done until TorchRL resets them through the
+  vector env's masked reset (``reset(options={"reset_mask": mask})``).
+* ``NEXT_STEP`` (gymnasium's default): the vector env would reset done rows
+  at the *next* step, ignoring their actions (a ghost transition). The pool
+  resets them as soon as TorchRL asks, with the masked reset, which also
+  cancels the pending autoreset; stepping a done row that was not reset is a
+  clear error instead of a silent ghost.
+* ``SAME_STEP``: the vector env resets done rows inside the step and reports
+  the terminal observation in ``info["final_obs"]``. The pool writes the
+  terminal observation (and ``final_info``) into ``"next"`` and keeps the
+  reset observation until TorchRL's reset of those rows asks for it.
+
+A vector env that has no masked reset needs an adapter
+(:func:`register_masked_reset`); gymnasium's numpy ``CartPoleVectorEnv`` has
+one here. Each step advances every row, so ``"_step"`` masks are refused:
+use a pool of single envs to freeze rows.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.envs.classic_control import utils as classic_control_utils
+from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
+from gymnasium.vector import AutoresetMode
+
+from ..errors import EnvError, SpecError, describe
+from .infos import InfoWriter, flatten_vector_info, numeric_value
+from .rows import RowWriter
+
+__all__ = ["VectorBackend", "register_masked_reset"]
+
+#: ``{VectorEnv class: fn(venv, mask, seed, options) -> (obs, info)}`` for vector
+#: envs that cannot reset a subset of their rows through ``options["reset_mask"]``.
+_MASKED_RESETS: dict[type, Callable] = {}
+
+
+def register_masked_reset(cls: type, fn: Callable) -> None:
+    """Teach the pool how to reset only some rows of a ``VectorEnv`` class.
+
+    ``fn(venv, mask, seed, options)`` resets the rows where the bool array
+    ``mask`` is True, leaves the others untouched, cancels any pending
+    autoreset of the reset rows, and returns the batched ``(obs, info)``.
+    """
+    _MASKED_RESETS[cls] = fn
+
+
+def _cartpole_masked_reset(venv, mask, seed, options):
+    # CartPoleVectorEnv keeps one state array and one RNG for the batch: its own
+    # reset() redraws every row. This redraws the masked rows only, from the
+    # same distribution, and clears their pending NEXT_STEP autoreset.
+    if seed is not None:
+        venv._np_random, venv._np_random_seed = gym.utils.seeding.np_random(int(seed))
+    low, high = classic_control_utils.maybe_parse_reset_bounds(options, -0.05, 0.05)
+    venv.state[:, mask] = venv.np_random.uniform(low=low, high=high, size=(4, int(mask.sum())))
+    venv.steps[mask] = 0
+    venv.prev_done[mask] = False
+    return venv.state.T.astype(np.float32), {}
+
+
+register_masked_reset(CartPoleVectorEnv, _cartpole_masked_reset)
+
+
+def _innermost(venv):
+    while isinstance(venv, gym.vector.VectorWrapper):
+        venv = venv.env
+    return venv
+
+
+class VectorBackend:
+    """Drives a gymnasium ``VectorEnv`` (see the module docstring).
+
+    Args:
+        venv: the vector env.
+        pixels: render frames with ``venv.render()`` after every reset and step.
+        masked_reset: ``True`` to declare that ``venv.reset`` honours
+            ``options["reset_mask"]`` (gymnasium's Sync/AsyncVectorEnv do, and
+            every DISABLED-mode env must), or a function as in
+            :func:`register_masked_reset`. ``None``: decide from the class.
+    """
+
+    batched_actions = True
+
+    def __init__(self, venv: gym.vector.VectorEnv, pixels: bool = False, masked_reset=None, seed_every_episode=True):
+        if not isinstance(venv, gym.vector.VectorEnv):
+            raise TypeError(f"expected a gymnasium.vector.VectorEnv, got {describe(venv)}")
+        self.venv = venv
+        self.num_envs = int(venv.num_envs)
+        self.first = 0
+        self.pixels = pixels
+        self.mode = AutoresetMode(venv.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
+        self.seed_every_episode = seed_every_episode
+        self.observation_space = venv.single_observation_space
+        self.action_space = venv.single_action_space
+        self._masked_reset = self._find_masked_reset(masked_reset)
+        if pixels and getattr(venv, "render_mode", None) != "rgb_array":
+            raise EnvError(None, "make", f"pixels=True needs render_mode='rgb_array', got {getattr(venv, 'render_mode', None)!r}")
+        self.writer: RowWriter | None = None
+        self.frames: np.ndarray | None = None
+        self.pending_done = np.zeros(self.num_envs, dtype=bool)  # NEXT_STEP: done, not yet reset
+        self.stashed = np.zeros(self.num_envs, dtype=bool)  # SAME_STEP: reset obs kept for TorchRL's reset
+        self._stash_obs = None
+        self._stash_info: list = []
+
+    def _find_masked_reset(self, declared):
+        inner = _innermost(self.venv)
+        if callable(declared):
+            return lambda mask, seed, options: declared(self.venv, mask, seed, options)
+        for cls, fn in _MASKED_RESETS.items():
+            if isinstance(inner, cls):
+                if inner is not self.venv:
+                    raise SpecError(
+                        f"{type(inner).__name__} is wrapped in {type(self.venv).__name__}; its masked reset adapter "
+                        "bypasses wrappers. Pass the unwrapped vector env, or wrappers that reset rows themselves."
+                    )
+                return lambda mask, seed, options: fn(inner, mask, seed, options)
+        native = (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv)
+        if declared or isinstance(inner, native) or self.mode is AutoresetMode.DISABLED:
+            return self._native_masked_reset
+        if self.mode is AutoresetMode.NEXT_STEP:
+            raise SpecError(
+                f"{type(inner).__name__} autoresets in NEXT_STEP mode and is not known to support masked resets "
+                "(options['reset_mask']); without one, its done rows could only be reset by a ghost step. "
+                "Pass masked_reset=True if it honours options['reset_mask'], register an adapter with "
+                "torchrl_swm.pool.vector.register_masked_reset, or build it with autoreset_mode SAME_STEP or DISABLED."
+            )
+        if self.seed_every_episode:
+            raise SpecError(
+                f"{type(inner).__name__} resets finished rows itself (SAME_STEP) without a seed and has no masked "
+                "reset to reseed them, so it cannot give each episode its own seed: pass seed_every_episode=False "
+                "(its episodes then continue each row's random stream), or masked_reset=True if it honours "
+                "options['reset_mask']."
+            )
+        return None  # SAME_STEP without masked reset: only done rows can be reset
+
+    def _native_masked_reset(self, mask, seed, options):
+        seeds = None if seed is None else list(seed)
+        return self.venv.reset(seed=seeds, options={**(options or {}), "reset_mask": mask})
+
+    def __len__(self) -> int:
+        return self.num_envs
+
+    # -- construction-time probe ----------------------------------------------------
+    def probe(self, seeds: Sequence[int]) -> dict:
+        """Reset (seeded) and step once with a sampled action, for the info spec and frame shape."""
+        phase = "reset"
+        try:
+            _, reset_info = self.venv.reset(seed=self._seed_arg(seeds))
+            frame_shape = self._render().shape[1:] if self.pixels else None
+            phase = "step"
+            space = copy.deepcopy(self.venv.action_space)
+            space.seed(int(seeds[0]))
+            step_info = self.venv.step(space.sample())[4]
+        except EnvError:
+            raise
+        except Exception as err:
+            raise EnvError(None, phase, f"{type(err).__name__}: {err} (while probing the vector env at construction)") from err
+        infos = []
+        for phase, info in (("reset", reset_info), ("step", step_info)):
+            infos.extend((i, phase, per_env) for i, per_env in enumerate(_split_vector_info(info, self.num_envs)))
+        return {"infos": infos, "frame_shape": frame_shape}
+
+    def allocate(self, layout) -> None:
+        """The buffers live in this process: let the pool allocate them."""
+        return None
+
+    def attach(self, layout, arrays, info_schema, frame_key) -> None:
+        """Start writing into the pool's buffers ``arrays`` (numpy views of ``layout``)."""
+        self.writer = RowWriter(self.observation_space, arrays, InfoWriter(info_schema, arrays))
+        self.frames = None if frame_key is None else arrays[frame_key]
+        self._stash_obs = None
+
+    @property
+    def per_env_seeds(self) -> bool:
+        """Whether each row can get its own seed (gymnasium's Sync/AsyncVectorEnv), or one seeds the batch."""
+        return isinstance(_innermost(self.venv), (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv))
+
+    def _seed_arg(self, seeds):
+        if seeds is None:
+            return None
+        if self.per_env_seeds:
+            return list(seeds)
+        first = next((s for s in seeds if s is not None), None)
+        return None if first is None else int(first)  # natively batched envs take one seed for the batch
+
+    def _render(self) -> np.ndarray:
+        frames = self.venv.render()
+        try:
+            frames = np.stack(frames)
+        except Exception as err:
+            raise EnvError(None, "render", f"expected {self.num_envs} (H, W, 3) uint8 frames, got {describe(frames)}") from err
+        if frames.shape[0] != self.num_envs or frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
+            raise EnvError(None, "render", f"expected {self.num_envs} (H, W, 3) uint8 frames, got {describe(frames)}")
+        return frames
+
+    def _store_frames(self, select) -> None:
+        frames = self._render()
+        if select is None:
+            self.frames[...] = frames
+        else:
+            self.frames[select] = frames[select]
+
+    # -- reset and step ----------------------------------------------------------------
+    def reset(self, rows, seeds, options=None, episode_seeds=None) -> None:
+        """Reset ``rows`` (all when ``None``); see the module docstring for each mode."""
+        option = _single_options(options)
+        writer = self.writer
+        if rows is None:
+            try:
+                obs, info = self.venv.reset(seed=self._seed_arg(seeds), options=option)
+            except Exception as err:
+                raise EnvError(None, "reset", f"{type(err).__name__}: {err}") from err
+            select = None
+            writer.observations(None, obs, "reset")
+            writer.info.write_batch(info, np.ones(self.num_envs, dtype=bool), "reset")
+            self.pending_done[:] = False
+            self.stashed[:] = False
+            index = slice(0, self.num_envs)
+        else:
+            select = np.zeros(self.num_envs, dtype=bool)
+            select[rows] = True
+            if option is None and self.stashed[select].all() and (self._masked_reset is None or all(s is None for s in seeds)):
+                # SAME_STEP: the vector env already reset these rows during the step, unseeded
+                # (its stream continues); a seeded episode is reset again below instead
+                obs, stashed_info = self._stash_obs, self._stash_info
+                writer.observations(select, obs, "reset")
+                writer.info.write_batch(stashed_info, select, "reset")
+            else:
+                if self._masked_reset is None:
+                    raise EnvError(
+                        int(rows[~self.stashed[rows]][0]), "reset",
+                        f"{type(_innermost(self.venv)).__name__} (SAME_STEP) can only reset rows it finished itself; "
+                        "it has no masked reset (options['reset_mask']) for the others. Pass masked_reset=True if it has one.",
+                    )
+                full = [None] * self.num_envs
+                for j, seed in zip(rows.tolist(), seeds):
+                    full[j] = seed
+                try:
+                    obs, info = self._masked_reset(select, self._seed_arg(full), option)
+                except Exception as err:
+                    raise EnvError(int(rows[0]), "reset", f"{type(err).__name__}: {err}") from err
+                writer.observations(select, obs, "reset")
+                writer.info.write_batch(info, select, "reset")
+            self.pending_done[select] = False
+            self.stashed[select] = False
+            index = rows
+        if self.frames is not None:
+            self._store_frames(select)
+        episode_seeds = list(seeds if episode_seeds is None else episode_seeds)
+        if not self.per_env_seeds and episode_seeds:
+            # one RNG for the batch: every row reset by this call started from its first seed
+            episode_seeds = [episode_seeds[0]] * len(episode_seeds)
+        writer.reset_flags(index, episode_seeds)
+
+    def step(self, actions: np.ndarray, rows) -> None:
+        """Step every row with the batched ``actions``."""
+        if rows is not None:
+            raise EnvError(
+                None, "step",
+                "a VectorEnv steps all its sub-envs at once, so a '_step' mask cannot freeze rows "
+                f"(frozen: {np.setdiff1d(np.arange(self.num_envs), rows).tolist()}). Use EnvPool over single-env "
+                "factories for partial steps (rollout(break_when_all_done=True), World's wait mode).",
+            )
+        unreset = self.pending_done | self.stashed
+        if self.mode is not AutoresetMode.DISABLED and unreset.any():
+            raise EnvError(
+                int(np.flatnonzero(unreset)[0]), "step",
+                f"rows {np.flatnonzero(unreset).tolist()} finished at the previous step and were not reset: the "
+                f"{self.mode.name} VectorEnv has reset or would reset them itself, so this step would record a ghost "
+                "transition. Reset them first (a '_reset' mask), or drive the pool with step_and_maybe_reset, "
+                "rollout or a collector.",
+            )
+        try:
+            obs, reward, terminated, truncated, info = self.venv.step(actions)
+        except Exception as err:
+            raise EnvError(None, "step", f"{type(err).__name__}: {err}") from err
+        done = np.logical_or(terminated, truncated)
+        writer = self.writer
+        everyone = np.ones(self.num_envs, dtype=bool)
+        if self.mode is AutoresetMode.SAME_STEP and done.any():
+            obs = self._split_same_step(obs, info, done)
+            final_info = info.get("final_info", {})
+            writer.observations(None, obs, "step")
+            writer.info.write_batch(info, ~done, "step")
+            writer.info.write_batch(final_info, done, "step")
+        else:
+            writer.observations(None, obs, "step")
+            writer.info.write_batch(info, everyone, "step")
+        writer.step_flags(slice(0, self.num_envs), range(self.num_envs), reward, terminated, truncated)
+        if self.mode is AutoresetMode.NEXT_STEP:
+            self.pending_done = done
+        if self.frames is not None:
+            self._store_frames(None)
+
+    def _split_same_step(self, obs, info, done):
+        """Keep the reset rows for TorchRL's reset; return obs with the terminal rows in place."""
+        if "final_obs" not in info:
+            raise EnvError(int(np.flatnonzero(done)[0]), "step", "SAME_STEP vector env finished rows without info['final_obs']")
+        final = info["final_obs"]
+        # the reset observations and infos of the done rows, written at TorchRL's reset
+        self._stash_obs = copy.deepcopy(obs)
+        self._stash_info = info
+        self.stashed |= done
+        rows = np.flatnonzero(done)
+        terminal = copy.deepcopy(obs)
+        if isinstance(terminal, dict):
+            for j in rows:
+                _assign_nested(terminal, final[j], j)
+        else:
+            terminal[rows] = np.stack([final[j] for j in rows])
+        return terminal
+
+    # -- direct access ------------------------------------------------------------------
+    def call(self, rows, name, args, kwargs) -> list:
+        values = self.venv.call(name, *args, **kwargs)
+        return [values[j] for j in rows]
+
+    def get_attr(self, rows, name) -> list:
+        values = self.venv.get_attr(name)
+        return [values[j] for j in rows]
+
+    def set_attr(self, rows, name, values) -> None:
+        current = list(self.venv.get_attr(name))
+        for j, value in zip(rows, values):
+            current[j] = value
+        self.venv.set_attr(name, current)
+
+    def close(self) -> None:
+        try:
+            self.venv.close()
+        except Exception as err:
+            raise EnvError(None, "close", f"{type(err).__name__}: {err}") from err
+
+
+def _assign_nested(target: dict, source: dict, j: int) -> None:
+    for key, value in source.items():
+        if isinstance(value, dict):
+            _assign_nested(target[key], value, j)
+        else:
+            target[key][j] = value
+
+
+def _single_options(options):
+    """A VectorEnv takes one options dict for all rows: per-row options must agree."""
+    if options is None:
+        return None
+    given = [o for o in options if o is not None]
+    if not given:
+        return None
+    if any(o != given[0] for o in given[1:]):
+        raise ValueError(
+            "options: a VectorEnv takes one options dict for every row it resets; got different dicts per env. "
+            "Use EnvPool over single-env factories for per-env options."
+        )
+    return dict(given[0])
+
+
+def _split_vector_info(info, num_envs) -> list[dict]:
+    """Per-env numeric infos of a vector info dict (for spec inference)."""
+    out = [dict() for _ in range(num_envs)]
+    for key, value, present in flatten_vector_info(info):
+        array = numeric_value(value)
+        if array is None or array.ndim == 0 or len(array) != num_envs:
+            continue
+        for i in range(num_envs):
+            if present is None or present[i]:
+                node = out[i]
+                for part in key[:-1]:
+                    node = node.setdefault(part, {})
+                node[key[-1]] = array[i]
+    return out

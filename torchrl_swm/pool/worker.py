@@ -1,0 +1,95 @@
+"""The worker process of the process backend: a serial backend behind a pipe.
+
+Kept free of torch and torchrl (see :mod:`.rows`): a spawned worker imports
+numpy, gymnasium and cloudpickle only, so it starts in well under a second
+plus the envs' own import time.
+"""
+
+from __future__ import annotations
+
+import traceback
+from multiprocessing.shared_memory import SharedMemory
+
+import cloudpickle
+import numpy as np
+
+from ..errors import EnvError
+from .infos import InfoWriter
+from .rows import RowWriter, env_action_list
+
+__all__ = ["worker_main", "REPLY_OK", "REPLY_ERROR"]
+
+REPLY_OK = "ok"
+REPLY_ERROR = "error"
+
+
+def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
+    """Worker main loop: build the envs, then serve commands until "close" or EOF."""
+    from .serial import SerialBackend
+
+    backend = shm = None
+    action_view = None
+    kind = None
+    try:
+        env_fns = cloudpickle.loads(payload)
+        backend = SerialBackend(env_fns, first=first, pixels=pixels)
+        conn.send((REPLY_OK, (backend.observation_space, backend.action_space)))
+    except BaseException as err:  # report, then exit: the pool raises in the main process
+        conn.send((REPLY_ERROR, _error_payload(err)))
+        return
+    try:
+        while True:
+            try:
+                command, args = conn.recv()
+            except (EOFError, OSError):  # the pool is gone: exit, never orphan
+                break
+            try:
+                if command == "step":
+                    rows = args
+                    local = slice(first, first + len(backend)) if rows is None else first + rows
+                    actions = env_action_list(kind, action_view[local])
+                    backend.step(actions, rows)
+                    reply = None
+                elif command == "reset":
+                    backend.reset(*args)
+                    reply = None
+                elif command == "probe":
+                    reply = backend.probe(args)
+                elif command == "attach":
+                    shm_name, layout, info_schema, frame_key, kind = args
+                    # spawned workers share the pool's resource tracker, which unlinks
+                    # the segment once, when the pool frees it
+                    shm = SharedMemory(name=shm_name)
+                    arrays = layout.views(np.ndarray((layout.nbytes,), dtype=np.uint8, buffer=shm.buf))
+                    backend.writer = RowWriter(backend.observation_space, arrays, InfoWriter(info_schema, arrays))
+                    backend.frames = None if frame_key is None else arrays[frame_key]
+                    action_view = arrays[("_action",)]
+                    reply = None
+                elif command == "call":
+                    reply = backend.call(*args)
+                elif command == "get_attr":
+                    reply = backend.get_attr(*args)
+                elif command == "set_attr":
+                    reply = backend.set_attr(*args)
+                elif command == "close":
+                    backend.close()
+                    conn.send((REPLY_OK, None))
+                    break
+                else:
+                    raise ValueError(f"unknown command {command!r}")
+                conn.send((REPLY_OK, reply))
+            except BaseException as err:
+                conn.send((REPLY_ERROR, _error_payload(err)))
+    finally:
+        action_view = backend = None
+        if shm is not None:
+            shm.close()
+
+
+def _error_payload(err: BaseException) -> tuple:
+    return (
+        getattr(err, "env_index", None),
+        getattr(err, "phase", "worker"),
+        err.message if isinstance(err, EnvError) else f"{type(err).__name__}: {err}",
+        "".join(traceback.format_exception(err)),
+    )
