@@ -113,3 +113,39 @@ def test_partial_reset_with_seed_only_reseeds_masked_rows():
     out = pool.reset(td.update(TensorDict({"_reset": mask}, [3])), seed=[10, 20, 30])
     assert seeds_of(out) == [0, 20, 2]
     pool.close()
+
+
+def test_seed_every_episode_false_follows_gymnasium_convention():
+    """Only the first reset after a seed passes it; later episodes continue each env's stream."""
+    pool = EnvPool([functools.partial(counting, length=2)] * 3, seed=10, seed_every_episode=False)
+    rollout = pool.rollout(7, break_when_any_done=False)
+    assert [env.last_seed for env in pool.envs] == [None, None, None]  # later resets were unseeded
+    assert rollout["episode_seed"].unique().tolist() == [10, 11, 12]  # the stream seed of each env
+    pool.close()
+
+    # still reproducible, and the same as gymnasium's own vector env seeded the same way
+    import gymnasium as gym
+
+    def rollout_obs(seed):
+        pool = EnvPool("CartPole-v1", num_envs=3, seed=seed, seed_every_episode=False)
+        td, out = pool.reset(), []
+        for t in range(200):
+            td["action"] = torch.tensor([t % 2, 1, 0])
+            step, td = pool.step_and_maybe_reset(td)
+            out.append(step["next", "observation"])
+        pool.close()
+        return torch.stack(out)
+
+    ours = rollout_obs(4)
+    assert torch.equal(ours, rollout_obs(4))
+    venv = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync",
+                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    venv.reset(seed=4)
+    theirs = []
+    for t in range(200):
+        obs, _, term, trunc, info = venv.step(np.array([t % 2, 1, 0]))
+        obs = obs.copy()
+        for i in np.flatnonzero(term | trunc):
+            obs[i] = info["final_obs"][i]
+        theirs.append(torch.from_numpy(obs))
+    assert torch.equal(ours, torch.stack(theirs))

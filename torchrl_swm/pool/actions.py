@@ -68,6 +68,9 @@ class ActionCodec:
             raise ValueError(f"action: expected shape {tuple(self.shape)} ({self.spec.__class__.__name__}), got {tuple(action.shape)}")
         if action.device.type != "cpu" or action.requires_grad:
             action = action.detach().cpu()
+        if rows is None and self.kind == "discrete" and self.categorical and not batched:
+            # the hot path of Discrete pools: Python ints straight from the tensor
+            return self._categorical_list(action, action.dtype, rows)
         array = action.numpy()
         if rows is not None:
             array = array[rows]
@@ -85,10 +88,13 @@ class ActionCodec:
             raise TypeError(f"action: expected an integer dtype (torch.int64) for a Categorical action, got {dtype}")
 
     def _categorical_list(self, array, dtype, rows):
-        # the hot path of Discrete pools: Python ints, range-checked in Python
-        self._check_categorical(array, dtype)
+        # Python ints (what gymnasium checks fastest), range-checked in Python;
+        # ``array`` is a numpy array or a CPU tensor
+        if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+            raise TypeError(f"action: expected an integer dtype (torch.int64) for a Categorical action, got {dtype}")
         values = array.tolist()
         if values and (min(values) < 0 or max(values) >= self.high):
+            array = np.asarray(values)
             bad = np.flatnonzero((array < 0) | (array >= self.high))
             self._bad(f"expected an index in [0, {self.high}), got {array[bad[0]]}", rows, bad)
         if self.start:
