@@ -10,6 +10,11 @@ sys.path.insert(0, TESTS)
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 
+# One intra-op thread: CI has 2 cores, and tests run small ops where a thread pool
+# only adds contention (several times slower on a loaded 2-core machine).
+torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # spawned workers and subprocesses too
+
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 

@@ -76,6 +76,12 @@ def test_fast_step_and_maybe_reset_equals_generic_path(factory):
             td["action"] = _rand_action(pool, gen)
             td["policy_logits"] = torch.randn(4, 3, generator=gen)  # a root key the policy adds
             td["collector", "traj_ids"] = torch.arange(4) + t  # a nested root key
+            if t % 3 == 1:  # freeze some rows with TorchRL's "_step" mask (never all of them)
+                mask = torch.rand(4, 1, generator=gen) > 0.5
+                mask[t % 4] = True
+                td["_step"] = mask
+            else:
+                td.pop("_step", None)
         sa, ta = fast.step_and_maybe_reset(ta)
         sb, tb = slow.step_and_maybe_reset(tb)
         assert_same([sa, ta], [sb, tb])

@@ -170,49 +170,95 @@ def as_spec(
     )
 
 
+def _space_dtype(spec: TensorSpec, name: str) -> np.dtype:
+    try:
+        return numpy_dtype(spec.dtype)
+    except (TypeError, RuntimeError) as err:
+        raise SpecError(
+            f"{name}: TorchRL spec {type(spec).__name__} has dtype {spec.dtype}, which numpy (and so "
+            "gymnasium) cannot represent; cast it with a TorchRL transform (e.g. DTypeCastTransform)."
+        ) from err
+
+
 def spec_to_space(spec: TensorSpec, *, name: str = "spec") -> gym.Space:
     """Convert an unbatched TorchRL spec to a gymnasium space (the export's direction).
 
-    ``Categorical`` → ``Discrete``, ``OneHot`` → ``MultiBinary`` is *not* done:
-    a ``OneHot`` spec becomes ``Discrete(n)`` and the export converts indices to
-    one-hot vectors, which is what gymnasium users expect.
+    =================================  ==========================================================
+    TorchRL spec (unbatched)           gymnasium space
+    =================================  ==========================================================
+    ``Composite``                      ``Dict`` (nested for nested Composites)
+    ``Bounded``                        ``Box`` with the spec's bounds, shape and dtype
+    ``Unbounded`` float / int          ``Box`` (``±inf`` / the dtype's integer limits)
+    ``Unbounded`` bool                 ``Discrete(2)`` for shape ``()``, else ``MultiBinary(shape)``
+    ``Categorical(n)``                 ``Discrete(n)``; with a shape, ``MultiDiscrete`` of ``n``
+    ``OneHot(n)``                      ``Discrete(n)`` (``MultiDiscrete`` with leading dims)
+    ``MultiCategorical(nvec)``         ``MultiDiscrete(nvec)`` with the spec's shape
+    ``MultiOneHot(nvec)``              ``MultiDiscrete(nvec)``
+    ``Binary(shape)``                  ``MultiBinary(shape)``
+    =================================  ==========================================================
+
+    One-hot specs become index spaces: gymnasium users expect ``Discrete``; the
+    export converts indices to one-hot vectors on the way in (actions) and back on
+    the way out (observations). Spaces keep their own dtypes (``Discrete`` is
+    int64, ``MultiBinary`` int8): values are cast to them.
 
     Raises:
-        SpecError: for spec types that have no gymnasium counterpart (e.g. ``NonTensor``).
+        SpecError: for spec types with no gymnasium counterpart (``NonTensor``,
+            ``Stacked``...) or dtypes numpy lacks (``bfloat16``), naming the spec.
     """
     if isinstance(spec, Composite):
+        if type(spec) is not Composite:  # StackedComposite and other lazy variants
+            _unsupported(spec, name)
         return gym.spaces.Dict(
             {key: spec_to_space(sub, name=f"{name}[{key!r}]") for key, sub in spec.items()}
         )
-    np_dtype = numpy_dtype(spec.dtype)
+    if not isinstance(spec, (Bounded, Unbounded, Categorical, OneHot, MultiCategorical, MultiOneHot, Binary)):
+        _unsupported(spec, name)
+    np_dtype = _space_dtype(spec, name)
     shape = tuple(spec.shape)
     # Binary and the Multi* specs subclass the single ones: test them first.
     if isinstance(spec, Binary):
+        if not shape:
+            raise SpecError(f"{name}: a 0-d Binary spec has no MultiBinary counterpart; give it shape (1,)")
         return gym.spaces.MultiBinary(list(shape) if len(shape) > 1 else shape[0])
     if isinstance(spec, MultiCategorical):
-        return gym.spaces.MultiDiscrete(np.asarray(spec.nvec.cpu(), dtype=np.int64).reshape(-1))
+        nvec = np.asarray(spec.nvec.cpu() if isinstance(spec.nvec, torch.Tensor) else spec.nvec, dtype=np.int64)
+        return gym.spaces.MultiDiscrete(np.broadcast_to(nvec, shape).copy())
     if isinstance(spec, MultiOneHot):
-        return gym.spaces.MultiDiscrete(np.asarray(spec.nvec, dtype=np.int64).reshape(-1))
+        nvec = np.asarray(spec.nvec, dtype=np.int64).reshape(-1)
+        if len(shape) != 1:
+            raise SpecError(f"{name}: MultiOneHot with shape {shape} is not supported; expected a 1-d spec")
+        return gym.spaces.MultiDiscrete(nvec)
     if isinstance(spec, Categorical):
-        if shape != ():
-            return gym.spaces.MultiDiscrete(np.full(shape, spec.space.n, dtype=np.int64))
-        return gym.spaces.Discrete(spec.space.n)
+        n = int(spec.space.n)
+        if shape:
+            return gym.spaces.MultiDiscrete(np.full(shape, n, dtype=np.int64))
+        return gym.spaces.Discrete(n)
     if isinstance(spec, OneHot):
-        return gym.spaces.Discrete(spec.space.n)
+        n = int(spec.space.n)
+        if len(shape) > 1:
+            return gym.spaces.MultiDiscrete(np.full(shape[:-1], n, dtype=np.int64))
+        return gym.spaces.Discrete(n)
+    if np_dtype == np.bool_:
+        if not shape:
+            return gym.spaces.Discrete(2)
+        return gym.spaces.MultiBinary(list(shape) if len(shape) > 1 else shape[0])
+    if np_dtype.kind not in "iuf":
+        _unsupported(spec, name)
     if isinstance(spec, Bounded):
         low = spec.space.low.detach().cpu().numpy().astype(np_dtype)
         high = spec.space.high.detach().cpu().numpy().astype(np_dtype)
         return gym.spaces.Box(low=np.broadcast_to(low, shape), high=np.broadcast_to(high, shape), dtype=np_dtype)
-    if isinstance(spec, Unbounded):
-        if np.issubdtype(np_dtype, np.floating):
-            return gym.spaces.Box(-np.inf, np.inf, shape=shape, dtype=np_dtype)
-        info = np.iinfo(np_dtype) if np.issubdtype(np_dtype, np.integer) else None
-        if info is not None:
-            return gym.spaces.Box(info.min, info.max, shape=shape, dtype=np_dtype)
-        if np_dtype == np.bool_:
-            return gym.spaces.MultiBinary(list(shape) if shape else 1)
+    if np_dtype.kind == "f":
+        return gym.spaces.Box(-np.inf, np.inf, shape=shape, dtype=np_dtype)
+    info = np.iinfo(np_dtype)
+    return gym.spaces.Box(info.min, info.max, shape=shape, dtype=np_dtype)
+
+
+def _unsupported(spec, name):
+    shape = tuple(getattr(spec, "shape", ()))
     raise SpecError(
-        f"{name}: TorchRL spec {type(spec).__name__} (dtype={spec.dtype}, shape={shape}) has no "
+        f"{name}: TorchRL spec {type(spec).__name__} (dtype={getattr(spec, 'dtype', None)}, shape={shape}) has no "
         "gymnasium space counterpart; expected Composite, Bounded, Unbounded, Categorical, OneHot, "
-        "MultiCategorical, MultiOneHot or Binary."
+        "MultiCategorical, MultiOneHot or Binary with a real (bool/int/float) dtype."
     )

@@ -48,10 +48,12 @@ def _factories(env_fns, num_envs, pixels, make_kwargs) -> list[Callable[[], gym.
     if isinstance(env_fns, str):
         if num_envs is None or int(num_envs) < 1:
             raise ValueError(f"EnvPool({env_fns!r}): expected num_envs >= 1, got {num_envs!r}")
+        from ..envs import make  # gym.make that also knows this package's ids, in any process
+
         gym.spec(env_fns)  # unknown ids fail here, with gymnasium's "did you mean" message
         if pixels:
             make_kwargs = {"render_mode": "rgb_array", **make_kwargs}
-        return [functools.partial(gym.make, env_fns, **make_kwargs)] * int(num_envs)
+        return [functools.partial(make, env_fns, **make_kwargs)] * int(num_envs)
     if make_kwargs:
         raise TypeError(
             f"EnvPool: keyword arguments {sorted(make_kwargs)} are only accepted with a gymnasium id "
@@ -192,7 +194,8 @@ class EnvPool(EnvBase):
 
         obs_specs = {
             key: batch_spec(
-                space_to_spec(space, categorical=categorical, device=device, name=f"observation_space{list(key)}"), (n,)
+                # observations are always indices: the option is about actions only
+                space_to_spec(space, categorical=True, device=device, name=f"observation_space{list(key)}"), (n,)
             )
             for key, space in obs_spaces.items()
         }
@@ -225,7 +228,7 @@ class EnvPool(EnvBase):
         self._step_keys = [*self._reset_keys, ("reward",)]
         # Root keys TorchRL's step_mdp does not carry to the next step, or that
         # the next step's outputs replace.
-        self._not_carried = {"next", "reward", "_reset", "_step", *(key[0] for key in self._reset_keys)}
+        self._not_carried = {"next", "reward", "_reset", *(key[0] for key in self._reset_keys)}
 
         if len(self._info_schema):
             obs_specs[("info",)] = self._info_schema.spec(n, device)
@@ -276,13 +279,16 @@ class EnvPool(EnvBase):
         Exactly what the generic path returns, without its round trip: the done
         rows are reset in the backend right after the step, and the root of the
         next step is a snapshot of the buffers, which then hold the reset
-        observation on reset rows and the step's observation elsewhere. Inputs
-        the fast path does not cover (a ``"_step"`` mask, a preset ``"next"``,
-        type checks, step-MDP hooks) take TorchRL's generic path.
+        observation on reset rows and the step's observation elsewhere. A
+        ``"_step"`` mask freezes rows as in :meth:`_step`, and done rows are reset
+        whether or not they were stepped, as TorchRL does. Inputs the fast path
+        does not cover (an all-False ``"_step"``, a preset ``"next"``, type
+        checks, step-MDP hooks) take TorchRL's generic path.
         """
+        step_mask = tensordict.get("_step", None)
         if (
-            "_step" in tensordict.keys()
-            or "next" in tensordict.keys()
+            "next" in tensordict.keys()
+            or (step_mask is not None and not step_mask.any())  # TorchRL then skips the step entirely
             or self._run_type_checks
             or self._post_step_mdp_hooks is not None
             or tensordict.batch_size != self.batch_size
@@ -340,6 +346,22 @@ class EnvPool(EnvBase):
         else:
             tensors[("pixels",)][torch.from_numpy(rows)] = resized
 
+    @classmethod
+    def factory(cls, *args, **kwargs) -> PoolFactory:
+        """A picklable zero-argument factory of ``EnvPool(*args, **kwargs)``, for collectors.
+
+        TorchRL's multi-process and Ray collectors build their envs in other
+        processes from a factory. This one checks at once that its arguments
+        pickle (with cloudpickle, as the collectors do) and says what to change
+        when they do not, instead of failing later inside a worker.
+
+        Examples:
+            >>> from torchrl.collectors import MultiSyncCollector
+            >>> make = EnvPool.factory("CartPole-v1", num_envs=8, seed=0)
+            >>> collector = MultiSyncCollector([make, make], None, frames_per_batch=256, total_frames=1024)
+        """
+        return PoolFactory(cls, args, kwargs)
+
     # -- gymnasium-style access to the sub-envs ----------------------------------------
     @property
     def envs(self) -> list[gym.Env]:
@@ -393,6 +415,31 @@ class EnvPool(EnvBase):
             f"observation_space={self.single_observation_space}, action_space={self.single_action_space}, "
             f"info_keys={sorted(self._info_schema.leaves)})"
         )
+
+
+class PoolFactory:
+    """``EnvPool(*args, **kwargs)`` as a picklable callable (see :meth:`EnvPool.factory`)."""
+
+    def __init__(self, cls, args: tuple, kwargs: dict):
+        import cloudpickle
+
+        # not .args/.kwargs: TorchRL reads those as extra constructor keyword arguments
+        self.pool_cls, self.pool_args, self.pool_kwargs = cls, args, kwargs
+        try:
+            cloudpickle.dumps((args, kwargs))
+        except Exception as err:
+            raise TypeError(
+                f"EnvPool.factory: the pool's arguments cannot be pickled ({type(err).__name__}: {err}), so worker "
+                "processes and Ray actors could not rebuild the pool. Pass a gymnasium id, or env factories that "
+                "are module-level functions or functools.partial of them, with picklable arguments (no locks, "
+                "open files, live envs or CUDA tensors captured in closures)."
+            ) from err
+
+    def __call__(self) -> EnvPool:
+        return self.pool_cls(*self.pool_args, **self.pool_kwargs)
+
+    def __repr__(self) -> str:
+        return f"EnvPool.factory(*{self.pool_args!r}, **{self.pool_kwargs!r})"
 
 
 def _zero_rows(value, mask: torch.Tensor):

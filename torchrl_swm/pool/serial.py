@@ -239,22 +239,25 @@ class SerialBackend:
 
     # -- direct access to the envs ------------------------------------------------------
     def call(self, rows: Sequence[int], name: str, args: tuple, kwargs: dict) -> list:
-        """``getattr(env, name)(*args, **kwargs)`` (or the attribute) for each local row."""
+        """``env.name(*args, **kwargs)`` (or the attribute) for each local row, looking
+        through gymnasium wrappers as ``SyncVectorEnv.call`` does."""
         out = []
         for j in rows:
             try:
-                attr = getattr(self.envs[j], name)
+                attr = self.envs[j].get_wrapper_attr(name)
                 out.append(attr(*args, **kwargs) if callable(attr) else attr)
             except Exception as err:
                 raise EnvError(self.first + j, f"call {name}", f"{type(err).__name__}: {err}") from err
         return out
 
     def get_attr(self, rows: Sequence[int], name: str) -> list:
-        return [getattr(self.envs[j], name) for j in rows]
+        """Attribute ``name`` of each local row, looking through gymnasium wrappers."""
+        return [self.envs[j].get_wrapper_attr(name) for j in rows]
 
     def set_attr(self, rows: Sequence[int], name: str, values: Sequence) -> None:
+        """Set ``name`` where gymnasium's ``set_wrapper_attr`` finds it (the innermost env by default)."""
         for j, value in zip(rows, values):
-            setattr(self.envs[j], name, value)
+            self.envs[j].set_wrapper_attr(name, value)
 
     def close(self) -> None:
         """Close every env; if some raise, re-raise the first after closing the rest."""

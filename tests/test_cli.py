@@ -1,0 +1,177 @@
+"""The torchrl-swm command, run as a subprocess: collect, eval, info, errors, the command registry."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchrl_swm import cli
+
+SCRIPT = Path(sys.executable).parent / "torchrl-swm"
+
+
+def run(*args, cwd=None, extra_path=None, timeout=240):
+    command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "torchrl_swm.cli"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", SDL_VIDEODRIVER="dummy")
+    if extra_path:
+        env["PYTHONPATH"] = os.pathsep.join([str(extra_path), env.get("PYTHONPATH", "")])
+    return subprocess.run([*command, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env=env)
+
+
+def test_console_script_is_installed_and_lists_commands():
+    assert SCRIPT.exists() or shutil.which("torchrl-swm"), "pip install -e . should install the console script"
+    out = run("--help")
+    assert out.returncode == 0
+    for name in ("collect", "eval", "info"):
+        assert name in out.stdout
+
+
+def test_collect_info_eval_round_trip(tmp_path, capsys):
+    data = tmp_path / "cartpole"
+    out = run("collect", "CartPole-v1", "--episodes", 5, "--num-envs", 2, "--out", data, "--seed", 3)
+    assert out.returncode == 0, out.stderr
+    assert "5 episodes" in out.stdout and (data / "dataset.json").exists()
+    assert json.loads((data / "dataset.json").read_text())["seed"] == 3
+
+    info = run("info", data)
+    assert info.returncode == 0, info.stderr
+    assert "5 episodes" in info.stdout and "CartPole-v1" in info.stdout and "seeds      3..7" in info.stdout
+    assert cli.main(["info", str(data), "--json"]) == 0  # in-process: the same code, one interpreter less
+
+    meta = json.loads(capsys.readouterr().out)
+    assert meta["num_episodes"] == 5 and meta["complete"] is True
+
+    result_file = tmp_path / "result.json"
+    ev = run("eval", "CartPole-v1", "--episodes", 6, "--num-envs", 3, "--json", result_file)
+    assert ev.returncode == 0, ev.stderr
+    assert "6 episodes on 3 envs" in ev.stdout
+    assert "success rate  n/a" in ev.stdout  # random CartPole: no success signal, not 100%
+    result = json.loads(result_file.read_text())
+    assert len(result["episode_returns"]) == 6 and result["success_rate"] is None
+    assert result["seeds"] == [0, 1, 2, 3, 4, 5]
+
+
+def test_goal_env_with_policy_factory_dataset_eval_and_video(tmp_path):
+    data = tmp_path / "maze"
+    out = run("collect", "torchrl_swm/PointMaze-v0", "--episodes", 6, "--out", data, "--image-shape", 32, 32,
+              "--policy", "torchrl_swm.envs:expert_policy", "--no-progress")
+    assert out.returncode == 0, out.stderr
+    assert "success    1.000" in out.stdout and "pixels" in out.stdout
+    ev = run("eval", "torchrl_swm/PointMaze-v0", "--dataset", data, "--goal-offset", 3, "--eval-budget", 12,
+             "--num-envs", 2, "--policy", "torchrl_swm.envs:expert_policy", "--video", tmp_path / "vid",
+             "--no-progress")
+    assert ev.returncode == 0, ev.stderr
+    assert "6 episodes on 2 envs (reset_mode=wait" in ev.stdout and "goal_offset=3" in ev.stdout
+    assert len(list((tmp_path / "vid").glob("episode_*.mp4"))) == 6
+
+
+def test_policy_object_from_a_module(tmp_path, monkeypatch, capsys):
+    (tmp_path / "my_policies.py").write_text(
+        "import torch\n"
+        "def push_right(td):\n"
+        "    return td.set('action', torch.ones(td.batch_size[0], dtype=torch.int64))\n"
+        "not_callable = 3\n"
+    )
+    ok = run("eval", "CartPole-v1", "--episodes", 2, "--policy", "my_policies:push_right", extra_path=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert "2 episodes" in ok.stdout
+    # the error paths are the same code in-process (faster than one interpreter each)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cli.main(["eval", "CartPole-v1", "--no-progress", "--policy", "my_policies:nope"]) == 2
+    assert "has no attribute 'nope'" in capsys.readouterr().err
+    assert cli.main(["eval", "CartPole-v1", "--no-progress", "--policy", "my_policies:not_callable"]) == 2
+    assert "expected a policy" in capsys.readouterr().err
+    assert cli.main(["eval", "CartPole-v1", "--no-progress", "--policy", "no_such_module_xyz:p"]) == 2
+    assert "cannot import module" in capsys.readouterr().err
+    assert cli.main(["eval", "CartPole-v1", "--no-progress", "--policy", "no_colon"]) == 2
+    assert "module:attribute" in capsys.readouterr().err
+
+
+def test_clear_errors_for_unknown_envs_and_bad_paths(tmp_path, capsys):
+    out = run("eval", "CartPol-v1", "--episodes", 1)
+    assert out.returncode == 2 and "unknown environment id 'CartPol-v1'" in out.stderr and "CartPole" in out.stderr
+    out = run("info", tmp_path / "missing")
+    assert out.returncode == 2 and "does not exist" in out.stderr
+
+    def error(*argv):
+        code = cli.main([str(a) for a in argv])
+        return code, capsys.readouterr().err
+
+    (tmp_path / "plain").mkdir()
+    code, err = error("info", tmp_path / "plain")
+    assert code == 2 and "not a torchrl_swm dataset" in err
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x.txt").write_text("x")
+    code, err = error("collect", "CartPole-v1", "--episodes", 1, "--out", tmp_path / "full")
+    assert code == 2 and "not empty" in err
+    code, err = error("collect", "CartPole-v1", "--episodes", 1, "--out", tmp_path / "no" / "such" / "dir")
+    assert code == 2 and "parent directory" in err
+    code, err = error("eval", "CartPole-v1", "--dataset", tmp_path / "plain", "--goal-offset", 1, "--eval-budget", 2)
+    assert code == 2 and "--dataset" in err
+    code, err = error("eval", "CartPole-v1", "--goal-offset", 1)
+    assert code == 2 and "only used with --dataset" in err
+    code, err = error("eval", "torchrl_swm/NoSuchMaze-v0")
+    assert code == 2 and "unknown environment id" in err
+    code, err = error("eval", "CartPole-v1", "--env-kwargs", "{bad")
+    assert code == 2 and "invalid JSON" in err
+    code, err = error("eval", "CartPole-v1", "--no-progress", "--env-kwargs", '{"no_such_kwarg": 1}')
+    assert code == 1 and "no_such_kwarg" in err and "--traceback" in err
+
+
+def test_command_registry_in_process(capsys):
+    def configure(parser):
+        parser.add_argument("--value", type=int, default=1)
+
+    @cli.register_command("echo-test", help="test command", configure=configure)
+    def _echo(args):
+        print(f"value={args.value}")
+        return 0
+
+    try:
+        assert cli.main(["echo-test", "--value", "7"]) == 0
+        assert "value=7" in capsys.readouterr().out
+        with pytest.raises(ValueError, match="already registered"):
+            cli.register_command("echo-test", help="again", configure=configure)(_echo)
+    finally:
+        cli.COMMANDS.pop("echo-test", None)
+    assert cli.main(["info", "/definitely/not/here"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_ctrl_c_during_collect_leaves_a_loadable_dataset(tmp_path):
+    import signal
+    import time
+
+    from torchrl_swm import load_dataset
+
+    data = tmp_path / "interrupted"
+    command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "torchrl_swm.cli"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([*command, "collect", "CartPole-v1", "--episodes", "100000", "--out", str(data),
+                             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # wait for the first committed episode
+            meta = data / "dataset.json"
+            if meta.exists() and json.loads(meta.read_text()).get("num_episodes", 0) > 0:
+                break
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr and "complete episodes" in stderr
+    ds = load_dataset(data)
+    assert ds.metadata["complete"] is False and "KeyboardInterrupt" in ds.metadata["interrupted"]
+    assert ds.num_episodes >= 1
+    for k in range(ds.num_episodes):  # every stored episode is whole: starts at 0, ends done
+        ep = ds.episode(k)
+        assert ep["step_count"][0].item() == 0 and ep["next", "done"][-1].item()
+        assert not ep["next", "done"][:-1].any()

@@ -1,0 +1,310 @@
+"""World.collect and load_dataset: TorchRL episode layout on disk, round trip, sequences, interruptions."""
+
+import functools
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from envs import CountingEnv, counting
+from tensordict import TensorDict
+from tensordict.memmap import MemoryMappedTensor
+from torchrl.data import LazyMemmapStorage, SliceSampler, TensorDictReplayBuffer
+
+from torchrl_swm import EnvPool, World, load_dataset
+from torchrl_swm.data import DatasetError, DatasetWriter
+
+torch.set_num_threads(1)
+
+
+def counting_pool(n=3, seed=0, max_length=6, pixels=False, **kw):
+    factory = functools.partial(counting, max_length=max_length, render_mode="rgb_array" if pixels else None, **kw)
+    return EnvPool([factory] * n, seed=seed, pixels=pixels)
+
+
+def cycling_policy(n):
+    """Actions 1, 2, 0, 1, 2, ... per env, so every row's action is identifiable."""
+    state = {"k": 0}
+
+    def policy(td):
+        state["k"] += 1
+        return td.set("action", torch.full((n,), state["k"] % 3, dtype=torch.int64))
+
+    return policy
+
+
+def expected_length(seed, max_length=6):
+    env = CountingEnv(max_length=max_length)
+    env.reset(seed=seed)
+    return env.length
+
+
+@pytest.fixture(scope="module")
+def collected(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "ds"
+    pool = counting_pool(3, pixels=True)
+    world = World(pool, cycling_policy(3), max_episode_steps=10)
+    ds = world.collect(path, 8, seed=100, progress=False)
+    pool.close()
+    return path, ds
+
+
+# -- round trip ------------------------------------------------------------------------------------------------
+def test_round_trip_episode_layout(collected):
+    path, ds = collected
+    ds = load_dataset(path)  # reopen from disk
+    assert ds.num_episodes == 8 and ds.metadata["complete"] is True
+    assert ds.episode_ids.tolist() == list(range(8))  # a finished collect stores episodes in id order
+    lengths = [expected_length(100 + j) for j in range(8)]
+    assert ds.episode_lengths.tolist() == lengths
+    assert len(ds) == ds.num_steps == sum(lengths)
+    assert ds.episode_seeds.tolist() == list(range(100, 108))
+    for k in range(8):
+        ep = ds.episode(k)
+        L = lengths[k]
+        t = torch.arange(L)
+        assert ep.batch_size == (L,)
+        # the reset frame is the root of row 0; row t holds step t at the root and t + 1 under "next"
+        assert torch.equal(ep["observation"][:, 0], t.float())
+        assert torch.equal(ep["next", "observation"][:, 0], t.float() + 1)
+        assert torch.equal(ep["step_count"].view(-1), t) and torch.equal(ep["next", "step_count"].view(-1), t + 1)
+        assert torch.equal(ep["is_init"].view(-1), t == 0)
+        # the action on row t is the one taken at step t: the env echoes it in the next observation
+        assert torch.equal(ep["next", "observation"][:, 2], ep["action"].float())
+        assert ep["action"].dtype == torch.int64 and ((ep["action"] >= 0) & (ep["action"] < 3)).all()
+        assert torch.equal(ep["next", "reward"].view(-1), ep["action"].float())
+        # done only on the last row; never at the root
+        assert ep["next", "done"].view(-1).tolist() == [False] * (L - 1) + [True]
+        assert torch.equal(ep["next", "terminated"], ep["next", "done"]) and not ep["next", "truncated"].any()
+        assert not ep["done"].any()
+        assert (ep["episode"] == k).all() and (ep["episode_seed"] == 100 + k).all()
+        # pixels and infos are recorded at both ends of the transition
+        assert torch.equal(ep["pixels"][:, 0, 0, 0].long(), t)
+        assert torch.equal(ep["next", "pixels"][:, 0, 0, 0].long(), t + 1)
+        assert torch.equal(ep["info", "t"].view(-1), t) and torch.equal(ep["next", "info", "t"].view(-1), t + 1)
+        assert (ep["info", "length"] == L).all()
+
+
+def test_observations_chain_within_episodes(collected):
+    _, ds = collected
+    td = ds.td
+    not_last = ~td["next", "done"].view(-1)
+    same_episode = td["episode"][1:] == td["episode"][:-1]
+    keep = not_last[:-1]
+    assert torch.equal(same_episode, keep)
+    assert torch.equal(td["observation"][1:][keep], td["next", "observation"][:-1][keep])
+    assert torch.equal(td["pixels"][1:][keep], td["next", "pixels"][:-1][keep])
+
+
+def test_step_accessor_and_final_observation(collected):
+    _, ds = collected
+    L = int(ds.episode_lengths[2])
+    assert ds.step(2, 0)["observation"][0] == 0
+    last = ds.step(2, L)
+    assert last["observation"][0] == L and last["pixels"].shape == (8, 12, 3)
+    assert "action" not in last.keys() and "reward" not in last.keys()
+    with pytest.raises(IndexError):
+        ds.step(2, L + 1)
+    with pytest.raises(IndexError):
+        ds.episode(8)
+    assert set(ds.observation_keys) >= {"observation", "pixels", ("info", "t"), "episode_seed"}
+
+
+def test_load_is_lazy_memory_mapped(collected):
+    path, _ = collected
+    ds = load_dataset(path)
+    assert isinstance(ds.td["pixels"], MemoryMappedTensor)
+    assert isinstance(ds.td["next", "observation"], MemoryMappedTensor)
+    files = {f for f in os.listdir(path / "storage")}
+    assert "pixels.memmap" in files and "storage_metadata.json" in files
+    assert json.loads((path / "storage" / "storage_metadata.json").read_text())["len"] == ds.num_steps
+
+
+def test_slice_sampler_gives_batch_time_sequences(collected):
+    _, ds = collected
+    rb = ds.replay_buffer(num_slices=5, slice_len=3)
+    torch.manual_seed(0)
+    for _ in range(10):
+        batch = rb.sample().reshape(5, 3)
+        assert batch.batch_size == (5, 3)
+        assert (batch["episode"] == batch["episode"][:, :1]).all()  # one episode per sequence
+        steps = batch["step_count"].squeeze(-1)
+        assert torch.equal(steps[:, 1:] - steps[:, :-1], torch.ones(5, 2, dtype=torch.int64))
+        assert torch.equal(batch["observation"][:, 1:], batch["next", "observation"][:, :-1])
+        assert batch["pixels"].shape == (5, 3, 8, 12, 3)
+
+
+def test_plain_torchrl_replay_buffer_loads_the_directory(collected):
+    path, ds = collected
+    storage = LazyMemmapStorage(ds.num_steps, scratch_dir=path / "storage")
+    rb = TensorDictReplayBuffer(storage=storage, sampler=SliceSampler(slice_len=2, traj_key="episode"))
+    rb.loads(path)
+    assert len(rb) == ds.num_steps
+    assert isinstance(storage._storage["observation"], MemoryMappedTensor)  # loaded in place, not copied
+    batch = rb.sample(8).reshape(4, 2)
+    assert (batch["episode"][:, 0] == batch["episode"][:, 1]).all()
+    assert torch.equal(batch["observation"][:, 1], batch["next", "observation"][:, 0])
+
+
+def test_summary_describes_the_dataset(collected):
+    _, ds = collected
+    text = ds.summary()
+    assert "8 episodes" in text and "complete" in text and "seeds      100..107" in text
+    assert "pixels" in text and "info.t" in text and "MiB" in text
+    stats = ds.stats()
+    assert np.allclose(stats["returns"], [float(ds.episode(k)["next", "reward"].sum()) for k in range(8)])
+
+
+def test_same_seed_gives_identical_datasets(tmp_path):
+    tds = []
+    for name in ("a", "b"):
+        pool = counting_pool(2)
+        World(pool, max_episode_steps=8).collect(tmp_path / name, 5, seed=3, progress=False)
+        tds.append(load_dataset(tmp_path / name).td.to_tensordict())
+        pool.close()
+    assert (tds[0] == tds[1]).all()
+
+
+@pytest.mark.parametrize("mode", ["auto", "wait"])
+def test_step_limit_truncates_and_wait_mode_collects(tmp_path, mode):
+    pool = EnvPool([functools.partial(counting, length=20)] * 2, seed=0)
+    ds = World(pool, cycling_policy(2)).collect(tmp_path / "d", 3, seed=0, max_steps=4, reset_mode=mode,
+                                                 progress=False)
+    assert ds.episode_lengths.tolist() == [4, 4, 4]
+    last = ds.td[torch.as_tensor(ds.episode_starts + 3)]
+    assert last["next", "truncated"].all() and last["next", "done"].all() and not last["next", "terminated"].any()
+    pool.close()
+
+
+# -- interrupted collection ------------------------------------------------------------------------------------------
+class Interrupt:
+    """A policy that raises ``error`` on its ``at``-th call."""
+
+    def __init__(self, n, at, error):
+        self.n, self.at, self.error, self.calls = n, at, error, 0
+
+    def __call__(self, td):
+        self.calls += 1
+        if self.calls == self.at:
+            raise self.error
+        return td.set("action", torch.ones(self.n, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), RuntimeError("policy crashed")])
+def test_interrupted_collect_keeps_every_completed_episode_and_no_partial_one(tmp_path, error):
+    lengths = [2, 5, 3]
+    pool = EnvPool([functools.partial(counting, length=n) for n in lengths], seed=0)
+    world = World(pool, Interrupt(3, at=7, error=error), max_episode_steps=10)
+    with pytest.raises(type(error)):
+        world.collect(tmp_path / "d", 9, seed=0, progress=False)
+    ds = load_dataset(tmp_path / "d")
+    # after 6 World steps: env 0 finished 3 episodes (2+2+2), env 1 one (5), env 2 two (3+3)
+    assert sorted(ds.episode_ids.tolist()) == [0, 1, 2, 3, 5, 6]
+    assert ds.metadata["complete"] is False and type(error).__name__ in ds.metadata["interrupted"]
+    assert ds.num_steps == 2 * 3 + 5 + 3 * 2
+    for k in range(ds.num_episodes):
+        ep = ds.episode(k)
+        L = lengths[int(ds.episode_ids[k]) % 3]
+        assert ep.batch_size == (L,)
+        assert ep["step_count"].view(-1).tolist() == list(range(L))
+        assert ep["next", "done"].view(-1).tolist() == [False] * (L - 1) + [True]
+    assert "INCOMPLETE" in ds.summary()
+    pool.close()
+
+
+def test_env_failure_mid_collect_leaves_loadable_dataset(tmp_path):
+    from envs import FailingEnv
+
+    pool = EnvPool([functools.partial(counting, length=2), functools.partial(FailingEnv, fail_at=6)], seed=0)
+    with pytest.raises(Exception, match="boom"):
+        World(pool, max_episode_steps=100).collect(tmp_path / "d", 6, seed=0, progress=False)
+    ds = load_dataset(tmp_path / "d")
+    assert ds.episode_ids.tolist() == [0, 2] and ds.episode_lengths.tolist() == [2, 2]
+    pool.close()
+
+
+def test_interrupt_before_any_episode_completes(tmp_path):
+    pool = EnvPool([functools.partial(counting, length=5)], seed=0)
+    with pytest.raises(KeyboardInterrupt):
+        World(pool, Interrupt(1, at=2, error=KeyboardInterrupt()), max_episode_steps=9).collect(
+            tmp_path / "d", 2, seed=0, progress=False
+        )
+    ds = load_dataset(tmp_path / "d")
+    assert ds.num_episodes == 0 and len(ds) == 0 and ds.td is None
+    assert "0 episodes" in ds.summary()
+    pool.close()
+
+
+# -- paths, overwrite, errors --------------------------------------------------------------------------------
+def test_overwrite_rules(tmp_path):
+    pool = counting_pool(2)
+    world = World(pool, max_episode_steps=8)
+    world.collect(tmp_path / "d", 2, seed=0, progress=False)
+    with pytest.raises(FileExistsError, match="overwrite"):
+        world.collect(tmp_path / "d", 2, seed=0, progress=False)
+    assert world.collect(tmp_path / "d", 3, seed=0, overwrite=True, progress=False).num_episodes == 3
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "keep.txt").write_text("precious")
+    with pytest.raises(FileExistsError, match="not a torchrl_swm dataset"):
+        world.collect(other, 2, seed=0, overwrite=True, progress=False)
+    assert (other / "keep.txt").read_text() == "precious"
+    pool.close()
+
+
+def test_collect_needs_a_step_bound(tmp_path):
+    pool = counting_pool(2)
+    with pytest.raises(ValueError, match="max_steps"):
+        World(pool).collect(tmp_path / "d", 2, progress=False)
+    with pytest.raises(ValueError, match="episodes"):
+        World(pool, max_episode_steps=3).collect(tmp_path / "d", 0, progress=False)
+    pool.close()
+
+
+def test_load_dataset_errors(tmp_path):
+    with pytest.raises(DatasetError, match="does not exist"):
+        load_dataset(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetError, match="dataset.json is missing"):
+        load_dataset(tmp_path / "empty")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "dataset.json").write_text("{not json")
+    with pytest.raises(DatasetError, match="not valid JSON"):
+        load_dataset(tmp_path / "bad")
+    (tmp_path / "bad" / "dataset.json").write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(DatasetError, match="unknown format"):
+        load_dataset(tmp_path / "bad")
+
+
+def test_uncompacted_dataset_loads_with_the_committed_length(tmp_path):
+    pool = counting_pool(2)
+    ds = World(pool, max_episode_steps=50).collect(tmp_path / "d", 4, seed=0, compact=False, progress=False)
+    full = TensorDict.load_memmap(tmp_path / "d" / "storage")
+    assert full.batch_size[0] == 4 * 50 > ds.num_steps  # sparse capacity left in place
+    assert ds.num_episodes == 4 and ds.metadata["compacted"] is False
+    pool.close()
+
+
+def test_writer_rejects_overflow_and_late_adds(tmp_path):
+    writer = DatasetWriter(tmp_path / "w", capacity=3)
+    ep = TensorDict({"episode": torch.zeros(2, dtype=torch.int64), "x": torch.ones(2, 1)}, [2])
+    writer.add(ep)
+    with pytest.raises(RuntimeError, match="does not fit"):
+        writer.add(ep)
+    writer.close(complete=True)
+    with pytest.raises(RuntimeError, match="after close"):
+        writer.add(ep)
+    assert load_dataset(tmp_path / "w").num_steps == 2
+
+
+def test_exclude_keys_are_not_stored(tmp_path):
+    pool = counting_pool(2, pixels=True)
+    ds = World(pool, max_episode_steps=8).collect(tmp_path / "d", 3, seed=0, progress=False,
+                                                  exclude_keys=["pixels", ("info", "length")])
+    keys = set(ds.td.keys(True, True))
+    assert "pixels" not in keys and ("next", "pixels") not in keys
+    assert ("info", "length") not in keys and ("next", "info", "length") not in keys
+    assert ("info", "t") in keys and "observation" in keys
+    assert ds.metadata["excluded_keys"] == ["pixels", ["info", "length"]]
+    pool.close()

@@ -1,0 +1,192 @@
+"""Bad input gets clear errors, never silent reshaping."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.data import Composite, NonTensor, Unbounded
+from torchrl.envs import EnvBase, GymEnv
+
+from torchrl_swm import EnvPool, SpecError, to_gymnasium
+from torchrl_swm.benchmarks.export import ACT, MLPWorldModelEnv
+
+
+@pytest.fixture
+def cartpole():
+    envs = to_gymnasium(EnvPool("CartPole-v1", num_envs=3), autoreset_mode="disabled")
+    envs.reset(seed=0)
+    yield envs
+    envs.close()
+
+
+@pytest.mark.parametrize(
+    "action, error, match",
+    [
+        (np.zeros((3, 1), np.int64), ValueError, r"expected shape \(3,\).*got.*\(3, 1\).*never reshaped"),
+        (np.zeros(2, np.int64), ValueError, r"expected shape \(3,\)"),
+        (np.int64(0), ValueError, r"expected shape \(3,\)"),
+        (np.zeros(3, np.float32), TypeError, "expected integers"),
+        (np.array([0, 1, 2]), ValueError, r"must lie in Discrete\(2\)"),
+        (np.array([0, -1, 1]), ValueError, r"must lie in Discrete\(2\)"),
+        (["a", "b", "c"], TypeError, "expected integers"),
+    ],
+)
+def test_bad_discrete_actions(cartpole, action, error, match):
+    with pytest.raises(error, match=match):
+        cartpole.step(action)
+    cartpole.step(np.zeros(3, np.int64))  # the env is still usable
+
+
+@pytest.mark.parametrize(
+    "action, match",
+    [
+        (np.zeros((4, ACT + 1), np.float32), r"expected shape \(4, 6\)"),
+        (np.zeros((4 * ACT,), np.float32), r"expected shape \(4, 6\)"),
+        (np.zeros((1, 4, ACT), np.float32), r"expected shape \(4, 6\)"),
+        (torch.zeros(4, ACT + 1), r"expected shape \(4, 6\)"),
+    ],
+)
+def test_bad_box_actions(action, match):
+    envs = to_gymnasium(MLPWorldModelEnv(batch_size=4))
+    envs.reset(seed=0)
+    with pytest.raises(ValueError, match=match):
+        envs.step(action)
+
+
+def test_unbatched_action_shapes():
+    env = to_gymnasium(GymEnv("MountainCar-v0"))
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"expected shape \(\)"):
+        env.step(np.array([1]))
+    with pytest.raises(ValueError, match=r"must lie in Discrete\(3\)"):
+        env.step(3)
+    env = to_gymnasium(GymEnv("MountainCarContinuous-v0"))
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"expected shape \(1,\)"):
+        env.step(0.5)
+
+
+def test_step_before_reset():
+    with pytest.raises(RuntimeError, match=r"before reset\(\)"):
+        to_gymnasium(EnvPool("CartPole-v1", num_envs=2)).step(np.zeros(2, np.int64))
+    with pytest.raises(RuntimeError, match=r"before reset\(\)"):
+        to_gymnasium(MLPWorldModelEnv(batch_size=2)).step(np.zeros((2, ACT), np.float32))
+
+
+def test_disabled_mode_refuses_to_step_a_finished_env():
+    envs = to_gymnasium(EnvPool("CartPole-v1", num_envs=2), autoreset_mode="disabled")
+    envs.reset(seed=0)
+    done = np.zeros(2, bool)
+    while not done.any():
+        _, _, term, trunc, _ = envs.step(np.zeros(2, np.int64))
+        done = term | trunc
+    with pytest.raises(RuntimeError, match=r"envs \[\d.*reset_mask"):
+        envs.step(np.zeros(2, np.int64))
+    envs.reset(options={"reset_mask": done})
+    envs.step(np.zeros(2, np.int64))
+
+
+@pytest.mark.parametrize(
+    "mask, error, match",
+    [
+        ([True, False], TypeError, "numpy array"),
+        (np.array([1, 0]), TypeError, "dtype bool"),
+        (np.array([True]), ValueError, r"shape \(2,\)"),
+        (np.array([False, False]), ValueError, "at least one"),
+    ],
+)
+def test_bad_reset_masks(mask, error, match):
+    envs = to_gymnasium(EnvPool("CartPole-v1", num_envs=2))
+    envs.reset(seed=0)
+    with pytest.raises(error, match=match):
+        envs.reset(options={"reset_mask": mask})
+
+
+def test_reset_mask_before_any_reset():
+    envs = to_gymnasium(EnvPool("CartPole-v1", num_envs=2))
+    with pytest.raises(RuntimeError, match="previous full reset"):
+        envs.reset(options={"reset_mask": np.array([True, False])})
+
+
+def test_bad_seeds():
+    envs = to_gymnasium(EnvPool("CartPole-v1", num_envs=2))
+    with pytest.raises(ValueError, match="2 seeds"):
+        envs.reset(seed=[1, 2, 3])
+    with pytest.raises(TypeError, match="seed"):
+        envs.reset(seed=1.5)
+
+
+class _SpecEnv(EnvBase):
+    """A minimal env whose observation spec is given: for spec errors raised at export time."""
+
+    def __init__(self, observation_spec: Composite, batch_size=(2,), action_spec=None):
+        super().__init__(batch_size=batch_size)
+        self.observation_spec = observation_spec
+        self.action_spec = action_spec if action_spec is not None else Unbounded((*batch_size, 1))
+        self.reward_spec = Unbounded((*batch_size, 1))
+
+    def _reset(self, td=None, **kwargs):
+        return self.full_observation_spec.zero().update(self.full_done_spec.zero())
+
+    def _step(self, td):
+        return TensorDict(batch_size=self.batch_size)
+
+    def _set_seed(self, seed):
+        pass
+
+
+def test_unsupported_observation_spec_names_type_and_key():
+    spec = Composite(observation=Unbounded((2, 3)), text=NonTensor(shape=(2,)), shape=(2,))
+    with pytest.raises(SpecError, match=r"observation_spec\[\('text',\)\].*NonTensor"):
+        to_gymnasium(_SpecEnv(spec))
+    # leaving the key out of the export works
+    envs = to_gymnasium(_SpecEnv(spec), observation_keys="observation")
+    assert envs.single_observation_space.shape == (3,)
+
+
+def test_unsupported_dtype_names_it():
+    spec = Composite(observation=Unbounded((2, 3), dtype=torch.bfloat16), shape=(2,))
+    with pytest.raises(SpecError, match="bfloat16"):
+        to_gymnasium(_SpecEnv(spec))
+
+
+def test_two_batch_dims_are_refused():
+    spec = Composite(observation=Unbounded((2, 3, 4)), shape=(2, 3))
+    with pytest.raises(SpecError, match=r"batch_size \[2, 3\]"):
+        to_gymnasium(_SpecEnv(spec, batch_size=(2, 3)))
+
+
+def test_several_action_keys_are_refused():
+    spec = Composite(observation=Unbounded((2, 3)), shape=(2,))
+    env = _SpecEnv(spec)
+    env.full_action_spec = Composite(a=Unbounded((2, 1)), b=Unbounded((2, 1)), shape=(2,))
+    with pytest.raises(SpecError, match="2 action keys"):
+        to_gymnasium(env)
+
+
+def test_unknown_keys_and_modes():
+    pool = EnvPool("CartPole-v1", num_envs=2)
+    with pytest.raises(SpecError, match="'pixels' is not in the env's observation_spec"):
+        to_gymnasium(pool, observation_keys=["pixels"])
+    with pytest.raises(SpecError, match="info_keys"):
+        to_gymnasium(pool, info_keys=["nope"])
+    with pytest.raises(ValueError, match="autoreset_mode"):
+        to_gymnasium(pool, autoreset_mode="eventually")
+    with pytest.raises(TypeError, match="TorchRL EnvBase"):
+        to_gymnasium(gym.make("CartPole-v1"))
+
+
+def test_missing_stable_baselines3_is_a_clear_import_error(monkeypatch):
+    import sys
+
+    from torchrl_swm.export import sb3
+
+    sb3._sb3_class.cache_clear()
+    monkeypatch.setitem(sys.modules, "stable_baselines3", None)
+    monkeypatch.setitem(sys.modules, "stable_baselines3.common.vec_env", None)
+    try:
+        with pytest.raises(ImportError, match=r"pip install 'torchrl-swm\[sb3\]'"):
+            sb3.to_sb3_vec_env(EnvPool("CartPole-v1", num_envs=2))
+    finally:
+        sb3._sb3_class.cache_clear()

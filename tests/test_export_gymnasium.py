@@ -1,0 +1,99 @@
+"""to_gymnasium on unbatched TorchRL envs: a gymnasium.Env that passes gymnasium's check_env."""
+
+import functools
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium.utils.env_checker import check_env
+from torchrl.envs import GymEnv
+
+from torchrl_swm import EnvPool, register_gymnasium_env, to_gymnasium
+from torchrl_swm.export import TorchRLGymEnv
+
+
+def _check_env_without_warnings(env: gym.Env, **kwargs):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_env(env, **kwargs)
+    messages = [str(w.message) for w in caught]
+    assert messages == [], messages
+
+
+@pytest.mark.parametrize("env_id", ["MountainCar-v0", "MountainCarContinuous-v0", "Acrobot-v1"])
+def test_check_env_passes_without_warnings(env_id):
+    """A real TorchRL env (GymEnv: batch_size [], OneHot or Box actions) through the export."""
+    env = to_gymnasium(GymEnv(env_id))
+    assert isinstance(env, TorchRLGymEnv) and isinstance(env, gym.Env)
+    # without a registered spec gymnasium cannot build the env in other render modes, and says so
+    _check_env_without_warnings(env, skip_render_check=True)
+
+
+def test_check_env_passes_on_the_registered_env():
+    """Through gymnasium.make (a spec: the render-mode and determinism checks run too)."""
+    register_gymnasium_env("TorchRLSWMTest/GymEnvMountainCar-v0", functools.partial(GymEnv, "MountainCar-v0"))
+    env = gym.make("TorchRLSWMTest/GymEnvMountainCar-v0")
+    _check_env_without_warnings(env.unwrapped)
+    env.close()
+
+
+def test_check_env_on_a_one_env_pool():
+    """A batched factory made single: EnvPool(num_envs=1) with its batch dim dropped."""
+    env = TorchRLGymEnv(EnvPool("Acrobot-v1", num_envs=1), squeeze_batch=True)
+    _check_env_without_warnings(env, skip_render_check=True)
+    obs, info = env.reset(seed=3)
+    assert obs.shape == (6,) and info == {"episode_seed": 3}
+
+
+def test_python_scalars_and_fresh_arrays():
+    env = to_gymnasium(GymEnv("MountainCar-v0"))
+    obs, info = env.reset(seed=0)
+    assert isinstance(obs, np.ndarray) and obs.dtype == np.float32 and info == {}
+    obs2, reward, terminated, truncated, info = env.step(1)
+    assert type(reward) is float and type(terminated) is bool and type(truncated) is bool
+    assert not np.shares_memory(obs, obs2)
+
+
+def test_seeding_through_super_reset():
+    env = to_gymnasium(GymEnv("Acrobot-v1"))
+    a, _ = env.reset(seed=5)
+    rng = env.np_random.bit_generator.state
+    b, _ = env.reset(seed=5)
+    assert np.array_equal(a, b) and env.np_random.bit_generator.state == rng
+    c, _ = env.reset(seed=6)
+    assert not np.array_equal(a, c)
+
+
+def test_episode_runs_to_truncation():
+    env = to_gymnasium(GymEnv("MountainCar-v0"))
+    env.reset(seed=0)
+    for t in range(1, 201):
+        _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+        assert reward == -1.0
+        if terminated or truncated:
+            break
+    assert truncated and t == 200
+
+
+def test_numpy_false_gives_torch_observations():
+    env = to_gymnasium(GymEnv("MountainCarContinuous-v0"), numpy=False)
+    obs, _ = env.reset(seed=0)
+    assert isinstance(obs, torch.Tensor) and obs.shape == (2,)
+    obs, reward, terminated, truncated, _ = env.step(torch.zeros(1))
+    assert isinstance(obs, torch.Tensor) and type(reward) is float and type(terminated) is bool
+
+
+def test_one_hot_actions_take_indices():
+    env = to_gymnasium(GymEnv("MountainCar-v0"))  # TorchRL's GymEnv uses OneHot actions
+    assert env.action_space == gym.spaces.Discrete(3)
+    env.reset(seed=0)
+    for a in (0, 1, 2, np.int64(2), np.array(1)):
+        env.step(a)
+
+
+def test_step_before_reset_raises():
+    env = to_gymnasium(GymEnv("MountainCar-v0"))
+    with pytest.raises(RuntimeError, match=r"before reset\(\)"):
+        env.step(0)

@@ -1,0 +1,131 @@
+"""to_sb3_vec_env: an SB3 VecEnv, checked against SB3's own DummyVecEnv and by training PPO."""
+
+import functools
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("stable_baselines3")
+
+from export_helpers import PoolSeedSchedule, action_stream, assert_same  # noqa: E402
+from stable_baselines3 import PPO  # noqa: E402
+from stable_baselines3.common.env_checker import check_env  # noqa: E402
+from stable_baselines3.common.monitor import Monitor  # noqa: E402
+from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecMonitor  # noqa: E402
+from torchrl.envs import GymEnv  # noqa: E402
+
+from envs import CountingEnv  # noqa: E402
+from torchrl_swm import EnvPool, to_gymnasium, to_sb3_vec_env  # noqa: E402
+from torchrl_swm.benchmarks.export import MLPWorldModelEnv  # noqa: E402
+
+
+def test_sb3_check_env_on_unbatched_exports():
+    check_env(to_gymnasium(GymEnv("MountainCar-v0")), warn=True)
+    check_env(to_gymnasium(GymEnv("MountainCarContinuous-v0")), warn=True)
+
+
+def test_matches_dummy_vec_env_step_by_step():
+    """Same seeds, same actions: obs, rewards, dones, terminal_observation, TimeLimit.truncated, reset_infos."""
+    n = 6
+    make = functools.partial(gym.make, "CartPole-v1", max_episode_steps=30)
+    ours = to_sb3_vec_env(EnvPool([make] * n), info_keys=[])
+    ref = DummyVecEnv([lambda: PoolSeedSchedule(make(), n) for _ in range(n)])
+    assert isinstance(ours, VecEnv)
+    assert ours.observation_space == ref.observation_space and ours.action_space == ref.action_space
+    assert ours.seed(4) == ref.seed(4)
+    assert_same(ours.reset(), ref.reset(), "reset obs")
+    assert ours.reset_infos == ref.reset_infos
+    truncations = terminations = 0
+    for t, action in enumerate(action_stream(gym.spaces.MultiDiscrete([2] * n), 300, 4)):
+        obs, rewards, dones, infos = ours.step(action)
+        obs_ref, rewards_ref, dones_ref, infos_ref = ref.step(action)
+        assert_same(obs, obs_ref, f"step {t}: obs")
+        assert_same(rewards, rewards_ref, f"step {t}: rewards")
+        assert_same(dones, dones_ref, f"step {t}: dones")
+        assert_same(infos, infos_ref, f"step {t}: infos")
+        assert ours.reset_infos == ref.reset_infos
+        truncations += sum(i["TimeLimit.truncated"] for i in infos)
+        terminations += sum(d and not i["TimeLimit.truncated"] for d, i in zip(dones, infos))
+    assert truncations > 5 and terminations > 20
+
+
+def test_per_env_infos_and_terminal_observation():
+    n = 3
+    venv = to_sb3_vec_env(EnvPool([functools.partial(CountingEnv, length=2)] * n, seed=0))
+    venv.reset()
+    assert venv.reset_infos[0] == {"t": 0, "length": 2, "episode_seed": 0}
+    venv.step(np.ones(n, np.int64))
+    obs, rewards, dones, infos = venv.step(np.full(n, 2))
+    assert dones.all() and rewards.dtype == np.float32 and rewards.tolist() == [2.0] * n
+    assert infos[1]["t"] == 2 and infos[1]["TimeLimit.truncated"] is False
+    assert infos[1]["terminal_observation"][0] == 2 and obs[1, 0] == 0
+    assert venv.reset_infos[1]["t"] == 0 and venv.reset_infos[1]["episode_seed"] == 1 + n
+
+
+def test_env_method_get_attr_set_attr_seed():
+    n = 4
+    venv = to_sb3_vec_env(EnvPool([functools.partial(CountingEnv, length=5)] * n, seed=0))
+    assert venv.get_attr("fixed_length") == [5] * n
+    assert venv.get_attr("fixed_length", indices=[1, 2]) == [5, 5]
+    venv.set_attr("fixed_length", 2, indices=1)
+    assert venv.get_attr("fixed_length") == [5, 2, 5, 5]
+    venv.set_attr("tags", ["a", "b"])  # one value for every env, even a list (as DummyVecEnv)
+    assert venv.get_attr("tags") == [["a", "b"]] * n
+    venv.reset()
+    assert venv.env_method("render", indices=[0])[0].shape == (8, 12, 3)
+    obs, *_ = venv.env_method("reset", seed=9, indices=2)[0]
+    assert venv.has_attr("max_length") and not venv.has_attr("no_such_attribute")
+    assert venv.env_is_wrapped(Monitor) == [False] * n
+    assert venv.seed(10) == [10, 11, 12, 13]
+    venv.reset()
+    assert [info["episode_seed"] for info in venv.reset_infos] == [10, 11, 12, 13]
+    # attributes through gymnasium wrappers, as DummyVecEnv's get_wrapper_attr
+    cartpole = to_sb3_vec_env(EnvPool("CartPole-v1", num_envs=2))
+    assert cartpole.get_attr("gravity") == [9.8, 9.8]
+    assert cartpole.get_attr("render_mode") == [None, None]
+
+
+def test_set_options_reach_the_sub_envs():
+    venv = to_sb3_vec_env(EnvPool([functools.partial(CountingEnv, length=5)] * 2, seed=0))
+    venv.set_options({"length": 1})
+    venv.reset()
+    _, _, dones, _ = venv.step(np.zeros(2, np.int64))
+    assert dones.all()
+
+
+def test_world_model_vec_env():
+    venv = to_sb3_vec_env(MLPWorldModelEnv(batch_size=8))
+    assert venv.render_mode is None and venv.num_envs == 8
+    with pytest.raises(AttributeError, match="EnvPool"):
+        venv.get_attr("gravity")
+    with pytest.raises(AttributeError, match="EnvPool"):
+        venv.env_method("reset")
+    with pytest.raises(AttributeError, match="EnvPool"):
+        venv.set_attr("x", 1)
+    venv.seed(0)
+    obs = venv.reset()
+    assert obs.shape == (8, 64)
+    obs, rewards, dones, infos = venv.step(np.zeros((8, 6), np.float32))
+    assert rewards.shape == (8,) and len(infos) == 8
+
+
+def test_ppo_learns_cartpole_through_the_pool():
+    """SB3 PPO("MlpPolicy") on to_sb3_vec_env(EnvPool("CartPole-v1", 8)): returns rise far above random."""
+    torch.set_num_threads(1)
+    venv = VecMonitor(to_sb3_vec_env(EnvPool("CartPole-v1", num_envs=8, seed=0)))
+    venv.seed(0)
+    venv.reset()
+    random_returns = []
+    rng = np.random.default_rng(0)
+    while len(random_returns) < 50:
+        _, _, dones, infos = venv.step(rng.integers(0, 2, 8))
+        random_returns += [info["episode"]["r"] for info, done in zip(infos, dones) if done]
+    random_mean = float(np.mean(random_returns))
+    model = PPO("MlpPolicy", venv, n_steps=128, batch_size=256, n_epochs=4, learning_rate=1e-3, seed=0,
+                device="cpu", verbose=0)
+    model.learn(30_000)
+    trained_mean = float(np.mean([ep["r"] for ep in model.ep_info_buffer]))
+    assert random_mean < 40
+    assert trained_mean > 100 and trained_mean > 4 * random_mean, (random_mean, trained_mean)

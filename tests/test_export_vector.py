@@ -1,0 +1,489 @@
+"""to_gymnasium on batched TorchRL envs: a gymnasium VectorEnv with gymnasium's exact semantics.
+
+The reference is gymnasium's own SyncVectorEnv over the same seeded envs (see
+export_helpers.sync_twin): every output of every step must be identical.
+"""
+
+import functools
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from export_helpers import PoolSeedSchedule, action_stream, assert_same, sync_twin, without
+from gymnasium.vector import AutoresetMode
+from torchrl.envs import StepCounter, TransformedEnv
+
+from envs import CountingEnv, DictObsEnv, InfoEnv, counting
+from torchrl_swm import EnvPool, to_gymnasium
+from torchrl_swm.benchmarks.export import ACT, LAT, MLPWorldModelEnv, make_model, world_model_env
+from torchrl_swm.export import TorchRLVectorEnv
+
+MODES = ["next_step", "same_step", "disabled"]
+
+
+def _compare_to_sync(ours, ref, steps, seed, *, drop=()):
+    """Step both with the same actions; resets finished envs by mask in DISABLED mode."""
+    obs, infos = ours.reset(seed=seed)
+    obs_ref, infos_ref = ref.reset(seed=seed)
+    assert_same(obs, obs_ref, "reset obs")
+    assert_same(without(infos, *drop), infos_ref, "reset infos")
+    finished = 0
+    for t, action in enumerate(action_stream(ours.action_space, steps, seed)):
+        out, out_ref = ours.step(action), ref.step(action)
+        for name, a, b in zip(("obs", "rewards", "terminations", "truncations"), out[:4], out_ref[:4]):
+            if name == "rewards":  # gymnasium's SyncVectorEnv widens rewards to float64
+                np.testing.assert_array_equal(a, b, err_msg=f"step {t}: rewards")
+            else:
+                assert_same(a, b, f"step {t}: {name}")
+        assert_same(without(out[4], *drop), out_ref[4], f"step {t}: infos")
+        done = out[2] | out[3]
+        finished += int(done.sum())
+        if ours.autoreset_mode is AutoresetMode.DISABLED and done.any():
+            obs, infos = ours.reset(options={"reset_mask": done.copy()})
+            obs_ref, infos_ref = ref.reset(options={"reset_mask": done.copy()})
+            assert_same(obs, obs_ref, f"step {t}: masked reset obs")
+            assert_same(without(infos, *drop), infos_ref, f"step {t}: masked reset infos")
+    return finished
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cartpole_matches_sync_vector_env(mode, device):
+    """Hundreds of steps of random actions: obs, rewards, flags, infos and final_obs all identical.
+
+    On an accelerator the pool's outputs live there and each step is one packed transfer."""
+    n = 8
+    ours = to_gymnasium(EnvPool("CartPole-v1", num_envs=n, device=device), autoreset_mode=mode)
+    ref = sync_twin("CartPole-v1", n, AutoresetMode(ours.metadata["autoreset_mode"]))
+    assert ours.metadata["autoreset_mode"] is ref.metadata["autoreset_mode"]
+    finished = _compare_to_sync(ours, ref, 400, seed=3, drop=("episode_seed",))
+    assert finished > 100  # autoresets were exercised, many of them mid-batch
+    ours.close()
+    ref.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_truncation_and_infos_match_sync_vector_env(mode):
+    """Truncations (TimeLimit), and numeric infos with their masks, including final_info."""
+    n = 5
+    factory = functools.partial(gym.make, "CartPole-v1", max_episode_steps=7)
+    ours = to_gymnasium(EnvPool([factory] * n, seed=0), autoreset_mode=mode)
+    ref = gym.vector.SyncVectorEnv(
+        [lambda: PoolSeedSchedule(factory(), n) for _ in range(n)],
+        autoreset_mode=AutoresetMode(ours.metadata["autoreset_mode"]),
+    )
+    _compare_to_sync(ours, ref, 60, seed=11, drop=("episode_seed",))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_transformed_pool_matches_sync_vector_env(mode):
+    """TransformedEnv(EnvPool, StepCounter(10)) against gymnasium's TimeLimit(10): the export's own
+    handling of frozen rows (restored from their reset values) is exact too."""
+    n = 6
+    env = TransformedEnv(EnvPool("CartPole-v1", num_envs=n), StepCounter(10))
+    ours = to_gymnasium(env, autoreset_mode=mode, observation_keys="observation", info_keys=[])
+    assert not ours.traits.frozen_rows_exact
+    ref = sync_twin("CartPole-v1", n, ours.autoreset_mode, max_episode_steps=10)
+    assert _compare_to_sync(ours, ref, 150, seed=8) > 60
+
+
+def test_info_keys_become_vector_infos_with_masks():
+    n = 3
+    pool = EnvPool([functools.partial(CountingEnv, length=2)] * n, seed=0)
+    envs = to_gymnasium(pool, autoreset_mode="same_step")
+    _, infos = envs.reset(seed=0)
+    assert set(infos) == {"t", "_t", "length", "_length", "episode_seed", "_episode_seed"}
+    assert infos["t"].shape == (n,) and infos["_t"].all() and infos["length"].tolist() == [2, 2, 2]
+    assert infos["episode_seed"].tolist() == [0, 1, 2]
+    _, _, _, _, infos = envs.step(np.ones(n, np.int64))
+    assert infos["t"].tolist() == [1, 1, 1] and "final_obs" not in infos
+    obs, _, term, _, infos = envs.step(np.full(n, 2))
+    assert term.all() and infos["_final_obs"].all() and infos["_final_info"].all()
+    assert infos["final_info"]["t"].tolist() == [2, 2, 2] and infos["final_info"]["_t"].all()
+    assert infos["t"].tolist() == [0, 0, 0]  # the reset infos
+    final = np.stack(infos["final_obs"])  # [t, episode, last action] of the finished episodes
+    assert final[:, 0].tolist() == [2, 2, 2] and final[:, 2].tolist() == [2, 2, 2]
+    assert obs[:, 0].tolist() == [0, 0, 0] and (obs[:, 1] == final[:, 1] + 1).all()  # the next episode
+
+
+def test_info_keys_and_observation_keys_can_be_chosen():
+    pool = EnvPool([functools.partial(CountingEnv, length=2)] * 2, seed=0)
+    envs = to_gymnasium(pool, info_keys=[("info", "t")], observation_keys=["observation"])
+    obs, infos = envs.reset(seed=0)
+    assert isinstance(envs.single_observation_space, gym.spaces.Dict) and obs["observation"].shape == (2, 3)
+    assert set(infos) == {"t", "_t"}
+    envs = to_gymnasium(EnvPool([functools.partial(CountingEnv, length=2)] * 2), info_keys=[])
+    assert envs.reset(seed=0)[1] == {}
+
+
+def test_dict_observation_space_and_nested_keys():
+    n = 4
+    envs = to_gymnasium(EnvPool([DictObsEnv] * n, seed=0), autoreset_mode="same_step")
+    single = envs.single_observation_space
+    assert isinstance(single, gym.spaces.Dict) and set(single) == {"position", "goal"}
+    assert single["goal"]["kind"] == gym.spaces.Discrete(4)  # the pool stores Discrete(4, start=1) as indices
+    assert envs.observation_space == gym.vector.utils.batch_space(single, n)
+    obs, infos = envs.reset(seed=0)
+    assert obs in envs.observation_space
+    assert obs["goal"]["target"].shape == (n, 2) and obs["goal"]["kind"].dtype == np.int64
+    assert infos["distance"].dtype == np.float32 and infos["_distance"].all()
+    finished = 0
+    for action in action_stream(envs.action_space, 30):
+        obs, _, term, trunc, infos = envs.step(action)
+        assert obs in envs.observation_space
+        for i in np.flatnonzero(term | trunc):
+            assert infos["final_obs"][i] in single and isinstance(infos["final_obs"][i]["goal"], dict)
+            finished += 1
+    assert finished >= n  # every env truncated at t = 20
+
+
+def test_single_key_dict_space_of_a_pool_stays_a_dict():
+    class OneKey(gym.Env):
+        observation_space = gym.spaces.Dict({"x": gym.spaces.Box(-1, 1, (2,), np.float32)})
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return {"x": np.zeros(2, np.float32)}, {}
+
+        def step(self, action):
+            return {"x": np.zeros(2, np.float32)}, 0.0, False, False, {}
+
+    envs = to_gymnasium(EnvPool([OneKey] * 2))
+    assert isinstance(envs.single_observation_space, gym.spaces.Dict)
+    assert envs.reset(seed=0)[0]["x"].shape == (2, 2)
+
+
+@pytest.mark.parametrize("mode", ["next_step", "same_step"])
+def test_record_episode_statistics(mode):
+    """gymnasium's RecordEpisodeStatistics sees the same episodes as on a SyncVectorEnv."""
+    n = 6
+    ours = gym.wrappers.vector.RecordEpisodeStatistics(
+        to_gymnasium(EnvPool("CartPole-v1", num_envs=n), autoreset_mode=mode, info_keys=[])
+    )
+    ref = gym.wrappers.vector.RecordEpisodeStatistics(sync_twin("CartPole-v1", n, ours.env.autoreset_mode))
+    ours.reset(seed=5)
+    ref.reset(seed=5)
+    for action in action_stream(ours.action_space, 300, 5):
+        out, out_ref = ours.step(action), ref.step(action)
+        assert ("episode" in out[4]) == ("episode" in out_ref[4])
+        if "episode" in out_ref[4]:
+            assert_same(out[4]["_episode"], out_ref[4]["_episode"], "_episode")
+            assert_same(out[4]["episode"]["r"], out_ref[4]["episode"]["r"], "returns")
+            assert_same(out[4]["episode"]["l"], out_ref[4]["episode"]["l"], "lengths")
+    assert len(ours.return_queue) > 20
+    assert list(ours.return_queue) == list(ref.return_queue)
+    assert list(ours.length_queue) == list(ref.length_queue)
+
+
+def test_record_episode_statistics_with_masked_resets():
+    """DISABLED mode + reset(options={"reset_mask": ...}): statistics restart for those envs only.
+
+    (gymnasium 1.4's own SyncVectorEnv pops "reset_mask" out of the caller's options,
+    so RecordEpisodeStatistics over it restarts every env; the export leaves the
+    caller's options alone, so the statistics are checked against hand-made sums.)
+    """
+    n = 6
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(
+        to_gymnasium(EnvPool("CartPole-v1", num_envs=n), autoreset_mode="disabled", info_keys=[])
+    )
+    envs.reset(seed=5)
+    returns, lengths, expected = np.zeros(n), np.zeros(n, int), []
+    for action in action_stream(envs.action_space, 300, 5):
+        _, rewards, term, trunc, infos = envs.step(action)
+        returns += rewards
+        lengths += 1
+        done = term | trunc
+        if done.any():
+            assert infos["_episode"].tolist() == done.tolist()
+            assert infos["episode"]["r"][done].tolist() == returns[done].tolist()
+            assert infos["episode"]["l"][done].tolist() == lengths[done].tolist()
+            expected += returns[done].tolist()
+            returns[done], lengths[done] = 0, 0
+            envs.reset(options={"reset_mask": done.copy()})
+    assert len(expected) > 20 and list(envs.return_queue) == expected[-100:]
+
+
+def test_standard_vector_wrappers():
+    n = 4
+    base = to_gymnasium(EnvPool("Pendulum-v1", num_envs=n), info_keys=[])  # observation wrappers need NEXT_STEP
+    envs = gym.wrappers.vector.NormalizeObservation(base)
+    envs = gym.wrappers.vector.NormalizeReward(envs)
+    envs = gym.wrappers.vector.ClipAction(envs)
+    envs = gym.wrappers.vector.TransformObservation(envs, lambda o: o * 2.0, envs.observation_space)
+    envs = gym.wrappers.vector.DictInfoToList(gym.wrappers.vector.RecordEpisodeStatistics(envs))
+    envs.reset(seed=0)
+    for _ in range(210):  # Pendulum truncates at 200
+        obs, rewards, term, trunc, infos = envs.step(np.full((n, 1), 5.0, np.float32))  # clipped to 2
+    assert isinstance(infos, list) and len(infos) == n and obs.shape == (n, 3)
+    dict_envs = gym.wrappers.vector.FlattenObservation(to_gymnasium(EnvPool([DictObsEnv] * 2)))
+    obs, _ = dict_envs.reset(seed=0)
+    assert obs.shape == (2, gym.spaces.flatdim(dict_envs.env.single_observation_space))
+
+
+def test_next_step_ignores_the_action_of_a_resetting_env():
+    """On the step after a done, that env's action is ignored: it returns its reset outputs."""
+    pool = EnvPool([functools.partial(CountingEnv, length=2)] * 2, seed=0)
+    envs = to_gymnasium(pool, autoreset_mode="next_step")
+    envs.reset(seed=0)
+    envs.step(np.array([1, 1]))
+    obs, rewards, term, _, infos = envs.step(np.array([2, 2]))
+    assert term.all() and obs[:, 0].tolist() == [2, 2]  # terminal observations
+    steps_before = [e.unwrapped.steps_called for e in pool.envs]
+    obs, rewards, term, trunc, infos = envs.step(np.array([1, 1]))  # ignored
+    assert [e.unwrapped.steps_called for e in pool.envs] == steps_before
+    assert rewards.tolist() == [0.0, 0.0] and not term.any() and not trunc.any()
+    assert obs[:, 0].tolist() == [0, 0] and infos["t"].tolist() == [0, 0]
+    obs, rewards, *_ = envs.step(np.array([2, 1]))
+    assert rewards.tolist() == [2.0, 1.0] and obs[:, 0].tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("mode", ["next_step", "same_step"])
+def test_transformed_env_step_counter(mode):
+    """A TransformedEnv of a pool: StepCounter's truncations, the counter restored on frozen rows."""
+    n, limit = 3, 4
+    env = TransformedEnv(EnvPool([functools.partial(CountingEnv, length=100)] * n, seed=0), StepCounter(limit))
+    envs = to_gymnasium(env, autoreset_mode=mode, observation_keys=["observation", "step_count"])
+    obs, _ = envs.reset(seed=0)
+    counts = []
+    for _ in range(3 * (limit + 1)):
+        obs, rewards, term, trunc, infos = envs.step(np.ones(n, np.int64))
+        counts.append(int(obs["step_count"][0, 0]))  # StepCounter: (N, 1)
+        assert not term.any()
+        if trunc.any():
+            assert trunc.all() and obs["observation"][0, 0] == (limit if mode == "next_step" else 0)
+    if mode == "next_step":  # terminal step count 4, then the reset step (0), then 1...
+        assert counts[: limit + 2] == [1, 2, 3, 4, 0, 1]
+    else:
+        assert counts[:limit + 1] == [1, 2, 3, 0, 1]
+
+
+def _world_model(kind, model, b, device="cpu", seed=0):
+    """The hand-written MLP env, the package's WorldModelEnv over the same MLP, or its TransformedEnv."""
+    if kind == "mlp":
+        return MLPWorldModelEnv(model, b, device=device, seed=seed)
+    env = world_model_env(model, b, device=device, seed=seed)
+    if env is None:
+        pytest.skip("torchrl_swm.world_model is not importable")
+    if kind == "transformed":  # make_world_model_env's form: TransformedEnv(WorldModelEnv, Compose(...))
+        from torchrl.envs import Compose, InitTracker
+
+        env = TransformedEnv(env, Compose(StepCounter(25), InitTracker()))
+    return env
+
+
+WORLD_MODELS = ["mlp", "WorldModelEnv", "transformed"]
+
+
+@pytest.mark.parametrize("kind", WORLD_MODELS)
+@pytest.mark.parametrize("mode", MODES)
+def test_world_model_env_export(mode, kind, device):
+    """Batched world-model envs: shapes, dtypes, autoresets, and the client loop of the tutorials."""
+    b = 16
+    model = make_model(done_rate_bias=0.0)  # ~50 % dones: many resets
+    env = _world_model(kind, model, b, device)
+    keys = "observation" if kind == "transformed" else None  # StepCounter/InitTracker add observation keys
+    envs = to_gymnasium(env, autoreset_mode=mode, observation_keys=keys)
+    assert envs.single_observation_space == gym.spaces.Box(-1, 1, (LAT,), np.float32)
+    assert envs.single_action_space == gym.spaces.Box(-1, 1, (ACT,), np.float32)
+    obs, _ = envs.reset(seed=0)
+    assert obs.shape == (b, LAT) and obs.dtype == np.float32
+    pending = np.zeros(b, bool)
+    finished = 0
+    for action in action_stream(envs.action_space, 40):
+        obs, rewards, term, trunc, infos = envs.step(action)
+        assert obs in envs.observation_space and rewards.dtype == np.float32 and rewards.shape == (b,)
+        if mode == "next_step":  # the step after a done: reset observation, reward 0, not done
+            assert np.all(rewards[pending] == 0) and not (term | trunc)[pending].any()
+            assert np.all(np.abs(obs[pending]) <= 0.1 + 1e-6)  # fresh start latents are tanh(.) * 0.1
+        done = term | trunc
+        finished += int(done.sum())
+        if mode == "same_step" and done.any():
+            assert infos["_final_obs"].tolist() == done.tolist()
+            assert np.all(np.abs(obs[done]) <= 0.1 + 1e-6)
+        pending = done
+        if mode == "disabled" and pending.any():
+            obs, _ = envs.reset(options={"reset_mask": pending})
+            assert np.all(np.abs(obs[pending]) <= 0.1 + 1e-6)
+            pending = np.zeros(b, bool)
+    assert finished > b
+    envs.close()
+
+
+@pytest.mark.parametrize("kind", WORLD_MODELS)
+def test_world_model_modes_agree_up_to_the_first_reset(kind):
+    """Same seed and actions: the three modes give the same transitions up to the first done, and
+    SAME_STEP's final_obs is the terminal observation NEXT_STEP and DISABLED return."""
+    b, model = 8, make_model(done_rate_bias=-1.0)
+    keys = "observation" if kind == "transformed" else None
+    runs = {m: to_gymnasium(_world_model(kind, model, b, seed=4), autoreset_mode=m, observation_keys=keys)
+            for m in MODES}
+    first = {m: envs.reset(seed=4)[0] for m, envs in runs.items()}
+    assert np.array_equal(first["same_step"], first["next_step"]) and np.array_equal(first["same_step"],
+                                                                                     first["disabled"])
+    for action in action_stream(runs["same_step"].action_space, 50):
+        out = {m: envs.step(action) for m, envs in runs.items()}
+        same, nxt, dis = out["same_step"], out["next_step"], out["disabled"]
+        for i in range(1, 4):
+            assert np.array_equal(nxt[i], dis[i]) and np.array_equal(same[i], nxt[i])
+        done = nxt[2] | nxt[3]
+        assert np.array_equal(nxt[0], dis[0])
+        assert np.array_equal(same[0][~done], nxt[0][~done])
+        if done.any():
+            for i in np.flatnonzero(done):
+                assert np.array_equal(same[4]["final_obs"][i], nxt[0][i])
+            return
+    pytest.fail("no episode ended")
+
+
+def test_numpy_false_returns_torch_on_the_env_device(device):
+    envs = to_gymnasium(MLPWorldModelEnv(make_model(done_rate_bias=0.0), 8, device=device),
+                        autoreset_mode="same_step", numpy=False)
+    obs, infos = envs.reset(seed=0)
+    assert isinstance(obs, torch.Tensor) and obs.device.type == device.type and obs.shape == (8, LAT)
+    action = torch.zeros(8, ACT, device=device)
+    for _ in range(10):
+        obs2, rewards, term, trunc, infos = envs.step(action)
+        assert all(isinstance(x, torch.Tensor) and x.device.type == device.type for x in (obs2, rewards, term, trunc))
+        assert rewards.shape == (8,) and term.dtype == torch.bool
+        if term.any():
+            assert isinstance(infos["final_obs"][int(term.nonzero()[0])], torch.Tensor)
+    obs2.add_(1.0)  # the caller owns what it gets: the env's state is not touched
+    obs3, *_ = envs.step(action)
+    assert obs3.abs().max() <= 1.0
+
+
+def test_outputs_are_fresh_arrays():
+    envs = to_gymnasium(EnvPool("CartPole-v1", num_envs=2), autoreset_mode="same_step")
+    obs0, _ = envs.reset(seed=0)
+    keep = obs0.copy()
+    obs1, *_ = envs.step(np.zeros(2, np.int64))
+    assert not np.shares_memory(obs0, obs1) and np.array_equal(obs0, keep)
+    obs1[:] = 100.0  # writing into a returned array changes nothing in the env
+    obs2, *_ = envs.step(np.zeros(2, np.int64))
+    assert np.abs(obs2).max() < 10
+
+
+def test_seeding_reproduces_and_lists_of_seeds():
+    def run(seed):
+        envs = to_gymnasium(EnvPool("CartPole-v1", num_envs=3))
+        first, _ = envs.reset(seed=seed)
+        out = [envs.step(a)[0] for a in action_stream(envs.action_space, 50)]
+        return first, np.stack(out)
+
+    a, b = run(7), run(7)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    envs = to_gymnasium(EnvPool("CartPole-v1", num_envs=3))
+    obs_list, _ = envs.reset(seed=[7, 8, 9])
+    assert np.array_equal(obs_list, a[0])
+    assert envs.np_random_seed == -1 or envs.np_random is not None
+
+
+def test_world_model_seed_goes_through_set_seed():
+    envs = to_gymnasium(MLPWorldModelEnv(make_model(), 4))
+    a, _ = envs.reset(seed=3)
+    b, _ = envs.reset(seed=3)
+    c, _ = envs.reset(seed=[3, 4, 5, 6])
+    assert np.array_equal(a, b) and np.array_equal(a, c)
+    with pytest.raises(ValueError, match="per-env seeds need an EnvPool"):
+        envs.reset(seed=[3, 9, 1, 2])
+    with pytest.raises(TypeError, match="reset options"):
+        envs.reset(options={"foo": 1})
+
+
+def test_foreign_env_without_partial_steps_next_step():
+    """A batch-locked TorchRL env that ignores "_step": finished rows are stepped once more, then reset."""
+    class IgnoresStep(MLPWorldModelEnv):
+        def _step(self, tensordict):
+            tensordict = tensordict.exclude("_step")
+            return super()._step(tensordict)
+
+    IgnoresStep.__module__ = "user_code"  # not an env of this package: no "_step" contract
+    b, model = 8, make_model(done_rate_bias=0.0)
+    foreign = to_gymnasium(IgnoresStep(model, b, seed=1), autoreset_mode="next_step")
+    assert not foreign.traits.partial_steps
+    ours = to_gymnasium(MLPWorldModelEnv(model, b, seed=1), autoreset_mode="next_step")
+    foreign.reset()
+    ours.reset()
+    pending = np.zeros(b, bool)
+    for t, action in enumerate(action_stream(ours.action_space, 30)):
+        o1, r1, t1, _, _ = foreign.step(action)
+        o2, r2, t2, _, _ = ours.step(action)
+        # identical until the first reset: afterwards the start latents are drawn at a different time
+        assert np.all(r1[pending] == 0) and not t1[pending].any()
+        assert np.all(np.abs(o1[pending]) <= 0.1 + 1e-6)
+        if t == 0:
+            assert np.array_equal(o1, o2)
+        pending = t1.copy()
+
+
+def test_vector_env_is_a_gymnasium_vector_env():
+    envs = to_gymnasium(EnvPool([counting] * 2, seed=0))
+    assert isinstance(envs, gym.vector.VectorEnv) and isinstance(envs, TorchRLVectorEnv)
+    assert envs.num_envs == 2 and envs.unwrapped is envs
+    assert envs.get_attr("length") is not None
+    assert envs.call("get_wrapper_attr", "max_length") == (9, 9)
+    envs.set_attr("max_length", 3)
+    assert envs.get_attr("max_length") == (3, 3)
+    envs.close()
+    assert envs.closed and envs.env.is_closed
+
+
+def test_info_env_masks_partial_reset():
+    n = 3
+    pool = EnvPool([functools.partial(InfoEnv, {"r": 1.0}, [{"r": 2.0}])] * n, seed=0)
+    envs = to_gymnasium(pool, autoreset_mode="disabled", info_keys=[("info", "r")])
+    envs.reset(seed=0)
+    envs.step(np.zeros(n, np.int64))
+    _, infos = envs.reset(options={"reset_mask": np.array([False, True, False])})
+    assert infos["_r"].tolist() == [False, True, False] and infos["r"].tolist() == [0.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_packed_transfer_path(mode):
+    """The accelerator path (every leaf packed into one device-to-host copy), run on the CPU."""
+    n = 8
+    ours = to_gymnasium(EnvPool("CartPole-v1", num_envs=n), autoreset_mode=mode)
+    ours.packed_transfer = True
+    ref = sync_twin("CartPole-v1", n, ours.autoreset_mode)
+    assert _compare_to_sync(ours, ref, 200, seed=2, drop=("episode_seed",)) > 30
+
+
+def test_to_host_packs_mixed_dtypes():
+    from torchrl_swm.export._core import to_host
+
+    leaves = [torch.rand(3, 5), torch.rand(3) > 0.5, torch.arange(6).view(3, 2), torch.rand(3, 2, dtype=torch.float64),
+              torch.randint(0, 255, (3, 4, 4, 3), dtype=torch.uint8), torch.rand(3, 1).half()]
+    for packed in (False, True):
+        out = to_host(leaves, packed)
+        for t, a in zip(leaves, out):
+            assert a.dtype == t.numpy().dtype and a.shape == tuple(t.shape) and np.array_equal(a, t.numpy())
+            assert not np.shares_memory(a, t.numpy()) and a.flags.aligned
+
+
+def _counting_gym_env():
+    from torchrl.envs import GymWrapper
+
+    return GymWrapper(CountingEnv(length=3))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_torchrl_serial_env(mode):
+    """Any other batched TorchRL env: a SerialEnv of GymWrapper envs (OneHot actions). On the
+    NEXT_STEP reset step the finished worker is frozen, not stepped: its counter restarts at 1."""
+    from torchrl.envs import SerialEnv
+
+    n = 3
+    serial = SerialEnv(n, _counting_gym_env)
+    envs = to_gymnasium(serial, autoreset_mode=mode)
+    assert envs.traits.partial_steps and envs.single_action_space == gym.spaces.Discrete(3)
+    obs, _ = envs.reset(seed=0)
+    counts = []
+    for _ in range(6):
+        obs, rewards, term, trunc, infos = envs.step(np.ones(n, np.int64))
+        counts.append(obs[0, 0])
+        if mode == "disabled" and term.any():
+            obs, _ = envs.reset(options={"reset_mask": term.copy()})
+            counts.append(obs[0, 0])
+    expected = {"next_step": [1, 2, 3, 0, 1, 2], "same_step": [1, 2, 0, 1, 2, 0], "disabled": [1, 2, 3, 0, 1, 2, 3, 0]}
+    assert counts == expected[mode]  # NEXT_STEP: 0 on the reset step, then 1: the frozen worker was not stepped

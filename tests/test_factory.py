@@ -1,0 +1,155 @@
+"""make_env / register_backend / list_backends."""
+
+from __future__ import annotations
+
+import functools
+
+import gymnasium as gym
+import pytest
+import torch
+from envs import counting
+from torchrl.envs import TransformedEnv
+from wm_models import ACT1, OBS3, CountingModel, PointMass
+
+import torchrl_swm
+from torchrl_swm import EnvPool, WorldModelEnv, list_backends, make_env, register_backend
+from torchrl_swm.factory import backend_aliases, unregister_backend
+
+
+@pytest.fixture
+def restore_registry():
+    from torchrl_swm import factory
+
+    saved = (dict(factory._FACTORIES), dict(factory._ALIASES), {k: list(v) for k, v in factory._DISPLAY.items()})
+    yield
+    factory._FACTORIES.clear(), factory._ALIASES.clear(), factory._DISPLAY.clear()
+    factory._FACTORIES.update(saved[0]), factory._ALIASES.update(saved[1]), factory._DISPLAY.update(saved[2])
+
+
+def test_public_names():
+    assert torchrl_swm.make_env is make_env and torchrl_swm.list_backends is list_backends
+    assert list_backends() == ["gym", "world-model"]
+    assert backend_aliases() == {"gym": ["gymnasium"], "world-model": ["world_model", "model", "wm"]}
+
+
+@pytest.mark.parametrize("backend", ["gym", "gymnasium", " GYM ", "Gymnasium", "auto"])
+def test_gym_backend_is_an_env_pool(backend):
+    pool = make_env("CartPole-v1", backend=backend, num_envs=3, seed=0)
+    assert isinstance(pool, EnvPool) and pool.num_envs == 3
+    pool.close()
+
+
+def test_gym_backend_with_factories_and_default_num_envs():
+    pool = make_env([functools.partial(counting, length=4)] * 2, seed=0)
+    assert isinstance(pool, EnvPool) and pool.num_envs == 2
+    pool.close()
+    pool = make_env("CartPole-v1")
+    assert pool.num_envs == 1
+    pool.close()
+
+
+@pytest.mark.parametrize(
+    "backend", ["world-model", "world_model", "model", "wm", "WM", " wm ", "World_Model", "World-Model", "auto"]
+)
+def test_world_model_backend_and_its_aliases(backend):
+    env = make_env(
+        CountingModel(),
+        backend=backend,
+        observation_space=OBS3,
+        action_space=ACT1,
+        num_envs=2,
+        initial_state=torch.zeros(3),
+        max_episode_steps=3,
+    )
+    assert isinstance(env, TransformedEnv) and isinstance(env.base_env, WorldModelEnv)
+    assert env.rollout(5, break_when_any_done=False).batch_size == (2, 5)
+
+
+def test_auto_detects_modules_and_transition_fn_targets():
+    env = make_env(
+        PointMass(),
+        observation_space=gym.spaces.Box(-10, 10, (4,)),
+        action_space=gym.spaces.Box(-1, 1, (2,)),
+        initial_state=torch.zeros(4),
+    )
+    assert isinstance(env.base_env, WorldModelEnv)
+    env = make_env(
+        {"weights": 1},
+        observation_space=gym.spaces.Box(-10, 10, (2,)),
+        action_space=gym.spaces.Box(-1, 1, (2,)),
+        initial_state=torch.zeros(2),
+        transition_fn=lambda s, a: s + a,
+    )
+    assert isinstance(env.base_env, WorldModelEnv)
+
+
+def test_unknown_backend_lists_the_available_ones():
+    with pytest.raises(
+        ValueError,
+        match=r"unknown backend 'mujoco'; available backends: gym \(aliases: gymnasium\); "
+        r"world-model \(aliases: world_model, model, wm\)",
+    ):
+        make_env("Ant-v4", backend="mujoco")
+
+
+@pytest.mark.parametrize("target", [3, object(), [1, 2]])
+def test_failed_auto_detection_lists_the_available_ones(target):
+    with pytest.raises(ValueError, match=r"backend='auto' cannot tell.*available backends: gym"):
+        make_env(target)
+
+
+def test_env_instances_are_refused_with_an_explanation():
+    with pytest.raises(ValueError, match="environment instance"):
+        make_env(gym.make("CartPole-v1"))
+
+
+def test_bug_underlying_errors_are_not_swallowed():
+    """Seed bug: the auto dispatcher swallowed every exception and ended in a confusing TypeError."""
+    with pytest.raises(gym.error.NameNotFound, match="CartPol"):
+        make_env("CartPol-v1", num_envs=2)
+    with pytest.raises(TypeError, match="observation_space= and action_space= are required"):
+        make_env(CountingModel(), backend="wm", action_space=ACT1)
+
+    def broken(target, **kwargs):
+        raise KeyError("from the factory")
+
+    try:
+        register_backend("broken", broken)
+        with pytest.raises(KeyError, match="from the factory"):
+            make_env("x", backend="broken")
+    finally:
+        unregister_backend("broken")
+
+
+def test_bug_registered_backends_are_really_used(restore_registry):
+    """Seed bug: register_env_backend() entries never reached make_env or list_env_backends."""
+    seen = []
+
+    def factory(target, **kwargs):
+        seen.append((target, kwargs))
+        return "built"
+
+    register_backend("My Sim", factory, aliases=("ms", "my_sim_v2"))
+    assert "my-sim" in list_backends() and backend_aliases()["my-sim"] == ["ms", "my_sim_v2"]
+    assert make_env("level-1", backend="MS", difficulty=3) == "built"
+    assert make_env("level-2", backend="my sim") == "built"
+    assert make_env("level-3", backend="my-sim-v2") == "built"
+    assert seen[0] == ("level-1", {"difficulty": 3})
+    # re-registering replaces; aliases of other backends are protected
+    register_backend("my_sim", lambda target, **kw: "v2")
+    assert make_env("x", backend="my-sim") == "v2"
+    with pytest.raises(ValueError, match="unknown backend 'ms'"):
+        make_env("x", backend="ms")
+    with pytest.raises(ValueError, match="'wm' already names backend 'world-model'"):
+        register_backend("other", lambda target: None, aliases=("wm",))
+    with pytest.raises(ValueError, match="reserved or empty"):
+        register_backend("auto", lambda target: None)
+    with pytest.raises(TypeError, match="must be callable"):
+        register_backend("x", 3)
+    unregister_backend("my-sim")
+    assert "my-sim" not in list_backends()
+
+
+def test_registered_backend_can_override_a_builtin(restore_registry):
+    register_backend("gym", lambda target, **kwargs: ("custom", target), aliases=("gymnasium",))
+    assert make_env("CartPole-v1") == ("custom", "CartPole-v1")

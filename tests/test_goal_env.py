@@ -1,0 +1,143 @@
+"""PointMaze: a goal-conditioned numpy env with pixels, a goal image, is_success and a state hook."""
+
+import subprocess
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium.utils.env_checker import check_env
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import torchrl_swm.envs  # noqa: F401
+from torchrl_swm import EnvPool, World
+from torchrl_swm.envs import ENV_IDS, LAYOUTS, PointMazeEnv, PointMazeExpert, expert_actions, expert_policy
+
+torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_gymnasium_env_checker(layout):
+    check_env(gym.make("torchrl_swm/PointMaze-v0", layout=layout, render_mode="rgb_array").unwrapped,
+              skip_render_check=False)
+    check_env(gym.make("torchrl_swm/PointMaze-v0", layout=layout).unwrapped)
+
+
+@pytest.mark.parametrize("env_id", sorted(ENV_IDS))
+def test_registered_ids(env_id):
+    env = gym.make(env_id, render_mode="rgb_array", render_size=48)
+    obs, info = env.reset(seed=0)
+    assert set(obs) == {"state", "target"} and obs["state"].dtype == np.float32
+    assert info["goal_pixels"].shape == (48, 48, 3) and info["goal_pixels"].dtype == np.uint8
+    assert env.render().shape == (48, 48, 3)
+    assert env.spec.max_episode_steps == ENV_IDS[env_id][1]
+    env.close()
+
+
+def test_is_success_terminated_reward_and_goal_image():
+    env = PointMazeEnv(layout="open", render_mode="rgb_array")
+    obs, info = env.reset(seed=0, options={"state": [1.5, 1.5], "target": [1.62, 1.5]})
+    assert info["is_success"]  # already within goal_radius
+    obs, reward, terminated, truncated, info = env.step(np.zeros(2, np.float32))
+    assert info["is_success"] and terminated and not truncated and reward == pytest.approx(-info["distance"])
+    # the goal image is the frame with the agent on the target
+    env.reset(seed=1, options={"state": [1.5, 2.5], "target": [3.5, 1.5]})
+    goal = env.goal_frame()
+    env.set_state([3.5, 1.5, 0.0, 0.0])
+    assert np.array_equal(env.render(), goal)
+    sparse = PointMazeEnv(layout="open", reward_type="sparse", terminate_on_success=False)
+    sparse.reset(seed=0, options={"state": [1.5, 1.5], "target": [1.55, 1.5]})
+    _, r, term, _, info = sparse.step(np.zeros(2, np.float32))
+    assert r == 1.0 and not term and info["is_success"]
+
+
+def test_render_needs_no_pygame():
+    code = (
+        "import sys, torchrl_swm.envs as e; env = e.PointMazeEnv(render_mode='rgb_array'); env.reset(seed=0);"
+        "frame = env.render(); assert frame.shape == (64, 64, 3); assert 'pygame' not in sys.modules; print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_reset_options_and_state_hook_reproduce_trajectories():
+    env = PointMazeEnv(layout="u")
+    env.reset(seed=3)
+    rng = np.random.default_rng(0)
+    actions = rng.uniform(-1, 1, size=(30, 2)).astype(np.float32)
+    states = [env.get_state()]
+    for a in actions:
+        env.step(a)
+        states.append(env.get_state())
+    # restarting from any recorded state (with its velocity) replays the same future
+    for k in (0, 7, 19):
+        other = PointMazeEnv(layout="u")
+        opts = other.reset_options_from_dataset({"state": states[k]}, {"state": states[-1]})
+        obs, _ = other.reset(seed=99, options=opts)
+        assert np.array_equal(obs["state"], states[k]) and np.allclose(obs["target"], states[-1][:2])
+        for j, a in enumerate(actions[k:], start=k + 1):
+            obs, *_ = other.step(a)
+            assert np.allclose(obs["state"], states[j], atol=1e-6)
+
+
+def test_invalid_states_are_rejected():
+    env = PointMazeEnv(layout="u")
+    with pytest.raises(ValueError, match="wall"):
+        env.reset(seed=0, options={"state": [0.5, 0.5]})
+    with pytest.raises(ValueError, match="wall"):
+        env.reset(seed=0, options={"target": [1.5, 2.5]})  # row 2, col 1 is a wall in the "u" maze
+    with pytest.raises(ValueError, match="unknown options"):
+        env.reset(seed=0, options={"goal": [1, 1]})
+    with pytest.raises(ValueError, match="layout"):
+        PointMazeEnv(layout="nope")
+    with pytest.raises(ValueError, match="enclosed"):
+        PointMazeEnv(layout=["...", "#.#"])
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), layout=st.sampled_from(sorted(LAYOUTS)))
+def test_property_agent_never_enters_walls(seed, layout):
+    env = PointMazeEnv(layout=layout)
+    env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    for _ in range(60):
+        obs, *_ = env.step(rng.uniform(-1, 1, 2).astype(np.float32))
+        assert not env._blocked(obs["state"][:2].astype(np.float64))
+        assert env.observation_space.contains(obs)
+
+
+def test_same_seed_same_episode():
+    a, b = PointMazeEnv(), PointMazeEnv()
+    oa, _ = a.reset(seed=5)
+    ob, _ = b.reset(seed=5)
+    assert all(np.array_equal(oa[k], ob[k]) for k in oa)
+    oc, _ = PointMazeEnv().reset(seed=6)
+    assert not np.array_equal(oa["state"], oc["state"])
+
+
+def test_expert_solves_and_random_mostly_fails():
+    with World("torchrl_swm/PointMaze-v0", num_envs=8) as world:
+        random = world.evaluate(48, seed=0, progress=False)
+        world.set_policy(expert_policy(world.env))
+        expert = world.evaluate(48, seed=0, progress=False)
+    assert expert["success_rate"] >= 0.95
+    assert random["success_rate"] <= 0.3
+    assert expert["success_source"] == "info/is_success"
+    assert np.nanmean(expert["steps_to_success"]) < 60
+    assert (expert["seeds"] == random["seeds"]).all()  # the same start states for both policies
+
+
+def test_pool_outputs_and_expert_actions():
+    pool = EnvPool("torchrl_swm/PointMaze-v0", num_envs=3, image_shape=(32, 32), seed=0)
+    td = pool.reset()
+    assert td["pixels"].shape == (3, 32, 32, 3)
+    assert td["info", "goal_pixels"].shape == (3, 1, 64, 64, 3)  # the env renders goals at render_size
+    action = expert_actions(pool.envs[0].unwrapped.walls, td["state"].numpy(), td["target"].numpy())
+    assert action.shape == (3, 2) and np.abs(action).max() <= 1
+    out = PointMazeExpert("u", noise=0.1)(td)
+    assert out["action"].dtype == torch.float32 and out["action"].shape == (3, 2)
+    with pytest.raises(TypeError, match="PointMaze"):
+        expert_policy(EnvPool("CartPole-v1", num_envs=1))
+    pool.close()

@@ -1,0 +1,183 @@
+"""History: the last `length` steps as (N, length, ...), cleared only for reset rows, frozen rows untouched."""
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+from envs import counting
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tensordict import TensorDict
+from torchrl.envs import TransformedEnv
+from torchrl.envs.utils import check_env_specs, step_mdp
+
+from torchrl_swm import EnvPool, History, World
+
+torch.set_num_threads(1)
+
+
+def env_with_history(n=3, length=3, lengths=None, pixels=False, **kwargs):
+    lengths = lengths or [50] * n
+    factories = [functools.partial(counting, length=m, render_mode="rgb_array" if pixels else None) for m in lengths]
+    pool = EnvPool(factories, seed=0, pixels=pixels)
+    keys = kwargs.pop("keys", ["observation"])
+    return TransformedEnv(pool, History(keys, length, **kwargs))
+
+
+def act(td, n):
+    td["action"] = torch.ones(n, dtype=torch.int64)
+    return td
+
+
+def hist(td, key=("history", "observation")):
+    return td[key][..., 0]  # the counting env's t
+
+
+def test_specs_and_shapes():
+    env = env_with_history(3, 4, pixels=True, keys=["observation", "pixels", ("info", "t")])
+    check_env_specs(env)
+    td = env.reset()
+    assert td["history", "observation"].shape == (3, 4, 3)
+    assert td["history", "pixels"].shape == (3, 4, 8, 12, 3) and td["history", "pixels"].dtype == torch.uint8
+    assert td["history", "info", "t"].shape == (3, 4, 1)  # the pool's (N, 1) info leaf, stacked
+    spec = env.observation_spec["history", "pixels"]
+    assert spec.shape == (3, 4, 8, 12, 3) and spec.dtype == torch.uint8
+    env.close()
+
+
+def test_reset_repeats_then_steps_shift():
+    env = env_with_history(2, 3)
+    td = env.reset()
+    assert hist(td).tolist() == [[0, 0, 0]] * 2
+    for expected in ([0, 0, 1], [0, 1, 2], [1, 2, 3], [2, 3, 4]):
+        td = step_mdp(env.step(act(td, 2)))
+        assert hist(td).tolist() == [expected] * 2
+    env.close()
+
+
+def test_length_one_matches_the_seed_convention():
+    env = env_with_history(2, 1)
+    td = step_mdp(env.step(act(env.reset(), 2)))
+    assert td["history", "observation"].shape == (2, 1, 3)
+    assert torch.equal(td["history", "observation"][:, 0], td["observation"])
+    env.close()
+
+
+def test_partial_reset_clears_only_reset_rows():
+    env = env_with_history(3, 3)
+    td = env.reset()
+    for _ in range(4):
+        td = step_mdp(env.step(act(td, 3)))
+    before = hist(td).clone()
+    td["_reset"] = torch.tensor([[False], [True], [False]])
+    td = env.reset(td)
+    assert hist(td)[1].tolist() == [0, 0, 0]
+    assert torch.equal(hist(td)[[0, 2]], before[[0, 2]])
+    env.close()
+
+
+def test_auto_reset_through_step_and_maybe_reset():
+    env = env_with_history(2, 2, lengths=[2, 5])
+    rollout = env.rollout(8, break_when_any_done=False)
+    h = rollout["history", "observation"][..., 0]
+    # env 0 (length 2): [0,0] [0,1] | reset [0,0] [0,1] | ...; env 1 (length 5) is never cleared before t = 5
+    assert h[0].tolist() == [[0, 0], [0, 1], [0, 0], [0, 1], [0, 0], [0, 1], [0, 0], [0, 1]]
+    assert h[1].tolist() == [[0, 0], [0, 1], [1, 2], [2, 3], [3, 4], [0, 0], [0, 1], [1, 2]]
+    nxt = rollout["next", "history", "observation"][..., 0]
+    assert nxt[0, 1].tolist() == [1, 2]  # the terminal step keeps its true history under "next"
+    env.close()
+
+
+def test_frozen_rows_keep_their_history():
+    env = env_with_history(3, 3)
+    td = step_mdp(env.step(act(env.reset(), 3)))
+    before = hist(td).clone()
+    td["_step"] = torch.tensor([[True], [False], [True]])
+    out = env.step(act(td, 3))["next"]
+    assert hist(out)[1].tolist() == before[1].tolist()  # no duplicated frame for the frozen env
+    assert hist(out)[0].tolist() == [0, 1, 2]
+    env.close()
+
+
+def test_zeros_padding_and_custom_out_keys():
+    env = env_with_history(2, 3, padding="zeros", out_keys=["ctx"])
+    td = env.reset()
+    assert not td["ctx"][:, :2].any() and torch.equal(td["ctx"][:, 2], td["observation"])  # zeros, then the obs
+    td = step_mdp(env.step(act(td, 2)))
+    assert td["ctx"][..., 0].tolist() == [[0, 0, 1]] * 2
+    env.close()
+    pool = EnvPool([functools.partial(counting, length=9)] * 2, seed=0)
+    in_place = TransformedEnv(pool, History("observation", 2, out_keys=["observation"]))
+    td = step_mdp(in_place.step(act(in_place.reset(), 2)))
+    assert td["observation"].shape == (2, 2, 3) and td["observation"][..., 0].tolist() == [[0, 1]] * 2
+    in_place.close()
+
+
+def test_argument_errors():
+    with pytest.raises(ValueError, match="length"):
+        History(["observation"], 0)
+    with pytest.raises(ValueError, match="padding"):
+        History(["observation"], 2, padding="reflect")
+    with pytest.raises(ValueError, match="out_keys"):
+        History(["a", "b"], 2, out_keys=["x"])
+    with pytest.raises(RuntimeError, match="SliceSampler"):
+        History(["observation"], 2)(TensorDict({"observation": torch.zeros(2, 3)}, [2]))
+
+
+def test_world_with_history_in_wait_mode():
+    env = env_with_history(2, 4, lengths=[2, 5])
+    seen = []
+
+    def policy(td):
+        seen.append(hist(td).clone())
+        return act(td, 2)
+
+    World(env, policy).evaluate(2, seed=0, reset_mode="wait", progress=False)
+    assert seen[-1][0].tolist() == [0, 0, 1, 2]  # env 0 froze after 2 steps: its history stopped
+    assert seen[-1][1].tolist() == [1, 2, 3, 4]
+    env.close()
+
+
+class Reference:
+    """A plain-Python model of History for one env row."""
+
+    def __init__(self, length):
+        self.length, self.h = length, None
+
+    def reset(self, obs):
+        self.h = [obs] * self.length
+
+    def step(self, obs):
+        self.h = self.h[1:] + [obs]
+
+
+@settings(max_examples=25, deadline=None)
+@given(length=st.integers(1, 4), ops=st.lists(st.tuples(st.sampled_from(["step", "reset"]),
+                                                        st.lists(st.booleans(), min_size=3, max_size=3)),
+                                              max_size=12))
+def test_property_matches_a_reference_model(length, ops):
+    n = 3
+    env = env_with_history(n, length)
+    td = env.reset()
+    refs = [Reference(length) for _ in range(n)]
+    for i in range(n):
+        refs[i].reset(float(td["observation"][i, 0]))
+    for op, flags in ops:
+        mask = torch.tensor(flags).view(n, 1)
+        if op == "step":
+            td["_step"] = mask
+            td = step_mdp(env.step(act(td, n)))
+            td.pop("_step", None)
+            for i in np.flatnonzero(flags):
+                refs[i].step(float(td["observation"][i, 0]))
+        else:
+            if not any(flags):
+                continue
+            td["_reset"] = mask
+            td = env.reset(td)
+            td.pop("_reset", None)
+            for i in np.flatnonzero(flags):
+                refs[i].reset(float(td["observation"][i, 0]))
+        assert hist(td).tolist() == [r.h for r in refs]
+    env.close()

@@ -1,0 +1,211 @@
+"""EnvPool under TorchRL's multi-process and Ray collectors: same data as one process, faults end cleanly."""
+
+import functools
+import os
+import time
+
+import pytest
+import torch
+from envs import FailingEnv, counting
+from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
+
+from torchrl_swm import EnvPool
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+N, T = 3, 20  # envs per pool, steps per batch
+
+
+class CountPolicy:
+    """Deterministic: the action is (t + episode) mod 3, read from the counting observation.
+
+    A plain callable rather than an ``nn.Module``: torchrl 0.14.1's multi-process
+    collectors give module policies a shared-memory weight-sync scheme whose
+    ``__del__`` can deadlock the interpreter at garbage collection.
+    """
+
+    def __call__(self, td):
+        obs = td["observation"]
+        return td.set("action", (obs[..., 0] + obs[..., 1]).long() % 3)
+
+
+def policy():
+    return CountPolicy()
+
+
+def make_pool(seed):
+    return EnvPool([functools.partial(counting, max_length=7)] * N, seed=seed)
+
+
+def single_run(seed, batches):
+    """The reference: a single-process Collector over the same pool."""
+    collector = Collector(make_pool(seed), policy(), frames_per_batch=N * T, total_frames=N * T * batches)
+    out = [batch.clone() for batch in collector]
+    collector.shutdown()
+    return out
+
+
+DATA_KEYS = [("observation",), ("action",), ("episode_seed",), ("next", "observation"), ("next", "reward"),
+             ("next", "done"), ("next", "terminated"), ("next", "truncated"), ("next", "info", "t")]
+
+
+def assert_same_transitions(a, b):
+    for key in DATA_KEYS:
+        assert torch.equal(a[key], b[key]), key
+
+
+def assert_traj_ids_follow_episodes(batch):
+    traj = batch["collector", "traj_ids"]
+    done = batch["next", "done"][..., 0]
+    t = batch["observation"][..., 0]
+    assert (traj[..., 1:][done[..., :-1]] != traj[..., :-1][done[..., :-1]]).all()
+    assert (traj[..., 1:][~done[..., :-1]] == traj[..., :-1][~done[..., :-1]]).all()
+    assert (t[..., 1:][done[..., :-1]] == 0).all()  # every new trajectory starts at a reset frame
+
+
+def test_multisync_spawn_equals_single_process_per_worker():
+    seeds = [0, 1000]
+    collector = MultiSyncCollector([EnvPool.factory([functools.partial(counting, max_length=7)] * N, seed=s)
+                                    for s in seeds], policy(), frames_per_batch=2 * N * T, total_frames=2 * N * T * 3,
+                                   cat_results="stack")
+    batches = [b.clone() for b in collector]
+    collector.shutdown()
+    assert len(batches) == 3 and batches[0].batch_size == (2, N, T)
+    for w, seed in enumerate(seeds):
+        reference = single_run(seed, 3)
+        for got, want in zip(batches, reference):
+            assert_same_transitions(got[w], want)
+    for batch in batches:
+        assert_traj_ids_follow_episodes(batch)
+        # trajectory ids are unique across workers
+        assert not set(batch["collector", "traj_ids"][0].unique().tolist()) & set(batch["collector", "traj_ids"][1].unique().tolist())
+
+
+def test_multiasync_spawn_equals_single_process_per_worker():
+    seeds = [0, 1000]
+    collector = MultiAsyncCollector([EnvPool.factory([functools.partial(counting, max_length=7)] * N, seed=s)
+                                     for s in seeds], policy(), frames_per_batch=N * T, total_frames=N * T * 6)
+    batches = [b.clone() for b in collector]
+    collector.shutdown()
+    by_worker = {0: [], 1000: []}
+    for batch in batches:
+        base = int(batch["episode_seed"].min()) // 1000 * 1000  # pool seeds 0.. vs 1000..
+        by_worker[base].append(batch)
+        assert_traj_ids_follow_episodes(batch)
+    for seed, got in by_worker.items():
+        for g, want in zip(got, single_run(seed, len(got))):
+            assert_same_transitions(g, want)
+    assert sum(len(v) for v in by_worker.values()) == 6
+
+
+def _bad_pool():
+    """N envs like make_pool's, the last of which raises at its 30th step."""
+    return EnvPool([functools.partial(counting, max_length=7)] * (N - 1) + [functools.partial(FailingEnv, fail_at=30)],
+                   seed=0)
+
+
+def test_multisync_worker_whose_env_raises_ends_with_an_error_naming_the_worker():
+    good = make_pool_factory(0)
+    collector = MultiSyncCollector([good, _bad_pool], None, frames_per_batch=40, total_frames=4000)
+    pids = [proc.pid for proc in collector.procs]
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="worker 1"):
+        for _ in collector:
+            pass
+    collector.shutdown()
+    assert time.monotonic() - start < 120
+    for pid in pids:  # every worker was reaped
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_non_picklable_factory_gets_a_clear_error():
+    import threading
+
+    lock = threading.Lock()
+
+    def env_fn():
+        with lock:
+            return counting()
+
+    with pytest.raises(TypeError, match="cannot be pickled.*module-level functions or functools.partial"):
+        EnvPool.factory([env_fn] * 2)
+
+
+# -- Ray: a local cluster started (and shut down) by the test ---------------------------------
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'torchrl-swm[ray]'")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": TESTS}})
+    yield
+    ray.shutdown()
+
+
+RAY_RESOURCES = {"num_cpus": 1, "num_gpus": 0, "memory": 512 * 1024**2}
+
+
+def test_ray_collector_matches_single_process(ray_cluster):
+    from torchrl.collectors.distributed import RayCollector
+
+    seeds = [0, 1000]
+    collector = RayCollector([EnvPool.factory([functools.partial(counting, max_length=7)] * N, seed=s) for s in seeds],
+                             policy(), frames_per_batch=2 * N * T, total_frames=2 * N * T * 3, sync=True,
+                             remote_configs=RAY_RESOURCES)
+    batches = [b.clone() for b in collector]
+    collector.shutdown()
+    assert sum(b.numel() for b in batches) == 2 * N * T * 3
+    for batch in batches:
+        assert batch.batch_size[:2] == (2, N)
+        for w in range(2):
+            assert_traj_ids_follow_episodes(batch[w])
+    for w, seed in enumerate(seeds):
+        # each actor's stream of frames, end to end, is the single-process stream: nothing dropped or repeated
+        got = torch.cat([b[w] for b in batches], dim=-1)
+        want = torch.cat(single_run(seed, 3), dim=-1)
+        assert_same_transitions(got, want)
+
+
+def test_collector_backend_ray_runs_envpool(ray_cluster):
+    collector = Collector([make_pool_factory(0)], policy(), frames_per_batch=N * T, total_frames=N * T * 2,
+                          backend="ray", backend_options={"remote_configs": RAY_RESOURCES})
+    batches = [b.clone() for b in collector]
+    collector.shutdown()
+    got = torch.cat(batches, dim=-1)
+    assert_same_transitions(got, torch.cat(single_run(0, 2), dim=-1))
+
+
+def make_pool_factory(seed):
+    return EnvPool.factory([functools.partial(counting, max_length=7)] * N, seed=seed)
+
+
+def test_ray_actor_whose_env_raises_ends_the_collection(ray_cluster):
+    from ray.exceptions import RayActorError
+    from torchrl.collectors.distributed import RayCollector
+
+    collector = RayCollector([make_pool_factory(0), _bad_pool], None, frames_per_batch=20, total_frames=4000,
+                             sync=True, remote_configs=RAY_RESOURCES)
+    start = time.monotonic()
+    with pytest.raises(RayActorError):
+        for _ in collector:
+            pass
+    collector.shutdown()
+    assert time.monotonic() - start < 120
+
+
+def test_killed_ray_actor_ends_the_collection(ray_cluster):
+    from ray.exceptions import RayActorError
+    from torchrl.collectors.distributed import RayCollector
+
+    collector = RayCollector([make_pool_factory(0), make_pool_factory(1000)], None, frames_per_batch=20,
+                             total_frames=100_000, sync=False, remote_configs=RAY_RESOURCES)
+    start = time.monotonic()
+    with pytest.raises(RayActorError):
+        for i, _ in enumerate(collector):
+            if i == 2:
+                ray.kill(collector.remote_collectors[1])
+    collector.shutdown()
+    assert time.monotonic() - start < 120
+    alive = [a for a in ray.util.state.list_actors() if a["state"] == "ALIVE"] if hasattr(ray.util, "state") else []
+    assert not alive, alive

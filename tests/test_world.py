@@ -1,0 +1,459 @@
+"""World.evaluate: auto/wait semantics on counting envs, seeds, success, limits, policies, results."""
+
+import functools
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from envs import CountingEnv, DictObsEnv, counting
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule
+from torchrl.envs import TransformedEnv
+
+from torchrl_swm import EnvPool, History, World
+from torchrl_swm.world import EvalResult, RandomPolicy
+
+torch.set_num_threads(1)  # tiny tensors: intra-op threads only add contention on shared CI cores
+
+
+def ones(n):
+    return lambda td: td.set("action", torch.ones(n, dtype=torch.int64))
+
+
+class StepSpy:
+    """A policy that records, before every World step, how many gymnasium steps each env has taken."""
+
+    def __init__(self, pool, action=1):
+        self.pool, self.action, self.calls, self.tds = pool, action, [], []
+
+    def __call__(self, td):
+        self.calls.append([env.steps_called for env in self.pool.envs])
+        self.tds.append(td.clone())
+        return td.set("action", torch.full((self.pool.num_envs,), self.action, dtype=torch.int64))
+
+    def stepped(self):
+        """(iterations, N) bool: which envs were stepped at each World step."""
+        counts = np.array(self.calls + [[env.steps_called for env in self.pool.envs]])
+        return np.diff(counts, axis=0) > 0
+
+
+def fixed_length_pool(lengths, seed=0):
+    return EnvPool([functools.partial(counting, length=n) for n in lengths], seed=seed)
+
+
+# -- auto and wait: exactly which envs are stepped --------------------------------------------------------------
+def test_auto_mode_steps_each_env_exactly_its_assigned_episodes():
+    lengths = [2, 5, 3]
+    pool = fixed_length_pool(lengths)
+    spy = StepSpy(pool)
+    world = World(pool, spy)
+    result = world.evaluate(6, seed=0, reset_mode="auto", progress=False)
+    # episode j runs on env j % 3; env i runs 2 episodes of lengths[i], back to back, then is frozen
+    assert result["env_indices"].tolist() == [0, 1, 2, 0, 1, 2]
+    assert result["episode_lengths"].tolist() == [2, 5, 3, 2, 5, 3]
+    stepped = spy.stepped()
+    assert stepped.shape == (10, 3)  # the longest env needs 2 * 5 steps
+    for i, length in enumerate(lengths):
+        assert stepped[:, i].tolist() == [k < 2 * length for k in range(10)], f"env {i}"
+    assert [env.steps_called for env in pool.envs] == [1 + 2 * n for n in lengths]  # +1: the pool's probe step
+    assert [env.resets_called for env in pool.envs] == [1 + 2] * 3  # probe + 2 episodes
+    assert result["env_steps"] == 2 * sum(lengths)
+    pool.close()
+
+
+def test_wait_mode_freezes_finished_envs_until_the_round_ends():
+    lengths = [2, 5, 3]
+    pool = fixed_length_pool(lengths)
+    spy = StepSpy(pool)
+    result = World(pool, spy).evaluate(6, seed=0, reset_mode="wait", progress=False)
+    stepped = spy.stepped()
+    assert stepped.shape == (10, 3)  # two rounds of max(lengths) = 5 steps
+    for i, length in enumerate(lengths):
+        assert stepped[:, i].tolist() == [(k % 5) < length for k in range(10)], f"env {i}"
+    # within a round, a finished env is frozen: it is never stepped past its end
+    assert [env.steps_called for env in pool.envs] == [1 + 2 * n for n in lengths]
+    assert result["episode_lengths"].tolist() == [2, 5, 3, 2, 5, 3]
+    # the second round starts only once every env has finished: all resets happen at the same World step
+    is_init = np.array([td["is_init"].view(-1).tolist() for td in spy.tds])
+    assert np.flatnonzero(is_init.all(1)).tolist() == [0, 5]
+    assert is_init.sum() == 6
+    pool.close()
+
+
+def test_wait_mode_partial_last_round_leaves_spare_envs_untouched():
+    pool = fixed_length_pool([3, 3, 3, 3])
+    resets_before = [env.resets_called for env in pool.envs]
+    steps_before = [env.steps_called for env in pool.envs]
+    result = World(pool, ones(4)).evaluate(5, seed=0, reset_mode="wait", progress=False)
+    assert result["env_indices"].tolist() == [0, 1, 2, 3, 0]
+    assert [e.steps_called - s for e, s in zip(pool.envs, steps_before)] == [6, 3, 3, 3]
+    assert [e.resets_called - r for e, r in zip(pool.envs, resets_before)] == [2, 1, 1, 1]
+    pool.close()
+
+
+def test_fewer_episodes_than_envs_never_touches_the_spare_envs():
+    pool = fixed_length_pool([4] * 5)
+    before = [(e.steps_called, e.resets_called) for e in pool.envs]
+    for mode in ("auto", "wait"):
+        World(pool, ones(5)).evaluate(2, seed=0, reset_mode=mode, progress=False)
+    after = [(e.steps_called, e.resets_called) for e in pool.envs]
+    assert after[2:] == before[2:]
+    assert after[0] == (before[0][0] + 8, before[0][1] + 2)
+    pool.close()
+
+
+@pytest.mark.parametrize("mode", ["auto", "wait"])
+def test_is_init_marks_exactly_the_first_step_of_each_episode(mode):
+    pool = fixed_length_pool([2, 3])
+    spy = StepSpy(pool)
+    World(pool, spy).evaluate(4, seed=0, reset_mode=mode, progress=False)
+    obs_t = np.array([td["observation"][:, 0].tolist() for td in spy.tds])
+    is_init = np.array([td["is_init"].view(-1).tolist() for td in spy.tds])
+    stepped = spy.stepped()
+    # is_init is True exactly where a stepped env is at t == 0
+    assert np.array_equal(is_init & stepped, (obs_t == 0) & stepped)
+    pool.close()
+
+
+def test_works_without_a_prior_reset_and_ignores_leftover_state():
+    pool = fixed_length_pool([6, 6])
+    world = World(pool, ones(2))
+    first = world.evaluate(2, seed=0, max_steps=4, progress=False)  # cut mid-episode: envs left at t = 4
+    assert first["episode_lengths"].tolist() == [4, 4] and first["episode_truncated"].all()
+    second = world.evaluate(2, seed=0, progress=False)  # starts fresh episodes, not the leftover ones
+    assert second["episode_lengths"].tolist() == [6, 6]
+    assert second["episode_terminated"].all() and not second["episode_truncated"].any()
+    pool.close()
+
+
+def test_fresh_world_from_id_evaluates_without_reset():
+    with World("CartPole-v1", num_envs=3) as world:
+        result = world.evaluate(4, seed=1, progress=False)
+    assert result["num_episodes"] == 4 and (result["episode_lengths"] > 0).all()
+
+
+# -- seeds and reproducibility -------------------------------------------------------------------------------
+def test_same_seed_same_results_random_policy():
+    world = World("CartPole-v1", num_envs=4)
+    a = world.evaluate(10, seed=7, progress=False)
+    b = world.evaluate(10, seed=7, progress=False)
+    c = world.evaluate(10, seed=8, progress=False)
+    for key in ("episode_returns", "episode_lengths", "seeds"):
+        assert np.array_equal(a[key], b[key]), key
+    assert not np.array_equal(a["episode_lengths"], c["episode_lengths"])
+    assert a["seeds"].tolist() == list(range(7, 17))
+    world.close()
+
+
+def balance(td):
+    """A deterministic CartPole policy that depends only on the observation."""
+    obs = td["observation"]
+    return td.set("action", ((obs[:, 2] + 0.5 * obs[:, 3]) > 0).long())
+
+
+def test_auto_wait_and_num_envs_give_identical_per_episode_results():
+    results = []
+    for n, mode in [(3, "auto"), (3, "wait"), (5, "auto"), (1, "wait")]:
+        with World("CartPole-v1", num_envs=n, policy=balance, max_episode_steps=120) as world:
+            results.append(world.evaluate(7, seed=11, reset_mode=mode, progress=False))
+    ref = results[0]
+    for other in results[1:]:
+        for key in ("episode_returns", "episode_lengths", "seeds", "episode_terminated", "episode_truncated"):
+            assert np.array_equal(ref[key], other[key]), key
+    assert ref["seeds"].tolist() == list(range(11, 18))
+
+
+def test_unseeded_runs_record_unique_seeds_that_replay_each_episode():
+    pool = EnvPool([functools.partial(counting, max_length=9)] * 3)
+    world = World(pool, ones(3))
+    a = world.evaluate(6, progress=False)
+    b = world.evaluate(6, progress=False)
+    for result in (a, b):
+        seeds = result["seeds"]
+        assert len(set(seeds.tolist())) == 6
+        assert result["seed"] == seeds[0]
+        # each reported seed reproduces the reported episode length
+        assert result["episode_lengths"].tolist() == [expected_length(int(s)) for s in seeds]
+    assert a["seed"] != b["seed"]
+    pool.close()
+
+
+def expected_length(seed, max_length=9):
+    env = CountingEnv(max_length=max_length)
+    env.reset(seed=seed)
+    return env.length
+
+
+def test_seed_validation():
+    world = World(fixed_length_pool([2]), ones(1))
+    for bad in (-1, 1.5, "3", True):
+        with pytest.raises(ValueError, match="seed"):
+            world.evaluate(1, seed=bad, progress=False)
+
+
+# -- success, returns, lengths -------------------------------------------------------------------------------
+def test_random_cartpole_has_no_success_rate_not_100_percent():
+    """Regression: stable-worldmodel scored a random CartPole policy 100% because success meant terminated."""
+    with World("CartPole-v1", num_envs=4) as world:
+        result = world.evaluate(8, seed=0, progress=False)
+    assert result["episode_terminated"].any()
+    assert result["success_rate"] is None
+    assert result["episode_successes"] is None and result["steps_to_success"] is None
+    assert result["success_source"] is None
+    assert "n/a" in result.summary()
+
+
+class TerminatesOnFailure(gym.Env):
+    """Terminates at step 3 with is_success False (a failure), or succeeds at step 2 when seeded odd."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.good = 0, bool(seed is not None and seed % 2)
+        return np.zeros(1, np.float32), {"is_success": False}
+
+    def step(self, action):
+        self.t += 1
+        success = self.good and self.t >= 2
+        return np.zeros(1, np.float32), 1.0, self.t >= 3, False, {"is_success": success}
+
+
+def test_success_comes_from_info_not_terminated():
+    pool = EnvPool([TerminatesOnFailure] * 2, seed=0)
+    result = World(pool).evaluate(6, seed=0, progress=False)
+    assert result["episode_terminated"].all()
+    assert result["episode_successes"].tolist() == [False, True] * 3
+    assert result["success_rate"] == pytest.approx(0.5)
+    assert np.isnan(result["steps_to_success"][0::2]).all()
+    assert result["steps_to_success"][1::2].tolist() == [2.0] * 3
+    assert result["success_source"] == "info/is_success"
+    assert result["start_successes"].tolist() == [False] * 6
+    lo, hi = result["success_ci"]
+    assert 0 < lo < 0.5 < hi < 1
+    pool.close()
+
+
+def test_success_fn_overrides_and_reports_steps_to_success():
+    pool = EnvPool([functools.partial(counting, max_length=9)] * 3, seed=0)
+    result = World(pool, ones(3)).evaluate(9, seed=5, success_fn=lambda td: td["next", "observation"][:, 0] >= 4,
+                                           progress=False)
+    lengths = result["episode_lengths"]
+    assert result["episode_successes"].tolist() == (lengths >= 4).tolist()
+    assert np.array_equal(result["steps_to_success"][lengths >= 4], np.full((lengths >= 4).sum(), 4.0))
+    assert np.isnan(result["steps_to_success"][lengths < 4]).all()
+    assert result["success_source"] == "success_fn"
+    pool.close()
+
+
+def test_success_fn_bad_output():
+    pool = fixed_length_pool([3, 3])
+    world = World(pool, ones(2))
+    with pytest.raises(TypeError, match="bool"):
+        world.evaluate(2, seed=0, success_fn=lambda td: td["next", "reward"], progress=False)
+    with pytest.raises(ValueError, match="2 flags"):
+        world.evaluate(2, seed=0, success_fn=lambda td: torch.ones(3, dtype=torch.bool), progress=False)
+    pool.close()
+
+
+def test_returns_and_lengths_per_episode():
+    pool = EnvPool([functools.partial(counting, max_length=6)] * 2, seed=0)
+    result = World(pool, lambda td: td.set("action", torch.full((2,), 2, dtype=torch.int64))).evaluate(
+        5, seed=3, progress=False
+    )
+    assert result["episode_lengths"].tolist() == [expected_length(3 + j, 6) for j in range(5)]
+    assert np.array_equal(result["episode_returns"], 2.0 * result["episode_lengths"])  # reward = action
+    assert result["episode_returns"].dtype == np.float64 and result["episode_lengths"].dtype == np.int64
+    pool.close()
+
+
+def test_already_solved_start_states_are_reported():
+    class SolvedAtReset(TerminatesOnFailure):
+        def reset(self, *, seed=None, options=None):
+            obs, _ = super().reset(seed=seed)
+            return obs, {"is_success": True}
+
+    pool = EnvPool([SolvedAtReset] * 2, seed=0)
+    result = World(pool).evaluate(2, seed=0, progress=False)
+    assert result["start_successes"].all()
+    assert "already successful at reset" in result.summary()
+    pool.close()
+
+
+# -- step limits ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["auto", "wait"])
+def test_max_steps_truncates_and_frozen_envs_are_not_stepped_past_it(mode):
+    pool = fixed_length_pool([50, 2])
+    before = [e.steps_called for e in pool.envs]
+    result = World(pool, ones(2)).evaluate(4, seed=0, max_steps=7, reset_mode=mode, progress=False)
+    assert result["episode_lengths"].tolist() == [7, 2, 7, 2]
+    assert result["episode_truncated"].tolist() == [True, False, True, False]
+    assert result["episode_terminated"].tolist() == [False, True, False, True]
+    assert [e.steps_called - b for e, b in zip(pool.envs, before)] == [14, 4]
+    pool.close()
+
+
+def test_world_max_episode_steps_default_and_gym_timelimit():
+    pool = fixed_length_pool([50])
+    assert World(pool, ones(1), max_episode_steps=5).evaluate(1, seed=0, progress=False)["episode_lengths"][0] == 5
+    with World("CartPole-v1", num_envs=2, policy=balance, max_episode_steps=12) as world:
+        result = world.evaluate(2, seed=0, progress=False)
+    assert result["episode_lengths"].tolist() == [12, 12] and result["episode_truncated"].all()
+    pool.close()
+
+
+# -- policies ------------------------------------------------------------------------------------------------
+def test_default_policy_is_random_from_the_action_spec():
+    pool = EnvPool([DictObsEnv] * 3, seed=0)
+    world = World(pool)
+    assert isinstance(world.policy, RandomPolicy)
+    seen = []
+    world.set_policy(lambda td: seen.append(RandomPolicy(pool.action_spec)(td)["action"].clone()) or td)
+    world.evaluate(3, seed=0, progress=False)
+    actions = torch.stack(seen)
+    assert actions.shape[1:] == (3, 2) and actions.abs().max() <= 1 and actions.std() > 0.1
+    world.set_policy(None)
+    assert isinstance(world.policy, RandomPolicy)
+    pool.close()
+
+
+def test_tensordict_module_policy_and_out_of_place_policies():
+    pool = fixed_length_pool([3, 4])
+    module = TensorDictModule(lambda obs: (obs[:, :1] * 0 + 2).long().squeeze(-1), in_keys=["observation"],
+                              out_keys=["action"])
+    result = World(pool, module).evaluate(2, seed=0, progress=False)
+    assert result["episode_returns"].tolist() == [6.0, 8.0]
+    out_of_place = lambda td: TensorDict({"action": torch.ones(2, dtype=torch.int64)}, batch_size=[2])  # noqa: E731
+    assert World(pool, out_of_place).evaluate(2, seed=0, progress=False)["episode_returns"].tolist() == [3.0, 4.0]
+    def in_place_none(td):
+        td.set("action", torch.ones(2, dtype=torch.int64))
+
+    assert World(pool, in_place_none).evaluate(2, seed=0, progress=False)["episode_returns"].tolist() == [3.0, 4.0]
+    with pytest.raises(KeyError, match="action"):
+        World(pool, lambda td: td).evaluate(2, seed=0, progress=False)
+    with pytest.raises(TypeError, match="policy returned"):
+        World(pool, lambda td: 3).evaluate(2, seed=0, progress=False)
+    with pytest.raises(TypeError, match="callable"):
+        World(pool, policy=3)
+    pool.close()
+
+
+def test_policy_sees_only_torchrl_keys_and_frozen_rows_are_ignored():
+    pool = fixed_length_pool([1, 3])
+    spy = StepSpy(pool)
+    World(pool, spy).evaluate(2, seed=0, reset_mode="wait", progress=False)
+    td = spy.tds[-1]
+    assert {"observation", "done", "is_init", "episode_seed", "info"} <= set(td.keys())
+    assert td["done"][0].item()  # env 0 is done and frozen; the policy still gets a full batch
+    pool.close()
+
+
+# -- other envs ----------------------------------------------------------------------------------------------
+def test_transformed_pool_with_history():
+    pool = fixed_length_pool([2, 4])
+    env = TransformedEnv(pool, History(["observation"], 3))
+    seen = []
+
+    def policy(td):
+        seen.append(td["history", "observation"][..., 0].clone())
+        return td.set("action", torch.ones(2, dtype=torch.int64))
+
+    world = World(env, policy)
+    assert world.pool is pool
+    result = world.evaluate(2, seed=0, reset_mode="wait", progress=False)
+    assert result["episode_lengths"].tolist() == [2, 4]
+    # env 0 is frozen after 2 steps: its history stops changing (no duplicated frames)
+    assert seen[2][0].tolist() == [0.0, 1.0, 2.0] and seen[3][0].tolist() == [0.0, 1.0, 2.0]
+    assert seen[3][1].tolist() == [1.0, 2.0, 3.0]
+    pool.close()
+
+
+def test_generic_batched_torchrl_env():
+    from torchrl.envs import GymEnv, SerialEnv
+
+    env = SerialEnv(2, lambda: GymEnv("CartPole-v1"))
+    world = World(env, policy=balance, max_episode_steps=30)
+    a = world.evaluate(4, seed=3, progress=False)
+    b = world.evaluate(4, seed=3, progress=False)
+    assert a["num_episodes"] == 4 and (a["episode_lengths"] <= 30).all()
+    assert np.array_equal(a["episode_lengths"], b["episode_lengths"])
+    assert a["seeds"] is None  # a TorchRL env without episode_seed does not report per-episode seeds
+    env.close()
+
+
+def test_device_parametrized(device):
+    pool = EnvPool([functools.partial(counting, length=3)] * 2, seed=0, device=device)
+    result = World(pool, lambda td: td.set("action", torch.ones(2, dtype=torch.int64, device=device))).evaluate(
+        4, seed=0, progress=False
+    )
+    assert result["episode_returns"].tolist() == [3.0] * 4
+    pool.close()
+
+
+# -- construction and argument errors ------------------------------------------------------------------------
+def test_construction_errors():
+    with pytest.raises(TypeError, match="num_envs"):
+        World("CartPole-v1")
+    with pytest.raises(gym.error.Error):
+        World("NoSuchEnv-v0", num_envs=2)
+    pool = fixed_length_pool([2])
+    with pytest.raises(TypeError, match="gymnasium id"):
+        World(pool, num_envs=2)
+    with pytest.raises(TypeError, match="EnvPool"):
+        World(gym.make("CartPole-v1"))
+    from torchrl.envs import GymEnv
+
+    with pytest.raises(ValueError, match="batch_size"):
+        World(GymEnv("CartPole-v1"))
+    world = World(pool, ones(1))
+    with pytest.raises(ValueError, match="reset_mode"):
+        world.evaluate(1, reset_mode="lazy", progress=False)
+    with pytest.raises(ValueError, match="only used with dataset"):
+        world.evaluate(1, goal_offset=3, progress=False)
+    with pytest.raises(ValueError, match="max_steps"):
+        world.evaluate(1, max_steps=0, progress=False)
+    with pytest.raises(ValueError, match="episodes"):
+        world.evaluate(-1, progress=False)
+    pool.close()
+
+
+def test_reset_options_per_episode():
+    pool = fixed_length_pool([9, 9])
+    result = World(pool, ones(2)).evaluate(
+        3, seed=0, options=[{"length": 1}, {"length": 2}, {"length": 3}], progress=False
+    )
+    assert result["episode_lengths"].tolist() == [1, 2, 3]
+    assert World(pool, ones(2)).evaluate(2, seed=0, options={"length": 4}, progress=False)[
+        "episode_lengths"
+    ].tolist() == [4, 4]
+    pool.close()
+
+
+# -- the result object ---------------------------------------------------------------------------------------
+def test_eval_result_mapping_summary_and_json():
+    pool = EnvPool([TerminatesOnFailure] * 2, seed=0)
+    result = World(pool).evaluate(4, seed=0, progress=False)
+    assert isinstance(result, EvalResult)
+    assert result.success_rate == result["success_rate"] == 0.5
+    assert {"success_rate", "episode_successes", "episode_returns", "episode_lengths", "steps_to_success",
+            "seeds"} <= set(result)
+    text = str(result)
+    assert "success rate  0.500" in text and "2/4" in text and "return" in text and "length" in text
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["steps_to_success"] == [None, 2.0, None, 2.0]
+    assert len(data["episode_returns"]) == 4
+    assert "EvalResult(num_episodes=4" in repr(result)
+    empty = World(pool).evaluate(0, seed=0, progress=False)
+    assert empty["num_episodes"] == 0 and "0 episodes" in empty.summary()
+    pool.close()
+
+
+def test_progress_bar_runs(capsys):
+    pool = fixed_length_pool([2, 2])
+    World(pool, ones(2)).evaluate(4, seed=0, progress=True)
+    assert "evaluate" in capsys.readouterr().err
+    pool.close()

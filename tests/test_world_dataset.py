@@ -1,0 +1,162 @@
+"""Dataset-driven evaluation: start from dataset states, goals from later steps, budgets, chunking."""
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+from envs import counting
+
+import torchrl_swm.envs  # noqa: F401  (registers torchrl_swm/PointMaze-v0)
+from torchrl_swm import EnvPool, World, load_dataset
+from torchrl_swm.envs import PointMazeExpert
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def maze_dataset(tmp_path_factory):
+    path = tmp_path_factory.mktemp("maze") / "ds"
+    with World("torchrl_swm/PointMaze-v0", num_envs=4, image_shape=(32, 32)) as world:
+        world.collect(path, 10, seed=0, policy=PointMazeExpert("u", noise=0.4), progress=False)
+    return load_dataset(path)
+
+
+class GoalSpy(PointMazeExpert):
+    """The expert, recording the goal and state the World hands it."""
+
+    def __init__(self):
+        super().__init__("u")
+        self.seen = []
+
+    def __call__(self, td):
+        self.seen.append(td.select("goal", "state", "is_init").clone())
+        return super().__call__(td)
+
+
+def plan(ds, count, offset):
+    idx = [k % ds.num_episodes for k in range(count)]
+    starts = [min(k % 3, int(ds.episode_lengths[i]) - offset) for k, i in enumerate(idx)]
+    return idx, starts
+
+
+def test_dataset_eval_chunks_episodes_over_fewer_envs(maze_dataset):
+    ds = maze_dataset
+    offset, budget = 5, 25
+    idx, starts = plan(ds, 7, offset)
+    spy = GoalSpy()
+    with World("torchrl_swm/PointMaze-v0", num_envs=3, image_shape=(32, 32), policy=spy) as world:
+        result = world.evaluate(dataset=ds, episodes_idx=idx, start_steps=starts, goal_offset=offset,
+                                eval_budget=budget, progress=False)
+    assert result["num_episodes"] == 7 and result["reset_mode"] == "auto"
+    assert result["env_indices"].tolist() == [m % 3 for m in range(7)]
+    assert result["episodes_idx"].tolist() == idx and result["start_steps"].tolist() == starts
+    assert (result["episode_lengths"] <= budget).all()
+    assert result["success_rate"] >= 6 / 7  # the expert reaches a goal 5 expert steps away
+    assert result["seeds"].tolist() == [int(ds.episode_seeds[i]) for i in idx]
+    assert set(result["goal_keys"]) == {"state", "target", "pixels"}
+    # the policy saw the dataset goal (observation and pixels) of each episode, and started from its state
+    first = {}
+    for td in spy.seen:
+        for i in torch.nonzero(td["is_init"].view(-1)).view(-1).tolist():
+            m = len([k for k in first if k[0] == i]) * 3 + i
+            first[(i, m)] = td[i]
+    assert len(first) == 7
+    for (i, m), row in first.items():
+        goal = ds.step(idx[m], starts[m] + offset)
+        start = ds.step(idx[m], starts[m])
+        assert torch.equal(row["goal", "state"], goal["state"])
+        assert torch.equal(row["goal", "pixels"], goal["pixels"])
+        assert torch.equal(row["state"], start["state"])
+
+
+def test_chunked_and_unchunked_runs_agree(maze_dataset):
+    ds = maze_dataset
+    idx, starts = plan(ds, 6, 4)
+    results = []
+    for n, mode in [(2, "wait"), (6, "wait"), (4, "auto")]:
+        with World("torchrl_swm/PointMaze-v0", num_envs=n, image_shape=(32, 32), policy=PointMazeExpert("u")) as w:
+            results.append(w.evaluate(dataset=ds, episodes_idx=idx, start_steps=starts, goal_offset=4, eval_budget=12,
+                                      reset_mode=mode, progress=False))
+    for other in results[1:]:
+        for key in ("episode_successes", "episode_lengths", "episode_returns", "steps_to_success"):
+            assert np.array_equal(results[0][key], other[key], equal_nan=True), key
+
+
+def test_goal_is_the_env_target_so_success_means_reaching_the_dataset_goal(maze_dataset):
+    ds = maze_dataset
+    idx, starts = [0, 1], [0, 0]
+    with World("torchrl_swm/PointMaze-v0", num_envs=2, image_shape=(32, 32), policy=PointMazeExpert("u")) as w:
+        result = w.evaluate(dataset=ds, episodes_idx=idx, start_steps=starts, goal_offset=3, eval_budget=15,
+                            progress=False)
+        for i in range(2):
+            target = w.pool.envs[i].unwrapped._target
+            assert np.allclose(target, ds.step(idx[i], 3)["state"][:2].numpy(), atol=1e-6)
+    assert result["episode_successes"].all()
+
+
+def test_goal_offset_zero_starts_solved(maze_dataset):
+    with World("torchrl_swm/PointMaze-v0", num_envs=2, image_shape=(32, 32), policy=PointMazeExpert("u")) as w:
+        result = w.evaluate(dataset=maze_dataset, episodes_idx=[0, 1], goal_offset=0, eval_budget=3, progress=False)
+    assert result["start_successes"].all()
+    assert "already successful at reset" in result.summary()
+
+
+def test_errors(maze_dataset, tmp_path):
+    ds = maze_dataset
+    with World("torchrl_swm/PointMaze-v0", num_envs=2, image_shape=(32, 32)) as w:
+        with pytest.raises(ValueError, match="goal_offset= and eval_budget="):
+            w.evaluate(dataset=ds, episodes_idx=[0], progress=False)
+        too_far = int(ds.episode_lengths[0]) + 1
+        with pytest.raises(ValueError, match="within the episode"):
+            w.evaluate(dataset=ds, episodes_idx=[0], goal_offset=too_far, eval_budget=5, progress=False)
+        with pytest.raises(IndexError, match="out of range"):
+            w.evaluate(dataset=ds, episodes_idx=[99], goal_offset=1, eval_budget=5, progress=False)
+        with pytest.raises(ValueError, match="start_steps"):
+            w.evaluate(dataset=ds, episodes_idx=[0, 1], start_steps=[0], goal_offset=1, eval_budget=5, progress=False)
+        with pytest.raises(ValueError, match="options"):
+            w.evaluate(dataset=ds, episodes_idx=[0], goal_offset=1, eval_budget=5, options={}, progress=False)
+        # a state hook that ignores the dataset state is caught by the start check
+        with pytest.raises(RuntimeError, match="did not start from the dataset state"):
+            w.evaluate(dataset=ds, episodes_idx=[3], start_steps=[2], goal_offset=1, eval_budget=5,
+                       reset_options_fn=lambda start, goal: {}, progress=False)
+    with World("torchrl_swm/PointMaze-v0", num_envs=2, image_shape=(64, 64)) as w:
+        with pytest.raises(ValueError, match="image_shape"):
+            w.evaluate(dataset=ds, episodes_idx=[0], goal_offset=1, eval_budget=5, progress=False)
+
+
+def test_env_without_state_hook_gets_a_clear_error(tmp_path):
+    pool = EnvPool([functools.partial(counting, max_length=6)] * 2, seed=0)
+    world = World(pool, max_episode_steps=10)
+    ds = world.collect(tmp_path / "d", 3, seed=0, progress=False)
+    with pytest.raises(TypeError, match="reset_options_from_dataset"):
+        world.evaluate(dataset=ds, episodes_idx=[0, 1], goal_offset=1, eval_budget=4, progress=False)
+    # a user-supplied hook works with any env whose reset honours the options it returns
+    result = world.evaluate(dataset=tmp_path / "d", episodes_idx=[0, 1, 2], goal_offset=1, eval_budget=4,
+                            reset_options_fn=lambda start, goal: {"length": 2}, progress=False)
+    assert result["episode_lengths"].tolist() == [2, 2, 2]
+    pool.close()
+
+
+def test_dataset_eval_needs_an_envpool(maze_dataset):
+    from torchrl.envs import GymEnv, SerialEnv
+
+    env = SerialEnv(2, lambda: GymEnv("CartPole-v1"))
+    with pytest.raises(TypeError, match="EnvPool"):
+        World(env).evaluate(dataset=maze_dataset, episodes_idx=[0], goal_offset=1, eval_budget=3, progress=False)
+    env.close(raise_if_closed=False)
+
+
+def test_process_backend_gives_the_same_results(maze_dataset):
+    """The state hook is found through gymnasium wrappers on any backend (here: worker processes)."""
+    kwargs = dict(dataset=maze_dataset, episodes_idx=[0, 1, 2, 3, 4], goal_offset=4, eval_budget=12, progress=False)
+    results = []
+    for backend in ("serial", "process"):
+        extra = {"num_workers": 2} if backend == "process" else {}
+        world = World("torchrl_swm/PointMaze-v0", num_envs=2, image_shape=(32, 32), seed=0, backend=backend,
+                      policy=PointMazeExpert("u"), **extra)
+        results.append((world.evaluate(**kwargs), world.evaluate(6, seed=3, progress=False)))
+        world.close()
+    for a, b in zip(*results):
+        for key in ("episode_lengths", "episode_returns", "episode_successes", "seeds"):
+            assert np.array_equal(a[key], b[key]), key

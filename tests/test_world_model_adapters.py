@@ -1,0 +1,1001 @@
+"""WorldModelEnv adapters: calling conventions, method discovery, return forms, errors, and the seed design's bugs.
+
+Each ``test_bug_*`` is a regression test for one behaviour listed in shared/notes/torchwm.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tensordict import TensorDict
+from torch import nn
+from wm_models import ACT1, OBS3, CountingModel, RSSMLike, RSSMState
+
+from torchrl_swm import WorldModelEnv, make_world_model_env
+from torchrl_swm.world_model.adapters import (
+    MISSING,
+    AdapterError,
+    ReturnFormError,
+    bind,
+    discover_transition,
+    split_reset,
+    split_transition,
+)
+
+BOX2 = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+
+
+def step_once(env, action=None):
+    td = env.reset()
+    if action is None:
+        action = env.action_spec.zero()
+    td["action"] = action
+    return env.step(td)["next"]
+
+
+# ---------------------------------------------------------------------------------------------
+# binding: with or without the model, decided once from the signature
+# ---------------------------------------------------------------------------------------------
+
+
+class Spy:
+    def __init__(self):
+        self.calls = []
+
+
+@pytest.mark.parametrize("with_model", [True, False])
+def test_transition_fn_both_signatures_receive_the_right_arguments(with_model):
+    model, seen = object(), []
+    if with_model:
+
+        def transition(model_, state, action):
+            seen.append((model_, state, action))
+            return {"state": state + action}
+    else:
+
+        def transition(state, action):
+            seen.append((state, action))
+            return {"state": state + action}
+
+    env = WorldModelEnv(model, BOX2, BOX2, num_envs=3, initial_state=torch.zeros(2), transition_fn=transition)
+    out = step_once(env, torch.ones(3, 2))
+    assert torch.equal(out["observation"], torch.ones(3, 2))
+    args = seen[-1]
+    if with_model:
+        assert args[0] is model
+        args = args[1:]
+    assert torch.equal(args[0], torch.zeros(3, 2)) and torch.equal(args[1], torch.ones(3, 2))
+    assert env.transition.form == (("model", "state", "action") if with_model else ("state", "action"))
+
+
+def test_bug_argument_truncation_two_argument_transition_fn_gets_state_and_action():
+    """Seed bug: transition_fn(state, action) received (world_model, state)."""
+    model = {"not": "a tensor"}
+    got = []
+
+    def transition(state, action):
+        got.append((type(state), type(action)))
+        return state + action
+
+    env = WorldModelEnv(model, BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2), transition_fn=transition)
+    step_once(env)
+    assert got == [(torch.Tensor, torch.Tensor)]
+
+
+@pytest.mark.parametrize("with_model", [True, False])
+def test_action_transform_fn_both_signatures(with_model):
+    """Seed bug: a one-argument action_transform_fn received the model, and the model got the model as action."""
+    model = CountingModel(length=100)
+    seen = []
+    if with_model:
+
+        def to_model(model_, action):
+            seen.append(model_)
+            return action.float().unsqueeze(-1) - 1.0
+    else:
+
+        def to_model(action):
+            seen.append(action)
+            return action.float().unsqueeze(-1) - 1.0
+
+    env = make_world_model_env(
+        model, OBS3, gym.spaces.Discrete(3), num_envs=2, initial_state=torch.zeros(3), action_transform_fn=to_model
+    )
+    td = env.reset()
+    td["action"] = torch.tensor([0, 2])
+    out = env.step(td)["next"]
+    assert out["reward"].view(-1).tolist() == [-1.0, 1.0]
+    if with_model:
+        assert seen[-1] is model
+    else:
+        assert torch.equal(seen[-1], torch.tensor([0, 2]))
+
+
+@pytest.mark.parametrize("with_model", [True, False])
+def test_reward_and_terminal_fn_both_signatures(with_model):
+    model = object()
+    if with_model:
+
+        def reward_fn(model_, state, obs, action):
+            assert model_ is model
+            return obs[:, 0] * 10
+
+        def terminal_fn(model_, state, obs, action):
+            assert model_ is model
+            return state[:, 0] >= 2
+    else:
+
+        def reward_fn(state, obs, action):
+            return obs[:, 0] * 10
+
+        def terminal_fn(state, obs, action):
+            return state[:, 0] >= 2
+
+    env = make_world_model_env(
+        model,
+        BOX2,
+        BOX2,
+        num_envs=2,
+        initial_state=torch.zeros(2),
+        transition_fn=lambda s, a: {"state": s + 1},
+        reward_fn=reward_fn,
+        terminal_fn=terminal_fn,
+    )
+    rollout = env.rollout(3, break_when_any_done=False)
+    assert rollout["next", "reward"][0, :, 0].tolist() == [10.0, 20.0, 10.0]
+    assert rollout["next", "terminated"][0, :, 0].tolist() == [False, True, False]
+    assert rollout["next", "done"][0, :, 0].tolist() == [False, True, False]
+
+
+def test_reward_fn_is_used_only_when_the_transition_has_no_reward():
+    env = make_world_model_env(
+        object(),
+        BOX2,
+        BOX2,
+        num_envs=2,
+        initial_state=torch.zeros(2),
+        transition_fn=lambda s, a: {"state": s, "reward": torch.full((2,), 7.0)},
+        reward_fn=lambda s, o, a: torch.full((2,), -1.0),
+    )
+    assert step_once(env)["reward"].view(-1).tolist() == [7.0, 7.0]
+
+
+def test_missing_reward_is_zero_and_missing_termination_is_false():
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2), transition_fn=lambda s, a: s)
+    out = step_once(env)
+    assert out["reward"].tolist() == [[0.0], [0.0]] and out["reward"].dtype == torch.float32
+    assert not out["terminated"].any() and not out["truncated"].any() and not out["done"].any()
+    assert not env.reward_from_model and not env.terminated_from_model
+
+
+@pytest.mark.parametrize("form", ["model_seed_options", "seed_options", "model", "none", "model_seed"])
+def test_reset_fn_signatures(form):
+    model = object()
+    calls = []
+    fns = {
+        "model_seed_options": lambda model, seed, options: calls.append((model, seed, options)) or torch.ones(2),
+        "seed_options": lambda seed, options: calls.append((seed, options)) or torch.ones(2),
+        "model": lambda model: calls.append((model,)) or torch.ones(2),
+        "none": lambda: calls.append(()) or torch.ones(2),
+        "model_seed": lambda model, seed: calls.append((model, seed)) or torch.ones(2),
+    }
+    env = WorldModelEnv(model, BOX2, BOX2, num_envs=2, reset_fn=fns[form], transition_fn=lambda s, a: s)
+    td = env.reset(options={"k": 1})
+    assert torch.equal(td["observation"], torch.ones(2, 2))
+    expected = {
+        "model_seed_options": (model, None, {"k": 1}),
+        "seed_options": (None, {"k": 1}),
+        "model": (model,),
+        "none": (),
+        "model_seed": (model, None),
+    }[form]
+    assert calls[-1] == expected
+
+
+def test_reset_fn_keyword_extras_num_envs_mask_generator():
+    got = {}
+
+    def reset_fn(model, seed, options, *, num_envs, mask, generator):
+        got.update(num_envs=num_envs, mask=mask, generator=generator)
+        return torch.randn(num_envs, 2, generator=generator)
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=5, reset_fn=reset_fn, transition_fn=lambda s, a: s, seed=0)
+    env.reset()
+    assert got["num_envs"] == 5 and got["mask"].all() and got["generator"] is env.generator
+    env._reset(TensorDict({"_reset": torch.tensor([[False], [True], [False], [True], [False]])}, [5]))
+    assert got["num_envs"] == 2 and got["mask"].tolist() == [False, True, False, True, False]
+
+
+def test_transition_generator_extra_is_the_env_generator():
+    got = []
+
+    def transition(state, action, generator):
+        got.append(generator)
+        return state
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=1, initial_state=torch.zeros(2), transition_fn=transition)
+    step_once(env)
+    assert got == [env.generator]
+
+
+def test_name_tie_breaks_and_var_positional():
+    model = object()
+    # a first parameter called "model" means the model, even with a default on the last one
+    b = bind(
+        lambda model, state, action=None: (model, state, action), "transition_fn", ("state", "action"), model=model
+    )
+    assert b.form == ("model", "state", "action") and b("s", "a") == (model, "s", "a")
+    # an extra defaulted parameter: the exact required count wins
+    b = bind(lambda s, a, extra=3: (s, a, extra), "transition_fn", ("state", "action"), model=model)
+    assert b.form == ("state", "action") and b("s", "a") == ("s", "a", 3)
+    # *args: the seed's full convention, model first
+    b = bind(lambda *args: args, "transition_fn", ("state", "action"), model=model)
+    assert b("s", "a") == (model, "s", "a")
+    # functools.partial and callable objects
+    b = bind(functools.partial(lambda k, s, a: (k, s, a), 9), "transition_fn", ("state", "action"), model=model)
+    assert b("s", "a") == (9, "s", "a")
+
+    class Call:
+        def __call__(self, state, action):
+            return state, action
+
+    assert bind(Call(), "transition_fn", ("state", "action"), model=model)("s", "a") == ("s", "a")
+
+
+def test_bad_signatures_raise_adapter_error_naming_the_signature():
+    with pytest.raises(
+        AdapterError, match=r"takes 4 required positional argument.*transition_fn\(model, state, action\)"
+    ):
+        bind(lambda a, b, c, d: None, "transition_fn", ("state", "action"), model=None)
+    with pytest.raises(AdapterError, match="required keyword-only parameters \\['scale'\\]"):
+        bind(lambda s, a, *, scale: None, "transition_fn", ("state", "action"), model=None)
+    with pytest.raises(AdapterError, match="expected a callable"):
+        bind(3, "transition_fn", ("state", "action"))
+
+
+# ---------------------------------------------------------------------------------------------
+# model method discovery
+# ---------------------------------------------------------------------------------------------
+
+
+def test_discovery_order_and_call_conventions():
+    class Both:
+        def predict(self, state, action):
+            return "predict"
+
+        def step(self, state, action):
+            return "step"
+
+        def env_step(self, state, action):
+            return "env_step"
+
+        def __call__(self, state, action):
+            return "call"
+
+    assert discover_transition(Both())(None, None) == "env_step"
+    del Both.env_step
+    assert discover_transition(Both())(None, None) == "step"
+    del Both.step
+    assert discover_transition(Both())(None, None) == "predict"
+    del Both.predict
+    assert discover_transition(Both())(None, None) == "call"
+
+    class ActionOnly:  # keeps its own state: step(action)
+        def step(self, action):
+            return ("action", action)
+
+    assert discover_transition(ActionOnly())("state", "a") == ("action", "a")
+
+    class Module(nn.Module):
+        def forward(self, state, action):
+            return state * 2
+
+    assert torch.equal(discover_transition(Module())(torch.ones(1), None), torch.full((1,), 2.0))
+    with pytest.raises(AdapterError, match="has no transition"):
+        discover_transition(object())
+
+
+def test_imagine_step_with_defaulted_third_parameter_gets_state_and_action():
+    model = RSSMLike()
+    bound = discover_transition(model)
+    assert bound.form == ("state", "action")
+
+
+# ---------------------------------------------------------------------------------------------
+# return forms: every form of the seed, lists like tuples, dict states are states
+# ---------------------------------------------------------------------------------------------
+
+N = 3
+
+
+def _values(n=N):
+    state = torch.arange(n * 2, dtype=torch.float32).view(n, 2) + 100
+    obs = torch.arange(n * 2, dtype=torch.float32).view(n, 2)
+    reward = torch.arange(n, dtype=torch.float32) + 0.5
+    terminated = torch.tensor([True, False, True][:n] + [False] * max(0, n - 3))
+    truncated = torch.tensor([False, True, False][:n] + [False] * max(0, n - 3))
+    return state, obs, reward, terminated, truncated
+
+
+def _form(name, seq=tuple, n=N):
+    state, obs, reward, terminated, truncated = _values(n)
+    forms = {
+        "5": (
+            seq([obs, reward, terminated, truncated, {"model_state": state}]),
+            dict(state=state, obs=obs, reward=reward, terminated=terminated, truncated=truncated),
+        ),
+        "5-no-model-state": (
+            seq([obs, reward, terminated, truncated, {}]),
+            dict(state=obs, obs=obs, reward=reward, terminated=terminated, truncated=truncated),
+        ),
+        "4": (
+            seq([obs, reward, terminated, {"model_state": state}]),
+            dict(state=state, obs=obs, reward=reward, terminated=terminated, truncated=None),
+        ),
+        "3": (seq([state, obs, reward]), dict(state=state, obs=obs, reward=reward, terminated=None, truncated=None)),
+        "6": (
+            seq([state, obs, reward, terminated, truncated, {}]),
+            dict(state=state, obs=obs, reward=reward, terminated=terminated, truncated=truncated),
+        ),
+        "mapping": (
+            {"state": state, "observation": obs, "reward": reward, "terminated": terminated, "truncated": truncated},
+            dict(state=state, obs=obs, reward=reward, terminated=terminated, truncated=truncated),
+        ),
+        "mapping-next_state-obs-done": (
+            {"next_state": state, "obs": obs, "reward": reward, "done": terminated},
+            dict(state=state, obs=obs, reward=reward, terminated=terminated, truncated=None),
+        ),
+        "mapping-image": (
+            {"state": state, "image": obs},
+            dict(state=state, obs=obs, reward=None, terminated=None, truncated=None),
+        ),
+        "mapping-pixels": (
+            {"state": state, "pixels": obs},
+            dict(state=state, obs=obs, reward=None, terminated=None, truncated=None),
+        ),
+        "mapping-next_observation": (
+            {"state": state, "next_observation": obs},
+            dict(state=state, obs=obs, reward=None, terminated=None, truncated=None),
+        ),
+        "mapping-next_obs": (
+            {"state": state, "next_obs": obs},
+            dict(state=state, obs=obs, reward=None, terminated=None, truncated=None),
+        ),
+        "mapping-obs-only": (
+            {"observation": obs, "reward": reward},
+            dict(state=obs, obs=obs, reward=reward, terminated=None, truncated=None),
+        ),
+        "mapping-state-only": (
+            {"state": state},
+            dict(state=state, obs=state, reward=None, terminated=None, truncated=None),
+        ),
+        "mapping-info-model-state": (
+            {"observation": obs, "info": {"model_state": state}},
+            dict(state=state, obs=obs, reward=None, terminated=None, truncated=None),
+        ),
+        "tensordict": (
+            TensorDict({"state": state, "observation": obs, "reward": reward}, [n]),
+            dict(state=state, obs=obs, reward=reward, terminated=None, truncated=None),
+        ),
+        "bare": (state, dict(state=state, obs=state, reward=None, terminated=None, truncated=None)),
+    }
+    return forms[name]
+
+
+ALL_FORMS = [
+    "5",
+    "5-no-model-state",
+    "4",
+    "3",
+    "6",
+    "mapping",
+    "mapping-next_state-obs-done",
+    "mapping-image",
+    "mapping-pixels",
+    "mapping-next_observation",
+    "mapping-next_obs",
+    "mapping-obs-only",
+    "mapping-state-only",
+    "mapping-info-model-state",
+    "tensordict",
+    "bare",
+]
+
+
+def _env_returning(result, n=N):
+    return WorldModelEnv(
+        object(), BOX2, BOX2, num_envs=n, initial_state=torch.zeros(2), transition_fn=lambda s, a: result
+    )
+
+
+def _check(out, env, expect, n=N):
+    assert torch.equal(out["observation"], expect["obs"])
+    assert torch.equal(env.state, expect["state"])
+    reward = torch.zeros(n) if expect["reward"] is None else expect["reward"]
+    assert torch.equal(out["reward"], reward.view(n, 1))
+    term = torch.zeros(n, dtype=torch.bool) if expect["terminated"] is None else expect["terminated"]
+    trunc = torch.zeros(n, dtype=torch.bool) if expect["truncated"] is None else expect["truncated"]
+    assert torch.equal(out["terminated"], term.view(n, 1))
+    assert torch.equal(out["truncated"], trunc.view(n, 1))
+    assert torch.equal(out["done"], (term | trunc).view(n, 1))
+    assert env.reward_from_model == (expect["reward"] is not None)
+    assert env.terminated_from_model == (expect["terminated"] is not None)
+
+
+@pytest.mark.parametrize("seq", [tuple, list], ids=["tuple", "list"])
+@pytest.mark.parametrize("name", ALL_FORMS)
+def test_every_transition_return_form(name, seq):
+    result, expect = _form(name, seq)
+    env = _env_returning(result)
+    _check(step_once(env), env, expect)
+
+
+def test_bug_list_return_is_read_like_a_tuple():
+    """Seed bug: [obs, r, term, trunc, info] made the whole list the observation with reward 0."""
+    result, expect = _form("5", list)
+    env = _env_returning(result)
+    out = step_once(env)
+    assert out["reward"].view(-1).tolist() == expect["reward"].tolist()
+
+
+@pytest.mark.parametrize("via", ["discovered imagine_step", "transition_fn"])
+def test_bug_rssm_dict_state_advances(via):
+    """Seed bug: a {"deter", "stoch"} state returned by imagine_step was read as the mapping form: the latent froze."""
+    model = RSSMLike()
+    init = {"deter": torch.zeros(3), "stoch": torch.zeros(2)}
+    obs_space = gym.spaces.Dict(
+        {
+            "deter": gym.spaces.Box(-np.inf, np.inf, (3,), np.float32),
+            "stoch": gym.spaces.Box(-np.inf, np.inf, (2,), np.float32),
+        }
+    )
+    kwargs = {} if via.startswith("discovered") else {"transition_fn": lambda m, s, a: m.imagine_step(s, a)}
+    env = WorldModelEnv(model, obs_space, ACT1, num_envs=2, initial_state=init, **kwargs)
+    rollout = env.rollout(4, break_when_any_done=False)
+    deter = rollout["next", "deter"][0, :, 0]
+    assert (deter[1:] > deter[:-1]).all(), "the latent must advance every step"
+    assert isinstance(env.state, dict) and set(env.state) == {"deter", "stoch"}
+    # the model received the state it returned at the previous step
+    assert torch.equal(model.seen[2]["deter"], rollout["next", "deter"][:, 1])
+
+
+def test_namedtuple_and_tensordict_states_are_states():
+    init = RSSMState(torch.zeros(2), torch.ones(2))
+    env = WorldModelEnv(
+        object(),
+        BOX2,
+        BOX2,
+        num_envs=2,
+        initial_state=init,
+        initial_observation=torch.zeros(2),
+        transition_fn=lambda s, a: (RSSMState(s.deter + 1, s.stoch), s.deter + 1, torch.zeros(2)),
+    )
+    step_once(env)
+    assert isinstance(env.state, RSSMState) and env.state.deter.tolist() == [[1.0, 1.0]] * 2
+    # a bare namedtuple is a state, never a 2-tuple form
+    form, state, *_ = split_transition(RSSMState(torch.zeros(1), torch.zeros(1)), "t")
+    assert isinstance(state, RSSMState)
+    td_state = TensorDict({"h": torch.zeros(2, 2)}, [2])
+    form, state, obs, reward, *_ = split_transition(td_state, "t")
+    assert state is td_state and obs is td_state and reward is MISSING
+
+
+def test_a_tuple_initial_state_needs_an_initial_observation():
+    with pytest.raises(
+        ReturnFormError, match=r"initial_state \(the observation too, since no initial_observation is given\)"
+    ):
+        WorldModelEnv(
+            object(),
+            BOX2,
+            BOX2,
+            num_envs=2,
+            initial_state=(torch.zeros(2), torch.zeros(1)),
+            transition_fn=lambda s, a: s,
+        )
+
+
+def test_tuple_state_inside_a_mapping_and_its_batch_is_checked():
+    env = WorldModelEnv(
+        object(),
+        BOX2,
+        BOX2,
+        num_envs=2,
+        initial_state=(torch.zeros(2), torch.zeros(1)),
+        initial_observation=torch.zeros(2),
+        transition_fn=lambda s, a: {"state": (s[0] + 1, s[1] - 1), "observation": s[0] + 1},
+    )
+    step_once(env)
+    assert env.state[0].tolist() == [[1.0, 1.0]] * 2 and env.state[1].tolist() == [[-1.0]] * 2
+    bad = WorldModelEnv(
+        object(),
+        BOX2,
+        BOX2,
+        num_envs=2,
+        initial_state=(torch.zeros(2), torch.zeros(1)),
+        initial_observation=torch.zeros(2),
+        transition_fn=lambda s, a: {"state": (s[0], torch.zeros(3, 1)), "observation": s[0]},
+    )
+    with pytest.raises(ReturnFormError, match=r"state\[1\]: expected leading batch dims \(2,\)"):
+        step_once(bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# garbage and wrong values: clear errors naming the form
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "result, match",
+    [
+        (None, r"returned NoneType None, which matches no transition return form; expected one of: \(obs, reward"),
+        ("x", r"returned str 'x', which matches no transition return form"),
+        (3, r"returned int 3, which matches no transition return form"),
+        ((), r"returned a 0-tuple, which matches no transition return form"),
+        ((torch.zeros(2, 2),), r"returned a 1-tuple"),
+        ((torch.zeros(2, 2), torch.zeros(2, 2)), r"returned a 2-tuple.*A tuple state must be returned inside a form"),
+        (tuple(torch.zeros(2, 2) for _ in range(7)), r"returned a 7-tuple"),
+        ([torch.zeros(2, 2)] * 8, r"returned a 8-list"),
+    ],
+)
+def test_bug_garbage_returns_raise(result, match):
+    """Seed bug: None, "x", (), a 7-tuple... were accepted without any error (silently truncated to item 0)."""
+    env = WorldModelEnv(
+        object(), BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2), transition_fn=lambda s, a: result
+    )
+    with pytest.raises(ReturnFormError, match=match):
+        step_once(env)
+
+
+@pytest.mark.parametrize(
+    "result, match",
+    [
+        (
+            {"state": torch.zeros(2, 2), "observation": torch.zeros(3, 2)},
+            r"mapping.*observation: expected dtype torch.float32 and shape \(2, 2\), "
+            r"got Tensor\(dtype=torch.float32, shape=\(3, 2\)\)",
+        ),
+        (
+            {"state": torch.zeros(2, 2), "observation": torch.zeros(2, 2, dtype=torch.float64)},
+            r"observation: expected dtype torch.float32 and shape \(2, 2\), got Tensor\(dtype=torch.float64",
+        ),
+        (
+            (torch.zeros(2, 2), torch.zeros(2, 2), torch.zeros(3)),
+            r"3-tuple read as \(state, obs, reward\): reward: expected shape \(2, 1\) or \(2,\)",
+        ),
+        (
+            (torch.zeros(2, 2), torch.zeros(2, 2), torch.zeros(2, dtype=torch.float64)),
+            r"reward: expected dtype torch.float32 \(the reward spec\), got Tensor\(dtype=torch.float64",
+        ),
+        (
+            (torch.zeros(2), torch.zeros(2), torch.zeros(2, dtype=torch.bool), {}),
+            r"4-tuple read as \(obs, reward, done, info\): observation: "
+            r"expected dtype torch.float32 and shape \(2, 2\)",
+        ),
+        (
+            (torch.zeros(2, 2), torch.zeros(2), torch.zeros(2), False, {}),
+            r"5-tuple.*terminated: expected a bool tensor.*got Tensor\(dtype=torch.float32.*threshold it",
+        ),
+        (
+            (torch.zeros(2, 2), torch.zeros(2), torch.zeros(2, 2, dtype=torch.bool), False, {}),
+            r"terminated: expected shape \(2, 1\) or \(2,\) \(one flag per env\)",
+        ),
+        (
+            (torch.zeros(2, 2), torch.zeros(2), False, False, "info"),
+            r"5-tuple read as .*: expected info to be a dict \(or None\), got str",
+        ),
+        (
+            {"state": torch.zeros(2, 2), "reward": torch.zeros(2), "latent": torch.zeros(2)},
+            r"keys \['latent'\] are not part of the mapping return form",
+        ),
+        ({"observation": torch.zeros(2, 2), "obs": torch.zeros(2, 2)}, r"several observation keys"),
+        (
+            {
+                "terminated": torch.zeros(2, dtype=torch.bool),
+                "done": torch.zeros(2, dtype=torch.bool),
+                "state": torch.zeros(2, 2),
+            },
+            r"both 'terminated' and 'done'",
+        ),
+        ({"reward": torch.zeros(2)}, r"neither a state .* nor an observation"),
+        ({"state": torch.zeros(2, 2), "reward": "high"}, r"reward: expected a float tensor of shape \(2, 1\), got str"),
+    ],
+)
+def test_wrong_batch_dtype_and_bad_values_raise_naming_the_form(result, match):
+    env = WorldModelEnv(
+        object(), BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2), transition_fn=lambda s, a: result
+    )
+    with pytest.raises(ReturnFormError, match=match):
+        step_once(env)
+
+
+def test_error_names_the_adapter():
+    def my_transition(state, action):
+        return None
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=1, initial_state=torch.zeros(2), transition_fn=my_transition)
+    with pytest.raises(ReturnFormError, match=r"transition_fn .*my_transition\(state, action\)"):
+        step_once(env)
+
+
+def test_bug_batched_reward_is_not_cut_to_its_first_element():
+    """Seed bug: a batched reward tensor([1., 2.]) became 1.0."""
+    env = _env_returning((torch.zeros(2, 2), torch.zeros(2, 2), torch.tensor([1.0, 2.0])), n=2)
+    assert step_once(env)["reward"].view(-1).tolist() == [1.0, 2.0]
+
+
+def test_python_scalars_broadcast_and_numpy_observations_convert():
+    env = _env_returning((np.ones((2, 2), np.float32), 1.5, True, False, {}), n=2)
+    out = step_once(env)
+    assert out["reward"].view(-1).tolist() == [1.5, 1.5] and out["terminated"].all() and not out["truncated"].any()
+    assert torch.equal(out["observation"], torch.ones(2, 2))
+
+
+def test_bug_float64_observation_for_float32_space_is_an_error():
+    """Seed bug: a float64 obs for a float32 Box was returned as is (contains() False)."""
+    env = _env_returning({"state": torch.zeros(2, 2, dtype=torch.float64)}, n=2)
+    with pytest.raises(ReturnFormError, match="float64"):
+        step_once(env)
+
+
+def test_unbatched_transition_output_is_an_error_even_with_one_env():
+    env = _env_returning((torch.zeros(2), torch.zeros(2), 0.0), n=1)
+    with pytest.raises(ReturnFormError, match=r"observation: expected dtype torch.float32 and shape \(1, 2\)"):
+        step_once(env)
+
+
+# ---------------------------------------------------------------------------------------------
+# reset forms
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("name", ["obs", "obs_info", "state_obs", "state_obs_info", "mapping", "mapping-state", "list"])
+def test_every_reset_return_form(name, batched):
+    n = 3
+    lead = (n,) if batched else ()
+    obs = torch.full((*lead, 2), 2.0)
+    state = torch.full((*lead, 2), 5.0)
+    results = {
+        "obs": obs,
+        "obs_info": (obs, {"note": 1}),
+        "state_obs": (state, obs),
+        "state_obs_info": (state, obs, {}),
+        "mapping": {"state": state, "observation": obs, "info": {}},
+        "mapping-state": {"state": state},
+        "list": [state, obs],
+    }
+
+    def reset_fn(num_envs):
+        assert num_envs == n
+        return results[name]
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=n, reset_fn=reset_fn, transition_fn=lambda s, a: s)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the 'note' info key is not declared
+        td = env.reset()
+    expect_obs = {"mapping-state": 5.0}.get(name, 2.0)
+    expect_state = 2.0 if name in ("obs", "obs_info") else 5.0  # obs forms: state = encode(obs) = obs (no encoder)
+    assert torch.equal(td["observation"], torch.full((n, 2), expect_obs))
+    assert torch.equal(env.state, torch.full((n, 2), expect_state))
+
+
+def test_reset_obs_form_uses_initial_state_when_given():
+    env = WorldModelEnv(
+        object(),
+        BOX2,
+        BOX2,
+        num_envs=2,
+        reset_fn=lambda: torch.ones(2),
+        initial_state=torch.full((2,), 9.0),
+        transition_fn=lambda s, a: s,
+    )
+    env.reset()
+    assert env.state.tolist() == [[9.0, 9.0]] * 2
+
+
+@pytest.mark.parametrize(
+    "result, match",
+    [
+        (None, r"returned NoneType None, which matches no reset return form"),
+        ((torch.zeros(2),) * 4, r"returned a 4-tuple, which matches no reset return form"),
+        ({"state": torch.zeros(2), "reward": 1.0}, r"a reset has no reward or termination"),
+        (torch.zeros(5, 2), r"observation: expected dtype torch.float32 and shape \(3, 2\)"),
+        (torch.zeros(3, 2, dtype=torch.float16), r"observation: expected dtype torch.float32"),
+    ],
+)
+def test_bug_bad_reset_returns_raise_instead_of_a_random_observation(result, match):
+    """Seed bug: a reset returning None silently started from observation_space.sample()."""
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, reset_fn=lambda: result, transition_fn=lambda s, a: s)
+    with pytest.raises(ReturnFormError, match=match):
+        env.reset()
+
+
+def test_split_reset_two_tuple_with_dict_observation():
+    keys = frozenset({"a", "b"})
+    obs = {"a": 1, "b": 2}
+    form, state, got_obs, info = split_reset(("s", obs), "r", keys)
+    assert state == "s" and got_obs is obs and info == {}
+    form, state, got_obs, info = split_reset((obs, {"note": 1}), "r", keys)
+    assert state is MISSING and got_obs is obs and info == {"note": 1}
+
+
+# ---------------------------------------------------------------------------------------------
+# property tests: any form, any batch size
+# ---------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(ALL_FORMS), n=st.integers(1, 9), as_list=st.booleans(), seed=st.integers(0, 2**16))
+def test_property_any_form_any_batch_size(name, n, as_list, seed):
+    gen = torch.Generator().manual_seed(seed)
+    state = torch.randn(n, 2, generator=gen)
+    obs = torch.randn(n, 2, generator=gen)
+    reward = torch.randn(n, generator=gen)
+    term = torch.rand(n, generator=gen) > 0.5
+    trunc = torch.rand(n, generator=gen) > 0.5
+    seq = list if as_list else tuple
+    results = {
+        "5": (seq([obs, reward, term, trunc, {"model_state": state}]), (state, obs, reward, term, trunc)),
+        "5-no-model-state": (seq([obs, reward, term, trunc, {}]), (obs, obs, reward, term, trunc)),
+        "4": (seq([obs, reward, term, {"model_state": state}]), (state, obs, reward, term, None)),
+        "3": (seq([state, obs, reward]), (state, obs, reward, None, None)),
+        "6": (seq([state, obs, reward, term, trunc, None]), (state, obs, reward, term, trunc)),
+        "mapping": (
+            {"state": state, "obs": obs, "reward": reward, "terminated": term, "truncated": trunc},
+            (state, obs, reward, term, trunc),
+        ),
+        "mapping-next_state-obs-done": (
+            {"next_state": state, "observation": obs, "done": term},
+            (state, obs, None, term, None),
+        ),
+        "mapping-image": ({"state": state, "image": obs}, (state, obs, None, None, None)),
+        "mapping-pixels": (
+            {"state": state, "pixels": obs, "reward": reward.view(n, 1)},
+            (state, obs, reward, None, None),
+        ),
+        "mapping-next_observation": ({"next_observation": obs}, (obs, obs, None, None, None)),
+        "mapping-next_obs": ({"next_obs": obs, "truncated": trunc}, (obs, obs, None, None, trunc)),
+        "mapping-obs-only": ({"observation": obs, "reward": reward}, (obs, obs, reward, None, None)),
+        "mapping-state-only": ({"state": state}, (state, state, None, None, None)),
+        "mapping-info-model-state": (
+            {"observation": obs, "info": {"model_state": state}},
+            (state, obs, None, None, None),
+        ),
+        "tensordict": (
+            TensorDict({"state": state, "observation": obs, "reward": reward}, [n]),
+            (state, obs, reward, None, None),
+        ),
+        "bare": (state, (state, state, None, None, None)),
+    }
+    result, (e_state, e_obs, e_reward, e_term, e_trunc) = results[name]
+    env = _env_returning(result, n=n)
+    out = step_once(env)
+    _check(out, env, dict(state=e_state, obs=e_obs, reward=e_reward, terminated=e_term, truncated=e_trunc), n=n)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 9), bad=st.sampled_from(["obs_rows", "reward_rows", "term_dtype", "obs_dtype", "arity"]))
+def test_property_wrong_values_always_raise(n, bad):
+    state = torch.zeros(n, 2)
+    result = {
+        "obs_rows": (state, torch.zeros(n + 1, 2), torch.zeros(n)),
+        "reward_rows": (state, state, torch.zeros(n + 2)),
+        "term_dtype": (state, torch.zeros(n), torch.zeros(n, dtype=torch.int64), False, {}),
+        "obs_dtype": (state, state.double(), torch.zeros(n)),
+        "arity": tuple([state] * 7),
+    }[bad]
+    env = _env_returning(result, n=n)
+    with pytest.raises(ReturnFormError):
+        step_once(env)
+
+
+# ---------------------------------------------------------------------------------------------
+# the remaining seed bugs
+# ---------------------------------------------------------------------------------------------
+
+
+def test_bug_discrete_action_reaches_the_model_as_int64_indices():
+    """Seed bug: a Discrete action became a 0-d float32 tensor."""
+    seen = []
+
+    def transition(state, action):
+        seen.append(action)
+        return state
+
+    env = WorldModelEnv(
+        object(), BOX2, gym.spaces.Discrete(4), num_envs=3, initial_state=torch.zeros(2), transition_fn=transition
+    )
+    td = env.reset()
+    td["action"] = torch.tensor([0, 3, 1])
+    env.step(td)
+    assert seen[0].dtype == torch.int64 and seen[0].tolist() == [0, 3, 1]
+
+
+def test_bug_dict_action_space_works():
+    """Seed bug: Dict/Tuple action spaces crashed with torch_actions=True."""
+    act = gym.spaces.Dict({"move": gym.spaces.Box(-1, 1, (2,), np.float32), "jump": gym.spaces.Discrete(2)})
+    seen = []
+
+    def transition(state, action):
+        seen.append(action)
+        return state + action["move"] * action["jump"].unsqueeze(-1)
+
+    env = WorldModelEnv(object(), BOX2, act, num_envs=2, initial_state=torch.zeros(2), transition_fn=transition)
+    rollout = env.rollout(3, break_when_any_done=False)
+    assert rollout["action", "move"].shape == (2, 3, 2) and rollout["action", "jump"].dtype == torch.int64
+    assert isinstance(seen[0], TensorDict)
+
+
+def test_bug_no_graph_growth_by_default():
+    """Seed bug: without no_grad the state kept a grad_fn chain growing one link per step."""
+    lin = nn.Linear(4, 2)
+    env = WorldModelEnv(
+        lin,
+        BOX2,
+        BOX2,
+        num_envs=2,
+        initial_state=torch.zeros(2),
+        transition_fn=lambda m, s, a: m(torch.cat([s, a], -1)),
+    )
+    env.rollout(50, break_when_any_done=False)
+    assert env.state.grad_fn is None and not env.state.requires_grad
+
+
+def test_bug_close_does_not_close_a_shared_model():
+    """Seed bug: env.close() closed the model, shared by every vector worker."""
+
+    class Model(CountingModel):
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    model = Model()
+    env = WorldModelEnv(model, OBS3, ACT1, num_envs=2, initial_state=torch.zeros(3))
+    env.close()
+    assert not model.closed
+
+
+def test_bug_step_before_reset_raises():
+    env = WorldModelEnv(CountingModel(), OBS3, ACT1, num_envs=2, initial_state=torch.zeros(3))
+    td = env.fake_tensordict()
+    with pytest.raises(RuntimeError, match="call reset"):
+        env._step(td)
+
+
+def test_seed_kwargs_that_are_transforms_here_explain_themselves():
+    with pytest.raises(TypeError, match="StepCounter"):
+        WorldModelEnv(CountingModel(), OBS3, ACT1, initial_state=torch.zeros(3), max_episode_steps=5)
+    with pytest.raises(TypeError, match="ObservationDecoder"):
+        WorldModelEnv(CountingModel(), OBS3, ACT1, initial_state=torch.zeros(3), render_fn=lambda m, s, o: None)
+    with pytest.raises(TypeError, match="unexpected keyword arguments \\['bogus'\\]"):
+        WorldModelEnv(CountingModel(), OBS3, ACT1, initial_state=torch.zeros(3), bogus=1)
+
+
+def test_undeclared_info_keys_warn_once_and_declared_ones_are_recorded():
+    def transition(state, action):
+        return state, state, torch.zeros(2), False, False, {"uncertainty": state[:, 0], "debug": 1}
+
+    env = WorldModelEnv(
+        object(),
+        BOX2,
+        BOX2,
+        num_envs=2,
+        initial_state=torch.ones(2),
+        transition_fn=transition,
+        info_spec={"uncertainty": torch.zeros(())},
+    )
+    with pytest.warns(UserWarning, match=r"info keys \['debug'\] that are not recorded"):
+        rollout = env.rollout(3, break_when_any_done=False)
+    assert rollout["next", "info", "uncertainty"].shape == (2, 3, 1)
+    assert rollout["next", "info", "uncertainty"].flatten().tolist() == [1.0] * 6
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        env.rollout(2, break_when_any_done=False)  # warned once only
+
+
+# ---------------------------------------------------------------------------------------------
+# the seed design's own tests, ported (batched, TorchRL-native)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_seed_port_counting_model_with_reset_method_and_dict_step():
+    """Seed test 1: reset() returns (state, obs, info), step(state, action) returns a dict; time limit 3."""
+
+    class CountingWorldModel:
+        def reset(self, seed=None, options=None):
+            return torch.zeros(1), torch.zeros(2), {"source": "reset"}
+
+        def step(self, state, action):
+            count = state + 1
+            return {
+                "state": count,
+                "observation": count.expand(-1, 2).clone(),
+                "reward": count[:, 0] + action[:, 0],
+                "terminated": count[:, 0] >= 2,
+            }
+
+    env = make_world_model_env(
+        CountingWorldModel(), BOX2, gym.spaces.Box(-1, 1, (1,), np.float32), num_envs=2, max_episode_steps=3
+    )
+    with pytest.warns(UserWarning, match=r"info keys \['source'\] that are not recorded"):
+        td = env.reset()
+    assert td["observation"].tolist() == [[0.0, 0.0]] * 2 and env.base_env.state.tolist() == [[0.0]] * 2
+    td["action"] = torch.tensor([[0.5], [-0.5]])
+    out = env.step(td)["next"]
+    assert out["observation"].tolist() == [[1.0, 1.0]] * 2
+    assert out["reward"].view(-1).tolist() == [1.5, 0.5]
+    assert not out["terminated"].any() and not out["truncated"].any()
+    assert out["step_count"].view(-1).tolist() == [1, 1]
+    td = env.step_mdp(env.step(td))
+    td["action"] = torch.zeros(2, 1)
+    assert env.step(td)["next", "terminated"].all()
+
+
+def test_seed_port_dict_model_adapters_reward_terminal_fallbacks_and_dict_observation():
+    """Seed test 2: reset_fn/transition_fn adapters, reward_fn/terminal_fn fallbacks, Dict obs, max_episode_steps=1."""
+    model = {"scale": 2.0}
+    obs_space = gym.spaces.Dict({"position": BOX2, "velocity": gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)})
+
+    def reset_fn(model, seed, options):
+        return {"state": torch.zeros(2), "observation": {"position": torch.zeros(2), "velocity": torch.zeros(1)}}
+
+    def transition_fn(model, state, action):
+        nxt = state + model["scale"] * action
+        return {"next_state": nxt, "obs": {"position": nxt, "velocity": nxt[:, :1]}}
+
+    env = make_world_model_env(
+        model,
+        obs_space,
+        BOX2,
+        num_envs=3,
+        reset_fn=reset_fn,
+        transition_fn=transition_fn,
+        reward_fn=lambda model, state, obs, action: obs["position"].sum(-1),
+        terminal_fn=lambda model, state, obs, action: torch.ones(state.shape[0], dtype=torch.bool),
+        max_episode_steps=1,
+    )
+    td = env.reset()
+    td["action"] = torch.ones(3, 2)
+    out = env.step(td)["next"]
+    assert out["position"].tolist() == [[2.0, 2.0]] * 3 and out["velocity"].tolist() == [[2.0]] * 3
+    assert out["reward"].view(-1).tolist() == [4.0] * 3
+    assert out["terminated"].all() and out["truncated"].all() and out["done"].all()
+    check_env_specs_ok = env.rollout(3, break_when_any_done=False)
+    assert check_env_specs_ok["next", "done"].all()
+
+
+def test_seed_port_obs_info_reset_one_argument_action_transform_and_five_tuple():
+    """Seed test 3: (obs, info) reset, a one-argument action_transform_fn, a 5-tuple with info['model_state']."""
+    seen = []
+
+    def transition(model, state, action):
+        seen.append(action)
+        nxt = state + action
+        return nxt * 10, action[:, 0].float(), action[:, 0] == 2, False, {"model_state": nxt}
+
+    env = make_world_model_env(
+        object(),
+        BOX2,
+        gym.spaces.Discrete(3),
+        num_envs=2,
+        reset_fn=lambda: (torch.zeros(2), {"note": 1}),
+        transition_fn=transition,
+        action_transform_fn=lambda action: torch.stack([action, action], -1).float(),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the reset info key 'note' is not declared
+        td = env.reset()
+    td["action"] = torch.tensor([1, 2])
+    out = env.step(td)["next"]
+    assert torch.equal(seen[-1], torch.tensor([[1.0, 1.0], [2.0, 2.0]]))
+    assert out["observation"].tolist() == [[10.0, 10.0], [20.0, 20.0]]
+    assert env.base_env.state.tolist() == [[1.0, 1.0], [2.0, 2.0]], "the state is info['model_state'], not the obs"
+    assert out["reward"].view(-1).tolist() == [1.0, 2.0] and out["terminated"].view(-1).tolist() == [False, True]

@@ -1,0 +1,848 @@
+"""WorldModelEnv as a TorchRL env: specs, batched stepping, masked resets, reset sources, seeding, gradients,
+the fast step_and_maybe_reset path, transforms, collectors and planners."""
+
+from __future__ import annotations
+
+import functools
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule
+from torch import nn
+from torchrl.collectors import Collector
+from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorDictReplayBuffer, Unbounded
+from torchrl.envs import EnvBase, RewardSum, StepCounter, TransformedEnv
+from torchrl.envs.utils import check_env_specs
+from torchrl.testing import rollout_consistency_assertion
+from wm_models import ACT1, OBS3, CountingModel, NoisyModel, PointMass, RSSMLike, counting_env
+
+from torchrl_swm import WorldModelEnv, make_world_model_env
+from torchrl_swm.world_model import ObservationDecoder, RewardAdapter
+from torchrl_swm.world_model.adapters import ReturnFormError
+
+BOX2 = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+BOX4 = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+FORCE = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+
+def reset_td(n, rows):
+    mask = torch.zeros(n, 1, dtype=torch.bool)
+    mask[list(rows)] = True
+    return TensorDict({"_reset": mask}, batch_size=[n])
+
+
+def noisy_env(n=6, seed=0, device="cpu", **kwargs):
+    kwargs.setdefault("initial_state", torch.zeros(4))
+    return WorldModelEnv(NoisyModel().to(device), BOX4, FORCE, num_envs=n, seed=seed, device=device, **kwargs)
+
+
+def dict_obs_env(n=3):
+    space = gym.spaces.Dict(
+        {
+            "pos": gym.spaces.Box(-np.inf, np.inf, (2,), np.float32),
+            "goal": gym.spaces.Dict({"xy": gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)}),
+        }
+    )
+
+    def transition(state, action):
+        nxt = state + action
+        return {
+            "state": nxt,
+            "observation": {"pos": nxt, "goal": {"xy": -nxt}},
+            "reward": nxt[:, 0],
+            "terminated": nxt[:, 0].abs() > 1.0,
+        }
+
+    return WorldModelEnv(
+        object(),
+        space,
+        FORCE,
+        num_envs=n,
+        initial_state=torch.zeros(2),
+        initial_observation={"pos": torch.zeros(2), "goal": {"xy": torch.zeros(2)}},
+        transition_fn=transition,
+    )
+
+
+def full_factory_env(n=3):
+    def to_model(action):
+        return torch.nn.functional.one_hot(action, 3).float()
+
+    def transition(model, state, action):
+        return {"state": state + action[:, :1] - action[:, 2:]}
+
+    return make_world_model_env(
+        object(),
+        BOX2,
+        gym.spaces.Discrete(3),
+        num_envs=n,
+        initial_state=torch.zeros(2),
+        transition_fn=transition,
+        action_transform_fn=to_model,
+        reward_fn=lambda s, o, a: o[:, 0],
+        terminal_fn=lambda s, o, a: o[:, 0] > 3,
+        max_episode_steps=7,
+        decoder=lambda obs: (obs.abs().clamp(0, 1) * 255).to(torch.uint8).unsqueeze(-1).expand(-1, 2, 4),
+        seed=0,
+    )
+
+
+ENVS = {
+    "counting": lambda: counting_env(4, length=torch.tensor([2, 3, 4, 5])),
+    "noisy": lambda: noisy_env(5),
+    "dict-obs": lambda: dict_obs_env(3),
+    "discrete": lambda: WorldModelEnv(
+        object(),
+        BOX2,
+        gym.spaces.Discrete(4),
+        num_envs=3,
+        initial_state=torch.zeros(2),
+        transition_fn=lambda s, a: s + a.unsqueeze(-1).float(),
+    ),
+    "state-key": lambda: noisy_env(3, state_key="latent", initial_observation=torch.zeros(4)),
+    "rssm-state-key": lambda: WorldModelEnv(
+        RSSMLike(),
+        gym.spaces.Box(-np.inf, np.inf, (3,), np.float32),
+        ACT1,
+        num_envs=2,
+        state_key="rssm",
+        initial_state={"deter": torch.zeros(3), "stoch": torch.zeros(2)},
+        initial_observation=torch.zeros(3),
+        transition_fn=lambda m, s, a: (lambda n: {"state": n, "observation": n["deter"]})(m.imagine_step(s, a)),
+    ),
+    "info": lambda: WorldModelEnv(
+        object(),
+        BOX2,
+        BOX2,
+        num_envs=3,
+        initial_state=torch.zeros(2),
+        info_spec={"u": torch.zeros(2)},
+        transition_fn=lambda s, a: (s + a, s + a, torch.zeros(3), (s + a)[:, 0] > 0.5, False, {"u": a * 2}),
+    ),
+    "factory": lambda: full_factory_env(3),
+    "unlocked": lambda: WorldModelEnv(
+        PointMass(), BOX4, FORCE, num_envs=None, state_key="observation", initial_state=torch.zeros(4)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENVS))
+def test_check_env_specs(name):
+    env = ENVS[name]()
+    check_env_specs(env)
+    check_env_specs(env, break_when_any_done="both")
+
+
+def test_batched_env_spec_shapes():
+    env = counting_env(5)
+    assert env.batch_size == (5,) and env.batch_locked
+    assert env.observation_spec["observation"].shape == (5, 3)
+    assert env.action_spec.shape == (5, 1) and env.reward_spec.shape == (5, 1)
+    assert env.full_done_spec["done"].shape == (5, 1) and env.full_done_spec["truncated"].dtype == torch.bool
+    # gymnasium spaces or TorchRL specs, both accepted
+    env2 = WorldModelEnv(CountingModel(), Unbounded((3,)), ACT1, num_envs=5, initial_state=torch.zeros(3))
+    assert env2.observation_spec["observation"].shape == (5, 3)
+
+
+def test_model_is_called_once_per_step_for_the_whole_batch():
+    env = counting_env(16, length=100)
+    env.rollout(20, break_when_any_done=False)
+    assert env.model.calls == 20 and set(env.model.batch_sizes) == {16}
+
+
+def test_rollout_nonstop_with_a_done_head_resets_only_done_rows():
+    n = 5
+    env = counting_env(n, length=torch.tensor([2, 3, 4, 5, 7]))
+    rollout = env.rollout(100, break_when_any_done=False)
+    assert rollout.batch_size == (n, 100) and rollout.names[-1] == "time"
+    t, nt = rollout["observation"][..., 0], rollout["next", "observation"][..., 0]
+    done = rollout["next", "done"][..., 0]
+    assert torch.equal(nt, t + 1)
+    assert torch.equal(rollout["observation"][:, 1:, 0][done[:, :-1]], torch.zeros(int(done[:, :-1].sum())))
+    assert torch.equal(done, nt == torch.tensor([2, 3, 4, 5, 7.0]).unsqueeze(-1))
+    mixed = (done.any(0) & ~done.all(0)).sum()
+    assert mixed > 50
+    rollout_consistency_assertion(rollout, done_key="done", observation_key="observation", done_strict=True)
+
+
+def test_masked_reset_touches_only_masked_rows():
+    env = counting_env(4, length=50)
+    td = env.reset()
+    for _ in range(3):
+        td["action"] = torch.ones(4, 1)
+        td = env.step(td)["next"].clone()
+    calls = env.model.calls
+    before = env.state.clone()
+    out = env.reset(td.update(reset_td(4, [1])))
+    assert out["observation"][:, 0].tolist() == [3.0, 0.0, 3.0, 3.0]
+    assert env.model.calls == calls, "a reset must not step the model"
+    keep = [0, 2, 3]
+    assert torch.equal(env.state[keep], before[keep]) and env.state[1].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_reset_from_the_maybe_reset_path_gets_only_the_mask_and_returns_the_full_batch():
+    env = counting_env(3, length=1)
+    td = env.reset()
+    td["action"] = torch.zeros(3, 1)
+    nxt = env.step(td)["next"]
+    assert nxt["done"].all() and nxt["terminated"].all()
+    out = env._reset(reset_td(3, [0]))
+    assert out.batch_size == (3,)
+    assert not out["done"][0] and out["done"][1:].all(), "unmasked rows are left as they were"
+    assert out["observation"][:, 0].tolist() == [0.0, 1.0, 1.0]
+
+
+def test_mask_isolation_two_same_seed_envs():
+    """Reset row k in one of two same-seed envs of a stochastic model: every other row stays identical."""
+    n, k = 6, 2
+    a, b = noisy_env(n, seed=7), noisy_env(n, seed=7)
+    ta, tb = a.reset(), b.reset()
+    gen = torch.Generator().manual_seed(0)
+    others = [i for i in range(n) if i != k]
+    diverged, dones = False, 0
+    for t in range(120):
+        if t == 10:
+            tb = b.reset(tb.update(reset_td(n, [k])))
+        action = torch.rand(n, 2, generator=gen) * 2 - 1
+        ta["action"], tb["action"] = action, action.clone()
+        ra, ta = a.step_and_maybe_reset(ta)
+        rb, tb = b.step_and_maybe_reset(tb)
+        assert (ra[others] == rb[others]).all(), f"rows other than {k} diverged at step {t}"
+        diverged |= not torch.equal(ra["next", "observation"][k], rb["next", "observation"][k])
+        dones += int(ra["next", "done"][others].sum())
+    assert diverged
+    assert dones > 0, "other rows finished and restarted meanwhile (partial resets in both envs)"
+
+
+def test_outputs_never_change_after_later_steps():
+    env = noisy_env(4, seed=1)
+    td = env.reset()
+    td["action"] = torch.ones(4, 2)
+    out, td_ = env.step_and_maybe_reset(td)
+    frozen = out.clone()
+    for _ in range(30):
+        td_["action"] = torch.ones(4, 2)
+        _, td_ = env.step_and_maybe_reset(td_)
+    assert (out == frozen).all()
+
+
+def test_writing_into_reset_outputs_does_not_corrupt_later_resets():
+    env = counting_env(2, length=100)
+    td = env.reset()
+    td["observation"].add_(100.0)  # callers (collectors) may write into what they received
+    assert env.reset()["observation"].tolist() == [[0.0, 0.0, 0.0]] * 2
+
+
+# -------------------------------------------------------------------------------------------------
+# reset sources
+# -------------------------------------------------------------------------------------------------
+
+
+class EncodingModel(CountingModel):
+    def encode(self, obs):
+        return obs * 10
+
+
+def test_initial_observation_is_encoded_with_model_encode_or_identity():
+    env = WorldModelEnv(
+        EncodingModel(),
+        OBS3,
+        ACT1,
+        num_envs=2,
+        initial_observation=torch.ones(3),
+        transition_fn=lambda s, a: {"state": s, "observation": s / 10},
+    )
+    assert env.reset()["observation"].tolist() == [[1.0] * 3] * 2
+    assert env.state.tolist() == [[10.0] * 3] * 2
+    env = WorldModelEnv(EncodingModel(), OBS3, ACT1, num_envs=2, initial_observation=torch.ones(3), encode_fn=False)
+    env.reset()
+    assert env.state.tolist() == [[1.0] * 3] * 2
+    env = WorldModelEnv(CountingModel(), OBS3, ACT1, num_envs=2, initial_observation=torch.ones(3))
+    env.reset()
+    assert env.state.tolist() == [[1.0] * 3] * 2
+
+
+@pytest.mark.parametrize("with_model", [True, False])
+def test_encode_fn_both_signatures(with_model):
+    model = CountingModel()
+    encode = (lambda m, obs: obs + (5 if m is model else -99)) if with_model else (lambda obs: obs + 5)
+    env = WorldModelEnv(model, OBS3, ACT1, num_envs=2, initial_observation=torch.zeros(3), encode_fn=encode)
+    env.reset()
+    assert env.state.tolist() == [[5.0] * 3] * 2
+
+
+def test_reset_fn_gets_the_number_of_rows_and_fills_only_them():
+    made = []
+
+    def reset_fn(num_envs, generator):
+        made.append(num_envs)
+        episode = torch.full((num_envs, 1), float(len(made)))
+        return torch.cat([torch.zeros(num_envs, 1), episode, torch.zeros(num_envs, 1)], -1)
+
+    env = WorldModelEnv(CountingModel(length=100), OBS3, ACT1, num_envs=4, reset_fn=reset_fn)
+    env.rollout(6, break_when_any_done=False)  # the fast path's resets call reset_fn too
+    made.clear()
+    td = env.reset()
+    td["action"] = torch.zeros(4, 1)
+    td = env.step(td)["next"].clone()
+    out = env.reset(td.update(reset_td(4, [0, 3])))
+    assert made == [4, 2]
+    assert out["observation"][:, :2].tolist() == [[0.0, 2.0], [1.0, 1.0], [1.0, 1.0], [0.0, 2.0]]
+
+
+def test_reset_fn_mask_is_one_flag_per_env_on_both_reset_paths():
+    masks = []
+
+    def reset_fn(num_envs, mask):
+        masks.append(mask.clone())
+        return torch.zeros(num_envs, 3)
+
+    env = WorldModelEnv(CountingModel(length=torch.tensor([1, 100, 2])), OBS3, ACT1, num_envs=3, reset_fn=reset_fn)
+    env.rollout(3, break_when_any_done=False)  # fast path resets
+    env._reset(reset_td(3, [1]))  # generic path
+    assert all(m.shape == (3,) and m.dtype == torch.bool for m in masks)
+    assert masks[1].tolist() == [True, False, False] and masks[-1].tolist() == [False, True, False]
+
+
+def _real_data(m=10):
+    obs = torch.arange(m * 3, dtype=torch.float32).view(m, 3)
+    return obs, TensorDict({"observation": obs, "other": torch.zeros(m)}, [m])
+
+
+@pytest.mark.parametrize("source", ["tensordict", "td_replay_buffer", "tensor_replay_buffer"])
+def test_start_states_real_data_sampled_with_the_generator_and_encoded(source):
+    obs, data = _real_data()
+    if source == "tensordict":
+        start = data
+    elif source == "td_replay_buffer":
+        start = TensorDictReplayBuffer(storage=LazyTensorStorage(100))
+        start.extend(data)
+    else:
+        start = ReplayBuffer(storage=LazyTensorStorage(100))
+        start.extend(obs)
+    make = functools.partial(
+        WorldModelEnv,
+        EncodingModel(length=100),
+        OBS3,
+        ACT1,
+        num_envs=6,
+        start_states=start,
+        transition_fn=lambda s, a: {"state": s, "observation": s / 10},
+    )
+    env = make(seed=3)
+    first = env.reset()["observation"]
+    rows = {tuple(r) for r in obs.tolist()}
+    assert all(tuple(r) in rows for r in first.tolist())
+    assert torch.equal(env.state, first * 10), "encoded by model.encode"
+    assert torch.equal(make(seed=3).reset()["observation"], first), "same seed, same sampled starts"
+    td = env.reset()
+    td["action"] = torch.zeros(6, 1)
+    nxt = env.step(td)["next"].clone()
+    out = env.reset(nxt.update(reset_td(6, [2])))
+    keep = [0, 1, 3, 4, 5]
+    assert torch.equal(out["observation"][keep], nxt["observation"][keep])
+    assert tuple(out["observation"][2].tolist()) in rows
+
+
+def test_start_states_with_encode_fn_and_errors():
+    obs, data = _real_data()
+    env = WorldModelEnv(CountingModel(), OBS3, ACT1, num_envs=2, start_states=data, encode_fn=lambda o: o - 1, seed=0)
+    td = env.reset()
+    assert torch.equal(env.state, td["observation"] - 1)
+    with pytest.raises(KeyError, match="missing observation keys"):
+        WorldModelEnv(CountingModel(), OBS3, ACT1, num_envs=2, start_states=TensorDict({"x": torch.zeros(4, 3)}, [4]))
+    with pytest.raises(TypeError, match="not both"):
+        WorldModelEnv(CountingModel(), OBS3, ACT1, start_states=data, reset_fn=lambda: torch.zeros(3))
+    with pytest.raises(TypeError, match="needs a way to start episodes"):
+        WorldModelEnv(CountingModel(), OBS3, ACT1)
+
+
+def test_model_reset_method_is_discovered_and_explicit_initial_state_wins():
+    class WithReset(CountingModel):
+        def reset_state(self, seed, options):
+            return torch.full((3,), 7.0)
+
+    env = WorldModelEnv(WithReset(), OBS3, ACT1, num_envs=2)
+    assert env.reset()["observation"].tolist() == [[7.0] * 3] * 2
+    env = WorldModelEnv(WithReset(), OBS3, ACT1, num_envs=2, initial_state=torch.ones(3))
+    assert env.reset()["observation"].tolist() == [[1.0] * 3] * 2
+
+
+# -------------------------------------------------------------------------------------------------
+# seeding
+# -------------------------------------------------------------------------------------------------
+
+
+def _rollout(env, steps=40):
+    gen = torch.Generator().manual_seed(11)
+    actions = iter(torch.rand(steps, env.batch_size[0], 2, generator=gen) * 2 - 1)
+    return env.rollout(steps, lambda td: td.set("action", next(actions)), break_when_any_done=False)
+
+
+def test_same_seed_same_rollout_model_randomness_included():
+    obs = torch.randn(20, 4, generator=torch.Generator().manual_seed(0))
+    data = TensorDict({"observation": obs}, [20])
+    make = functools.partial(noisy_env, 5, start_states=data, initial_state=None)
+    r1, r2, r3 = _rollout(make(seed=3)), _rollout(make(seed=3)), _rollout(make(seed=4))
+    assert (r1 == r2).all()
+    assert not torch.equal(r1["next", "observation"], r3["next", "observation"])
+    assert r1["next", "done"].any(), "the rollout should include resets (sampled from start_states)"
+    env = make(seed=99)
+    env.set_seed(3)
+    assert (_rollout(env) == r1).all()
+
+
+def test_reset_seed_keyword_reseeds_and_models_may_use_the_env_generator():
+    holder = {}
+
+    def transition(state, action):  # uses the env's generator directly
+        return state + torch.randn(state.shape, generator=holder["env"].generator)
+
+    def make():
+        env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, initial_state=torch.zeros(2), transition_fn=transition)
+        holder["env"] = env
+        return env
+
+    outs = []
+    for _ in range(2):
+        env = make()
+        td = env.reset(seed=5)
+        td["action"] = torch.zeros(3, 2)
+        outs.append(env.step(td)["next", "observation"])
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_generator_sits_on_the_env_device(device):
+    env = WorldModelEnv(
+        PointMass().to(device), BOX4, FORCE, num_envs=3, initial_state=torch.zeros(4), device=device, seed=0
+    )
+    assert env.generator.device.type == device.type
+    rollout = env.rollout(5, break_when_any_done=False)
+    assert rollout.device.type == device.type and rollout["next", "observation"].device.type == device.type
+    check_env_specs(env)
+
+
+def test_same_seed_same_rollout_on_device_with_start_states(device):
+    data = TensorDict({"observation": torch.randn(20, 4, generator=torch.Generator().manual_seed(0))}, [20])
+    make = functools.partial(noisy_env, 5, device=device, start_states=data.to(device), initial_state=None)
+    gen = torch.Generator().manual_seed(11)
+    actions = (torch.rand(30, 5, 2, generator=gen) * 2 - 1).to(device)
+
+    def run(env):
+        it = iter(actions)
+        return env.rollout(30, lambda td: td.set("action", next(it)), break_when_any_done=False)
+
+    r1, r2 = run(make(seed=3)), run(make(seed=3))
+    assert r1.device.type == device.type and (r1 == r2).all() and r1["next", "done"].any()
+
+
+def test_fast_path_equals_generic_path_on_device(device):
+    fast, generic = noisy_env(8, seed=2, device=device), noisy_env(8, seed=2, device=device)
+    tf, tg = fast.reset(), generic.reset()
+    torch.manual_seed(0)
+    for _ in range(30):
+        action = fast.full_action_spec.rand()
+        tf.update(action.clone())
+        tg.update(action.clone())
+        of, tf = fast.step_and_maybe_reset(tf)
+        og, tg = EnvBase._step_and_maybe_reset(generic, tg)
+        assert (of == og).all() and (tf == tg).all()
+
+
+def test_env_does_not_own_or_move_the_model():
+    model = NoisyModel()
+    env = WorldModelEnv(model, BOX4, FORCE, num_envs=2, initial_state=torch.zeros(4))
+    assert list(env.parameters()) == [] and env.model is model
+    assert env.to("cpu") is env
+    with pytest.raises(RuntimeError, match="cannot be moved to meta"):
+        env.to("meta")
+
+
+def test_device_mismatch_is_an_error():
+    with pytest.raises(ValueError, match="the model's parameters are on cpu"):
+        WorldModelEnv(PointMass(), BOX4, FORCE, num_envs=2, initial_state=torch.zeros(4), device="meta")
+
+
+# -------------------------------------------------------------------------------------------------
+# gradients
+# -------------------------------------------------------------------------------------------------
+
+
+class Linear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 4)
+
+    def forward(self, state, action):
+        nxt = torch.tanh(self.lin(torch.cat([state, action], -1)))
+        return {"state": nxt, "reward": nxt.sum(-1)}
+
+
+def _policy():
+    torch.manual_seed(0)
+    return TensorDictModule(nn.Sequential(nn.Linear(4, 2), nn.Tanh()), in_keys=["observation"], out_keys=["action"])
+
+
+def test_differentiable_rollout_gradient_reaches_policy_parameters():
+    model = Linear()
+    env = WorldModelEnv(
+        model, BOX4, FORCE, num_envs=3, initial_state=torch.full((4,), 0.1), differentiable=True, seed=0
+    )
+    policy = _policy()
+    rollout = env.rollout(8, policy, break_when_any_done=False)
+    loss = -rollout["next", "reward"].sum()
+    loss.backward()
+    grad = policy.module[0].weight.grad
+    assert grad is not None and grad.abs().sum() > 0
+    assert model.lin.weight.grad is not None
+
+
+def test_differentiable_through_the_adapter_transforms():
+    model = Linear()
+
+    def transition(m, state, action):
+        return {"state": m(state, action)["state"]}  # no reward: the RewardAdapter supplies it
+
+    env = make_world_model_env(
+        model,
+        BOX4,
+        FORCE,
+        num_envs=2,
+        initial_state=torch.full((4,), 0.1),
+        transition_fn=transition,
+        reward_fn=lambda s, o, a: -(s**2).sum(-1),
+        action_transform_fn=lambda a: a * 0.5,
+        max_episode_steps=50,
+        differentiable=True,
+        seed=0,
+    )
+    policy = _policy()
+    rollout = env.rollout(6, policy, break_when_any_done=False)
+    rollout["next", "reward"].sum().backward()
+    assert policy.module[0].weight.grad.abs().sum() > 0
+
+
+def test_no_grad_by_default_even_with_a_grad_policy():
+    env = WorldModelEnv(Linear(), BOX4, FORCE, num_envs=3, initial_state=torch.full((4,), 0.1), seed=0)
+    rollout = env.rollout(8, _policy(), break_when_any_done=False)
+    assert not rollout["next", "reward"].requires_grad and env.state.grad_fn is None
+
+
+# -------------------------------------------------------------------------------------------------
+# partial steps and the fast path
+# -------------------------------------------------------------------------------------------------
+
+
+def test_rollout_break_when_all_done_uses_the_step_mask():
+    env = counting_env(2, length=torch.tensor([3, 6]))
+    rollout = env.rollout(20, break_when_any_done=False, break_when_all_done=True)
+    assert rollout.shape == (2, 6)
+    assert rollout["next", "observation"][0, :, 0].tolist() == [1, 2, 3, 3, 3, 3]
+
+
+def test_step_mask_freezes_rows_and_reports_reward_zero():
+    env = counting_env(3, length=100)
+    td = env.reset()
+    td["action"] = torch.ones(3, 1)
+    td = env.step(td)["next"].clone()
+    td["action"] = torch.ones(3, 1)
+    td["_step"] = torch.tensor([[True], [False], [True]])
+    out = env.step(td)["next"]
+    assert out["observation"][:, 0].tolist() == [2.0, 1.0, 2.0]
+    assert out["reward"].view(-1).tolist() == [1.0, 0.0, 1.0]
+    assert env.state[:, 0].tolist() == [2.0, 1.0, 2.0]
+
+
+FAST_CASES = {
+    "counting": lambda: counting_env(6, length=torch.tensor([1, 2, 3, 4, 5, 6])),
+    "noisy": lambda: noisy_env(8, seed=2),
+    "dict-obs": lambda: dict_obs_env(4),
+    "state-key": lambda: noisy_env(5, seed=1, state_key="latent", initial_observation=torch.zeros(4)),
+    "info": ENVS["info"],
+    "all-done": lambda: counting_env(3, length=2),
+    "reset-fn": lambda: WorldModelEnv(
+        NoisyModel(),
+        BOX4,
+        FORCE,
+        num_envs=5,
+        seed=0,
+        reset_fn=lambda num_envs, generator: torch.randn(num_envs, 4, generator=generator),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAST_CASES))
+def test_fast_step_and_maybe_reset_equals_torchrl_generic_path(name):
+    fast, generic = FAST_CASES[name](), FAST_CASES[name]()
+    tf, tg = fast.reset(), generic.reset()
+    torch.manual_seed(0)
+    resets = 0
+    for t in range(40):
+        action = fast.full_action_spec.rand()  # the same action for both
+        for td in (tf, tg):
+            td.update(action.clone())
+            td["policy_out"] = torch.arange(fast.batch_size[0], dtype=torch.float32).unsqueeze(-1) + t
+            td["collector"] = TensorDict({"traj_ids": torch.arange(fast.batch_size[0])}, fast.batch_size)
+        of, tf = fast.step_and_maybe_reset(tf)
+        og, tg = EnvBase._step_and_maybe_reset(generic, tg)
+        resets += int(of["next", "done"].any())
+        for a, b, what in ((of, og, "step output"), (tf, tg, "next root")):
+            assert set(a.keys(True, True)) == set(b.keys(True, True)), (what, t)
+            for key in a.keys(True, True):
+                assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), (what, key, t)
+    assert resets > 0
+
+
+def test_fast_path_is_used_and_falls_back_for_transformed_envs(monkeypatch):
+    calls = []
+    original = EnvBase._step_and_maybe_reset
+
+    def spy(self, td):
+        calls.append(type(self).__name__)
+        return original(self, td)
+
+    monkeypatch.setattr(EnvBase, "_step_and_maybe_reset", spy)
+    env = counting_env(3, length=2)
+    env.rollout(10, break_when_any_done=False)
+    assert "WorldModelEnv" not in calls, "the base env takes its own path"
+    td = env.reset()
+    td["_step"] = torch.ones(3, 1, dtype=torch.bool)
+    td["action"] = torch.zeros(3, 1)
+    env.step_and_maybe_reset(td)
+    assert calls == ["WorldModelEnv"], "inputs with '_step' take TorchRL's generic path"
+
+
+# -------------------------------------------------------------------------------------------------
+# transforms, collectors, planners
+# -------------------------------------------------------------------------------------------------
+
+
+def test_make_world_model_env_is_a_transformed_env_of_adapter_transforms():
+    env = full_factory_env(3)
+    assert isinstance(env, TransformedEnv) and isinstance(env.base_env, WorldModelEnv)
+    names = [type(t).__name__ for t in env.transform]
+    assert names == ["ActionAdapter", "RewardAdapter", "TerminalAdapter", "StepCounter", "ObservationDecoder"]
+    assert env.action_spec.shape == (3,) and env.action_spec.dtype == torch.int64  # the outside (Discrete) spec
+    assert env.base_env.action_spec.shape == (3, 3)  # the model's one-hot actions (probed)
+    assert env.observation_spec["pixels"].dtype == torch.uint8
+    td = env.reset()
+    td["action"] = torch.tensor([0, 1, 2])
+    out = env.step(td)["next"]
+    assert out["observation"][:, 0].tolist() == [1.0, 0.0, -1.0]
+    assert out["reward"].view(-1).tolist() == [1.0, 0.0, -1.0]
+    assert out["pixels"].shape == (3, 2, 4)
+
+
+def test_time_limit_is_step_counter_and_resets_only_truncated_rows():
+    env = make_world_model_env(
+        CountingModel(length=100), OBS3, ACT1, num_envs=2, initial_state=torch.zeros(3), max_episode_steps=4
+    )
+    rollout = env.rollout(10, break_when_any_done=False)
+    assert rollout["next", "truncated"][0, :, 0].tolist() == [False, False, False, True] * 2 + [False, False]
+    assert rollout["observation"][0, :, 0].tolist() == [0, 1, 2, 3] * 2 + [0, 1]
+    td = env.reset()
+    for _ in range(2):
+        td["action"] = torch.zeros(2, 1)
+        _, td = env.step_and_maybe_reset(td)
+    td.set("_reset", torch.tensor([[True], [False]]))
+    out = env.reset(td)
+    assert out["step_count"].view(-1).tolist() == [0, 2] and out["observation"][:, 0].tolist() == [0.0, 2.0]
+
+
+def test_users_can_add_and_swap_transforms():
+    env = make_world_model_env(
+        CountingModel(length=100),
+        OBS3,
+        ACT1,
+        num_envs=2,
+        initial_state=torch.zeros(3),
+        max_episode_steps=3,
+        transforms=[RewardSum()],
+    )
+    rollout = env.rollout(4, lambda td: td.set("action", torch.ones(2, 1)), break_when_any_done=False)
+    assert rollout["next", "episode_reward"][0, :, 0].tolist() == [1.0, 2.0, 3.0, 1.0]
+    env.transform.pop(1)  # remove the StepCounter...
+    env.append_transform(StepCounter(max_steps=2))  # ...and add another
+    rollout = env.rollout(3, break_when_any_done=False)
+    assert rollout["next", "truncated"][0, :, 0].tolist() == [False, True, False]
+    check_env_specs(env)
+
+
+def test_adapter_transforms_report_bad_returns():
+    env = make_world_model_env(
+        CountingModel(),
+        OBS3,
+        gym.spaces.Discrete(2),
+        num_envs=2,
+        initial_state=torch.zeros(3),
+        action_transform_fn=lambda a: a.float().unsqueeze(-1),
+        model_action_space=ACT1,
+    )
+    env.transform[0]._fn = lambda a: a.float()  # now returns (N,) instead of (N, 1)
+    env.transform[0]._bound = None
+    td = env.reset()
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(ReturnFormError, match=r"expected the model's action: dtype torch.float32, shape \(2, 1\)"):
+        env.step(td)
+    bad = make_world_model_env(
+        object(),
+        BOX2,
+        BOX2,
+        num_envs=2,
+        initial_state=torch.zeros(2),
+        transition_fn=lambda s, a: s,
+        reward_fn=lambda s, o, a: torch.zeros(5),
+    )
+    with pytest.raises(ReturnFormError, match=r"reward_fn .* reward: expected shape \(2, 1\) or \(2,\)"):
+        bad.rollout(2)
+    with pytest.raises(RuntimeError, match="base env is a torchrl_swm.WorldModelEnv"):
+        TransformedEnv(_plain_env(), RewardAdapter(lambda s, o, a: s)).rollout(2)
+
+
+def _plain_env():
+    from torchrl.testing.mocking_classes import ContinuousActionVecMockEnv
+
+    return ContinuousActionVecMockEnv()
+
+
+def test_observation_decoder_standalone_with_spec():
+    env = TransformedEnv(
+        counting_env(2, length=100),
+        ObservationDecoder(lambda obs: obs * 2, gym.spaces.Box(-1, 1, (3,), np.float32), out_key="decoded"),
+    )
+    td = env.reset()
+    assert "decoded" in td.keys()
+    td["action"] = torch.ones(2, 1)
+    out = env.step(td)["next"]
+    assert torch.equal(out["decoded"], out["observation"] * 2)
+
+
+def test_collector_drives_the_env():
+    env = counting_env(4, length=torch.tensor([2, 3, 5, 6]))
+    collector = Collector(env, None, frames_per_batch=80, total_frames=160)
+    batches = list(collector)
+    collector.shutdown()
+    assert len(batches) == 2 and batches[0].batch_size == (4, 20)
+    for batch in batches:
+        t, nt = batch["observation"][..., 0], batch["next", "observation"][..., 0]
+        assert torch.equal(nt, t + 1)
+        done = batch["next", "done"][..., 0]
+        traj = batch["collector", "traj_ids"]
+        assert (traj[:, 1:][done[:, :-1]] != traj[:, :-1][done[:, :-1]]).all()
+        assert (traj[:, 1:][~done[:, :-1]] == traj[:, :-1][~done[:, :-1]]).all()
+
+
+def test_multisync_collector_with_spawned_workers():
+    from torchrl.collectors import MultiSyncCollector
+    from wm_models import make_counting_env
+
+    collector = MultiSyncCollector(
+        [functools.partial(make_counting_env, 4)] * 2, None, frames_per_batch=80, total_frames=160
+    )
+    batches = list(collector)
+    collector.shutdown()
+    assert len(batches) == 2
+    batch = batches[0]
+    assert batch.numel() == 80 and batch["next", "done"].any()
+    t, nt = batch["observation"][..., 0], batch["next", "observation"][..., 0]
+    assert torch.equal(nt, t + 1)
+
+
+def test_collector_partial_reset_by_index():
+    env = counting_env(3, length=100)
+    collector = Collector(env, None, frames_per_batch=15, total_frames=30)
+    it = iter(collector)
+    next(it)
+    collector.reset(index=torch.tensor([1]))
+    batch = next(it)
+    collector.shutdown()
+    assert batch["observation"][:, 0, 0].tolist() == [5.0, 0.0, 5.0]
+
+
+def test_state_key_exposes_the_state_and_reads_it_back():
+    env = noisy_env(3, seed=0, state_key="latent", initial_observation=torch.zeros(4))
+    td = env.reset()
+    assert torch.equal(td["latent"], env.state)
+    td["latent"] = torch.full((3, 4), 0.5)  # the tensordict is the source of truth when it holds the state
+    td["action"] = torch.zeros(3, 2)
+    before = env.generator.get_state()
+    out = env.step(td)["next"]
+    env.generator.set_state(before)
+    expected = env.model.step(torch.full((3, 4), 0.5), torch.zeros(3, 2), generator=env.generator)[0]
+    assert torch.allclose(out["latent"], expected)
+
+
+def test_unlocked_env_takes_any_batch_and_needs_the_state_in_the_tensordict():
+    env = ENVS["unlocked"]()
+    assert not env.batch_locked and env.batch_size == ()
+    start = TensorDict(
+        {
+            "observation": torch.zeros(5, 3, 4),
+            "done": torch.zeros(5, 3, 1, dtype=torch.bool),
+            "terminated": torch.zeros(5, 3, 1, dtype=torch.bool),
+            "truncated": torch.zeros(5, 3, 1, dtype=torch.bool),
+        },
+        [5, 3],
+    )
+    rollout = env.rollout(4, auto_reset=False, tensordict=start, break_when_any_done=False)
+    assert rollout.batch_size == (5, 3, 4)
+    with pytest.raises(KeyError, match="has no state under 'observation'"):
+        env._step(TensorDict({"action": torch.zeros(2, 2)}, [2]))
+    with pytest.raises(ValueError, match="num_envs >= 1"):
+        WorldModelEnv(PointMass(), BOX4, FORCE, num_envs=0, initial_state=torch.zeros(4))
+
+
+def test_unlocked_env_resets_any_batch_shape_from_reset_fn_and_dict_states():
+    def reset_fn(num_envs, generator):
+        state = {"pos": torch.randn(num_envs, 4, generator=generator), "count": torch.zeros(num_envs, 1)}
+        return state, state["pos"]
+
+    def transition(state, action):
+        nxt = {"pos": state["pos"] + 0.1, "count": state["count"] + 1}
+        return {"state": nxt, "observation": nxt["pos"]}
+
+    env = WorldModelEnv(
+        object(),
+        BOX4,
+        FORCE,
+        num_envs=None,
+        state_key="latent",
+        reset_fn=reset_fn,
+        transition_fn=transition,
+        state_spec={"pos": Unbounded((4,)), "count": Unbounded((1,))},
+        seed=0,
+    )
+    td = env.reset(TensorDict({}, [2, 3]))
+    assert td["observation"].shape == (2, 3, 4) and td["latent", "count"].shape == (2, 3, 1)
+    td["action"] = torch.zeros(2, 3, 2)
+    out = env.step(td)["next"]
+    assert torch.equal(out["latent", "count"], torch.ones(2, 3, 1))
+    assert torch.allclose(out["observation"], td["observation"] + 0.1)
+
+
+@pytest.mark.parametrize("planner_name", ["MPPI", "CEM"])
+def test_torchrl_planner_over_an_exact_point_mass_reaches_the_goal(planner_name):
+    from torchrl.modules.planners import CEMPlanner, MPPIPlanner
+
+    model = PointMass(goal=(1.0, -0.5))
+    model_env = WorldModelEnv(model, BOX4, FORCE, num_envs=None, state_key="observation", initial_state=torch.zeros(4))
+    real_env = WorldModelEnv(model, BOX4, FORCE, num_envs=1, initial_state=torch.zeros(4), seed=0)
+
+    class ReturnToGo(nn.Module):
+        def forward(self, td):
+            td["advantage"] = td["next", "reward"].flip(-2).cumsum(-2).flip(-2)
+            return td
+
+    torch.manual_seed(0)
+    if planner_name == "MPPI":
+        planner = MPPIPlanner(
+            model_env, ReturnToGo(), temperature=1.0, planning_horizon=10, optim_steps=4, num_candidates=48, top_k=6
+        )
+    else:
+        planner = CEMPlanner(model_env, planning_horizon=10, optim_steps=4, num_candidates=48, top_k=6)
+    rollout = real_env.rollout(50, planner)
+    final = rollout["next", "observation"][0, -1, :2]
+    assert torch.dist(final, torch.tensor([1.0, -0.5])) < 0.1

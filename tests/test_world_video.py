@@ -1,0 +1,86 @@
+"""Videos follow the World's masks: one file per episode, L + 1 frames, no frames from frozen envs."""
+
+import builtins
+import functools
+
+import pytest
+import torch
+from envs import counting
+
+pytest.importorskip("imageio")
+pytest.importorskip("imageio_ffmpeg")
+
+from torchrl_swm import EnvPool, World  # noqa: E402
+from torchrl_swm.video import VideoRecorder, count_frames  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def pixel_pool(lengths):
+    return EnvPool(
+        [functools.partial(counting, length=n, render_mode="rgb_array") for n in lengths], seed=0, pixels=True
+    )
+
+
+def ones(n):
+    return lambda td: td.set("action", torch.ones(n, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("mode", ["auto", "wait"])
+def test_one_file_per_episode_with_reset_frame_and_one_frame_per_step(tmp_path, mode):
+    lengths = [2, 5, 3]
+    pool = pixel_pool(lengths)
+    result = World(pool, ones(3)).evaluate(5, seed=0, reset_mode=mode, video=tmp_path, progress=False)
+    files = sorted(p.name for p in tmp_path.glob("*.mp4"))
+    assert files == [f"episode_{j:05d}.mp4" for j in range(5)]  # a reset starts a new file
+    for j, length in enumerate(result["episode_lengths"]):
+        # the reset frame plus one frame per step the env took; a frozen env adds nothing
+        assert count_frames(tmp_path / f"episode_{j:05d}.mp4") == length + 1
+    pool.close()
+
+
+def test_frames_show_the_episode_in_order(tmp_path):
+    import imageio
+
+    pool = pixel_pool([4])
+    World(pool, ones(1)).evaluate(1, seed=0, video=tmp_path, progress=False)
+    frames = [frame for frame in imageio.get_reader(tmp_path / "episode_00000.mp4")]
+    # CountingEnv paints t into the red channel: 0, 1, 2, 3, 4 (lossy codec: compare loosely)
+    reds = [int(f[..., 0].mean()) for f in frames]
+    assert len(reds) == 5 and all(abs(r - t) <= 2 for r, t in zip(reds, range(5)))
+    pool.close()
+
+
+def test_recorder_counts_and_grid_layout(tmp_path):
+    lengths = [2, 5, 3]
+    pool = pixel_pool(lengths)
+    rec = VideoRecorder(tmp_path / "grid", layout="grid", fps=5)
+    World(pool, ones(3)).evaluate(6, seed=0, reset_mode="wait", video=rec, progress=False)
+    path = tmp_path / "grid" / "grid.mp4"
+    # two rounds of 5 steps, each with its reset frame
+    assert rec.frame_counts == {path: 12}
+    assert count_frames(path) == 12
+    per_episode = VideoRecorder(tmp_path / "eps")
+    World(pool, ones(3)).evaluate(4, seed=0, video=per_episode, progress=False)
+    assert sorted(per_episode.frame_counts.values()) == sorted(n + 1 for n in [2, 5, 3, 2])
+    pool.close()
+
+
+def test_video_needs_pixels_and_imageio(tmp_path, monkeypatch):
+    pool = EnvPool([functools.partial(counting, length=2)], seed=0)
+    with pytest.raises(ValueError, match="pixels"):
+        World(pool, ones(1)).evaluate(1, seed=0, video=tmp_path, progress=False)
+    real_import = builtins.__import__
+
+    def no_imageio(name, *args, **kwargs):
+        if name.startswith("imageio"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_imageio)
+    with pytest.raises(ImportError, match=r"torchrl-swm\[video\]"):
+        VideoRecorder(tmp_path)
+    with pytest.raises(ValueError, match="layout"):
+        monkeypatch.undo()
+        VideoRecorder(tmp_path, layout="mosaic")
+    pool.close()

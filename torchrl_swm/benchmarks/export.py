@@ -1,0 +1,392 @@
+"""Benchmark section: the gymnasium export against what it wraps.
+
+Rows (each measured in this process, ratios against a reference row of the same run):
+
+* ``export/pool``: ``EnvPool("CartPole-v1", N)`` stepped directly with
+  ``step_and_maybe_reset`` (``pool``, the reference), then through
+  ``to_gymnasium`` in NEXT_STEP and SAME_STEP mode with numpy actions, and through
+  ``to_sb3_vec_env`` when stable-baselines3 is installed. Target: the export costs
+  at most 10 % over the pool at N=256 (ratio >= 0.9).
+* ``export/world_model``: the 64-d latent / 2x256 MLP of
+  ``shared/bench/peers_worldmodel.py`` as a raw batched forward (``raw``, the
+  reference: the compute limit), the same with the done mask and masked reset
+  (``raw+reset``), :class:`MLPWorldModelEnv` (a minimal batched TorchRL env over
+  that model) stepped with ``step_and_maybe_reset`` (``torchrl``: the floor of
+  any export that goes through TorchRL), and that env exported with
+  ``to_gymnasium`` (NEXT_STEP and SAME_STEP). When :mod:`torchrl_swm.world_model`
+  is importable, its ``WorldModelEnv`` over the same model is added.
+  Target (perf.md W5): export >= 0.85x the raw forward at B >= 64.
+
+The rows of one group (one N or one B) are measured together, interleaved round by
+round (:func:`measure_together`), so their ratios hold on a shared machine.
+``run()`` returns :class:`~torchrl_swm.benchmarks.harness.Row` objects; it prints nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+import torch.nn as nn
+from tensordict import TensorDict
+from torchrl.data import Bounded, Categorical, Composite, Unbounded
+from torchrl.envs import EnvBase
+
+from ..masks import row_mask
+from .harness import Row
+
+__all__ = ["run", "MLPWorldModel", "MLPWorldModelEnv", "make_model", "world_model_env", "LAT", "ACT", "HID"]
+
+LAT, ACT, HID = 64, 6, 256
+_K_ACT = 64  # pre-drawn random action batches, cycled
+
+
+class MLPWorldModel(nn.Module):
+    """``(latent, action) -> (next latent, reward, done logit)``: perf.md's reference model."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(LAT + ACT, HID), nn.ReLU(), nn.Linear(HID, HID), nn.ReLU(), nn.Linear(HID, LAT + 2)
+        )
+
+    def forward(self, latent, action):
+        out = self.net(torch.cat((latent, action), -1))
+        return torch.tanh(out[..., :LAT]), out[..., LAT : LAT + 1], out[..., LAT + 1 :]
+
+
+def make_model(seed: int = 0, device="cpu", done_rate_bias: float = -2.0) -> MLPWorldModel:
+    """The reference model, its done head calibrated so ~2-4 % of random-action steps end an episode."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        m = MLPWorldModel().eval()
+    with torch.no_grad():
+        z = torch.tanh(torch.randn(4096, LAT, generator=gen))
+        a = torch.rand(4096, ACT, generator=gen) * 2 - 1
+        for _ in range(5):
+            z, _, _ = m(z, a)
+        _, _, d = m(z, a)
+        last = m.net[-1]
+        last.weight[LAT + 1] /= d.std().clamp_min(1e-6)
+        last.bias[LAT + 1] = 0.0
+        _, _, d = m(z, a)
+        last.bias[LAT + 1] = done_rate_bias - d.mean()
+    for p in m.parameters():
+        p.requires_grad_(False)
+    return m.to(device)
+
+
+class MLPWorldModelEnv(EnvBase):
+    """A world model as a batched TorchRL env, written to TorchRL's contract by hand.
+
+    The latent is the observation (``"observation"``, ``(B, 64)`` in ``[-1, 1]``);
+    actions are ``(B, 6)`` in ``[-1, 1]``; an episode ends when the done head's
+    logit is positive. The latent lives inside the env, as in a pool. ``_reset``
+    honours the ``"_reset"`` mask (fresh start latents drawn from a seeded
+    generator), ``_step`` honours the ``"_step"`` mask (frozen rows keep their
+    latent and report reward 0, not done).
+
+    This is the stand-in world-model env of the export's tests and benchmark.
+    """
+
+    def __init__(self, model: nn.Module | None = None, batch_size: int = 64, device="cpu", seed: int = 0):
+        super().__init__(batch_size=torch.Size([batch_size]), device=torch.device(device))
+        b, dev = batch_size, self.device
+        self.model = (model if model is not None else make_model()).to(dev)
+        self.observation_spec = Composite(
+            observation=Bounded(-1.0, 1.0, shape=(b, LAT), dtype=torch.float32, device=dev), shape=(b,), device=dev
+        )
+        self.action_spec = Bounded(-1.0, 1.0, shape=(b, ACT), dtype=torch.float32, device=dev)
+        self.reward_spec = Unbounded(shape=(b, 1), dtype=torch.float32, device=dev)
+        flag = lambda: Categorical(2, shape=(b, 1), dtype=torch.bool, device=dev)  # noqa: E731
+        self.done_spec = Composite(done=flag(), terminated=flag(), truncated=flag(), shape=(b,), device=dev)
+        self._gen = torch.Generator(device=dev)
+        self._gen.manual_seed(seed)
+        self._z = torch.zeros(b, LAT, device=dev)
+        self._false = torch.zeros(b, 1, dtype=torch.bool, device=dev)
+
+    def _start(self) -> torch.Tensor:
+        return torch.tanh(torch.randn(self._z.shape, generator=self._gen, device=self.device)) * 0.1
+
+    def _reset(self, tensordict=None, **kwargs):
+        mask = None if tensordict is None else tensordict.get("_reset", None)
+        fresh = self._start()
+        if mask is None:
+            self._z = fresh
+        else:
+            rows = row_mask(mask, self.batch_size[0], "_reset").unsqueeze(-1)
+            self._z = torch.where(rows, fresh, self._z)
+        false = self._false
+        return TensorDict._new_unsafe(
+            {"observation": self._z, "done": false, "terminated": false, "truncated": false},
+            batch_size=self.batch_size, device=self.device,
+        )
+
+    def _step(self, tensordict):
+        z, reward, logit = self.model(self._z, tensordict.get("action"))
+        done = logit > 0
+        mask = tensordict.get("_step", None)
+        if mask is not None:
+            rows = row_mask(mask, self.batch_size[0], "_step").unsqueeze(-1)
+            z = torch.where(rows, z, self._z)
+            reward = reward * rows
+            done = done & rows
+        self._z = z
+        return TensorDict._new_unsafe(
+            {"observation": z, "reward": reward, "done": done, "terminated": done, "truncated": self._false},
+            batch_size=self.batch_size, device=self.device,
+        )
+
+    def _set_seed(self, seed: int | None) -> None:
+        self._gen.manual_seed(0 if seed is None else int(seed))
+
+
+# ----------------------------------------------------------------------------------------
+# subjects: run(units) + close()
+# ----------------------------------------------------------------------------------------
+
+
+class _PoolDirect:
+    def __init__(self, n):
+        from ..pool import EnvPool
+
+        self.env = EnvPool("CartPole-v1", num_envs=n, seed=0)
+        gen = torch.Generator().manual_seed(0)
+        self.actions = torch.randint(0, 2, (_K_ACT, n), generator=gen)
+        self.td = self.env.reset()
+        self.i = 0
+
+    def run(self, units):
+        env, td, actions = self.env, self.td, self.actions
+        for _ in range(units):
+            self.i += 1
+            td.set("action", actions[self.i % _K_ACT])
+            _, td = env.step_and_maybe_reset(td)
+        self.td = td
+
+    def close(self):
+        self.env.close()
+
+
+class _GymLoop:
+    def __init__(self, venv, actions: np.ndarray):
+        self.env, self.actions, self.i = venv, actions, 0
+        self.env.reset(seed=0)
+
+    def run(self, units):
+        step, actions = self.env.step, self.actions
+        for _ in range(units):
+            self.i += 1
+            step(actions[self.i % len(actions)])
+
+    def close(self):
+        self.env.close()
+
+
+class _SB3Loop(_GymLoop):
+    def __init__(self, venv, actions):
+        self.env, self.actions, self.i = venv, actions, 0
+        self.env.seed(0)
+        self.env.reset()
+
+
+class _Raw:
+    def __init__(self, model, b, masked_reset):
+        gen = torch.Generator().manual_seed(0)
+        self.m, self.masked = model, masked_reset
+        self.z = torch.tanh(torch.randn(b, LAT, generator=gen))
+        self.z0 = torch.tanh(torch.randn(b, LAT, generator=gen)) * 0.1
+        self.acts = torch.rand(_K_ACT, b, ACT, generator=gen) * 2 - 1
+        self.i = 0
+
+    def run(self, units):
+        m, acts, z, z0 = self.m, self.acts, self.z, self.z0
+        with torch.inference_mode():
+            for _ in range(units):
+                self.i += 1
+                z, r, dl = m(z, acts[self.i % _K_ACT])
+                if self.masked:
+                    z = torch.where(dl > 0, z0, z)
+        self.z = z
+
+    def close(self):
+        pass
+
+
+class _TorchRLLoop:
+    def __init__(self, env, b):
+        gen = torch.Generator().manual_seed(0)
+        self.env = env
+        self.acts = torch.rand(_K_ACT, b, ACT, generator=gen) * 2 - 1
+        self.td = env.reset()
+        self.i = 0
+
+    def run(self, units):
+        env, td, acts = self.env, self.td, self.acts
+        with torch.no_grad():
+            for _ in range(units):
+                self.i += 1
+                td.set("action", acts[self.i % _K_ACT])
+                _, td = env.step_and_maybe_reset(td)
+        self.td = td
+
+    def close(self):
+        self.env.close()
+
+
+def _mlp_transition(model, state, action):
+    latent, reward, logit = model(state, action)
+    done = logit > 0
+    return latent, latent, reward, done, torch.zeros_like(done), {}  # (state, obs, reward, term, trunc, info)
+
+
+def _mlp_reset(model, seed, options, num_envs, generator):
+    return torch.tanh(torch.randn(num_envs, LAT, generator=generator, device=generator.device)) * 0.1
+
+
+def world_model_env(model: nn.Module | None = None, num_envs: int = 64, device="cpu", seed: int = 0):
+    """The package's ``WorldModelEnv`` over the reference MLP, or ``None`` when
+    :mod:`torchrl_swm.world_model` is not importable. Same dynamics as :class:`MLPWorldModelEnv`."""
+    try:
+        import gymnasium as gym
+
+        from ..world_model import WorldModelEnv
+    except Exception:  # not available in this tree: callers skip it
+        return None
+    model = (model if model is not None else make_model()).to(device)
+    return WorldModelEnv(
+        model,
+        observation_space=gym.spaces.Box(-1.0, 1.0, (LAT,), np.float32),
+        action_space=gym.spaces.Box(-1.0, 1.0, (ACT,), np.float32),
+        num_envs=num_envs, transition_fn=_mlp_transition, reset_fn=_mlp_reset, device=device, seed=seed,
+    )
+
+
+def measure_together(makers: dict, *, envs_per_step: int, seconds: float = 2.0, repeats: int = 5) -> dict:
+    """:func:`~torchrl_swm.benchmarks.harness.measure` for several subjects at once, interleaved.
+
+    Every subject is built, warmed up and calibrated (one run of about 0.1 s), then
+    ``repeats`` rounds run each subject once for about ``seconds / repeats /
+    len(makers)``, in an order that rotates every round. On a shared, noisy machine,
+    slow drifts then hit every row alike, so the ratios between rows stay meaningful
+    even when absolute rates move. Returns ``{key: measure()-style dict}``.
+    """
+    import math
+    import statistics
+    import time
+
+    subjects, setup = {}, {}
+    try:
+        for key, make in makers.items():
+            t0 = time.perf_counter()
+            subjects[key] = make()
+            setup[key] = time.perf_counter() - t0
+        units = {}
+        for key, subject in subjects.items():
+            subject.run(1)
+            u = 1
+            while True:
+                t0 = time.perf_counter()
+                subject.run(u)
+                dt = time.perf_counter() - t0
+                if dt >= 0.1 or u >= 1 << 22:
+                    break
+                u *= 2
+            budget = seconds / repeats / len(subjects)
+            units[key] = max(1, int(math.ceil(budget * u / max(dt, 1e-9))))
+        times = {key: [] for key in subjects}
+        order = list(subjects)
+        for r in range(repeats):
+            for key in order[r % len(order):] + order[: r % len(order)]:
+                t0 = time.perf_counter()
+                subjects[key].run(units[key])
+                times[key].append(time.perf_counter() - t0)
+    finally:
+        for subject in subjects.values():
+            subject.close()
+    out = {}
+    for key, ts in times.items():
+        rates = [units[key] * envs_per_step / t for t in ts]
+        median = statistics.median(rates)
+        out[key] = {"rate": median, "spread": (max(rates) - min(rates)) / median,
+                    "us_per_call": statistics.median(ts) / units[key] * 1e6, "setup_s": setup[key]}
+    return out
+
+
+def _rows(section, n, specs, results, ref_key) -> list[Row]:
+    ref = results[ref_key]["rate"]
+    return [
+        Row(section, key, label, n, results[key]["rate"], results[key]["spread"], results[key]["us_per_call"],
+            results[key]["rate"] / ref, {"setup_s": results[key]["setup_s"], "reference": ref_key})
+        for key, label in specs
+    ]
+
+
+def _pool_rows(ns, seconds) -> list[Row]:
+    from ..export import to_gymnasium
+    from ..pool import EnvPool
+
+    rows = []
+    for n in ns:
+        actions = np.random.default_rng(0).integers(0, 2, (_K_ACT, n))
+        makers = {"pool": lambda: _PoolDirect(n)}
+        labels = [("pool", "EnvPool CartPole, step_and_maybe_reset (reference)")]
+        for mode in ("next_step", "same_step"):
+            makers[f"gym-{mode}"] = functools.partial(
+                lambda mode: _GymLoop(to_gymnasium(EnvPool("CartPole-v1", num_envs=n), autoreset_mode=mode), actions),
+                mode,
+            )
+            labels.append((f"gym-{mode}", f"to_gymnasium(EnvPool), {mode}"))
+        try:
+            import stable_baselines3  # noqa: F401
+
+            from ..export import to_sb3_vec_env
+
+            makers["sb3"] = lambda: _SB3Loop(to_sb3_vec_env(EnvPool("CartPole-v1", num_envs=n)), actions)
+            labels.append(("sb3", "to_sb3_vec_env(EnvPool)"))
+        except ImportError:
+            pass
+        results = measure_together(makers, envs_per_step=n, seconds=seconds * len(makers))
+        rows += _rows("export/pool", n, labels, results, "pool")
+    return rows
+
+
+def _world_model_rows(bs, seconds) -> list[Row]:
+    from ..export import to_gymnasium
+
+    model = make_model()
+    rows = []
+    has_wm = world_model_env(model, 1) is not None
+    for b in bs:
+        actions = (np.random.default_rng(0).random((_K_ACT, b, ACT)) * 2 - 1).astype(np.float32)
+        makers = {
+            "raw": lambda: _Raw(model, b, False),
+            "raw+reset": lambda: _Raw(model, b, True),
+            "torchrl": lambda: _TorchRLLoop(MLPWorldModelEnv(model, b), b),
+        }
+        labels = [("raw", "raw batched forward (limit, reference)"),
+                  ("raw+reset", "raw forward + done mask + masked reset"),
+                  ("torchrl", "MLPWorldModelEnv, step_and_maybe_reset")]
+        for mode in ("next_step", "same_step"):
+            makers[f"gym-{mode}"] = functools.partial(
+                lambda mode: _GymLoop(to_gymnasium(MLPWorldModelEnv(model, b), autoreset_mode=mode), actions), mode
+            )
+            labels.append((f"gym-{mode}", f"to_gymnasium(MLPWorldModelEnv), {mode}"))
+        if has_wm:
+            makers["wm-torchrl"] = lambda: _TorchRLLoop(world_model_env(model, b), b)
+            labels.append(("wm-torchrl", "WorldModelEnv, step_and_maybe_reset"))
+            for mode in ("next_step", "same_step"):
+                makers[f"wm-gym-{mode}"] = functools.partial(
+                    lambda mode: _GymLoop(to_gymnasium(world_model_env(model, b), autoreset_mode=mode), actions), mode
+                )
+                labels.append((f"wm-gym-{mode}", f"to_gymnasium(WorldModelEnv), {mode}"))
+        results = measure_together(makers, envs_per_step=b, seconds=seconds * len(makers))
+        rows += _rows("export/world_model", b, labels, results, "raw")
+    return rows
+
+
+def run(ns=(16, 256), bs=(64, 1024), seconds: float = 2.0) -> list[Row]:
+    """Measure the export section; see the module docstring. Returns rows, prints nothing."""
+    return [*_pool_rows(ns, seconds), *_world_model_rows(bs, seconds)]

@@ -1,0 +1,347 @@
+"""Benchmark section: :class:`~torchrl_swm.WorldModelEnv` against the raw batched forward of its model.
+
+The model is perf.md's reference world model (``shared/bench/peers_worldmodel.py``): a 64-d
+latent, a 6-d action, a 2x256 MLP with reward and done heads, its done head calibrated so that
+~3 % of random-action steps end an episode. Rows, per batch size ``B`` (all in one process run;
+``ratio`` = rate / rate of row ``raw`` at the same ``B``):
+
+* ``raw``: the model's forward in a ``torch.no_grad()`` loop (the compute limit, reference).
+* ``raw+reset``: the same plus the done mask and a masked reset (``torch.where``).
+* ``env/step``: ``WorldModelEnv.step_and_maybe_reset`` in a loop (collector style).
+  Targets: >= 0.90 at B=1024, >= 0.70 at B=64, <= 30 us added per step at B=1
+  (``extra["added_us"]``).
+* ``env/rollout``: ``WorldModelEnv.rollout(100, break_when_any_done=False)``. Target >= 0.85 at B=1024.
+* ``env/transformed``: ``make_world_model_env(..., max_episode_steps=1000)`` (a TransformedEnv with
+  StepCounter: TorchRL's generic path) stepped like ``env/step``, for reference.
+* ``torchrl/model_based``: TorchRL's ``ModelBasedEnvBase`` with the model as a ``TensorDictModule``,
+  ``rollout(100)`` (what TorchRL offers; its ``_reset`` resets every row).
+* ``env/step-no-dones``: ``env/step`` with a termination that is never true (same ops, no resets).
+* ``env/reset``: the masked reset alone (``B`` x 3 % rows, fast path), per call;
+  ``extra["fraction_of_step"]`` is its cost over the ``env/step`` time per step. Target <= 0.05 at
+  B=1024. ``extra["in_loop_fraction"]`` is the same measured inside the loop: (``env/step`` minus
+  ``env/step-no-dones``) over ``env/step-no-dones``, where ``env/step-no-dones`` is the same loop with a
+  termination that is never true (same ops, no resets). Noisier: a difference of two timings.
+
+``run()`` returns :class:`~torchrl_swm.benchmarks.harness.Row` objects and prints nothing. On a GPU,
+``run(bs=(16384,), device="cuda")`` gives the large-batch comparison on the accelerator.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from .harness import Row, measure
+
+__all__ = ["run", "RefWorldModel", "make_ref_model", "LAT", "ACT", "HID"]
+
+LAT, ACT, HID = 64, 6, 256
+ROLL = 100
+_K = 64  # pre-drawn random action batches, cycled
+SECTION = "world_model"
+
+
+class RefWorldModel(nn.Module):
+    """``(latent, action) -> (next latent, reward, done logit)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(LAT + ACT, HID), nn.ReLU(), nn.Linear(HID, HID), nn.ReLU(), nn.Linear(HID, LAT + 2)
+        )
+
+    def forward(self, latent, action):
+        out = self.net(torch.cat((latent, action), -1))
+        return torch.tanh(out[..., :LAT]), out[..., LAT : LAT + 1], out[..., LAT + 1 :]
+
+
+def make_ref_model(seed: int = 0, device="cpu") -> RefWorldModel:
+    """The reference model with its done head calibrated to ~2-4 % dones under random actions."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = RefWorldModel().eval()
+    with torch.no_grad():
+        z = torch.tanh(torch.randn(4096, LAT, generator=gen))
+        a = torch.rand(4096, ACT, generator=gen) * 2 - 1
+        for _ in range(5):
+            z, _, _ = model(z, a)
+        _, _, d = model(z, a)
+        last = model.net[-1]
+        last.weight[LAT + 1] /= d.std().clamp_min(1e-6)
+        last.bias[LAT + 1] = 0.0
+        _, _, d = model(z, a)
+        last.bias[LAT + 1] = -2.0 - d.mean()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model.to(device)
+
+
+def _transition(model, state, action):
+    z, r, d = model(state, action)
+    return {"state": z, "reward": r, "terminated": d > 0}
+
+
+def _transition_no_done(model, state, action):
+    z, r, d = model(state, action)
+    return {"state": z, "reward": r, "terminated": d > float("inf")}  # same work, never done: no resets
+
+
+def _spaces():
+    import gymnasium as gym
+    import numpy as np
+
+    return (
+        gym.spaces.Box(-1.0, 1.0, (LAT,), np.float32),
+        gym.spaces.Box(-1.0, 1.0, (ACT,), np.float32),
+    )
+
+
+def _make_env(model, b, device, transition=_transition):
+    from ..world_model import WorldModelEnv
+
+    obs, act = _spaces()
+    z0 = torch.tanh(torch.randn(LAT, generator=torch.Generator().manual_seed(1))) * 0.1
+    return WorldModelEnv(
+        model, obs, act, num_envs=b, initial_state=z0.to(device), transition_fn=transition, device=device, seed=0
+    )
+
+
+class _Raw:
+    def __init__(self, model, b, device, reset):
+        gen = torch.Generator().manual_seed(2)
+        self.m, self.reset = model, reset
+        self.z = torch.tanh(torch.randn(b, LAT, generator=gen)).to(device)
+        self.z0 = (torch.tanh(torch.randn(LAT, generator=gen)) * 0.1).to(device)
+        self.acts = (torch.rand(_K, b, ACT, generator=gen) * 2 - 1).to(device)
+
+    def run(self, units):
+        m, acts, z, z0, reset = self.m, self.acts, self.z, self.z0, self.reset
+        with torch.no_grad():
+            for s in range(units):
+                z, r, d = m(z, acts[s % _K])
+                if reset:
+                    done = d > 0
+                    if done.any():
+                        z = torch.where(done, z0, z)
+        self.z = z
+
+    def close(self):
+        pass
+
+
+class _Policy:
+    def __init__(self, b, device):
+        gen = torch.Generator().manual_seed(3)
+        self.acts = (torch.rand(_K, b, ACT, generator=gen) * 2 - 1).to(device)
+        self.i = 0
+
+    def __call__(self, td):
+        self.i += 1
+        td.set("action", self.acts[self.i % _K])
+        return td
+
+
+class _StepLoop:
+    def __init__(self, env, b, device):
+        self.env, self.policy = env, _Policy(b, device)
+        self.td = env.reset()
+
+    def run(self, units):
+        env, policy, td = self.env, self.policy, self.td
+        with torch.no_grad():
+            for _ in range(units):
+                _, td = env.step_and_maybe_reset(policy(td))
+        self.td = td
+
+    def close(self):
+        pass
+
+
+class _Rollout:
+    def __init__(self, env, b, device):
+        self.env, self.policy = env, _Policy(b, device)
+
+    def run(self, units):
+        with torch.no_grad():
+            for _ in range(units):
+                self.env.rollout(ROLL, self.policy, break_when_any_done=False)
+
+    def close(self):
+        pass
+
+
+class _ResetOnly:
+    """The fast path's maybe_reset alone: the done count (host sync) and the restart of ~3 % random rows."""
+
+    def __init__(self, env, b, device, rate=0.03):
+        self.env = env
+        td = env.reset()
+        td.set("action", torch.zeros(b, ACT, device=device))
+        nxt = env.step(td)["next"]
+        self.root = {"action": td["action"], **{k: v for k, v in nxt.items() if k != "reward"}}
+        gen = torch.Generator().manual_seed(4)
+        k = max(1, round(rate * b))
+        self.dones = []
+        for _ in range(16):
+            mask = torch.zeros(b, 1, dtype=torch.bool)
+            mask[torch.randperm(b, generator=gen)[:k]] = True
+            self.dones.append(mask.to(device))
+
+    def run(self, units):
+        env, dones, root = self.env, self.dones, self.root
+        with torch.no_grad():
+            for s in range(units):
+                done = dones[s % 16]
+                n_done = int(done.sum())
+                if n_done:
+                    env._reset_rows_into(dict(root), done, n_done)
+
+    def close(self):
+        pass
+
+
+def _model_based_env(model, b, device):
+    from tensordict import TensorDict
+    from tensordict.nn import TensorDictModule
+    from torchrl.data import Bounded, Categorical, Composite, Unbounded
+    from torchrl.envs.model_based import ModelBasedEnvBase
+
+    class Head(nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, latent, action):
+            z, r, d = self.m(latent, action)
+            done = d > 0
+            return z, r, done, done.clone()
+
+    module = TensorDictModule(
+        Head(model), in_keys=["latent", "action"], out_keys=["latent", "reward", "done", "terminated"]
+    )
+    z0 = (torch.tanh(torch.randn(b, LAT, generator=torch.Generator().manual_seed(1))) * 0.1).to(device)
+
+    class Env(ModelBasedEnvBase):
+        def __init__(self):
+            super().__init__(module, batch_size=torch.Size([b]), device=device)
+            self.observation_spec = Composite(latent=Unbounded((b, LAT), device=device), shape=(b,))
+            self.action_spec = Bounded(-1.0, 1.0, (b, ACT), device=device)
+            self.reward_spec = Unbounded((b, 1), device=device)
+            self.done_spec = Composite(
+                done=Categorical(2, shape=(b, 1), dtype=torch.bool, device=device),
+                terminated=Categorical(2, shape=(b, 1), dtype=torch.bool, device=device),
+                shape=(b,),
+            )
+
+        def _reset(self, td=None, **kwargs):
+            zeros = torch.zeros(b, 1, dtype=torch.bool, device=device)
+            return TensorDict(
+                {"latent": z0.clone(), "done": zeros, "terminated": zeros.clone()},
+                batch_size=self.batch_size,
+                device=device,
+            )
+
+    return Env()
+
+
+def _transformed_env(model, b, device):
+    from ..world_model import make_world_model_env
+
+    obs, act = _spaces()
+    z0 = torch.tanh(torch.randn(LAT, generator=torch.Generator().manual_seed(1))) * 0.1
+    return make_world_model_env(
+        model,
+        obs,
+        act,
+        num_envs=b,
+        initial_state=z0.to(device),
+        transition_fn=_transition,
+        max_episode_steps=1000,
+        device=device,
+        seed=0,
+    )
+
+
+def run(bs=(1, 64, 1024), seconds: float = 2.0, device="cpu", threads: int | None = None) -> list[Row]:
+    """Measure every row for each batch size in ``bs``; returns the rows (nothing is printed).
+
+    ``threads``: torch intra-op threads during the run (restored after). On a shared, loaded
+    machine ``threads=1`` avoids OpenMP threads waiting on each other, which otherwise swamps
+    the large-batch rows with noise; the default leaves torch's setting alone.
+    """
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(int(threads))
+    try:
+        return _run(bs, seconds, torch.device(device))
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _run(bs, seconds, device) -> list[Row]:
+    model = make_ref_model(0, device)
+    rows: list[Row] = []
+    for b in bs:
+        rows += _rows_for(model, int(b), seconds, device)
+    return rows
+
+
+def _rows_for(model, b: int, seconds: float, device) -> list[Row]:
+    rows: list[Row] = []
+
+    def row(key, label, make, steps_per_unit=1):
+        result = measure(make, steps_per_unit=steps_per_unit, envs_per_step=b, seconds=seconds)
+        r = Row(
+            SECTION,
+            key,
+            label,
+            b,
+            result["rate"],
+            result["spread"],
+            result["us_per_call"],
+            extra={"setup_s": result["setup_s"]},
+        )
+        rows.append(r)
+        return r
+
+    raw = row("raw", "raw batched forward, torch.no_grad() loop (reference)", lambda: _Raw(model, b, device, False))
+    row("raw+reset", "raw forward + done mask + masked reset", lambda: _Raw(model, b, device, True))
+    step = row(
+        "env/step", "WorldModelEnv step_and_maybe_reset loop", lambda: _StepLoop(_make_env(model, b, device), b, device)
+    )
+    row(
+        "env/rollout",
+        f"WorldModelEnv rollout({ROLL}, break_when_any_done=False)",
+        lambda: _Rollout(_make_env(model, b, device), b, device),
+        steps_per_unit=ROLL,
+    )
+    row(
+        "env/transformed",
+        "make_world_model_env (TransformedEnv + StepCounter) step loop",
+        lambda: _StepLoop(_transformed_env(model, b, device), b, device),
+    )
+    row(
+        "torchrl/model_based",
+        f"TorchRL ModelBasedEnvBase rollout({ROLL})",
+        lambda: _Rollout(_model_based_env(model, b, device), b, device),
+        steps_per_unit=ROLL,
+    )
+    no_done = row(
+        "env/step-no-dones",
+        "WorldModelEnv step loop, termination never true (no resets)",
+        lambda: _StepLoop(_make_env(model, b, device, _transition_no_done), b, device),
+    )
+    reset = row(
+        "env/reset",
+        "masked reset of 3 % rows (fast path), per call",
+        lambda: _ResetOnly(_make_env(model, b, device), b, device),
+    )
+    reset.extra["fraction_of_step"] = reset.us_per_call / step.us_per_call
+    reset.extra["in_loop_fraction"] = (step.us_per_call - no_done.us_per_call) / no_done.us_per_call
+    for r in rows:
+        r.extra["threads"] = torch.get_num_threads()
+        if r is not reset:
+            r.ratio = r.rate / raw.rate
+            r.extra["added_us"] = r.us_per_call - raw.us_per_call
+    return rows

@@ -1,0 +1,359 @@
+"""The ``torchrl-swm`` command: collect datasets, evaluate policies, inspect datasets.
+
+::
+
+    torchrl-swm collect torchrl_swm/PointMaze-v0 --episodes 50 --out data/maze --image-shape 64 64
+    torchrl-swm eval CartPole-v1 --episodes 100 [--policy module:attr] [--mode wait] [--json out.json]
+    torchrl-swm eval torchrl_swm/PointMaze-v0 --dataset data/maze --goal-offset 10 --eval-budget 30 \\
+        --policy torchrl_swm.envs:expert_policy
+    torchrl-swm info data/maze
+
+Subcommands live in a registry: :func:`register_command` adds one (its name,
+help, a function that adds its arguments to an ``argparse`` parser, and a
+function that runs it and returns an exit code). Modules listed in
+:data:`COMMAND_MODULES` are imported before parsing, so a command defined
+elsewhere (e.g. ``bench``) only needs its module listed there.
+
+Policies (``--policy module:attr``): ``attr`` is a TorchRL policy (a
+``TensorDictModule`` or a callable ``td -> td`` writing ``"action"``), or a
+factory: a function or class whose first parameter is named ``env``, called
+with the World's env and returning a policy. Without ``--policy`` actions are
+uniformly random.
+
+Exit codes: 0 on success, 2 for usage errors (unknown env id, bad paths, bad
+arguments), 1 for other errors (one line; ``--traceback`` shows the whole
+traceback), 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["main", "register_command", "COMMANDS", "COMMAND_MODULES", "CLIError"]
+
+#: Modules imported before parsing, so that the commands they register exist.
+COMMAND_MODULES: list[str] = []
+
+
+class CLIError(Exception):
+    """A usage error: printed as ``torchrl-swm: error: ...`` with exit code 2."""
+
+
+@dataclass
+class Command:
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def register_command(name: str, *, help: str, configure: Callable[[argparse.ArgumentParser], None]):
+    """Decorator registering ``run(args) -> exit code`` as the subcommand ``name``.
+
+    Example::
+
+        def _configure(p):
+            p.add_argument("--sizes", default="8,64")
+
+        @register_command("bench", help="measure throughput", configure=_configure)
+        def _bench(args):
+            ...
+            return 0
+    """
+
+    def decorator(run: Callable[[argparse.Namespace], int]):
+        if name in COMMANDS:
+            raise ValueError(f"torchrl-swm: command {name!r} is already registered")
+        COMMANDS[name] = Command(name, help, configure, run)
+        return run
+
+    return decorator
+
+
+# -- shared helpers -----------------------------------------------------------------------------------
+def _check_env_id(env_id: str) -> None:
+    import gymnasium as gym
+
+    from . import envs as _register  # noqa: F401  (torchrl_swm/* ids)
+
+    try:
+        gym.spec(env_id)
+    except gym.error.Error as err:
+        raise CLIError(f"unknown environment id {env_id!r}: {err}") from None
+    except ModuleNotFoundError as err:
+        raise CLIError(f"environment id {env_id!r}: cannot import its module ({err})") from None
+
+
+def _load_object(spec: str):
+    if ":" not in spec:
+        raise CLIError(f"--policy: expected 'module:attribute', got {spec!r}")
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise CLIError(f"--policy {spec}: cannot import module {module_name!r} ({err})") from None
+    obj = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise CLIError(f"--policy {spec}: module {module_name!r} has no attribute {attr!r}") from None
+    return obj
+
+
+def _is_factory(obj) -> bool:
+    try:
+        from torch import nn
+
+        if isinstance(obj, nn.Module):
+            return False
+    except ImportError:  # pragma: no cover
+        pass
+    if not (inspect.isfunction(obj) or inspect.isclass(obj)):
+        return False
+    try:
+        params = list(inspect.signature(obj).parameters)
+    except (TypeError, ValueError):
+        return False
+    return bool(params) and params[0] == "env"
+
+
+def _policy(spec: str | None, world):
+    if spec is None:
+        return None
+    obj = _load_object(spec)
+    if _is_factory(obj):
+        obj = obj(env=world.env)
+    if not callable(obj):
+        raise CLIError(
+            f"--policy {spec}: expected a policy (callable td -> td) or a factory(env), got {type(obj).__name__}"
+        )
+    return obj
+
+
+def _json_arg(text: str | None, name: str) -> dict:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise CLIError(f"{name}: invalid JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise CLIError(f"{name}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _add_env_arguments(p: argparse.ArgumentParser, default_envs: int) -> None:
+    p.add_argument("env", help="a gymnasium id (torchrl_swm/* ids are registered automatically)")
+    p.add_argument("--num-envs", type=int, default=default_envs, help=f"parallel envs (default {default_envs})")
+    p.add_argument("--seed", type=int, default=0, help="base seed: episode j starts from seed + j (default 0)")
+    p.add_argument("--max-steps", type=int, default=None, help="per-episode step limit (default: the env's TimeLimit)")
+    p.add_argument("--mode", choices=("auto", "wait"), default=None,
+                   help="reset mode (default: auto; wait for --dataset evaluation)")
+    p.add_argument("--image-shape", type=int, nargs=2, metavar=("H", "W"), default=None, help="record pixels at H x W")
+    p.add_argument("--pixels", action="store_true", help="record pixels at the env's render size")
+    p.add_argument("--env-kwargs", default=None, help="JSON object of gym.make keyword arguments")
+    p.add_argument("--policy", default=None, help="module:attr of a policy or of a factory(env) (default: random)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _world(args, policy_spec):
+    from .world import World
+
+    _check_env_id(args.env)
+    if args.num_envs < 1:
+        raise CLIError(f"--num-envs must be >= 1, got {args.num_envs}")
+    kwargs = _json_arg(args.env_kwargs, "--env-kwargs")
+    if args.image_shape is not None:
+        kwargs["image_shape"] = tuple(args.image_shape)
+    elif args.pixels:
+        kwargs["pixels"] = True
+    world = World(args.env, num_envs=args.num_envs, max_episode_steps=args.max_steps, seed=args.seed, **kwargs)
+    try:
+        world.set_policy(_policy(policy_spec, world))
+    except BaseException:
+        world.close()
+        raise
+    return world
+
+
+# -- collect ---------------------------------------------------------------------------------------------
+def _configure_collect(p: argparse.ArgumentParser) -> None:
+    _add_env_arguments(p, default_envs=4)
+    p.add_argument("--episodes", type=int, required=True, help="episodes to collect")
+    p.add_argument("--out", required=True, help="dataset directory (must not exist, or be empty)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
+
+
+@register_command("collect", help="run a policy and write a dataset (TorchRL memory-mapped storage)",
+                  configure=_configure_collect)
+def _collect(args) -> int:
+    out = os.path.abspath(args.out)
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise CLIError(f"--out {args.out}: exists and is not a directory")
+    parent = os.path.dirname(out)
+    if not os.path.isdir(parent):
+        raise CLIError(f"--out {args.out}: parent directory {parent} does not exist")
+    if os.path.isdir(out) and os.listdir(out) and not args.overwrite:
+        raise CLIError(f"--out {args.out}: directory exists and is not empty (pass --overwrite to replace a dataset)")
+    if args.episodes < 1:
+        raise CLIError(f"--episodes must be >= 1, got {args.episodes}")
+    world = _world(args, args.policy)
+    try:
+        try:
+            ds = world.collect(out, args.episodes, seed=args.seed, reset_mode=args.mode or "auto",
+                               progress=not args.no_progress,
+                               overwrite=args.overwrite)
+        except FileExistsError as err:
+            raise CLIError(str(err)) from None
+        except KeyboardInterrupt:
+            from .data import load_dataset
+
+            try:
+                partial = load_dataset(out)
+                print(f"interrupted: {out} holds {partial.num_episodes} complete episodes", file=sys.stderr)
+            except Exception:
+                print("interrupted before any episode completed", file=sys.stderr)
+            return 130
+    finally:
+        world.close()
+    print(ds.summary())
+    return 0
+
+
+# -- eval ---------------------------------------------------------------------------------------------------
+def _configure_eval(p: argparse.ArgumentParser) -> None:
+    _add_env_arguments(p, default_envs=8)
+    p.add_argument("--episodes", type=int, default=None,
+                   help="episodes (default: one per env, or all dataset episodes)")
+    p.add_argument("--video", default=None, help="write one MP4 per episode to this directory")
+    p.add_argument("--video-grid", action="store_true", help="write a single grid video instead")
+    p.add_argument("--json", default=None, help="also write the result (per-episode arrays) to this JSON file")
+    g = p.add_argument_group("dataset-driven evaluation")
+    g.add_argument("--dataset", default=None, help="start episodes from states of this dataset")
+    g.add_argument("--goal-offset", type=int, default=None, help="goal = dataset step start + goal offset")
+    g.add_argument("--eval-budget", type=int, default=None, help="steps allowed to reach the goal")
+    g.add_argument("--start-step", type=int, default=0, help="dataset step to start from (default 0)")
+
+
+@register_command("eval", help="evaluate a policy; prints the result table", configure=_configure_eval)
+def _eval(args) -> int:
+    dataset_kwargs = {}
+    if args.dataset is not None:
+        from .data import DatasetError, load_dataset
+
+        try:
+            ds = load_dataset(args.dataset)
+        except DatasetError as err:
+            raise CLIError(f"--dataset: {err}") from None
+        if args.goal_offset is None or args.eval_budget is None:
+            raise CLIError("--dataset needs --goal-offset and --eval-budget")
+        if args.image_shape is None and not args.pixels and ds.td is not None and "pixels" in ds.td.keys():
+            args.image_shape = list(ds.td.get("pixels").shape[1:3])  # render goals and frames alike
+        idx = list(range(ds.num_episodes if args.episodes is None else min(args.episodes, ds.num_episodes)))
+        dataset_kwargs = dict(dataset=ds, episodes_idx=idx, start_steps=args.start_step, goal_offset=args.goal_offset,
+                              eval_budget=args.eval_budget)
+    elif args.goal_offset is not None or args.eval_budget is not None:
+        raise CLIError("--goal-offset/--eval-budget are only used with --dataset")
+    if args.episodes is not None and args.episodes < 0:
+        raise CLIError(f"--episodes must be >= 0, got {args.episodes}")
+    if args.video_grid and not args.video:
+        raise CLIError("--video-grid needs --video DIR")
+    if args.video and args.image_shape is None and not args.pixels:
+        args.pixels = True
+    world = _world(args, args.policy)
+    try:
+        video = None
+        if args.video:
+            from .video import VideoRecorder
+
+            video = VideoRecorder(args.video, layout="grid" if args.video_grid else "episodes")
+        try:
+            result = world.evaluate(
+                None if dataset_kwargs else args.episodes, seed=args.seed,
+                reset_mode=args.mode or ("wait" if dataset_kwargs else "auto"),
+                max_steps=None if dataset_kwargs else args.max_steps, video=video,
+                progress=not args.no_progress, **dataset_kwargs,
+            )
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
+    finally:
+        world.close()
+    print(result.summary())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result.to_dict(), f, indent=1)
+    return 0
+
+
+# -- info -------------------------------------------------------------------------------------------------------
+def _configure_info(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="a dataset directory written by collect")
+    p.add_argument("--json", action="store_true", help="print dataset.json instead of the summary")
+
+
+@register_command("info", help="summarise a dataset", configure=_configure_info)
+def _info(args) -> int:
+    from .data import DatasetError, load_dataset
+
+    try:
+        ds = load_dataset(args.path)
+    except DatasetError as err:
+        raise CLIError(str(err)) from None
+    if args.json:
+        print(json.dumps(ds.metadata, indent=1))
+    else:
+        print(ds.summary())
+    return 0
+
+
+# -- entry point ------------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    for module in COMMAND_MODULES:
+        importlib.import_module(module)
+    parser = argparse.ArgumentParser(
+        prog="torchrl-swm", description="Collect datasets and evaluate policies on gymnasium envs through TorchRL."
+    )
+    parser.add_argument("--traceback", action="store_true", help="show the full traceback of errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, cmd in COMMANDS.items():
+        p = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        cmd.configure(p)
+        p.set_defaults(_command=cmd)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``torchrl-swm`` command; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._command.run(args) or 0)
+    except CLIError as err:
+        print(f"torchrl-swm {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # an error from the env, the policy or the data: one line unless --traceback
+        if args.traceback:
+            raise
+        print(f"torchrl-swm {args.command}: error: {type(err).__name__}: {err} (run with --traceback for details)",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,511 @@
+"""Datasets of episodes: a TorchRL replay-buffer storage on disk, memory-mapped.
+
+:meth:`torchrl_swm.World.collect` writes them and :func:`load_dataset` opens them.
+
+Layout on disk (``DIR``)::
+
+    DIR/dataset.json          what was collected, and how (format, counts, env, seeds, keys)
+    DIR/storage/              the TorchRL storage: a memory-mapped TensorDict (one file per key)
+    DIR/storage/storage_metadata.json, DIR/writer/, DIR/sampler/, DIR/buffer_metadata.json
+                              written by ``ReplayBuffer.dumps``, so ``rb.loads(DIR)`` works
+
+Data layout: TorchRL's own episode layout, one row per transition, episodes
+stored contiguously. Row ``t`` of an episode of length ``L`` holds step ``t`` at
+the root and step ``t + 1`` under ``"next"``:
+
+* root: the observation keys (``"observation"`` or the Dict keys), ``"pixels"``,
+  ``("info", k)`` (``(1, ...)`` per row: the pool's time dim of 1),
+  ``"episode_seed"``, ``"done"``/``"terminated"``/``"truncated"`` (always False at
+  the root), ``"is_init"`` (True on the reset row), ``"action"`` (the action
+  taken at step ``t``), ``"episode"`` (int64 episode id), ``"step_count"``
+  (int64 ``(1,)``: ``t``), and whatever else the policy wrote (log-probs...).
+* ``"next"``: the same observation keys at ``t + 1``, ``"reward"``,
+  ``"done"``/``"terminated"``/``"truncated"`` (True only on the last row; an
+  episode cut by the step limit has ``truncated``), ``"step_count"`` (``t + 1``).
+
+So an episode of ``L`` steps has ``L`` rows and ``L + 1`` observations: the
+reset frame is the root of row 0 and the final frame is ``"next"`` of row
+``L - 1``. Episode ids are the episode's index in the collection (seed
+``seed + id`` when collected with a seed). A finished ``collect`` stores
+episodes in id order; an interrupted one stores the completed episodes in
+completion order (``dataset.episode_ids`` says which).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+__all__ = ["load_dataset", "WorldDataset", "DatasetWriter", "DatasetError", "FORMAT", "FORMAT_VERSION"]
+
+FORMAT = "torchrl_swm.dataset"
+FORMAT_VERSION = 1
+METADATA_FILE = "dataset.json"
+_DONE = ("done", "terminated", "truncated")
+
+
+class DatasetError(ValueError):
+    """A path is not a (readable) torchrl_swm dataset."""
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("torchrl-swm", "torchrl", "tensordict", "torch", "gymnasium"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:  # pragma: no cover
+            out[name] = None
+    return out
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _key_str(key) -> str:
+    return ".".join(key) if isinstance(key, tuple) else str(key)
+
+
+def _describe_keys(td: TensorDictBase) -> dict:
+    """``{"a.b": {"shape": [...], "dtype": "torch.float32"}}`` per leaf, shapes without the batch dim."""
+    nb = td.batch_dims
+    return {
+        _key_str(k): {"shape": list(v.shape[nb:]), "dtype": str(v.dtype)}
+        for k, v in td.items(include_nested=True, leaves_only=True)
+    }
+
+
+def _disk_usage(path: Path) -> tuple[int, int]:
+    """``(bytes on disk, apparent bytes)`` of every file under ``path``."""
+    used = apparent = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            st = os.stat(os.path.join(root, name))
+            apparent += st.st_size
+            used += getattr(st, "st_blocks", st.st_size // 512) * 512
+    return used, apparent
+
+
+def _check_target(path: Path, overwrite: bool) -> None:
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(f"dataset path {str(path)!r} exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()):
+        if not overwrite:
+            raise FileExistsError(
+                f"dataset path {str(path)!r} exists and is not empty; choose another path or pass "
+                "overwrite=True (--overwrite) to replace a dataset there"
+            )
+        if not (path / METADATA_FILE).exists():
+            raise FileExistsError(
+                f"refusing to overwrite {str(path)!r}: it is not empty and is not a torchrl_swm dataset "
+                f"(no {METADATA_FILE})"
+            )
+        shutil.rmtree(path)
+
+
+class DatasetWriter:
+    """Appends complete episodes to a dataset directory (used by ``World.collect``).
+
+    Episodes are written into a ``LazyMemmapStorage`` of ``capacity`` rows
+    (files are sparse until written). After each episode the dataset on disk is
+    *committed* (storage length and ``dataset.json``) at most every
+    ``commit_every`` seconds, and always on :meth:`close`. A dataset is loadable
+    after any commit and only ever contains complete episodes: the storage
+    length advances by whole episodes.
+
+    :meth:`close` with ``complete=True`` and ``compact=True`` rewrites the
+    storage at its exact size, episodes sorted by id.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        capacity: int,
+        *,
+        metadata: Mapping | None = None,
+        overwrite: bool = False,
+        commit_every: float = 2.0,
+    ):
+        from torchrl.data import LazyMemmapStorage, RandomSampler, ReplayBuffer, RoundRobinWriter
+
+        self.path = Path(path)
+        _check_target(self.path, overwrite)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.capacity = int(capacity)
+        if self.capacity < 1:
+            raise ValueError(f"DatasetWriter: capacity must be positive, got {capacity}")
+        self.storage = LazyMemmapStorage(self.capacity, scratch_dir=self.path / "storage", existsok=False)
+        self.rb = ReplayBuffer(storage=self.storage, writer=RoundRobinWriter(), sampler=RandomSampler())
+        self.commit_every = float(commit_every)
+        self.metadata = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "layout": "torchrl episode layout: root = step t, 'next' = step t+1, one row per transition",
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            **dict(metadata or {}),
+            "versions": _versions(),
+        }
+        self.episode_ids: list[int] = []
+        self.episode_lengths: list[int] = []
+        self.num_steps = 0
+        self.keys: dict | None = None
+        self._last_commit = 0.0
+        self._committed = (0, 0)
+        self.closed = False
+        self._write_metadata(complete=False)
+
+    def add(self, episode: TensorDictBase) -> None:
+        """Append one complete episode (batch ``[L]``) to the storage."""
+        if self.closed:
+            raise RuntimeError("DatasetWriter: add() after close()")
+        length = int(episode.batch_size[0])
+        if self.num_steps + length > self.capacity:
+            raise RuntimeError(
+                f"DatasetWriter: episode of {length} steps does not fit ({self.num_steps}/{self.capacity} rows used)"
+            )
+        if self.keys is None:
+            self.keys = _describe_keys(episode)
+        self.rb.extend(episode)
+        self.episode_ids.append(int(episode.get("episode")[0]))
+        self.episode_lengths.append(length)
+        self.num_steps += length
+        if time.monotonic() - self._last_commit >= self.commit_every:
+            self.commit()
+
+    def commit(self) -> None:
+        """Make everything added so far durable and visible to readers."""
+        if (len(self.episode_ids), self.num_steps) == self._committed or not self.episode_ids:
+            return
+        self.rb.dumps(self.path)  # storage_metadata.json (len), writer, sampler
+        self._committed = (len(self.episode_ids), self.num_steps)
+        self._write_metadata(complete=False)
+        self._last_commit = time.monotonic()
+
+    def _write_metadata(self, complete: bool, **extra) -> None:
+        n_eps, n_steps = self._committed
+        meta = {
+            **self.metadata,
+            "complete": complete,
+            "num_episodes": n_eps,
+            "num_steps": n_steps,
+            "keys": self.keys,
+            "updated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            **extra,
+        }
+        self.metadata_written = meta
+        _write_json_atomic(self.path / METADATA_FILE, meta)
+
+    def close(self, *, complete: bool, interrupted: str | None = None, compact: bool = True) -> None:
+        """Commit what was added. ``complete=False`` marks an interrupted collection."""
+        if self.closed:
+            return
+        self.closed = True
+        self.commit()
+        compacted = False
+        if complete and compact and self.episode_ids:
+            order = np.argsort(np.asarray(self.episode_ids), kind="stable")
+            if self.num_steps < self.capacity or (order != np.arange(len(order))).any():
+                self._compact(order)
+                compacted = True
+        self._write_metadata(complete=complete, interrupted=interrupted, compacted=compacted)
+
+    def _compact(self, order: np.ndarray) -> None:
+        """Rewrite the storage at its exact size, episodes in id order; swapped in atomically per entry."""
+        from torchrl.data import LazyMemmapStorage, RandomSampler, ReplayBuffer, RoundRobinWriter
+
+        starts = np.concatenate([[0], np.cumsum(self.episode_lengths)[:-1]])
+        tmp = self.path / ".compact"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        source = self.storage._storage
+        storage = LazyMemmapStorage(self.num_steps, scratch_dir=tmp / "storage", existsok=False)
+        rb = ReplayBuffer(storage=storage, writer=RoundRobinWriter(), sampler=RandomSampler())
+        for k in order:
+            rb.extend(source[int(starts[k]) : int(starts[k] + self.episode_lengths[k])])
+        rb.dumps(tmp)
+        del rb, storage, source
+        self.rb = self.storage = None
+        old = self.path / ".old"
+        if old.exists():
+            shutil.rmtree(old)
+        old.mkdir()
+        for entry in sorted(os.listdir(tmp)):
+            if (self.path / entry).exists():
+                os.replace(self.path / entry, old / entry)
+            os.replace(tmp / entry, self.path / entry)
+        shutil.rmtree(old)
+        shutil.rmtree(tmp)
+        self.episode_ids = [self.episode_ids[k] for k in order]
+        self.episode_lengths = [self.episode_lengths[k] for k in order]
+
+
+class WorldDataset:
+    """A dataset written by :meth:`torchrl_swm.World.collect`, opened lazily.
+
+    Nothing is read at open time but ``dataset.json``; the data stays in
+    memory-mapped files and is read when indexed.
+
+    Attributes:
+        path: the dataset directory.
+        metadata: the content of ``dataset.json``.
+        td: the transitions, a memory-mapped TensorDict of batch ``[num_steps]``
+            (``None`` for an empty dataset).
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.exists():
+            raise DatasetError(f"no dataset at {str(self.path)!r}: the path does not exist")
+        if not self.path.is_dir():
+            raise DatasetError(f"no dataset at {str(self.path)!r}: not a directory")
+        meta_path = self.path / METADATA_FILE
+        if not meta_path.exists():
+            raise DatasetError(f"{str(self.path)!r} is not a torchrl_swm dataset: {METADATA_FILE} is missing")
+        try:
+            self.metadata = json.loads(meta_path.read_text())
+        except json.JSONDecodeError as err:
+            raise DatasetError(f"{str(meta_path)!r} is not valid JSON: {err}") from err
+        if self.metadata.get("format") != FORMAT:
+            raise DatasetError(
+                f"{str(self.path)!r}: unknown format {self.metadata.get('format')!r}, expected {FORMAT!r}"
+            )
+        if int(self.metadata.get("version", 0)) > FORMAT_VERSION:
+            raise DatasetError(
+                f"{str(self.path)!r}: dataset format version {self.metadata['version']} is newer than this "
+                f"torchrl_swm reads ({FORMAT_VERSION}); upgrade torchrl-swm"
+            )
+        self.num_steps = int(self.metadata.get("num_steps", 0))
+        self.td: TensorDictBase | None = None
+        if self.num_steps:
+            storage = self.path / "storage"
+            if not storage.is_dir():
+                raise DatasetError(f"{str(self.path)!r}: the storage directory is missing")
+            full = TensorDict.load_memmap(storage)
+            if full.batch_size[0] < self.num_steps:
+                raise DatasetError(
+                    f"{str(self.path)!r}: storage has {full.batch_size[0]} rows, dataset.json says {self.num_steps}"
+                )
+            self.td = full[: self.num_steps]
+        self._episodes = None
+        self._obs_keys = None
+
+    # -- episodes -------------------------------------------------------------------------------------
+    def _index(self):
+        if self._episodes is None:
+            if self.td is None:
+                empty = np.zeros(0, dtype=np.int64)
+                self._episodes = (empty, empty, empty)
+            else:
+                ids = self.td.get("episode").reshape(self.num_steps).numpy()
+                change = np.flatnonzero(np.diff(ids) != 0) + 1
+                starts = np.concatenate([[0], change]).astype(np.int64)
+                lengths = np.diff(np.concatenate([starts, [self.num_steps]])).astype(np.int64)
+                self._episodes = (ids[starts].astype(np.int64), starts, lengths)
+        return self._episodes
+
+    @property
+    def num_episodes(self) -> int:
+        return len(self._index()[0])
+
+    @property
+    def episode_ids(self) -> np.ndarray:
+        """The id of each stored episode (its index in the collection), in storage order."""
+        return self._index()[0]
+
+    @property
+    def episode_starts(self) -> np.ndarray:
+        """The first row of each stored episode."""
+        return self._index()[1]
+
+    @property
+    def episode_lengths(self) -> np.ndarray:
+        """The number of steps (rows) of each stored episode; it has ``length + 1`` observations."""
+        return self._index()[2]
+
+    @property
+    def episode_seeds(self) -> np.ndarray | None:
+        """The seed each stored episode started from (``None`` if not recorded)."""
+        if self.td is None or "episode_seed" not in self.td.keys():
+            return None
+        return self.td.get("episode_seed")[torch.as_tensor(self.episode_starts)].reshape(-1).numpy()
+
+    def _check_episode(self, k: int) -> int:
+        n = self.num_episodes
+        k = int(k)
+        if not -n <= k < n:
+            raise IndexError(f"episode {k} out of range: the dataset has {n} episodes")
+        return k % n
+
+    def episode(self, k: int) -> TensorDictBase:
+        """Stored episode ``k`` (position, not id): a memory-mapped TensorDict ``[L]``."""
+        k = self._check_episode(k)
+        start, length = int(self.episode_starts[k]), int(self.episode_lengths[k])
+        return self.td[start : start + length]
+
+    @property
+    def observation_keys(self) -> list:
+        """Keys present both at the root and under ``"next"``: observations, pixels, infos, seeds."""
+        if self._obs_keys is None:
+            if self.td is None:
+                self._obs_keys = []
+            else:
+                root = set(self.td.exclude("next").keys(True, True))
+                nxt = set(self.td.get("next").keys(True, True))
+                skip = {*_DONE, "step_count"}
+                self._obs_keys = sorted((k for k in root & nxt if k not in skip), key=str)
+        return self._obs_keys
+
+    def step(self, k: int, t: int) -> TensorDictBase:
+        """The observation keys of stored episode ``k`` at step ``t`` in ``0..L``
+        (``t = L`` is the final observation, read from ``"next"`` of the last row)."""
+        k = self._check_episode(k)
+        length = int(self.episode_lengths[k])
+        t = int(t)
+        if not 0 <= t <= length:
+            raise IndexError(f"step {t} out of range for episode {k} of length {length} (valid: 0..{length})")
+        start = int(self.episode_starts[k])
+        keys = self.observation_keys
+        if t < length:
+            return self.td[start + t].select(*keys)
+        return self.td.get("next")[start + length - 1].select(*keys)
+
+    # -- TorchRL access -----------------------------------------------------------------------------------
+    def storage(self):
+        """A ``TensorStorage`` over the memory-mapped data (no copy)."""
+        from torchrl.data import TensorStorage
+
+        if self.td is None:
+            raise DatasetError(f"{str(self.path)!r} holds no episodes")
+        return TensorStorage(self.td)
+
+    def replay_buffer(
+        self,
+        *,
+        slice_len: int | None = None,
+        num_slices: int | None = None,
+        batch_size: int | None = None,
+        sampler=None,
+        strict_length: bool = True,
+        **kwargs,
+    ):
+        """A ``TensorDictReplayBuffer`` over this dataset (memory-mapped, no copy).
+
+        With ``slice_len`` and ``num_slices``, each sample holds ``num_slices``
+        sub-trajectories of ``slice_len`` consecutive steps of one episode each
+        (``SliceSampler(traj_key="episode")``), flat as TorchRL returns them:
+        ``batch.reshape(num_slices, slice_len)`` gives ``(batch, time, ...)``
+        Otherwise pass ``sampler=`` and
+        ``batch_size=`` as for any TorchRL replay buffer.
+        """
+        from torchrl.data import SliceSampler, TensorDictReplayBuffer
+
+        if slice_len is not None:
+            if sampler is not None:
+                raise ValueError("replay_buffer: pass either slice_len/num_slices or sampler, not both")
+            if num_slices is None and batch_size is None:
+                raise ValueError("replay_buffer: slice_len needs num_slices (or batch_size = num_slices * slice_len)")
+            if batch_size is None:
+                batch_size = int(num_slices) * int(slice_len)
+            if batch_size % int(slice_len):
+                raise ValueError(f"replay_buffer: batch_size {batch_size} is not a multiple of slice_len {slice_len}")
+            sampler = SliceSampler(
+                slice_len=int(slice_len), traj_key="episode", strict_length=strict_length, cache_values=True
+            )
+        return TensorDictReplayBuffer(storage=self.storage(), sampler=sampler, batch_size=batch_size, **kwargs)
+
+    # -- summaries ----------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """The number of transitions (rows)."""
+        return self.num_steps
+
+    def __repr__(self) -> str:
+        return (
+            f"WorldDataset(path={str(self.path)!r}, episodes={self.num_episodes}, steps={self.num_steps}, "
+            f"complete={self.metadata.get('complete')})"
+        )
+
+    def stats(self) -> dict:
+        """Per-episode returns, lengths and successes (reads the reward/success columns)."""
+        lengths = self.episode_lengths
+        out = {"lengths": lengths, "returns": None, "successes": None}
+        if self.td is None:
+            return out
+        idx = np.repeat(np.arange(len(lengths)), lengths)
+        reward = self.td.get(("next", "reward")).reshape(self.num_steps, -1).sum(-1).double().numpy()
+        out["returns"] = np.bincount(idx, weights=reward, minlength=len(lengths))
+        for key in (("next", "info", "is_success"), ("next", "info", "success")):
+            if key in self.td.keys(True, True):
+                flag = self.td.get(key).reshape(self.num_steps, -1).any(-1).numpy()
+                out["successes"] = np.bincount(idx, weights=flag, minlength=len(lengths)) > 0
+                break
+        return out
+
+    def summary(self) -> str:
+        """A human-readable description: counts, env, seeds, lengths, returns, keys, size."""
+        m = self.metadata
+        lines = [f"dataset {self.path}"]
+        reason = m.get("interrupted") or "collection did not finish"
+        state = "complete" if m.get("complete") else f"INCOMPLETE ({reason})"
+        lines.append(
+            f"  {self.num_episodes} episodes, {self.num_steps} steps ({state}; "
+            f"{m.get('episodes_requested', '?')} requested)"
+        )
+        if m.get("env"):
+            lines.append(f"  env        {m['env']}  (num_envs={m.get('num_envs')}, reset_mode={m.get('reset_mode')})")
+        if m.get("policy"):
+            lines.append(f"  policy     {m['policy']}")
+        seeds = self.episode_seeds
+        if seeds is not None and len(seeds):
+            lines.append(f"  seeds      {int(seeds.min())}..{int(seeds.max())} (collect seed {m.get('seed')})")
+        if self.num_episodes:
+            st = self.stats()
+            lengths = st["lengths"]
+            lines.append(
+                f"  length     mean {lengths.mean():.1f}, min {lengths.min()}, max {lengths.max()} "
+                f"(step limit {m.get('max_steps')})"
+            )
+            if st["returns"] is not None:
+                r = st["returns"]
+                lines.append(f"  return     mean {r.mean():.3f} ± {r.std():.3f}, min {r.min():.3f}, max {r.max():.3f}")
+            if st["successes"] is not None:
+                lines.append(f"  success    {st['successes'].mean():.3f} ({int(st['successes'].sum())}/{len(lengths)})")
+        used, apparent = _disk_usage(self.path)
+        lines.append(f"  size       {used / 2**20:.1f} MiB on disk ({apparent / 2**20:.1f} MiB apparent)")
+        if self.td is not None:
+            lines.append("  keys (per row):")
+            for key, v in sorted(_describe_keys(self.td).items()):
+                lines.append(f"    {key:<32} {v['dtype'].replace('torch.', ''):<8} {tuple(v['shape'])}")
+        return "\n".join(lines)
+
+
+def load_dataset(path: str | os.PathLike) -> WorldDataset:
+    """Open a dataset written by :meth:`torchrl_swm.World.collect`, lazily (memory-mapped).
+
+    Raises:
+        DatasetError: the path does not exist or is not a torchrl_swm dataset.
+
+    Examples:
+        >>> ds = load_dataset("data/pointmaze")
+        >>> ds.num_episodes, len(ds)              # episodes, transitions
+        >>> ep = ds.episode(0)                    # TensorDict [L], root = step t, "next" = t + 1
+        >>> rb = ds.replay_buffer(num_slices=32, slice_len=8)
+        >>> batch = rb.sample()                   # TensorDict [32, 8]
+    """
+    return WorldDataset(path)

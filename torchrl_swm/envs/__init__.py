@@ -1,0 +1,58 @@
+"""Environments shipped with torchrl_swm, registered with gymnasium on import.
+
+Importing this module registers:
+
+* ``torchrl_swm/PointMaze-v0``: the ``"u"`` maze, 100 steps per episode;
+* ``torchrl_swm/PointMaze-Open-v0``: an open 3x3 room, 60 steps;
+* ``torchrl_swm/PointMaze-Medium-v0``: a 5x5 maze with two rooms, 150 steps.
+
+All take :class:`~torchrl_swm.envs.point_maze.PointMazeEnv` keyword arguments
+through ``gym.make`` (``render_size=``, ``reward_type=``...). The
+``torchrl-swm`` command and :class:`torchrl_swm.World` import this module, so
+the ids resolve there without an explicit import; elsewhere, ``import
+torchrl_swm.envs`` first, or use the picklable factory
+``functools.partial(torchrl_swm.envs.make, ID, **kwargs)`` (worker processes
+of a process backend do not import this module by themselves).
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+
+from .point_maze import LAYOUTS, PointMazeEnv, PointMazeExpert, expert_actions, expert_policy
+
+__all__ = [
+    "PointMazeEnv", "PointMazeExpert", "LAYOUTS", "expert_actions", "expert_policy", "ENV_IDS", "register_envs", "make",
+]
+
+ENV_IDS = {
+    "torchrl_swm/PointMaze-v0": ({"layout": "u"}, 100),
+    "torchrl_swm/PointMaze-Open-v0": ({"layout": "open"}, 60),
+    "torchrl_swm/PointMaze-Medium-v0": ({"layout": "medium"}, 150),
+}
+
+
+def register_envs() -> None:
+    """Register the ids in :data:`ENV_IDS` with gymnasium (idempotent)."""
+    for env_id, (kwargs, max_steps) in ENV_IDS.items():
+        if env_id not in gym.registry:
+            gym.register(
+                id=env_id,
+                entry_point="torchrl_swm.envs.point_maze:PointMazeEnv",
+                kwargs=dict(kwargs),
+                max_episode_steps=max_steps,
+            )
+
+
+def make(env_id: str, **kwargs) -> gym.Env:
+    """``gym.make`` that registers the torchrl_swm ids first.
+
+    Module-level and picklable: ``functools.partial(make, id, ...)`` is a factory
+    that also works in spawned worker processes, where ``torchrl_swm.envs`` has
+    not been imported yet.
+    """
+    register_envs()
+    return gym.make(env_id, **kwargs)
+
+
+register_envs()

@@ -1,0 +1,410 @@
+"""PointMaze: a small goal-conditioned point-mass maze, pure numpy.
+
+A point mass moves through a grid maze towards a target. It is meant for
+world-model research loops that must run anywhere (CI, laptops, no MuJoCo, no
+pygame): it renders its own ``rgb_array`` frames with numpy, reports a goal
+image and ``is_success`` in ``info``, and can start from any state through reset
+options, which is what dataset-driven evaluation needs.
+
+Coordinates are in cell units: cell ``(row, col)`` covers ``x in [col, col+1)``
+and ``y in [row, row+1)``; ``y`` grows downwards, like image rows.
+
+Spaces:
+    * observation: ``Dict(state=Box(4,), target=Box(2,))``; ``state`` is
+      ``[x, y, vx, vy]`` and ``target`` the goal position ``[x, y]``.
+    * action: ``Box(-1, 1, (2,))``, a force on the point mass.
+
+Dynamics, per step: ``v <- damping * v + force_scale * a`` (clipped to
+``max_speed``), then the point moves by ``v``, one axis at a time; an axis move
+that would bring the agent (a square of half-width ``agent_radius``) into a wall
+is cancelled and that velocity component is zeroed.
+
+Reward: ``-distance`` to the target (``reward_type="dense"``) or ``1.0`` on
+success (``"sparse"``). Success: distance below ``goal_radius``. The episode
+terminates on success (``terminate_on_success=True``); the registered ids add a
+``TimeLimit``.
+
+``info``: ``is_success`` (bool), ``distance`` (float) and, when rendering
+(``render_mode="rgb_array"``) with ``goal_image=True``, ``goal_pixels``: the
+frame the env would render with the agent resting on the target, ``(S, S, 3)``
+uint8 with ``S = render_size``.
+
+Reset options (all optional): ``state`` (``[x, y, vx, vy]`` or ``[x, y]``) and
+``target`` (``[x, y]``) start the episode from that state / with that target;
+both are validated (inside the maze, not in a wall). The state hook used by
+:meth:`torchrl_swm.World.evaluate` with ``dataset=`` is
+:meth:`PointMazeEnv.reset_options_from_dataset`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+
+import gymnasium as gym
+import numpy as np
+
+__all__ = ["PointMazeEnv", "PointMazeExpert", "LAYOUTS", "expert_actions", "expert_policy"]
+
+#: Built-in maze layouts: ``#`` is a wall, ``.`` a free cell.
+LAYOUTS: dict[str, tuple[str, ...]] = {
+    "open": (
+        "#####",
+        "#...#",
+        "#...#",
+        "#...#",
+        "#####",
+    ),
+    "u": (
+        "#####",
+        "#...#",
+        "###.#",
+        "#...#",
+        "#####",
+    ),
+    "medium": (
+        "#######",
+        "#..#..#",
+        "#..#..#",
+        "#.....#",
+        "###.#.#",
+        "#.....#",
+        "#######",
+    ),
+}
+
+_FLOOR = np.array([232, 232, 224], dtype=np.uint8)
+_WALL = np.array([60, 64, 80], dtype=np.uint8)
+_AGENT = np.array([220, 50, 47], dtype=np.uint8)
+_TARGET = np.array([60, 170, 80], dtype=np.uint8)
+
+
+def _parse_layout(layout) -> np.ndarray:
+    rows = LAYOUTS[layout] if isinstance(layout, str) and layout in LAYOUTS else layout
+    if isinstance(rows, str):
+        raise ValueError(
+            f"PointMaze: unknown layout {layout!r}; expected one of {sorted(LAYOUTS)} or a list of strings"
+        )
+    rows = [str(r) for r in rows]
+    if not rows or len({len(r) for r in rows}) != 1:
+        raise ValueError("PointMaze: a layout is a non-empty list of equal-length strings of '#' and '.'")
+    walls = np.array([[ch == "#" for ch in r] for r in rows], dtype=bool)
+    bad = {ch for r in rows for ch in r} - {"#", "."}
+    if bad:
+        raise ValueError(f"PointMaze: layout characters must be '#' or '.', got {sorted(bad)}")
+    if (~walls).sum() < 2:
+        raise ValueError("PointMaze: a layout needs at least two free cells")
+    if not (walls[0].all() and walls[-1].all() and walls[:, 0].all() and walls[:, -1].all()):
+        raise ValueError("PointMaze: the layout must be enclosed by walls ('#' on every border cell)")
+    return walls
+
+
+class PointMazeEnv(gym.Env):
+    """A goal-conditioned point mass in a grid maze (see the module docstring).
+
+    Args:
+        layout: a name from :data:`LAYOUTS` (``"open"``, ``"u"``, ``"medium"``)
+            or a list of strings of ``#`` (wall) and ``.`` (free).
+        render_mode: ``None`` or ``"rgb_array"``.
+        render_size: side of the square rendered frame, in pixels.
+        goal_image: add ``info["goal_pixels"]`` when rendering.
+        show_target: draw the target as a green disk in rendered frames. Off
+            by default, so that frames (and goal images) only show the agent.
+        reward_type: ``"dense"`` (``-distance``) or ``"sparse"`` (``1.0`` on success).
+        terminate_on_success: end the episode when the target is reached.
+        goal_radius: success distance, in cells.
+        agent_radius: half-width of the agent for collisions, in cells.
+        damping, force_scale, max_speed: the dynamics (see the module docstring).
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+    #: Observation keys that :meth:`reset_options_from_dataset` restores exactly;
+    #: ``World.evaluate(dataset=...)`` checks them after every reset.
+    dataset_state_keys = ("state",)
+
+    def __init__(
+        self,
+        layout: str | Sequence[str] = "u",
+        render_mode: str | None = None,
+        render_size: int = 64,
+        goal_image: bool = True,
+        show_target: bool = False,
+        reward_type: str = "dense",
+        terminate_on_success: bool = True,
+        goal_radius: float = 0.2,
+        agent_radius: float = 0.15,
+        damping: float = 0.7,
+        force_scale: float = 0.05,
+        max_speed: float = 0.15,
+    ):
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"PointMaze: render_mode must be None or 'rgb_array', got {render_mode!r}")
+        if reward_type not in ("dense", "sparse"):
+            raise ValueError(f"PointMaze: reward_type must be 'dense' or 'sparse', got {reward_type!r}")
+        if int(render_size) < 8:
+            raise ValueError(f"PointMaze: render_size must be at least 8 pixels, got {render_size}")
+        self.walls = _parse_layout(layout)
+        self.layout = layout if isinstance(layout, str) else tuple(layout)
+        self.render_mode = render_mode
+        self.render_size = int(render_size)
+        self.goal_image = bool(goal_image)
+        self.show_target = bool(show_target)
+        self.reward_type = reward_type
+        self.terminate_on_success = bool(terminate_on_success)
+        self.goal_radius = float(goal_radius)
+        self.agent_radius = float(agent_radius)
+        self.damping, self.force_scale, self.max_speed = float(damping), float(force_scale), float(max_speed)
+
+        rows, cols = self.walls.shape
+        self.free_cells = np.argwhere(~self.walls)  # (K, 2) of (row, col)
+        high = np.array([cols, rows, self.max_speed, self.max_speed], dtype=np.float32)
+        low = np.array([0, 0, -self.max_speed, -self.max_speed], dtype=np.float32)
+        self.observation_space = gym.spaces.Dict(
+            {
+                "state": gym.spaces.Box(low, high, dtype=np.float32),
+                "target": gym.spaces.Box(np.zeros(2, np.float32), np.array([cols, rows], np.float32), dtype=np.float32),
+            }
+        )
+        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+
+        self._pos = np.zeros(2, dtype=np.float64)
+        self._vel = np.zeros(2, dtype=np.float64)
+        self._target = np.zeros(2, dtype=np.float64)
+        self._goal_frame: np.ndarray | None = None
+        self._elapsed = 0
+        self._build_canvas()
+
+    # -- geometry ------------------------------------------------------------------------
+    def _blocked(self, pos: np.ndarray) -> bool:
+        """Whether the agent's square at ``pos`` overlaps a wall or leaves the maze."""
+        r = self.agent_radius
+        rows, cols = self.walls.shape
+        x0, x1, y0, y1 = pos[0] - r, pos[0] + r, pos[1] - r, pos[1] + r
+        if x0 < 0 or y0 < 0 or x1 >= cols or y1 >= rows:
+            return True
+        c0, c1 = int(np.floor(x0)), int(np.floor(x1))
+        r0, r1 = int(np.floor(y0)), int(np.floor(y1))
+        return bool(self.walls[r0 : r1 + 1, c0 : c1 + 1].any())
+
+    def _sample_position(self, cell: np.ndarray) -> np.ndarray:
+        margin = self.agent_radius + 0.05
+        offset = self.np_random.uniform(margin, 1.0 - margin, size=2)
+        return np.array([cell[1] + offset[0], cell[0] + offset[1]], dtype=np.float64)
+
+    def _check_position(self, pos, what: str) -> np.ndarray:
+        pos = np.asarray(pos, dtype=np.float64).reshape(-1)
+        if pos.shape != (2,) or not np.isfinite(pos).all():
+            raise ValueError(f"PointMaze: {what} must be 2 finite numbers [x, y], got {pos!r}")
+        if self._blocked(pos):
+            raise ValueError(f"PointMaze: {what} {pos.tolist()} is inside a wall or outside the maze")
+        return pos
+
+    @staticmethod
+    def cell_of(pos) -> tuple[int, int]:
+        """The ``(row, col)`` cell containing position ``[x, y]``."""
+        return int(np.floor(pos[1])), int(np.floor(pos[0]))
+
+    # -- state hooks ---------------------------------------------------------------------
+    def get_state(self) -> np.ndarray:
+        """``[x, y, vx, vy]`` as float32 (the ``"state"`` observation)."""
+        return np.concatenate([self._pos, self._vel]).astype(np.float32)
+
+    def set_state(self, state, target=None) -> None:
+        """Place the agent at ``state`` (``[x, y, vx, vy]`` or ``[x, y]``) and
+        optionally move the target. Validated: raises ``ValueError`` on walls."""
+        state = np.asarray(state, dtype=np.float64).reshape(-1)
+        if state.shape not in ((2,), (4,)):
+            raise ValueError(f"PointMaze: state must be [x, y] or [x, y, vx, vy], got shape {state.shape}")
+        self._pos = self._check_position(state[:2], "state position")
+        self._vel = np.clip(state[2:], -self.max_speed, self.max_speed) if state.shape == (4,) else np.zeros(2)
+        if target is not None:
+            self._target = self._check_position(target, "target")
+            self._goal_frame = None
+
+    def reset_options_from_dataset(self, start: Mapping, goal: Mapping) -> dict:
+        """Reset options that start an episode from dataset step ``start`` with
+        the position of dataset step ``goal`` as the target.
+
+        ``start`` and ``goal`` map observation keys (``"state"``, ...) to numpy
+        arrays, one dataset step each. This is the hook
+        :meth:`torchrl_swm.World.evaluate` calls for ``dataset=`` evaluation.
+        """
+        return {"state": np.asarray(start["state"]).copy(), "target": np.asarray(goal["state"])[:2].copy()}
+
+    # -- gymnasium API --------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        options = dict(options or {})
+        unknown = set(options) - {"state", "target"}
+        if unknown:
+            raise ValueError(f"PointMaze.reset: unknown options {sorted(unknown)}; expected 'state' and/or 'target'")
+        k = len(self.free_cells)
+        start_cell, target_cell = self.np_random.choice(k, size=2, replace=False)
+        self._pos = self._sample_position(self.free_cells[start_cell])
+        self._vel = np.zeros(2)
+        self._target = self._sample_position(self.free_cells[target_cell])
+        if "state" in options:
+            self.set_state(options["state"])
+        if "target" in options:
+            self._target = self._check_position(options["target"], "target")
+        self._goal_frame = None
+        self._elapsed = 0
+        return self._obs(), self._info(self._distance())
+
+    def step(self, action):
+        action = np.clip(np.asarray(action, dtype=np.float64).reshape(2), -1.0, 1.0)
+        if not np.isfinite(action).all():
+            raise ValueError(f"PointMaze.step: action must be finite, got {action!r}")
+        vel = np.clip(self.damping * self._vel + self.force_scale * action, -self.max_speed, self.max_speed)
+        pos = self._pos.copy()
+        for axis in (0, 1):
+            moved = pos.copy()
+            moved[axis] += vel[axis]
+            if self._blocked(moved):
+                vel[axis] = 0.0
+            else:
+                pos = moved
+        self._pos, self._vel = pos, vel
+        self._elapsed += 1
+        distance = self._distance()
+        success = distance < self.goal_radius
+        reward = float(success) if self.reward_type == "sparse" else -distance
+        terminated = bool(success and self.terminate_on_success)
+        return self._obs(), reward, terminated, False, self._info(distance)
+
+    def _distance(self) -> float:
+        return float(np.linalg.norm(self._pos - self._target))
+
+    def _obs(self) -> dict:
+        return {"state": self.get_state(), "target": self._target.astype(np.float32)}
+
+    def _info(self, distance: float) -> dict:
+        info = {"is_success": bool(distance < self.goal_radius), "distance": distance}
+        if self.render_mode == "rgb_array" and self.goal_image:
+            if self._goal_frame is None:
+                self._goal_frame = self._draw(self._target)
+            info["goal_pixels"] = self._goal_frame.copy()  # fresh data on every call
+        return info
+
+    # -- rendering -----------------------------------------------------------------------------
+    def _build_canvas(self) -> None:
+        size = self.render_size
+        rows, cols = self.walls.shape
+        self._scale = size / max(rows, cols)  # pixels per cell
+        centers = (np.arange(size) + 0.5) / self._scale  # pixel centres in cell units
+        self._px_x = centers[None, :]
+        self._px_y = centers[:, None]
+        r = np.clip(np.floor(self._px_y).astype(int), 0, rows - 1)[:, 0]
+        c = np.clip(np.floor(self._px_x).astype(int), 0, cols - 1)[0]
+        inside = (centers[:, None] < rows) & (centers[None, :] < cols)
+        wall = self.walls[r][:, c] | ~inside
+        canvas = np.empty((size, size, 3), dtype=np.uint8)
+        canvas[:] = _FLOOR
+        canvas[wall] = _WALL
+        self._canvas = canvas
+        self._disk = max(0.25, 1.0 / self._scale)  # drawn radius: a quarter cell, at least one pixel
+
+    def _paint_disk(self, frame: np.ndarray, pos: np.ndarray, radius: float, color: np.ndarray) -> None:
+        lo = max(int((pos[1] - radius) * self._scale) - 1, 0), max(int((pos[0] - radius) * self._scale) - 1, 0)
+        hi = int((pos[1] + radius) * self._scale) + 2, int((pos[0] + radius) * self._scale) + 2
+        ys, xs = self._px_y[lo[0] : hi[0]], self._px_x[:, lo[1] : hi[1]]
+        inside = (xs - pos[0]) ** 2 + (ys - pos[1]) ** 2 <= radius**2
+        frame[lo[0] : hi[0], lo[1] : hi[1]][inside] = color
+
+    def _draw(self, agent_pos: np.ndarray) -> np.ndarray:
+        frame = self._canvas.copy()
+        if self.show_target:
+            self._paint_disk(frame, self._target, self.goal_radius, _TARGET)
+        self._paint_disk(frame, agent_pos, self._disk, _AGENT)
+        return frame
+
+    def render(self):
+        if self.render_mode != "rgb_array":
+            return None
+        return self._draw(self._pos)
+
+    def goal_frame(self) -> np.ndarray:
+        """The goal image: the frame rendered with the agent on the target."""
+        return self._draw(self._target)
+
+
+# -- a scripted expert: shortest path over cells, then a PD controller ----------------------------
+def _next_waypoints(walls: np.ndarray, starts: np.ndarray, goals: np.ndarray) -> np.ndarray:
+    """For each (start cell, goal cell), the centre of the next cell on a shortest path."""
+    out = np.empty((len(starts), 2), dtype=np.float64)
+    cache: dict[tuple[int, int], dict] = {}
+    for i, (s, g) in enumerate(zip(map(tuple, starts), map(tuple, goals))):
+        parents = cache.get(g)
+        if parents is None:  # BFS from the goal: parents point one step closer to it
+            parents = {g: g}
+            queue = deque([g])
+            while queue:
+                cur = queue.popleft()
+                for dr, dc in ((1, 0), (-1, 0), (0, 1), (0, -1)):
+                    nxt = (cur[0] + dr, cur[1] + dc)
+                    if not walls[nxt] and nxt not in parents:
+                        parents[nxt] = cur
+                        queue.append(nxt)
+            cache[g] = parents
+        step = parents.get(s, s)
+        out[i] = (step[1] + 0.5, step[0] + 0.5)
+    return out
+
+
+def expert_actions(walls: np.ndarray, state: np.ndarray, target: np.ndarray, gain: float = 4.0) -> np.ndarray:
+    """Expert actions for a batch: ``state`` (B, 4), ``target`` (B, 2) → (B, 2) in [-1, 1]."""
+    state = np.asarray(state, dtype=np.float64).reshape(-1, 4)
+    target = np.asarray(target, dtype=np.float64).reshape(-1, 2)
+    pos, vel = state[:, :2], state[:, 2:]
+    cells = np.floor(pos[:, ::-1]).astype(int)
+    goal_cells = np.floor(target[:, ::-1]).astype(int)
+    same = (cells == goal_cells).all(1)
+    waypoint = np.where(same[:, None], target, _next_waypoints(walls, cells, goal_cells))
+    return np.clip(gain * (waypoint - pos) - 2.0 * gain * vel, -1.0, 1.0)
+
+
+class PointMazeExpert:
+    """A scripted TorchRL policy for :class:`PointMazeEnv`: ``td -> td`` writing ``"action"``.
+
+    It reads ``"state"`` and ``"target"`` (batch ``[N]``), follows a shortest
+    path over the maze cells, and adds Gaussian noise of scale ``noise`` so that
+    collected data is diverse. The noise comes from torch's global generator,
+    which :class:`torchrl_swm.World` forks and seeds for each run, so runs with
+    the same seed are identical.
+    """
+
+    def __init__(self, layout: str | Sequence[str] = "u", noise: float = 0.0):
+        self.layout = layout
+        self.walls = _parse_layout(layout)
+        self.noise = float(noise)
+
+    def __call__(self, td):
+        import torch
+
+        state = td.get("state")
+        action = expert_actions(self.walls, state.detach().cpu().numpy(), td.get("target").detach().cpu().numpy())
+        action = torch.as_tensor(action, dtype=torch.float32)
+        if self.noise:
+            action = (action + self.noise * torch.randn(action.shape)).clamp_(-1.0, 1.0)
+        td.set("action", action.to(state.device))
+        return td
+
+    def __repr__(self) -> str:
+        return f"PointMazeExpert(layout={self.layout!r}, noise={self.noise})"
+
+
+def expert_policy(env, noise: float = 0.0) -> PointMazeExpert:
+    """A :class:`PointMazeExpert` for the maze of ``env`` (an EnvPool of PointMaze envs,
+    possibly transformed). Usable as ``torchrl-swm eval ... --policy torchrl_swm.envs:expert_policy``."""
+    from torchrl.envs import TransformedEnv
+
+    base = env
+    while isinstance(base, TransformedEnv):
+        base = base.base_env
+    try:
+        unwrapped = base.envs[0].unwrapped
+    except (AttributeError, IndexError) as err:
+        raise TypeError(f"expert_policy: expected an EnvPool of PointMaze envs, got {type(env).__name__}") from err
+    if not isinstance(unwrapped, PointMazeEnv):
+        raise TypeError(f"expert_policy: the env is {type(unwrapped).__name__}, not PointMazeEnv")
+    return PointMazeExpert(unwrapped.layout, noise=noise)

@@ -1,0 +1,463 @@
+"""The one place where TorchRL data becomes gymnasium data, and actions go the other way.
+
+Everything the adapters (:mod:`.gymnasium_env`, :mod:`.vector_env`, :mod:`.sb3`)
+hand to a client passes through :class:`Layout` and :func:`to_host`:
+
+* :class:`Layout` reads the env's specs once and decides which leaves are the
+  observation (a ``Box`` for a single key, a ``Dict`` otherwise), which are
+  infos, and how actions are encoded. Spaces come from :func:`torchrl_swm.specs.spec_to_space`.
+* :meth:`Layout.encode_action` validates a numpy (or torch) action and returns
+  a tensor on the env's device in the spec's encoding (indices become one-hot
+  vectors for ``OneHot`` specs). Wrong shapes raise; nothing is reshaped.
+* :meth:`Layout.decode` turns a leaf into the space's layout and dtype on the
+  env's device (one-hot back to indices, casts), before any transfer.
+* :func:`to_host` copies a list of device tensors to fresh numpy arrays: on an
+  accelerator, one packed device-to-host transfer; on the CPU, one copy per
+  leaf (so nothing handed out aliases a tensor TorchRL keeps using).
+
+Env traits (:func:`traits`) say what the wrapped env supports: per-env seeds
+and options and ``call``/``get_attr``/``set_attr`` (an :class:`~torchrl_swm.pool.EnvPool`
+at the base), and TorchRL's ``"_step"`` partial-step mask (envs of this package,
+``SerialEnv``/``ParallelEnv`` of unbatched envs, and batch-unlocked envs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torchrl.data import Composite, MultiOneHot, OneHot, TensorSpec
+from torchrl.envs import EnvBase, TransformedEnv
+from torchrl.envs.batched_envs import BatchedEnvBase
+
+from ..errors import SpecError, describe
+from ..specs import numpy_dtype, spec_to_space, torch_dtype, unbatch_spec
+
+__all__ = ["Layout", "Traits", "traits", "base_env", "to_host", "AUTORESET_MODES"]
+
+Key = tuple[str, ...]
+
+AUTORESET_MODES = {
+    "next_step": gym.vector.AutoresetMode.NEXT_STEP,
+    "same_step": gym.vector.AutoresetMode.SAME_STEP,
+    "disabled": gym.vector.AutoresetMode.DISABLED,
+}
+
+#: Root observation keys of this package's envs that are metadata, reported as infos.
+_INFO_ROOT_KEYS = ("info", "episode_seed")
+
+
+def autoreset_mode(mode) -> gym.vector.AutoresetMode:
+    """``"next_step"``/``"same_step"``/``"disabled"`` (or the enum) as an :class:`AutoresetMode`."""
+    if isinstance(mode, gym.vector.AutoresetMode):
+        return mode
+    if isinstance(mode, str):
+        key = mode.lower().replace("-", "_")
+        key = {"nextstep": "next_step", "samestep": "same_step"}.get(key, key)
+        if key in AUTORESET_MODES:
+            return AUTORESET_MODES[key]
+    raise ValueError(
+        f"autoreset_mode: expected one of {sorted(AUTORESET_MODES)} or a gymnasium.vector.AutoresetMode, got {mode!r}"
+    )
+
+
+def _key(key) -> Key:
+    if isinstance(key, str):
+        return (key,)
+    if isinstance(key, tuple) and key and all(isinstance(k, str) for k in key):
+        return key
+    raise TypeError(f"expected a key (a string or a tuple of strings), got {key!r}")
+
+
+def base_env(env: EnvBase) -> EnvBase:
+    """The env under every ``TransformedEnv`` layer."""
+    while isinstance(env, TransformedEnv):
+        env = env.base_env
+    return env
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What the wrapped env supports (see the module docstring)."""
+
+    pool: object | None  # the EnvPool at the base, or None
+    partial_steps: bool  # honours TorchRL's "_step" mask
+    frozen_rows_exact: bool  # a frozen row reports its current (reset) outputs itself: untransformed package env
+    package_env: bool  # an env of this package: info leaves follow its (N, 1, *v) convention
+
+
+def traits(env: EnvBase) -> Traits:
+    from ..pool import EnvPool
+
+    base = base_env(env)
+    is_pool = isinstance(base, EnvPool)
+    package = type(base).__module__.startswith("torchrl_swm.")
+    # SerialEnv/ParallelEnv honour "_step" when it selects whole workers: one row per worker
+    workers = isinstance(base, BatchedEnvBase) and len(base.batch_size) == 1
+    partial = is_pool or package or workers or not base.batch_locked
+    return Traits(
+        pool=base if is_pool else None,
+        partial_steps=bool(partial),
+        frozen_rows_exact=(is_pool or package) and env is base,
+        package_env=package,
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# leaves
+# ----------------------------------------------------------------------------------------
+
+
+class Leaf:
+    """One TorchRL leaf exposed to gymnasium.
+
+    ``path`` is where it goes in the gymnasium structure (the Dict path of an
+    observation, the info dict path of an info); ``squeeze`` drops the
+    package's time dim of 1 from info leaves. Everything :meth:`decode` needs is
+    worked out here, once.
+    """
+
+    __slots__ = ("key", "path", "spec", "space", "np_dtype", "squeeze", "get_key", "torch_dtype", "_kind", "_split")
+
+    def __init__(self, key: Key, path: Key, spec: TensorSpec, space, np_dtype, squeeze: bool = False):
+        self.key, self.path, self.spec, self.space = key, path, spec, space
+        self.np_dtype = np.dtype(np_dtype)
+        self.squeeze = squeeze
+        self.get_key = key[0] if len(key) == 1 else key  # tensordict's string path is the fast one
+        self.torch_dtype = torch_dtype(self.np_dtype)
+        self._split = None
+        if isinstance(spec, MultiOneHot):
+            self._kind, self._split = "multi_one_hot", [int(n) for n in spec.nvec]
+        elif isinstance(spec, OneHot):
+            self._kind = "one_hot"
+        elif squeeze:
+            self._kind = "squeeze"
+        elif spec.dtype != self.torch_dtype:
+            self._kind = "cast"
+        else:
+            self._kind = None
+
+    def decode(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` (batch dims first) in the space's layout and dtype, on its device."""
+        kind = self._kind
+        if kind is None:
+            return value
+        if kind == "multi_one_hot":
+            value = torch.stack([p.argmax(-1) for p in value.split(self._split, dim=-1)], -1)
+        elif kind == "one_hot":
+            value = value.argmax(-1)
+        elif kind == "squeeze":
+            value = value.squeeze(-len(self.spec.shape) - 1)
+        if value.dtype != self.torch_dtype:
+            value = value.to(self.torch_dtype)
+        return value
+
+
+def _info_leaf(key: Key, spec: TensorSpec, squeeze: bool, name: str) -> Leaf:
+    path = key[1:] if key[0] == "info" else key
+    try:
+        dtype = numpy_dtype(spec.dtype)
+    except (TypeError, RuntimeError, AttributeError) as err:
+        raise SpecError(
+            f"{name}: info leaf {key} has dtype {getattr(spec, 'dtype', None)}, which numpy cannot hold"
+        ) from err
+    if dtype.kind not in "biuf":
+        raise SpecError(f"{name}: info leaf {key} has dtype {dtype}; expected bool, integer or float")
+    # the package's envs give info leaves a time dim of 1 ((N, 1, *v)) and "episode_seed" the done
+    # shape (N, 1): a gymnasium info value is one per env, so that dim goes
+    squeeze = squeeze and len(spec.shape) >= 1 and spec.shape[0] == 1
+    if squeeze:
+        spec = spec[0]
+    return Leaf(key, path, spec, None, dtype, squeeze)
+
+
+def _nest_space(leaves: Sequence[Leaf]) -> gym.spaces.Dict:
+    tree: dict = {}
+    for leaf in leaves:
+        node = tree
+        for part in leaf.path[:-1]:
+            node = node.setdefault(part, {})
+        node[leaf.path[-1]] = leaf.space
+
+    def build(node):
+        return gym.spaces.Dict({k: build(v) if isinstance(v, dict) else v for k, v in node.items()})
+
+    return build(tree)
+
+
+def nest(leaves: Sequence[Leaf], values: Sequence) -> dict:
+    """``{path: value}`` as a nested dict following each leaf's path."""
+    out: dict = {}
+    for leaf, value in zip(leaves, values):
+        node = out
+        for part in leaf.path[:-1]:
+            node = node.setdefault(part, {})
+        node[leaf.path[-1]] = value
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# the layout
+# ----------------------------------------------------------------------------------------
+
+
+class Layout:
+    """Which leaves of a TorchRL env become the gymnasium observation, infos and action.
+
+    Args:
+        env: the TorchRL env, with ``batch_size`` ``[]`` or ``[N]``.
+        observation_keys: ``None`` (default: every observation leaf except infos),
+            one key (the observation is that leaf, a ``Box`` or other leaf space),
+            or a sequence of keys (the observation is a ``Dict``).
+        info_keys: ``None`` (default: the leaves under ``"info"`` plus
+            ``"episode_seed"``), or a sequence of keys (``[]`` for none).
+        name: used in error messages.
+
+    Raises:
+        SpecError: batch dims beyond one, several action or reward keys, nested
+            done keys, an unknown key, or a spec type gymnasium cannot express.
+    """
+
+    def __init__(self, env: EnvBase, *, observation_keys=None, info_keys=None, name: str = "to_gymnasium"):
+        self.name = name
+        self.batch_size = tuple(env.batch_size)
+        if len(self.batch_size) > 1:
+            raise SpecError(
+                f"{name}: env has batch_size {list(self.batch_size)}; the export supports [] (a gymnasium.Env) or "
+                "[N] (a gymnasium VectorEnv). Flatten the batch (e.g. one EnvPool of N*M envs) first."
+            )
+        self.device = env.device if env.device is not None else torch.device("cpu")
+        ndim = len(self.batch_size)
+        self._action(env, ndim)
+        self._reward_and_done(env, ndim)
+        self._observations(env, ndim, observation_keys, info_keys)
+
+    # -- action -----------------------------------------------------------------
+    def _action(self, env, ndim):
+        keys = env.action_keys
+        if len(keys) != 1:
+            raise SpecError(f"{self.name}: the env has {len(keys)} action keys {keys}; the export supports exactly one")
+        self.action_key = keys[0]
+        spec = unbatch_spec(env.full_action_spec[self.action_key], ndim)
+        self.action_spec = spec
+        self.single_action_space = spec_to_space(spec, name=f"{self.name}: action_spec")
+        self.action_shape = tuple(self.single_action_space.shape)
+        self.action_torch_dtype = spec.dtype
+        space = self.single_action_space
+        self._action_int = isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary))
+        self._action_high = None
+        if isinstance(space, gym.spaces.Discrete):
+            self._action_high = int(space.n)
+        elif isinstance(space, gym.spaces.MultiDiscrete):
+            self._action_high = np.asarray(space.nvec)
+        elif isinstance(space, gym.spaces.MultiBinary):
+            self._action_high = 2
+
+    # -- reward and done --------------------------------------------------------
+    def _reward_and_done(self, env, ndim):
+        rewards = env.reward_keys
+        if len(rewards) != 1:
+            raise SpecError(
+                f"{self.name}: the env has {len(rewards)} reward keys {rewards}; the export supports exactly one"
+            )
+        self.reward_key = rewards[0]
+        rspec = unbatch_spec(env.full_reward_spec[self.reward_key], ndim)
+        if rspec.shape.numel() != 1:
+            raise SpecError(
+                f"{self.name}: reward spec has per-env shape {tuple(rspec.shape)}; gymnasium rewards are scalars "
+                "(expected () or (1,))"
+            )
+        self.reward_dtype = rspec.dtype if rspec.dtype in (torch.float32, torch.float64) else torch.float32
+        done_keys = set(env.done_keys)
+        if any(isinstance(k, tuple) and len(k) > 1 for k in done_keys):
+            raise SpecError(
+                f"{self.name}: nested done keys {sorted(map(str, done_keys))} (multi-agent groups) are not supported"
+            )
+        done_keys = {k if isinstance(k, str) else k[0] for k in done_keys}
+        self.terminated_key = "terminated" if "terminated" in done_keys else "done"
+        self.truncated_key = "truncated" if "truncated" in done_keys else None
+        self.done_keys = sorted(done_keys)
+
+    # -- observations and infos ---------------------------------------------------
+    def _observations(self, env, ndim, observation_keys, info_keys):
+        spec = env.observation_spec
+        leaves = [_key(k) for k in spec.keys(True, True)]
+        package = traits(env).package_env
+        auto_info = [k for k in leaves if k[0] in _INFO_ROOT_KEYS]
+        if info_keys is None:
+            info = auto_info
+        else:
+            info = self._select(spec, leaves, [info_keys] if isinstance(info_keys, str) else info_keys, "info_keys")
+        self.info_leaves = [_info_leaf(k, unbatch_spec(spec[k], ndim), package, self.name) for k in info]
+
+        # single_leaf: the observation is one leaf's space (a Box for most envs), not a Dict
+        self.single_leaf = False
+        if observation_keys is None:
+            obs = [k for k in leaves if k[0] not in _INFO_ROOT_KEYS]
+            pool = traits(env).pool
+            dict_space = pool is not None and isinstance(pool.single_observation_space, gym.spaces.Dict)
+            self.single_leaf = len(obs) == 1 and not dict_space
+        elif isinstance(observation_keys, (str, tuple)):
+            obs = self._select(spec, leaves, [observation_keys], "observation_keys")
+            if len(obs) != 1:
+                raise SpecError(
+                    f"{self.name}: observation_keys={observation_keys!r} names a sub-tree of {len(obs)} leaves; pass a "
+                    "list of keys for a Dict observation"
+                )
+            self.single_leaf = True
+        else:
+            obs = self._select(spec, leaves, list(observation_keys), "observation_keys")
+        if not obs:
+            raise SpecError(f"{self.name}: the env has no observation leaf to export (observation_spec keys: {leaves})")
+        self.obs_leaves = []
+        for key in obs:
+            leaf_spec = unbatch_spec(spec[key], ndim)
+            space = spec_to_space(leaf_spec, name=f"{self.name}: observation_spec[{key}]")
+            self.obs_leaves.append(Leaf(key, key, leaf_spec, space, np.dtype(space.dtype)))
+        if self.single_leaf:
+            self.single_observation_space = self.obs_leaves[0].space
+        else:
+            self.single_observation_space = _nest_space(self.obs_leaves)
+
+    def _select(self, spec: Composite, leaves: list[Key], wanted, what) -> list[Key]:
+        out = []
+        for raw in wanted:
+            key = _key(raw)
+            matches = [k for k in leaves if k[: len(key)] == key]
+            if not matches:
+                raise SpecError(f"{self.name}: {what}: {raw!r} is not in the env's observation_spec (leaves: {leaves})")
+            out.extend(m for m in matches if m not in out)
+        return out
+
+    # -- leaves out ------------------------------------------------------------------
+    def observations(self, td) -> list[torch.Tensor]:
+        """The observation leaves of ``td``, decoded (still on the env's device)."""
+        return [leaf.decode(td.get(leaf.get_key)) for leaf in self.obs_leaves]
+
+    def infos(self, td) -> list[torch.Tensor]:
+        """The info leaves of ``td``, decoded (still on the env's device)."""
+        return [leaf.decode(td.get(leaf.get_key)) for leaf in self.info_leaves]
+
+    def raw_flags(self, td) -> list[torch.Tensor]:
+        """``[reward, terminated(, truncated)]`` of a ``"next"`` tensordict, as stored (``(*batch, 1)``)."""
+        out = [td.get(self.reward_key), td.get(self.terminated_key)]
+        if self.truncated_key is not None:
+            out.append(td.get(self.truncated_key))
+        return out
+
+    def host_flags(self, values: Sequence[np.ndarray], batch: tuple[int, ...]):
+        """:meth:`raw_flags` after the transfer: ``(reward, terminated, truncated)`` of shape ``batch``."""
+        reward = values[0].reshape(batch)
+        if reward.dtype.kind != "f" or reward.dtype.itemsize < 4:
+            reward = reward.astype(np.float32)
+        term = values[1].reshape(batch)
+        trunc = values[2].reshape(batch) if len(values) > 2 else np.zeros(batch, np.bool_)
+        return reward, term, trunc
+
+    def flags(self, td, batch: tuple[int, ...]):
+        """``(reward, terminated, truncated)`` of a ``"next"`` tensordict, each of shape ``batch``."""
+        reward = td.get(self.reward_key).reshape(batch)
+        if reward.dtype != self.reward_dtype:
+            reward = reward.to(self.reward_dtype)
+        term = td.get(self.terminated_key).reshape(batch)
+        if self.truncated_key is not None:
+            trunc = td.get(self.truncated_key).reshape(batch)
+        else:
+            trunc = torch.zeros_like(term)
+        return reward, term, trunc
+
+    # -- actions in -------------------------------------------------------------------
+    def encode_action(self, action, batch: tuple[int, ...]) -> torch.Tensor:
+        """Validate ``action`` (numpy-like or torch) of shape ``(*batch, *single_action_shape)``.
+
+        Returns a tensor on the env's device in the action spec's encoding.
+
+        Raises:
+            ValueError: a wrong shape, or a discrete action out of range.
+            TypeError: a dtype that does not fit the space (float for a discrete action...).
+        """
+        expected = (*batch, *self.action_shape)
+        if isinstance(action, torch.Tensor):
+            tensor = action
+            kind = "f" if tensor.is_floating_point() else ("b" if tensor.dtype is torch.bool else "i")
+            if tensor.is_complex():
+                kind = "c"
+            host = tensor.device.type == "cpu"
+            array = None
+        else:
+            array = action if isinstance(action, np.ndarray) else np.asarray(action)
+            kind = array.dtype.kind
+            tensor = None
+            host = True
+        shape = tuple(tensor.shape if tensor is not None else array.shape)
+        if shape != expected:
+            raise ValueError(
+                f"action: expected shape {expected} for {self.single_action_space}"
+                f"{' with ' + str(batch[0]) + ' envs' if batch else ''}, got {describe(action)}; "
+                "actions are never reshaped"
+            )
+        if self._action_int:
+            allowed = "biu" if isinstance(self.single_action_space, gym.spaces.MultiBinary) else "iu"
+            if kind not in allowed:
+                raise TypeError(f"action: expected integers for {self.single_action_space}, got {describe(action)}")
+        elif kind not in "biuf":
+            raise TypeError(f"action: expected real numbers for {self.single_action_space}, got {describe(action)}")
+        if tensor is None:
+            if not array.flags.c_contiguous or not array.dtype.isnative:
+                array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
+            tensor = torch.from_numpy(array)
+        if self._action_high is not None and host and tensor.numel():
+            values = array if array is not None else tensor.numpy()
+            if values.min() < 0 or (values >= self._action_high).any():
+                raise ValueError(
+                    f"action: every value must lie in {self.single_action_space}, got {describe(action)} "
+                    f"with min {values.min()} and max {values.max()}"
+                )
+        spec = self.action_spec
+        if isinstance(spec, MultiOneHot):
+            tensor = tensor.to(self.device, torch.int64, non_blocking=True)
+            tensor = torch.cat([F.one_hot(tensor[..., i], int(n)) for i, n in enumerate(spec.nvec)], -1)
+        elif isinstance(spec, OneHot):
+            tensor = tensor.to(self.device, torch.int64, non_blocking=True)
+            tensor = F.one_hot(tensor, int(spec.space.n))
+        return tensor.to(self.device, self.action_torch_dtype, non_blocking=True)
+
+
+# ----------------------------------------------------------------------------------------
+# the one transfer
+# ----------------------------------------------------------------------------------------
+
+
+def to_host(tensors: Sequence[torch.Tensor], packed: bool | None = None) -> list[np.ndarray]:
+    """Fresh numpy copies of ``tensors`` (same shapes and dtypes).
+
+    On the CPU each leaf is copied once. On an accelerator (or with ``packed=True``)
+    the leaves are packed into one byte buffer on their device, largest item size
+    first so that every leaf stays aligned, and that buffer makes **one**
+    device-to-host transfer; the arrays are views of the host copy.
+    """
+    if not tensors:
+        return []
+    if packed is None:
+        packed = tensors[0].device.type != "cpu"
+    if not packed:
+        return [t.numpy().copy() for t in tensors]
+    order = sorted(range(len(tensors)), key=lambda i: -tensors[i].element_size())
+    flat = torch.cat([tensors[i].reshape(-1).view(torch.uint8) for i in order]).cpu().numpy()
+    out: list = [None] * len(tensors)
+    offset = 0
+    for i in order:
+        t = tensors[i]
+        nbytes = t.numel() * t.element_size()
+        out[i] = flat[offset : offset + nbytes].view(numpy_dtype(t.dtype)).reshape(tuple(t.shape))
+        offset += nbytes
+    return out
+
+
+def torch_copies(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Fresh tensors on their device (the ``numpy=False`` counterpart of :func:`to_host`)."""
+    return [t.clone() for t in tensors]

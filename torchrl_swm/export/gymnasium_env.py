@@ -1,0 +1,138 @@
+"""An unbatched TorchRL env (``batch_size == []``) as a ``gymnasium.Env``.
+
+It passes ``gymnasium.utils.env_checker.check_env`` without warnings when the
+env's spaces do (bounded, normalised action boxes): seeding goes through
+``super().reset(seed=...)``, rewards are Python floats, done flags Python bools,
+and every call returns fresh arrays.
+
+The same class also serves ``gymnasium.make`` for a *batched* env factory
+(``squeeze_batch=True``): the factory is built with one env and its batch dim of
+1 is dropped on the way out and added on the way in.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+from torchrl.envs import EnvBase
+
+from ._core import Layout, nest, to_host, torch_copies, traits
+from .seeding import reset_kwargs
+
+__all__ = ["TorchRLGymEnv"]
+
+
+class TorchRLGymEnv(gym.Env):
+    """A TorchRL env with ``batch_size == []`` as a ``gymnasium.Env``.
+
+    Prefer :func:`torchrl_swm.to_gymnasium`, which picks this class for unbatched envs.
+
+    Args:
+        env: the TorchRL env. The export owns it: :meth:`close` closes it.
+
+    Keyword Args:
+        numpy: return numpy observations and infos (default); torch tensors on the
+            env's device with ``False`` (rewards and flags stay Python scalars).
+        observation_keys, info_keys: see :class:`~torchrl_swm.export._core.Layout`.
+        squeeze_batch: accept an env with ``batch_size == [1]`` and expose its only row.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, env: EnvBase, *, numpy: bool = True, observation_keys=None, info_keys=None,
+                 squeeze_batch: bool = False):
+        if not isinstance(env, EnvBase):
+            raise TypeError(f"to_gymnasium: expected a TorchRL EnvBase, got {type(env).__name__}")
+        expected = (1,) if squeeze_batch else ()
+        if tuple(env.batch_size) != expected:
+            raise ValueError(
+                f"TorchRLGymEnv: expected an env with batch_size {list(expected)}, got {list(env.batch_size)}"
+                + ("" if squeeze_batch else "; use to_gymnasium(env), which returns a VectorEnv for batch_size [N]")
+            )
+        self.env = env
+        self.layout = Layout(env, observation_keys=observation_keys, info_keys=info_keys)
+        self.traits = traits(env)
+        self.numpy = bool(numpy)
+        self._squeeze = squeeze_batch
+        self._batch = expected
+        self.observation_space = self.layout.single_observation_space
+        self.action_space = self.layout.single_action_space
+        self.render_mode = None
+        pool = self.traits.pool
+        if pool is not None:
+            sub = pool.get_attr("metadata", indices=[0])[0]
+            self.metadata = {k: v for k, v in dict(sub).items() if k in ("render_modes", "render_fps")}
+            self.render_mode = pool.get_attr("render_mode", indices=[0])[0]
+        self._root: TensorDictBase | None = None
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        kwargs = reset_kwargs(self.env, self.traits, seed, options, 1, "reset")
+        with torch.no_grad():
+            root = self.env.reset(**kwargs)
+            self._root = root
+            layout = self.layout
+            values = [*layout.observations(root), *layout.infos(root)]
+            values = to_host(values) if self.numpy else torch_copies(values)
+        n_obs = len(layout.obs_leaves)
+        return self._observation(values[:n_obs]), self._info(values[n_obs:])
+
+    def step(self, action):
+        if self._root is None:
+            raise RuntimeError("TorchRLGymEnv.step() was called before reset(); call reset() first")
+        layout = self.layout
+        with torch.no_grad():
+            tensor = layout.encode_action(action, ())
+            if self._squeeze:
+                tensor = tensor.unsqueeze(0)
+            root = self._root
+            root.set(layout.action_key, tensor)
+            td = self.env.step(root)
+            nxt = td.get("next")
+            self._root = self.env.step_mdp(td)
+            leaves = [*layout.observations(nxt), *layout.infos(nxt)]
+            flags = list(layout.flags(nxt, self._batch))
+            if self.numpy:
+                host = to_host([*leaves, *flags])
+                leaves, flags = host[: len(leaves)], host[len(leaves) :]
+            else:
+                leaves = torch_copies(leaves)
+                flags = to_host(flags)
+        n_obs = len(layout.obs_leaves)
+        reward = float(flags[0].reshape(-1)[0])
+        terminated = bool(flags[1].reshape(-1)[0])
+        truncated = bool(flags[2].reshape(-1)[0])
+        return self._observation(leaves[:n_obs]), reward, terminated, truncated, self._info(leaves[n_obs:])
+
+    def _row(self, value):
+        if self._squeeze:
+            value = value[0]
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            return value[()]  # a numpy scalar, as gymnasium's Discrete observations are
+        return value
+
+    def _observation(self, values):
+        values = [self._row(v) for v in values]
+        return values[0] if self.layout.single_leaf else nest(self.layout.obs_leaves, values)
+
+    def _info(self, values) -> dict:
+        values = [self._row(v) for v in values]
+        values = [v.item() if isinstance(v, np.generic) else v for v in values]
+        return nest(self.layout.info_leaves, values)
+
+    def render(self):
+        """The frame of the env (``EnvPool`` at the base only)."""
+        pool = self.traits.pool
+        if pool is None:
+            raise NotImplementedError(f"render() reaches the sub-env of an EnvPool; {type(self.env).__name__} has none")
+        return pool.call("render")[0]
+
+    def close(self):
+        if not self.env.is_closed:
+            self.env.close()
+
+    def __repr__(self) -> str:
+        name = self.spec.id if self.spec is not None else type(self.env).__name__
+        return f"TorchRLGymEnv({name})"

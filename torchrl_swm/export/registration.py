@@ -1,0 +1,148 @@
+"""``gymnasium.make`` / ``gymnasium.make_vec`` for TorchRL env factories.
+
+:func:`register_gymnasium_env` registers an id with two entry points:
+
+* ``entry_point`` (``gymnasium.make(id)``, and ``make_vec`` in ``"sync"``/``"async"``
+  mode): one :class:`~.gymnasium_env.TorchRLGymEnv`. A batched factory is built
+  with ``num_envs=1`` and its batch dim is dropped.
+* ``vector_entry_point`` (batched factories only; ``gymnasium.make_vec(id,
+  num_envs=N)`` picks it by default): **one** batched TorchRL env of ``N``
+  exported as a :class:`~.vector_env.TorchRLVectorEnv`, not ``N`` copies.
+  ``max_episode_steps`` becomes TorchRL's ``StepCounter`` truncation there,
+  since gymnasium's ``TimeLimit`` wraps single envs only.
+
+Both entry points are picklable objects (``make_vec(..., vectorization_mode="async")``
+sends them to worker processes) when the factory is.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+
+import gymnasium as gym
+
+__all__ = ["register_gymnasium_env"]
+
+
+def _takes_num_envs(factory) -> bool:
+    """Whether ``factory`` (a function, a class, or a ``functools.partial`` of either) has ``num_envs``."""
+    while isinstance(factory, functools.partial):
+        if "num_envs" in factory.keywords:
+            return False  # already bound: the factory builds a fixed batch
+        factory = factory.func
+    target = factory.__init__ if isinstance(factory, type) else factory
+    try:
+        params = inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return False
+    return "num_envs" in params
+
+
+class _SingleEntryPoint:
+    def __init__(self, factory, batched, export_kwargs):
+        self.factory, self.batched, self.export_kwargs = factory, batched, export_kwargs
+
+    def __call__(self, **kwargs):
+        from .gymnasium_env import TorchRLGymEnv
+
+        kwargs.pop("num_envs", None)
+        if self.batched:
+            env = self.factory(num_envs=1, **kwargs)
+            return TorchRLGymEnv(env, squeeze_batch=True, **_single_kwargs(self.export_kwargs))
+        env = self.factory(**kwargs)
+        return TorchRLGymEnv(env, **_single_kwargs(self.export_kwargs))
+
+
+class _VectorEntryPoint:
+    def __init__(self, factory, export_kwargs):
+        self.factory, self.export_kwargs = factory, export_kwargs
+
+    def __call__(self, num_envs: int, max_episode_steps: int | None = None, **kwargs):
+        from ._core import Layout
+        from .vector_env import TorchRLVectorEnv
+
+        env = self.factory(num_envs=num_envs, **kwargs)
+        export_kwargs = dict(self.export_kwargs)
+        if max_episode_steps is not None:
+            from torchrl.envs import StepCounter, TransformedEnv
+
+            if export_kwargs.get("observation_keys") is None:
+                # keep the observation the env had: StepCounter adds "step_count"
+                layout = Layout(env, info_keys=export_kwargs.get("info_keys"))
+                keys = [leaf.key for leaf in layout.obs_leaves]
+                export_kwargs["observation_keys"] = keys[0] if layout.single_leaf else keys
+            env = TransformedEnv(env, StepCounter(max_steps=int(max_episode_steps)))
+        return TorchRLVectorEnv(env, **export_kwargs)
+
+
+def _single_kwargs(export_kwargs: dict) -> dict:
+    return {k: v for k, v in export_kwargs.items() if k != "autoreset_mode"}
+
+
+def register_gymnasium_env(
+    id: str,
+    env_factory: Callable,
+    *,
+    batched: bool | None = None,
+    autoreset_mode="next_step",
+    numpy: bool = True,
+    observation_keys=None,
+    info_keys=None,
+    max_episode_steps: int | None = None,
+    reward_threshold: float | None = None,
+    nondeterministic: bool = False,
+    kwargs: dict | None = None,
+    **register_kwargs,
+) -> gym.envs.registration.EnvSpec:
+    """Register a TorchRL env factory with gymnasium.
+
+    Args:
+        id: the gymnasium id, e.g. ``"TorchRLSWM/CartPolePool-v0"``.
+        env_factory: a callable returning a TorchRL env. Unbatched factories
+            return ``batch_size == []``; batched ones take ``num_envs`` and return
+            ``batch_size == [num_envs]``. Extra ``gymnasium.make`` keyword
+            arguments (and ``kwargs``) are passed to it.
+
+    Keyword Args:
+        batched: whether the factory is batched; by default, whether it has a
+            ``num_envs`` parameter.
+        autoreset_mode: the vector env's mode (``make_vec`` with a batched factory).
+        numpy, observation_keys, info_keys: as :func:`torchrl_swm.to_gymnasium`.
+        max_episode_steps, reward_threshold, nondeterministic: gymnasium's spec fields.
+        kwargs: default keyword arguments for the factory.
+        **register_kwargs: other arguments of ``gymnasium.register``
+            (``order_enforce``, ``disable_env_checker``...).
+
+    Returns:
+        the registered ``EnvSpec``.
+
+    Examples:
+        >>> import functools, gymnasium as gym
+        >>> from torchrl_swm import EnvPool, register_gymnasium_env
+        >>> register_gymnasium_env("TorchRLSWM/CartPolePool-v0", functools.partial(EnvPool, "CartPole-v1"))
+        EnvSpec(...)
+        >>> envs = gym.make_vec("TorchRLSWM/CartPolePool-v0", num_envs=16)  # one EnvPool of 16
+        >>> env = gym.make("TorchRLSWM/CartPolePool-v0")  # one env
+    """
+    if not callable(env_factory):
+        raise TypeError(f"register_gymnasium_env: env_factory must be callable, got {type(env_factory).__name__}")
+    if batched is None:
+        batched = _takes_num_envs(env_factory)
+    export_kwargs = {"numpy": numpy, "observation_keys": observation_keys, "info_keys": info_keys,
+                     "autoreset_mode": autoreset_mode}
+    from ._core import autoreset_mode as _mode
+
+    _mode(autoreset_mode)  # fail now on a bad mode, not at make_vec time
+    gym.register(
+        id,
+        entry_point=_SingleEntryPoint(env_factory, batched, export_kwargs),
+        vector_entry_point=_VectorEntryPoint(env_factory, export_kwargs) if batched else None,
+        max_episode_steps=max_episode_steps,
+        reward_threshold=reward_threshold,
+        nondeterministic=nondeterministic,
+        kwargs=dict(kwargs or {}),
+        **register_kwargs,
+    )
+    return gym.spec(id)

@@ -1,0 +1,217 @@
+"""A batched TorchRL env as a Stable-Baselines3 ``VecEnv``.
+
+SB3's ``VecEnv`` contract is gymnasium's SAME_STEP autoreset plus a list of
+per-env info dicts, so this adapter drives a :class:`~.vector_env.TorchRLVectorEnv`
+in SAME_STEP mode and reshapes its outputs:
+
+* ``step_wait`` returns ``(obs, rewards float32 (N,), dones bool (N,), infos)``,
+  ``infos`` a list of ``N`` dicts. Each holds that env's info values and
+  ``"TimeLimit.truncated"`` (truncated and not terminated); a finished env's dict
+  holds its final step's info and ``"terminal_observation"``, and its reset info
+  goes to ``reset_infos[i]``, exactly as SB3's ``DummyVecEnv`` does.
+* ``seed(s)`` and ``set_options(...)`` apply at the next ``reset()``.
+* ``env_method``, ``get_attr``, ``set_attr`` and ``env_is_wrapped`` reach the
+  sub-envs of an :class:`~torchrl_swm.pool.EnvPool` (``get_attr`` looks through
+  gymnasium wrappers like ``DummyVecEnv``); other envs have no sub-envs and raise
+  ``AttributeError`` (``render_mode`` reads ``None``).
+
+``stable-baselines3`` is an optional dependency (``pip install torchrl-swm[sb3]``),
+imported when :func:`to_sb3_vec_env` is first called.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import numpy as np
+from torchrl.envs import EnvBase
+
+__all__ = ["to_sb3_vec_env"]
+
+
+def _require_sb3():
+    try:
+        from stable_baselines3.common.vec_env import VecEnv
+    except ImportError as err:  # pragma: no cover - exercised only without the extra
+        raise ImportError(
+            "to_sb3_vec_env needs stable-baselines3, an optional extra of torchrl-swm: "
+            "pip install 'torchrl-swm[sb3]' (or pip install stable-baselines3)"
+        ) from err
+    return VecEnv
+
+
+def to_sb3_vec_env(env: EnvBase, *, observation_keys=None, info_keys=None):
+    """Export a batched TorchRL env (``batch_size == [N]``) as an SB3 ``VecEnv``.
+
+    Args:
+        env: the TorchRL env; the ``VecEnv`` owns it (``close()`` closes it).
+        observation_keys, info_keys: as :func:`torchrl_swm.to_gymnasium`.
+
+    Raises:
+        ImportError: stable-baselines3 is not installed.
+
+    Examples:
+        >>> from stable_baselines3 import PPO
+        >>> from torchrl_swm import EnvPool, to_sb3_vec_env
+        >>> venv = to_sb3_vec_env(EnvPool("CartPole-v1", num_envs=8))
+        >>> model = PPO("MlpPolicy", venv).learn(10_000)  # doctest: +SKIP
+    """
+    return _sb3_class()(env, observation_keys=observation_keys, info_keys=info_keys)
+
+
+@functools.cache
+def _sb3_class():
+    VecEnv = _require_sb3()
+    from .vector_env import TorchRLVectorEnv
+
+    class TorchRLSB3VecEnv(VecEnv):
+        """See :mod:`torchrl_swm.export.sb3`."""
+
+        def __init__(self, env: EnvBase, *, observation_keys=None, info_keys=None):
+            if not isinstance(env, EnvBase) or len(env.batch_size) != 1:
+                raise ValueError(
+                    "to_sb3_vec_env: expected a TorchRL env with batch_size [N], got "
+                    + (f"batch_size {list(env.batch_size)}" if isinstance(env, EnvBase) else type(env).__name__)
+                )
+            self.venv = TorchRLVectorEnv(
+                env, autoreset_mode="same_step", observation_keys=observation_keys, info_keys=info_keys
+            )
+            self._actions = None
+            super().__init__(self.venv.num_envs, self.venv.single_observation_space, self.venv.single_action_space)
+
+        @property
+        def env(self) -> EnvBase:
+            """The wrapped TorchRL env."""
+            return self.venv.env
+
+        # -- stepping ------------------------------------------------------------------
+        def reset(self):
+            seeds = self._seeds
+            seed = None if all(s is None for s in seeds) else seeds
+            if seed is not None and any(s is None for s in seeds):
+                raise ValueError(f"seed: either every env gets a seed or none does, got {seeds}")
+            options = self._options
+            if all(not o for o in options):
+                options = None
+            elif not all(o == options[0] for o in options):
+                raise ValueError("set_options: per-env options differ; the export passes one options dict to all envs")
+            else:
+                options = dict(options[0])
+            obs, infos = self.venv.reset(seed=seed, options=options)
+            self.reset_infos = self._per_env(infos, range(self.num_envs))
+            self._reset_seeds()
+            self._reset_options()
+            return obs
+
+        def step_async(self, actions: np.ndarray) -> None:
+            self._actions = actions
+
+        def step_wait(self):
+            if self._actions is None:
+                raise RuntimeError("step_wait() was called without step_async(actions)")
+            actions, self._actions = self._actions, None
+            obs, rewards, terminated, truncated, infos = self.venv.step(actions)
+            dones = terminated | truncated
+            per_env = self._per_env(infos, range(self.num_envs))
+            if dones.any():
+                final_obs, final_info = infos["final_obs"], infos["final_info"]
+                for i in np.flatnonzero(dones).tolist():
+                    self.reset_infos[i] = per_env[i]  # after a SAME_STEP reset: the reset info
+                    per_env[i] = _row(final_info, i)  # the step's own info
+                    per_env[i]["terminal_observation"] = final_obs[i]
+            for i, info in enumerate(per_env):
+                info["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
+            return obs, rewards.astype(np.float32, copy=False), dones, per_env
+
+        def _per_env(self, infos: dict, rows) -> list[dict]:
+            return [_row(infos, i) for i in rows]
+
+        def close(self) -> None:
+            self.venv.close()
+
+        # -- sub-envs ---------------------------------------------------------------------
+        def _pool(self, what: str):
+            pool = self.venv.traits.pool
+            if pool is None:
+                raise AttributeError(
+                    f"{what} reaches the sub-environments of an EnvPool; this VecEnv wraps "
+                    f"{type(self.venv.env).__name__}, which has none"
+                )
+            return pool
+
+        def get_attr(self, attr_name: str, indices=None) -> list:
+            if self.venv.traits.pool is None and attr_name == "render_mode":
+                return [self.venv.render_mode for _ in self._get_indices(indices)]
+            pool = self._pool(f"get_attr({attr_name!r})")
+            with _attribute_errors():
+                return list(pool.call("get_wrapper_attr", attr_name, indices=_indices(indices)))
+
+        def set_attr(self, attr_name: str, value, indices=None) -> None:
+            pool = self._pool(f"set_attr({attr_name!r})")
+            rows = list(self._get_indices(indices))
+            pool.set_attr(attr_name, [value] * len(rows), indices=rows)
+
+        def env_method(self, method_name: str, *method_args, indices=None, **method_kwargs) -> list:
+            pool = self._pool(f"env_method({method_name!r})")
+            with _attribute_errors():
+                return list(pool.call(method_name, *method_args, indices=_indices(indices), **method_kwargs))
+
+        def env_is_wrapped(self, wrapper_class, indices=None) -> list[bool]:
+            rows = list(self._get_indices(indices))
+            pool = self.venv.traits.pool
+            envs = getattr(pool, "envs", None) if pool is not None else None
+            if not envs:
+                return [False] * len(rows)
+            from stable_baselines3.common.env_util import is_wrapped
+
+            return [is_wrapped(envs[i], wrapper_class) for i in rows]
+
+        def get_images(self):
+            return list(self._pool("get_images()").call("render"))
+
+    TorchRLSB3VecEnv.__module__ = __name__
+    TorchRLSB3VecEnv.__qualname__ = "TorchRLSB3VecEnv"
+    return TorchRLSB3VecEnv
+
+
+@contextlib.contextmanager
+def _attribute_errors():
+    """A sub-env's missing attribute reads as ``AttributeError`` (SB3's ``has_attr`` relies on it)."""
+    try:
+        yield
+    except Exception as err:
+        if isinstance(err.__cause__, AttributeError) and not isinstance(err, AttributeError):
+            raise AttributeError(str(err)) from err
+        raise
+
+
+def _indices(indices):
+    if indices is None:
+        return None
+    if isinstance(indices, (int, np.integer)):
+        return [int(indices)]
+    return [int(i) for i in indices]
+
+
+def _row(infos: dict, i: int) -> dict:
+    """Env ``i``'s entries of gymnasium vector infos (keys whose ``_key`` mask is set)."""
+    out = {}
+    for key, value in infos.items():
+        if key.startswith("_") or key in ("final_obs", "final_info"):
+            continue
+        mask = infos.get("_" + key)
+        if mask is not None and not mask[i]:
+            continue
+        if isinstance(value, dict):
+            out[key] = _row(value, i)
+        else:
+            item = value[i]
+            out[key] = item.item() if isinstance(item, np.generic) else item
+    return out
+
+
+def __getattr__(name):
+    if name == "TorchRLSB3VecEnv":
+        return _sb3_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,410 @@
+"""A batched TorchRL env (``batch_size == [N]``) as a ``gymnasium.vector.VectorEnv``.
+
+Data path of one step::
+
+    actions (numpy or torch) -> Layout.encode_action -> root TensorDict["action"]
+    -> env.step_and_maybe_reset (env.step + env.step_mdp in DISABLED mode)
+    -> Layout.observations/infos/flags (decoded on the env's device)
+    -> to_host: one transfer -> (obs, rewards, terminations, truncations, infos)
+
+Autoreset modes (gymnasium's exact semantics, https://farama.org/Vector-Autoreset-Mode):
+
+* ``SAME_STEP``: one ``env.step_and_maybe_reset`` per step. A finished env is
+  reset in the same step; ``obs`` holds its reset observation, and the terminal
+  observation and info are in ``infos["final_obs"]`` / ``infos["final_info"]``
+  (with the ``_final_obs`` / ``_final_info`` masks). This is TorchRL's own
+  mapping: ``td["next", ...]`` is the terminal transition, the new root the reset one.
+* ``NEXT_STEP`` (gymnasium's default): ``obs`` holds the terminal observation; on
+  the next step that env's action is ignored and it returns its reset
+  observation with reward 0, not terminated, not truncated, and its reset info.
+  For envs that honour TorchRL's ``"_step"`` mask (an ``EnvPool``, this
+  package's envs, batch-unlocked envs, and ``TransformedEnv`` of those) the
+  finished rows are reset by ``step_and_maybe_reset`` when they finish and frozen
+  by ``"_step"`` on the next step; for a transformed or foreign env the frozen
+  rows' outputs are then restored from their reset values. Other envs step the
+  finished rows once more (the action is discarded) and reset them afterwards,
+  so they must tolerate a step past the end of an episode.
+* ``DISABLED``: no reset inside ``step``. Stepping an env that finished raises;
+  reset finished envs with ``reset(options={"reset_mask": mask})``.
+
+``reset(options={"reset_mask": mask})`` resets only the masked envs in every
+mode, as gymnasium's own vector envs do; infos then report only those envs.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector.utils import batch_space
+from tensordict import TensorDictBase
+from torchrl.envs import EnvBase
+
+from ._core import Layout, nest, to_host, torch_copies, traits
+from ._core import autoreset_mode as _autoreset_mode
+from .seeding import reset_kwargs
+
+__all__ = ["TorchRLVectorEnv"]
+
+AutoresetMode = gym.vector.AutoresetMode
+
+
+class TorchRLVectorEnv(gym.vector.VectorEnv):
+    """A TorchRL env with ``batch_size == [N]`` as a gymnasium ``VectorEnv`` of ``N`` envs.
+
+    Prefer :func:`torchrl_swm.to_gymnasium`, which picks this class for batched envs.
+
+    Args:
+        env: the TorchRL env (an ``EnvPool``, a world-model env, a ``TransformedEnv``
+            of either, or any TorchRL env with one batch dim). The export owns it:
+            :meth:`close` closes it.
+
+    Keyword Args:
+        autoreset_mode: ``"next_step"`` (default), ``"same_step"`` or ``"disabled"``
+            (or a :class:`gymnasium.vector.AutoresetMode`).
+        numpy: return numpy arrays (default). With ``False``, observations,
+            rewards, flags and info values are torch tensors on the env's device
+            and actions may be torch tensors; only the done flags (which the
+            info masks need) leave the device.
+        observation_keys, info_keys: see :func:`torchrl_swm.to_gymnasium`.
+
+    Attributes:
+        env: the wrapped TorchRL env.
+        layout: the key and space mapping (:class:`~torchrl_swm.export._core.Layout`).
+    """
+
+    metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP, "render_modes": []}
+
+    def __init__(self, env: EnvBase, *, autoreset_mode="next_step", numpy=True, observation_keys=None,
+                 info_keys=None):
+        if not isinstance(env, EnvBase):
+            raise TypeError(f"to_gymnasium: expected a TorchRL EnvBase, got {type(env).__name__}")
+        if len(env.batch_size) != 1:
+            raise ValueError(
+                f"TorchRLVectorEnv: expected an env with batch_size [N], got {list(env.batch_size)}; "
+                "use to_gymnasium(env), which returns a gymnasium.Env for batch_size []"
+            )
+        reset_keys = env.reset_keys
+        if len(reset_keys) != 1:
+            raise ValueError(f"TorchRLVectorEnv: expected one reset key, the env has {reset_keys}")
+        self.env = env
+        self.layout = Layout(env, observation_keys=observation_keys, info_keys=info_keys)
+        self.traits = traits(env)
+        self.num_envs = int(env.batch_size[0])
+        self.autoreset_mode = _autoreset_mode(autoreset_mode)
+        self.numpy = bool(numpy)
+        self.single_observation_space = self.layout.single_observation_space
+        self.single_action_space = self.layout.single_action_space
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self.render_mode = None
+        metadata = {"render_modes": []}
+        pool = self.traits.pool
+        if pool is not None:
+            sub = pool.get_attr("metadata", indices=[0])[0]
+            metadata = {k: v for k, v in dict(sub).items() if k in ("render_modes", "render_fps")}
+            self.render_mode = pool.get_attr("render_mode", indices=[0])[0]
+        self.metadata = {**metadata, "autoreset_mode": self.autoreset_mode}
+        self._device = self.layout.device
+        #: one packed device-to-host transfer per step (accelerators); settable so tests run it on CPU
+        self.packed_transfer = self._device.type != "cpu"
+        self._batch = (self.num_envs,)
+        self._reset_key = reset_keys[0]
+        self._root: TensorDictBase | None = None
+        self._pending: torch.Tensor | None = None  # NEXT_STEP: rows that finished on the last step (device)
+        self._done = np.zeros(self.num_envs, dtype=np.bool_)  # host copy of the last step's done flags
+
+    # -- gymnasium API --------------------------------------------------------------
+    def reset(self, *, seed=None, options=None):
+        """Reset every env (or those in ``options["reset_mask"]``) and return ``(obs, infos)``.
+
+        Args:
+            seed: ``None``, an int ``s`` (env ``i`` gets ``s + i``, as gymnasium
+                does) or a list of ``N`` ints. Per-env seeds need an ``EnvPool``
+                at the base; other envs take an int (``env.set_seed``) or the
+                consecutive seeds ``[s, s+1, ...]``.
+            options: passed to each sub-env's ``reset`` (``EnvPool`` only). The key
+                ``"reset_mask"`` (numpy bool ``(N,)``) resets only those envs; the
+                others keep their state and observation.
+        """
+        options = dict(options) if options else {}
+        mask = options.pop("reset_mask", None)
+        if mask is not None:
+            mask = self._check_reset_mask(mask)
+        if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+            super().reset(seed=int(seed))
+        kwargs = reset_kwargs(self.env, self.traits, seed, options, self.num_envs, "reset")
+        layout = self.layout
+        with torch.no_grad():
+            if mask is None:
+                root = self.env.reset(**kwargs)
+                self._done[:] = False
+                self._pending = None
+            else:
+                rows = torch.as_tensor(mask, device=self._device)
+                root = self._root.exclude("next")
+                root.set(self._reset_key, rows.unsqueeze(-1))
+                root = self.env.reset(root, select_reset_only=True, **kwargs)
+                self._done[mask] = False
+                if self._pending is not None:
+                    self._pending = self._pending & ~rows
+                    if not self._done.any():
+                        self._pending = None
+            root.pop(self._reset_key, None)
+            self._root = root
+            values = [*layout.observations(root), *layout.infos(root)]
+            values = to_host(values, self._packed()) if self.numpy else torch_copies(values)
+        n_obs = len(layout.obs_leaves)
+        reported = np.ones(self.num_envs, np.bool_) if mask is None else mask.copy()
+        return self._observation(values[:n_obs]), self._infos(values[n_obs:], reported)
+
+    def step(self, actions):
+        """Step every env with ``actions`` of shape ``(N, *single_action_space.shape)``.
+
+        Returns ``(obs, rewards (N,), terminations (N,) bool, truncations (N,) bool, infos)``.
+
+        Raises:
+            RuntimeError: before the first ``reset()``, or (DISABLED mode) when an
+                env that finished was not reset.
+            ValueError, TypeError: an action of the wrong shape or dtype, or out
+                of a discrete space.
+        """
+        if self._root is None:
+            raise RuntimeError("TorchRLVectorEnv.step() was called before reset(); call reset() first")
+        mode = self.autoreset_mode
+        if mode is AutoresetMode.DISABLED and self._done.any():
+            rows = np.flatnonzero(self._done).tolist()
+            raise RuntimeError(
+                f"autoreset_mode='disabled': envs {rows} finished on the previous step and were not reset; call "
+                "reset(options={'reset_mask': mask}) for them before stepping again"
+            )
+        with torch.no_grad():
+            action = self.layout.encode_action(actions, self._batch)
+            root = self._root
+            root.set(self.layout.action_key, action)
+            if mode is AutoresetMode.SAME_STEP:
+                return self._step_same(root)
+            if mode is AutoresetMode.NEXT_STEP:
+                return self._step_next(root)
+            return self._step_disabled(root)
+
+    # -- the three modes -----------------------------------------------------------------
+    def _step_same(self, root):
+        layout = self.layout
+        td, root_ = self.env.step_and_maybe_reset(root)
+        nxt = td.get("next")
+        self._root = root_
+        return self._emit(
+            layout.observations(root_), layout.raw_flags(nxt), layout.infos(root_),
+            final=(layout.observations(nxt), layout.infos(nxt)),
+        )
+
+    def _step_next(self, root):
+        layout, pending, env = self.layout, self._pending, self.env
+        if pending is None:
+            td, root_ = env.step_and_maybe_reset(root)
+            nxt = td.get("next")
+        elif self.traits.partial_steps:
+            # `pending` rows were reset when they finished (step_and_maybe_reset): freeze them now.
+            root.set("_step", (~pending).unsqueeze(-1))
+            td, root_ = env.step_and_maybe_reset(root)
+            root.pop("_step", None)
+            root_.pop("_step", None)
+            nxt = td.get("next")
+            if not self.traits.frozen_rows_exact:
+                nxt, root_ = self._restore_rows(pending, root, nxt, root_)
+        else:
+            # The env cannot freeze rows: step the finished ones past the end (action discarded), reset them.
+            td = env.step(root)
+            nxt = td.get("next")
+            root_ = env.step_mdp(td)
+            root_.set(self._reset_key, pending.unsqueeze(-1))
+            root_ = env.reset(root_, select_reset_only=True)
+            root_.pop(self._reset_key, None)
+            nxt, _ = self._restore_rows(pending, root_, nxt, None)
+        self._root = root_
+        frozen = None if pending is None or self.traits.frozen_rows_exact else self._done
+        return self._emit(layout.observations(nxt), layout.raw_flags(nxt), layout.infos(nxt), frozen=frozen,
+                          next_step=True)
+
+    def _step_disabled(self, root):
+        layout = self.layout
+        td = self.env.step(root)
+        nxt = td.get("next")
+        self._root = self.env.step_mdp(td)
+        return self._emit(layout.observations(nxt), layout.raw_flags(nxt), layout.infos(nxt))
+
+    def _restore_rows(self, rows: torch.Tensor, source, nxt, root_):
+        """Copy ``source``'s values (the reset values) into ``rows`` of ``nxt`` and ``root_``.
+
+        Covers every leaf ``source`` shares with them except the action, so
+        state carried in the tensordict (a transform's step count, a latent)
+        is restored too.
+        """
+        n = self.num_envs
+        skip = {self.layout.action_key, "next", "_step", self._reset_key}
+        for key in source.keys(True, True):
+            if (key if isinstance(key, str) else key[0]) in skip:
+                continue
+            value = source.get(key)
+            if not isinstance(value, torch.Tensor):
+                continue
+            where = rows.view(n, *([1] * (value.ndim - 1)))
+            for td in (nxt, root_):
+                if td is None:
+                    continue
+                old = td.get(key, None)
+                if isinstance(old, torch.Tensor) and old.shape == value.shape:
+                    td.set(key, torch.where(where, value, old))
+        return nxt, root_
+
+    # -- output ---------------------------------------------------------------------------
+    def _emit(self, obs, flags, info, final=None, frozen=None, next_step=False):
+        """Move the step's leaves to the host in one transfer and assemble gymnasium's tuple.
+
+        ``flags`` are :meth:`Layout.raw_flags`; ``final`` the terminal observation and
+        info leaves (SAME_STEP); ``frozen`` (NEXT_STEP, envs whose frozen rows are not
+        exact) the rows whose reward and flags read as a reset: 0 and False.
+        """
+        n_obs, n_flags, n_info = len(obs), len(flags), len(info)
+        layout, batch = self.layout, self._batch
+        final_obs = final_info = None
+        if self.numpy:
+            packed = self._packed()
+            extra = [*final[0], *final[1]] if final is not None and packed else []
+            host = to_host([*obs, *flags, *info, *extra], packed)
+            obs, info = host[:n_obs], host[n_obs + n_flags : n_obs + n_flags + n_info]
+            reward, term, trunc = layout.host_flags(host[n_obs : n_obs + n_flags], batch)
+        else:
+            flags = [f.reshape(batch) for f in flags]
+            copies = torch_copies([*obs, *flags, *info])
+            obs, info = copies[:n_obs], copies[n_obs + n_flags :]
+            reward, term = copies[n_obs], copies[n_obs + 1]
+            trunc = copies[n_obs + 2] if n_flags > 2 else torch.zeros_like(term)
+            if reward.dtype not in (torch.float32, torch.float64):
+                reward = reward.float()
+        if frozen is not None:
+            rows_frozen = frozen if self.numpy else torch.from_numpy(frozen).to(self._device)
+            reward[rows_frozen], term[rows_frozen], trunc[rows_frozen] = 0, False, False
+        done = term | trunc
+        if not self.numpy:
+            done = done.cpu().numpy()
+        rows = np.flatnonzero(done)
+        if final is not None and rows.size:
+            if not self.numpy:
+                index = torch.from_numpy(rows).to(self._device)
+                final_obs = [t[index] for t in final[0]]
+                final_info = [t[index] for t in final[1]]
+            elif packed:
+                extra = host[n_obs + n_flags + n_info :]
+                final_obs = [a[rows] for a in extra[:n_obs]]
+                final_info = [a[rows] for a in extra[n_obs:]]
+            else:  # on the CPU: copy only the finished rows
+                final_obs = [t.numpy()[rows] for t in final[0]]
+                final_info = [t.numpy()[rows] for t in final[1]]
+        self._done = done
+        if next_step:
+            self._pending = torch.from_numpy(done).to(self._device, non_blocking=True) if rows.size else None
+        infos = self._infos(info, None)
+        if final_obs is not None:
+            finals = np.full(self.num_envs, None, dtype=object)
+            if layout.single_leaf:
+                terminal = final_obs[0]
+                for j, i in enumerate(rows.tolist()):
+                    finals[i] = terminal[j]
+            else:
+                for j, i in enumerate(rows.tolist()):
+                    finals[i] = nest(layout.obs_leaves, [a[j] for a in final_obs])
+            infos["final_obs"], infos["_final_obs"] = finals, done.copy()
+            final_infos: dict = {}
+            for leaf, finished, full in zip(layout.info_leaves, final_info, info):
+                if self.numpy:
+                    value = np.zeros_like(full)
+                    value[rows] = finished
+                else:
+                    value = torch.zeros_like(full)
+                    value[torch.from_numpy(rows).to(full.device)] = finished
+                _put(final_infos, leaf.path, value, done)
+            infos["final_info"], infos["_final_info"] = final_infos, done.copy()
+        return self._observation(obs), reward, term, trunc, infos
+
+    def _packed(self) -> bool:
+        return self.packed_transfer or self._device.type != "cpu"
+
+    def _observation(self, values):
+        return values[0] if self.layout.single_leaf else nest(self.layout.obs_leaves, values)
+
+    def _infos(self, values, reported: np.ndarray | None) -> dict:
+        """Vector infos with gymnasium's ``_key`` masks; rows not ``reported`` read zero."""
+        infos: dict = {}
+        if not values:
+            return infos
+        if reported is None:
+            reported = np.ones(self.num_envs, np.bool_)
+        partial = not reported.all()
+        for leaf, value in zip(self.layout.info_leaves, values):
+            if partial:
+                keep = reported.reshape(-1, *([1] * (value.ndim - 1)))
+                if self.numpy:
+                    value = np.where(keep, value, np.zeros((), value.dtype))
+                else:
+                    value = value * torch.from_numpy(keep).to(value.device)
+            _put(infos, leaf.path, value, reported)
+        return infos
+
+    def _check_reset_mask(self, mask) -> np.ndarray:
+        if not isinstance(mask, np.ndarray):
+            raise TypeError(f"options['reset_mask'] must be a numpy array, got {type(mask).__name__}")
+        if mask.shape != (self.num_envs,):
+            raise ValueError(f"options['reset_mask'] must have shape ({self.num_envs},), got {mask.shape}")
+        if mask.dtype != np.bool_:
+            raise TypeError(f"options['reset_mask'] must have dtype bool, got {mask.dtype}")
+        if not mask.any():
+            raise ValueError("options['reset_mask'] must select at least one env")
+        if self._root is None:
+            raise RuntimeError("options['reset_mask'] needs a previous full reset(); call reset() first")
+        return mask
+
+    # -- sub-env access (EnvPool) --------------------------------------------------------------
+    def _pool(self, what: str):
+        if self.traits.pool is None:
+            raise AttributeError(
+                f"{what} reaches the sub-environments of an EnvPool; this export wraps "
+                f"{type(self.env).__name__}, which has none"
+            )
+        return self.traits.pool
+
+    def call(self, name: str, *args, **kwargs) -> tuple:
+        """Call method ``name`` of every sub-env (``EnvPool`` only); returns a tuple."""
+        return tuple(self._pool(f"call({name!r})").call(name, *args, **kwargs))
+
+    def get_attr(self, name: str) -> tuple:
+        """Attribute ``name`` of every sub-env, looked up through gymnasium wrappers (``EnvPool`` only)."""
+        return tuple(self._pool(f"get_attr({name!r})").call("get_wrapper_attr", name))
+
+    def set_attr(self, name: str, values) -> None:
+        """Set ``name`` on every sub-env: one value for all, or a list/tuple of ``N`` (``EnvPool`` only)."""
+        self._pool(f"set_attr({name!r})").set_attr(name, values)
+
+    def render(self):
+        """The sub-envs' frames (``EnvPool`` only)."""
+        return tuple(self._pool("render()").call("render"))
+
+    def close_extras(self, **kwargs) -> None:
+        if not self.env.is_closed:
+            self.env.close()
+
+    def __repr__(self) -> str:
+        name = self.spec.id if self.spec is not None else type(self.env).__name__
+        return f"TorchRLVectorEnv({name}, num_envs={self.num_envs}, autoreset_mode={self.autoreset_mode.value})"
+
+
+def _put(infos: dict, path, value, mask: np.ndarray) -> None:
+    """Add ``value`` at ``path`` with gymnasium's ``_key`` masks at every level (as ``VectorEnv._add_info``)."""
+    node = infos
+    for part in path[:-1]:
+        if "_" + part not in node:
+            node["_" + part] = mask.copy()
+        node = node.setdefault(part, {})
+    node[path[-1]] = value
+    node["_" + path[-1]] = mask.copy()

@@ -1,0 +1,202 @@
+"""One factory for every environment the package builds: ``make_env(target, backend="auto", **kwargs)``.
+
+Built-in backends (names and aliases are case-insensitive, surrounding whitespace is ignored, and
+``_``, ``-`` and inner spaces are the same: ``" World_Model "`` is ``world-model``):
+
+===============  ==================================  =========================================================
+backend          aliases                             builds
+===============  ==================================  =========================================================
+``gym``          ``gymnasium``                       :class:`~torchrl_swm.EnvPool` ``(target, num_envs=, ...)``
+``world-model``  ``world_model``, ``model``, ``wm``  :func:`~torchrl_swm.make_world_model_env` ``(target, ...)``
+===============  ==================================  =========================================================
+
+``backend="auto"`` picks by the target's type: a string (a gymnasium id) or a sequence of env
+factories -> ``gym``; a ``torch.nn.Module``, an object with a transition method (``env_step``,
+``step``, ``predict_step``, ``predict``, ``imagine_step``, ``transition``) or any target given
+with ``transition_fn=`` -> ``world-model``. :func:`register_backend` adds backends that
+``make_env`` really uses. Errors list the available backends; the backend's own errors
+propagate unchanged (they are never swallowed or re-labelled).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+
+__all__ = ["make_env", "register_backend", "list_backends", "backend_aliases", "unregister_backend"]
+
+_LOCK = threading.Lock()
+_FACTORIES: dict[str, Callable] = {}
+_ALIASES: dict[str, str] = {}  # normalized alias or name -> canonical name
+_DISPLAY: dict[str, list[str]] = {}  # canonical name -> aliases as registered (for messages)
+
+
+def _normalize(name: str) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"backend: expected a string, got {type(name).__name__}")
+    return "-".join(name.lower().replace("_", " ").replace("-", " ").split())
+
+
+def register_backend(name: str, factory: Callable, aliases: Iterable[str] = ()) -> None:
+    """Register ``factory(target, **kwargs)`` as backend ``name`` (with ``aliases``) for :func:`make_env`.
+
+    Re-registering an existing name replaces its factory and aliases. Names are normalized
+    (case, whitespace, ``_`` vs ``-``).
+
+    Raises:
+        TypeError: ``factory`` is not callable.
+        ValueError: the name is ``"auto"`` or empty, or an alias already names another backend.
+    """
+    if not callable(factory):
+        raise TypeError(f"register_backend({name!r}): factory must be callable, got {type(factory).__name__}")
+    canonical = _normalize(name)
+    if not canonical or canonical == "auto":
+        raise ValueError(f"register_backend: {name!r} is not a valid backend name (reserved or empty)")
+    if isinstance(aliases, str):
+        aliases = (aliases,)
+    normalized, display = [], []
+    for alias in aliases:
+        key = _normalize(alias)
+        if not key or key == "auto":
+            raise ValueError(f"register_backend({name!r}): {alias!r} is not a valid alias (reserved or empty)")
+        if alias.strip() not in display:
+            display.append(alias.strip())
+        if key != canonical and key not in normalized:
+            normalized.append(key)
+    with _LOCK:
+        for key in (canonical, *normalized):
+            owner = _ALIASES.get(key)
+            if owner is not None and owner != canonical:
+                raise ValueError(
+                    f"register_backend({name!r}): {key!r} already names backend {owner!r}; "
+                    f"available backends: {_describe_locked()}"
+                )
+        for key, owner in list(_ALIASES.items()):
+            if owner == canonical:
+                del _ALIASES[key]
+        _FACTORIES[canonical] = factory
+        _DISPLAY[canonical] = display
+        _ALIASES[canonical] = canonical
+        for key in normalized:
+            _ALIASES[key] = canonical
+
+
+def unregister_backend(name: str) -> None:
+    """Remove a registered backend (and its aliases); unknown names raise ValueError."""
+    canonical = _normalize(name)
+    with _LOCK:
+        canonical = _ALIASES.get(canonical)
+        if canonical is None:
+            raise ValueError(f"unregister_backend: unknown backend {name!r}; available backends: {_describe_locked()}")
+        for key, owner in list(_ALIASES.items()):
+            if owner == canonical:
+                del _ALIASES[key]
+        del _FACTORIES[canonical]
+        _DISPLAY.pop(canonical, None)
+
+
+def list_backends() -> list[str]:
+    """The canonical names of the registered backends, sorted (aliases: :func:`backend_aliases`)."""
+    with _LOCK:
+        return sorted(_FACTORIES)
+
+
+def backend_aliases() -> dict[str, list[str]]:
+    """``{backend: [aliases as registered]}`` for every registered backend."""
+    with _LOCK:
+        return {name: list(_DISPLAY.get(name, ())) for name in sorted(_FACTORIES)}
+
+
+def _describe_locked() -> str:
+    parts = []
+    for name in sorted(_FACTORIES):
+        aliases = _DISPLAY.get(name, ())
+        parts.append(f"{name} (aliases: {', '.join(aliases)})" if aliases else name)
+    return "; ".join(parts)
+
+
+def _describe() -> str:
+    with _LOCK:
+        return _describe_locked()
+
+
+def _detect(target, kwargs) -> str:
+    """The backend ``auto`` picks for ``target``; raises ValueError (listing the backends) when unsure."""
+    from .world_model.adapters import TRANSITION_METHODS
+
+    if isinstance(target, str):
+        return "gym"
+    import gymnasium as gym
+    from torchrl.envs import EnvBase
+
+    if isinstance(target, (gym.Env, EnvBase)):
+        raise ValueError(
+            f"make_env: got an environment instance ({type(target).__name__}); the gym backend pools envs from a "
+            "gymnasium id or a sequence of zero-argument factories, so pass one of those instead. Available backends: "
+            f"{_describe()}"
+        )
+    if "transition_fn" in kwargs:
+        return "world-model"
+    try:
+        import torch
+
+        if isinstance(target, torch.nn.Module):
+            return "world-model"
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    if any(callable(getattr(target, name, None)) for name in TRANSITION_METHODS):
+        return "world-model"
+    if isinstance(target, Sequence) and target and all(callable(f) for f in target):
+        return "gym"
+    raise ValueError(
+        f"make_env: backend='auto' cannot tell which backend builds a {type(target).__name__}: expected a gymnasium id "
+        "(str) or a sequence of env factories (gym), or a world model (an nn.Module, an object with one of the methods "
+        f"{', '.join(TRANSITION_METHODS)}, or transition_fn=...). Pass backend= explicitly; available backends: "
+        f"{_describe()}"
+    )
+
+
+def make_env(target, backend: str = "auto", **kwargs):
+    """Build an environment for ``target`` with ``backend``.
+
+    Args:
+        target: a gymnasium id (``"CartPole-v1"``) or env factories for ``gym``; the world model
+            for ``world-model``; whatever a registered backend takes.
+        backend: a backend name or alias (see :func:`list_backends`), or ``"auto"``.
+        **kwargs: passed to the backend's factory (``num_envs=``, ``seed=``, ``observation_space=``...).
+
+    Raises:
+        ValueError: unknown backend, or ``auto`` cannot decide (both list the available backends).
+        Any error of the backend's factory, unchanged.
+
+    Examples:
+        >>> pool = make_env("CartPole-v1", num_envs=8, seed=0)              # EnvPool
+        >>> env = make_env(model, backend="wm", observation_space=..., action_space=..., num_envs=64)
+    """
+    name = _normalize(backend)
+    if name == "auto":
+        name = _detect(target, kwargs)
+    with _LOCK:
+        canonical = _ALIASES.get(name)
+        factory = _FACTORIES.get(canonical) if canonical is not None else None
+    if factory is None:
+        raise ValueError(f"make_env: unknown backend {backend!r}; available backends: {_describe()}")
+    return factory(target, **kwargs)
+
+
+def _gym_backend(target, num_envs: int | None = None, **kwargs):
+    from .pool import EnvPool
+
+    if isinstance(target, str) and num_envs is None:
+        num_envs = 1
+    return EnvPool(target, num_envs=num_envs, **kwargs)
+
+
+def _world_model_backend(target, **kwargs):
+    from .world_model import make_world_model_env
+
+    return make_world_model_env(target, **kwargs)
+
+
+register_backend("gym", _gym_backend, aliases=("gymnasium",))
+register_backend("world-model", _world_model_backend, aliases=("world_model", "model", "wm"))

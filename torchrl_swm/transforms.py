@@ -1,0 +1,159 @@
+"""TorchRL transforms for world-model evaluation: :class:`History`.
+
+:class:`History` keeps the last ``length`` steps of chosen keys, stacked along a
+new time dim right after the batch dims: a key of shape ``(N, *shape)`` gets a
+history of shape ``(N, length, *shape)``, oldest step first, the current step
+last. World-model planners read it as their context window; ``length=1`` is
+the ``(num_envs, 1, ...)`` convention of stable-worldmodel's EnvPool.
+
+Semantics, for a batched env with per-env masks:
+
+* a reset fills the history of the **reset rows only** with the reset
+  observation (``padding="same"``: repeated ``length`` times; ``"zeros"``:
+  zeros, then the observation in the last slot); other rows keep theirs;
+* a step shifts the history by one and appends the new observation, for the
+  rows that were stepped; rows frozen by a ``"_step"`` mask keep their history
+  unchanged (a frozen env adds no duplicate frames).
+
+The history lives in the tensordict (root at step ``t``, ``"next"`` at ``t +
+1``), not inside the transform, so it works with ``rollout``, collectors,
+``step_and_maybe_reset`` and :class:`~torchrl_swm.World` alike, and a
+tensordict can be replayed from any point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.utils import NestedKey, unravel_key
+from torchrl.envs.transforms import Transform
+
+__all__ = ["History"]
+
+
+class History(Transform):
+    """Keep the last ``length`` steps of ``keys`` as ``(*batch, length, ...)``.
+
+    Args:
+        keys: the observation keys to keep (e.g. ``["pixels"]`` or
+            ``["pixels", ("info", "goal_pixels")]``).
+        length: how many steps to keep (>= 1).
+
+    Keyword Args:
+        out_keys: where to write the histories; default ``("history", *key)``
+            for each key (e.g. ``("history", "pixels")``). An out key equal to
+            its in key replaces the observation by its history.
+        padding: ``"same"`` (default; after a reset the history is the reset
+            observation repeated) or ``"zeros"``.
+
+    Examples:
+        >>> from torchrl.envs import TransformedEnv
+        >>> from torchrl_swm import EnvPool, History
+        >>> env = TransformedEnv(EnvPool("CartPole-v1", num_envs=4), History(["observation"], 3))
+        >>> td = env.reset()
+        >>> td["history", "observation"].shape
+        torch.Size([4, 3, 4])
+    """
+
+    def __init__(
+        self,
+        keys: Sequence[NestedKey] | NestedKey,
+        length: int,
+        *,
+        out_keys: Sequence[NestedKey] | None = None,
+        padding: str = "same",
+    ):
+        if isinstance(keys, (str, tuple)):
+            keys = [keys]
+        in_keys = [unravel_key(k) for k in keys]
+        if not in_keys:
+            raise ValueError("History: expected at least one key")
+        if out_keys is None:
+            out_keys = [("history", *((k,) if isinstance(k, str) else k)) for k in in_keys]
+        else:
+            if isinstance(out_keys, (str, tuple)):
+                out_keys = [out_keys]
+            out_keys = [unravel_key(k) for k in out_keys]
+            if len(out_keys) != len(in_keys):
+                raise ValueError(f"History: {len(in_keys)} keys but {len(out_keys)} out_keys")
+        if int(length) < 1:
+            raise ValueError(f"History: length must be >= 1, got {length}")
+        if padding not in ("same", "zeros"):
+            raise ValueError(f"History: padding must be 'same' or 'zeros', got {padding!r}")
+        super().__init__(in_keys=in_keys, out_keys=out_keys)
+        self.length = int(length)
+        self.padding = padding
+
+    # -- helpers ---------------------------------------------------------------------------------------------
+    def _fresh(self, obs: torch.Tensor, batch_dims: int) -> torch.Tensor:
+        shape = (*obs.shape[:batch_dims], self.length, *obs.shape[batch_dims:])
+        if self.padding == "same":
+            return obs.unsqueeze(batch_dims).expand(shape).clone()
+        out = torch.zeros(shape, dtype=obs.dtype, device=obs.device)
+        out.select(batch_dims, self.length - 1).copy_(obs)
+        return out
+
+    @staticmethod
+    def _rows(mask: torch.Tensor | None, batch_shape: torch.Size) -> torch.Tensor | None:
+        """A ``(*batch,)`` bool mask from a ``"_reset"``/``"_step"`` entry (``None``: every row)."""
+        if mask is None:
+            return None
+        mask = mask.reshape(*batch_shape, -1).any(-1) if mask.shape != batch_shape else mask
+        return None if bool(mask.all()) else mask
+
+    @staticmethod
+    def _where(mask: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+        view = mask.reshape(*mask.shape, *([1] * (new.ndim - mask.ndim)))
+        return torch.where(view, new, old)
+
+    # -- TorchRL hooks ---------------------------------------------------------------------------------------------
+    def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
+        nb = tensordict_reset.batch_dims
+        reset = None
+        if tensordict is not None:
+            reset = self._rows(tensordict.get("_reset", None), tensordict_reset.batch_size)
+        for in_key, out_key in zip(self.in_keys, self.out_keys):
+            obs = tensordict_reset.get(in_key)
+            fresh = self._fresh(obs, nb)
+            if reset is not None and tensordict is not None:
+                # rows that were not reset keep their history (when the caller passed it in)
+                old = tensordict.get(out_key, None)
+                if old is not None and old.shape == fresh.shape:
+                    fresh = self._where(reset, fresh, old)
+            tensordict_reset.set(out_key, fresh)
+        return tensordict_reset
+
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        nb = next_tensordict.batch_dims
+        stepped = self._rows(tensordict.get("_step", None), next_tensordict.batch_size)
+        for in_key, out_key in zip(self.in_keys, self.out_keys):
+            obs = next_tensordict.get(in_key)
+            old = tensordict.get(out_key, None)
+            if old is None or old.shape[nb] != self.length:
+                # no history in the input (a tensordict built by hand): start one
+                new = self._fresh(obs, nb)
+            else:
+                new = torch.cat([old.narrow(nb, 1, self.length - 1), obs.unsqueeze(nb)], dim=nb)
+                if stepped is not None:
+                    new = self._where(stepped, new, old)
+            next_tensordict.set(out_key, new)
+        return next_tensordict
+
+    def transform_observation_spec(self, observation_spec):
+        nb = len(observation_spec.shape)
+        for in_key, out_key in zip(self.in_keys, self.out_keys):
+            spec = observation_spec[in_key]
+            batch, rest = spec.shape[:nb], spec.shape[nb:]
+            observation_spec[out_key] = spec.clone().unsqueeze(nb).expand(*batch, self.length, *rest)
+        return observation_spec
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        raise RuntimeError(
+            "History runs on environment steps (append it to a TransformedEnv). For stored data, sample "
+            "sequences with a SliceSampler (torchrl_swm.load_dataset(path).replay_buffer(slice_len=...))."
+        )
+
+    def __repr__(self) -> str:
+        return f"History(keys={self.in_keys}, length={self.length}, out_keys={self.out_keys}, padding={self.padding!r})"

@@ -1,0 +1,173 @@
+"""Videos of evaluation runs, written from the ``"pixels"`` key with imageio/ffmpeg.
+
+:class:`VideoRecorder` is driven by :class:`torchrl_swm.World`; frames follow
+the World's masks:
+
+* ``layout="episodes"`` (default) writes one MP4 per episode,
+  ``episode_<index>.mp4`` where ``index`` is the episode's position in the
+  evaluation result. An episode of ``L`` steps has ``L + 1`` frames: the reset
+  frame, then one frame per step the env actually took. A frozen env adds no
+  frame, and a reset starts a new file. When the evaluation has goals
+  (``dataset=`` evaluation), each frame shows the agent and the goal image side
+  by side.
+* ``layout="grid"`` writes one ``grid.mp4`` with a tile per env and one frame
+  per World step (plus one per reset round); frozen envs keep their last frame,
+  dimmed.
+
+imageio and imageio-ffmpeg are an optional extra: ``pip install "torchrl-swm[video]"``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["VideoRecorder", "require_imageio", "count_frames"]
+
+
+def require_imageio():
+    """Import imageio (with its ffmpeg plugin), or raise an ImportError that says how to install it."""
+    try:
+        import imageio
+        import imageio_ffmpeg  # noqa: F401
+    except ImportError as err:
+        raise ImportError(
+            "writing videos needs imageio and imageio-ffmpeg; install them with "
+            "`pip install \"torchrl-swm[video]\"` (or `pip install imageio imageio-ffmpeg`)"
+        ) from err
+    return imageio
+
+
+def _even(frame: np.ndarray) -> np.ndarray:
+    """Pad to even height and width (H.264 with yuv420p needs them)."""
+    h, w = frame.shape[:2]
+    ph, pw = h % 2, w % 2
+    if ph or pw:
+        frame = np.pad(frame, ((0, ph), (0, pw), (0, 0)))
+    return frame
+
+
+class VideoRecorder:
+    """Writes MP4 videos of a :class:`~torchrl_swm.World` run.
+
+    Args:
+        directory: where the files go (created if needed).
+
+    Keyword Args:
+        layout: ``"episodes"`` (one file per episode) or ``"grid"`` (one file).
+        fps: frames per second; default: the env's ``metadata["render_fps"]``, else 30.
+        prefix: file name prefix for ``layout="episodes"``.
+        quality: imageio's ffmpeg quality (0-10).
+
+    Attributes:
+        files: the paths written so far, in the order they were closed.
+        frame_counts: ``{path: number of frames}`` for every closed file.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        layout: str = "episodes",
+        fps: int | None = None,
+        prefix: str = "episode",
+        quality: float = 7,
+    ):
+        if layout not in ("episodes", "grid"):
+            raise ValueError(f"VideoRecorder: layout must be 'episodes' or 'grid', got {layout!r}")
+        self.imageio = require_imageio()
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.layout = layout
+        self.fps = fps
+        self.prefix = prefix
+        self.quality = quality
+        self.files: list[Path] = []
+        self.frame_counts: dict[Path, int] = {}
+        self._writers: dict[int, tuple] = {}  # env -> (writer, path, count, goal)
+        self._grid = None
+        self._last: np.ndarray | None = None
+
+    # -- called by World ----------------------------------------------------------------------
+    def bind(self, num_envs: int, fps: int | None) -> None:
+        """Called once by World before the run."""
+        self.num_envs = num_envs
+        if self.fps is None:
+            self.fps = int(fps) if fps else 30
+
+    def _open(self, path: Path):
+        return self.imageio.get_writer(
+            path, fps=self.fps, codec="libx264", quality=self.quality, macro_block_size=1, ffmpeg_log_level="error"
+        )
+
+    def start_episode(self, env: int, index: int, frame: np.ndarray, goal: np.ndarray | None = None) -> None:
+        """Env ``env`` starts episode ``index``; ``frame`` is its reset frame."""
+        if self.layout != "episodes":
+            return
+        if env in self._writers:
+            self.end_episode(env)
+        path = self.directory / f"{self.prefix}_{index:05d}.mp4"
+        self._writers[env] = [self._open(path), path, 0, goal]
+        self.add_frame(env, frame)
+
+    def add_frame(self, env: int, frame: np.ndarray) -> None:
+        """One frame of a stepped env (never called for frozen envs)."""
+        entry = self._writers.get(env)
+        if entry is None:
+            return
+        goal = entry[3]
+        if goal is not None:
+            frame = np.concatenate([frame, goal], axis=1)
+        entry[0].append_data(_even(np.ascontiguousarray(frame)))
+        entry[2] += 1
+
+    def end_episode(self, env: int) -> None:
+        entry = self._writers.pop(env, None)
+        if entry is None:
+            return
+        writer, path, count, _ = entry
+        writer.close()
+        self.files.append(path)
+        self.frame_counts[path] = count
+
+    def grid_frame(self, frames: np.ndarray, active: np.ndarray) -> None:
+        """One grid frame: ``frames`` (N, H, W, 3) uint8, frozen envs (``~active``) dimmed."""
+        if self.layout != "grid":
+            return
+        n, h, w, _ = frames.shape
+        cols = math.ceil(math.sqrt(n))
+        rows = math.ceil(n / cols)
+        canvas = np.zeros((rows * h, cols * w, 3), dtype=np.uint8)
+        for i in range(n):
+            tile = frames[i] if active[i] else (frames[i] // 3)
+            r, c = divmod(i, cols)
+            canvas[r * h : (r + 1) * h, c * w : (c + 1) * w] = tile
+        if self._grid is None:
+            path = self.directory / "grid.mp4"
+            self._grid = [self._open(path), path, 0]
+        self._grid[0].append_data(_even(canvas))
+        self._grid[2] += 1
+
+    def close(self) -> None:
+        """Close every open file (episodes cut short by an error keep what they have)."""
+        for env in list(self._writers):
+            self.end_episode(env)
+        if self._grid is not None:
+            writer, path, count = self._grid
+            writer.close()
+            self.files.append(path)
+            self.frame_counts[path] = count
+            self._grid = None
+
+
+def count_frames(path: str | os.PathLike) -> int:
+    """The number of frames in a video file (decodes it; for tests and checks)."""
+    imageio = require_imageio()
+    reader = imageio.get_reader(path)
+    try:
+        return sum(1 for _ in reader)
+    finally:
+        reader.close()

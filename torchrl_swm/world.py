@@ -1,0 +1,1129 @@
+"""World: evaluate policies and collect datasets on a batched TorchRL env.
+
+:class:`World` runs a TorchRL policy over a batched env (an :class:`EnvPool`,
+or any TorchRL env with batch ``[N]``) with TorchRL's own primitives:
+``env.reset`` with a ``"_reset"`` mask, ``env.step`` with a ``"_step"`` mask,
+and TorchRL's step layout (root = step t, ``"next"`` = step t + 1). Frozen
+envs are not stepped (an env that honours ``"_step"``, like :class:`EnvPool`,
+never calls ``gymnasium.Env.step`` on them).
+
+Evaluation protocol (both reset modes):
+
+* Episode ``j`` of ``episodes`` is assigned **up front** to env ``j % N`` and
+  is that env's ``j // N``-th episode, started with seed ``seed + j``. The set
+  of episodes, and so the metrics, do not depend on which episodes happen to
+  finish first: short episodes are not favoured (the bias of counting the
+  first ``episodes`` completions). Results are reported per episode in this
+  fixed order ``j = 0 .. episodes - 1``.
+* ``reset_mode="auto"``: an env that finishes an episode is reset at once for
+  its next assigned episode; an env with no episode left is frozen.
+* ``reset_mode="wait"``: envs run in rounds of ``N`` episodes; an env that
+  finishes is frozen (``"_step"`` False) until every env of the round has
+  finished, then the next round starts.
+
+Both modes run the same episodes with the same seeds: with a policy that
+depends only on the observation they give identical per-episode results.
+
+Success comes from the env's ``("info", "is_success")`` or ``("info",
+"success")`` (or a root ``is_success``/``success``), or from ``success_fn``; an
+episode succeeds if the signal is True at any of its steps. ``terminated`` is
+never read as success. Without any signal ``success_rate`` is ``None``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+from torchrl.envs import EnvBase
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+__all__ = ["World", "EvalResult", "RandomPolicy", "EpisodePlan", "RESET_MODES", "SUCCESS_KEYS"]
+
+RESET_MODES = ("auto", "wait")
+#: Where World looks for a per-step success flag, in order (under ``"next"`` after a step).
+SUCCESS_KEYS = (("info", "is_success"), ("info", "success"), ("is_success",), ("success",))
+_EXPLORATION = {
+    "deterministic": ExplorationType.DETERMINISTIC,
+    "random": ExplorationType.RANDOM,
+    "mode": ExplorationType.MODE,
+    "mean": ExplorationType.MEAN,
+}
+
+
+class RandomPolicy:
+    """Uniform random actions from an action spec: a TorchRL policy (``td -> td``).
+
+    It draws from torch's global generator, so :class:`World` runs (which fork
+    and seed it) are reproducible.
+    """
+
+    def __init__(self, action_spec, action_key="action"):
+        self.action_spec = action_spec
+        self.action_key = action_key
+
+    def __call__(self, td: TensorDictBase) -> TensorDictBase:
+        td.set(self.action_key, self.action_spec.rand())
+        return td
+
+    def __repr__(self) -> str:
+        return f"RandomPolicy({type(self.action_spec).__name__}{tuple(self.action_spec.shape)})"
+
+
+@dataclass
+class EpisodePlan:
+    """One episode to run: which env runs it, its seed, reset options and goal."""
+
+    index: int
+    env: int
+    seed: int | None = None
+    options: dict | None = None
+    goal: TensorDictBase | None = None
+    start: TensorDictBase | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def _wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    if n == 0:
+        return (float("nan"), float("nan"))
+    p = k / n
+    denom = 1 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, center - half), min(1.0, center + half))
+
+
+class EvalResult(Mapping):
+    """The result of :meth:`World.evaluate`: a read-only mapping with a printable summary.
+
+    Keys (per-episode arrays are in the fixed episode order ``0 .. E-1``):
+
+    * ``success_rate``: fraction in [0, 1], or ``None`` without a success signal;
+      ``success_ci``: its 95% Wilson interval (or ``None``).
+    * ``episode_successes`` (bool), ``steps_to_success`` (float, the step at
+      which success was first reported, NaN when never; ``None`` without a
+      signal), ``start_successes`` (bool: the signal was already True at reset,
+      ``None`` when the reset info has no signal).
+    * ``episode_returns`` (float64), ``episode_lengths`` (int64),
+      ``episode_terminated``/``episode_truncated`` (bool; truncated includes
+      World's step limit), ``seeds`` (int64 seed that started each episode, or
+      ``None`` when the env does not report it), ``env_indices`` (int64).
+    * run info: ``num_episodes``, ``num_envs``, ``reset_mode``, ``seed``,
+      ``max_steps``, ``env_steps`` (gymnasium steps actually taken),
+      ``wall_time`` (s), ``success_source``.
+    * dataset evaluation adds ``episodes_idx``, ``start_steps``,
+      ``goal_offset``, ``eval_budget``.
+    """
+
+    def __init__(self, data: dict):
+        self._data = dict(data)
+
+    def __getitem__(self, key):
+        return self._data[key]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __getattr__(self, name):
+        try:
+            return self.__dict__["_data"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def to_dict(self) -> dict:
+        """A JSON-serialisable copy (arrays as lists, NaN as ``None``)."""
+
+        def conv(v):
+            if isinstance(v, np.ndarray):
+                return [conv(x) for x in v.tolist()]
+            if isinstance(v, (list, tuple)):
+                return [conv(x) for x in v]
+            if isinstance(v, float) and math.isnan(v):
+                return None
+            if isinstance(v, np.generic):
+                return conv(v.item())
+            return v
+
+        return {k: conv(v) for k, v in self._data.items()}
+
+    def summary(self) -> str:
+        d = self._data
+        n = d["num_episodes"]
+        rate = d["wall_time"] and d["env_steps"] / d["wall_time"]
+        head = (
+            f"World.evaluate: {n} episodes on {d['num_envs']} envs (reset_mode={d['reset_mode']}, "
+            f"seed={d['seed']}), {d['env_steps']} env-steps in {d['wall_time']:.2f} s ({rate:,.0f}/s)"
+        )
+        if "episodes_idx" in d:
+            head += f"\n  from dataset: goal_offset={d['goal_offset']}, eval_budget={d['eval_budget']}"
+        lines = [head]
+        if n == 0:
+            return head
+        if d["success_rate"] is None:
+            lines.append("  success rate  n/a: the env reports no is_success/success info (pass success_fn=)")
+        else:
+            k = int(np.sum(d["episode_successes"]))
+            lo, hi = d["success_ci"]
+            lines.append(f"  success rate  {d['success_rate']:.3f}  ({k}/{n}; 95% CI [{lo:.3f}, {hi:.3f}])")
+            if k:
+                sts = d["steps_to_success"][d["episode_successes"]]
+                lines.append(
+                    f"  steps to succ mean {np.mean(sts):.1f}, median {np.median(sts):.1f} (successful episodes)"
+                )
+            if d.get("start_successes") is not None and np.any(d["start_successes"]):
+                solved = int(np.sum(d["start_successes"]))
+                lines.append(f"  WARNING       {solved} episodes were already successful at reset")
+        r, L = d["episode_returns"], d["episode_lengths"]
+        lines.append(
+            f"  return        mean {r.mean():.3f} ± {r.std():.3f} (std), min {r.min():.3f}, max {r.max():.3f}"
+        )
+        lines.append(f"  length        mean {L.mean():.1f} ± {L.std():.1f}, min {L.min()}, max {L.max()}")
+        lines.append(
+            f"  ended by      terminated {int(d['episode_terminated'].sum())}, "
+            f"truncated {int(d['episode_truncated'].sum())}"
+            + (f" (step limit {d['max_steps']})" if d.get("max_steps") else "")
+        )
+        return "\n".join(lines)
+
+    __str__ = summary
+
+    def __repr__(self) -> str:
+        return (
+            f"EvalResult(num_episodes={self._data['num_episodes']}, success_rate={self._data['success_rate']}, "
+            f"mean_return={float(np.mean(self._data['episode_returns'])) if self._data['num_episodes'] else None})"
+        )
+
+
+def _pool_source(env_id: str, kwargs: dict) -> tuple:
+    """EnvPool's first arguments for a gymnasium id; ``kwargs`` keeps only the pool's own arguments.
+
+    Ids of this package (``torchrl_swm/...``) are built from a picklable factory
+    that registers them first, so that worker processes (a process backend) find
+    them too. Other ids go to EnvPool as they are.
+    """
+    import functools
+    import inspect
+
+    import gymnasium as gym
+
+    from .envs import make
+    from .pool import EnvPool
+
+    if not env_id.startswith("torchrl_swm/"):
+        return (env_id,)
+    gym.spec(env_id)  # unknown ids fail here, with gymnasium's "did you mean" message
+    pool_params = set(inspect.signature(EnvPool.__init__).parameters) - {"self", "env_fns", "make_kwargs"}
+    make_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k not in pool_params}
+    if kwargs.get("pixels") or kwargs.get("image_shape") is not None:
+        make_kwargs.setdefault("render_mode", "rgb_array")
+    num_envs = int(kwargs.pop("num_envs"))
+    if num_envs < 1:
+        raise ValueError(f"World({env_id!r}): expected num_envs >= 1, got {num_envs}")
+    return ([functools.partial(make, env_id, **make_kwargs)] * num_envs,)
+
+
+def _find_pool(env):
+    """The EnvPool under ``env`` (through ``TransformedEnv.base_env``), or None."""
+    from torchrl.envs import TransformedEnv
+
+    from .pool import EnvPool
+
+    while isinstance(env, TransformedEnv):
+        env = env.base_env
+    return env if isinstance(env, EnvPool) else None
+
+
+def _as_mask(flags: np.ndarray, device) -> torch.Tensor:
+    mask = torch.from_numpy(np.array(flags, dtype=bool)).view(-1, 1)
+    return mask if device is None or device.type == "cpu" else mask.to(device)
+
+
+class _EpisodeBuffer:
+    """Per-env episode rows (``[N, max_len]``) until an episode is complete."""
+
+    def __init__(self, num_envs: int, max_len: int):
+        self.num_envs, self.max_len = num_envs, max_len
+        self.buf: TensorDictBase | None = None
+
+    def write(self, td: TensorDictBase, rows: np.ndarray, t: np.ndarray) -> None:
+        if td.device is not None and td.device.type != "cpu":
+            td = td.to("cpu")
+        if self.buf is None:
+            n, m = self.num_envs, self.max_len
+            # torch.empty: pages are only committed as rows get written (N x longest-episode rows at most)
+            self.buf = td.apply(
+                lambda x: torch.empty((n, m) + x.shape[1:], dtype=x.dtype), batch_size=[n, m], device="cpu"
+            )
+        if (t >= self.max_len).any():
+            raise RuntimeError(f"an episode exceeded the recording bound of {self.max_len} steps")
+        r = torch.as_tensor(rows)
+        self.buf[r, torch.as_tensor(t)] = td[r]
+
+    def episode(self, i: int, length: int) -> TensorDictBase:
+        return self.buf[i, :length]
+
+
+class World:
+    """Evaluate policies and collect datasets on a batched TorchRL env.
+
+    Args:
+        env: an :class:`~torchrl_swm.EnvPool`, any TorchRL env with batch size
+            ``[N]`` (e.g. a ``TransformedEnv`` over a pool), or a gymnasium id;
+            with an id, the keyword arguments build the pool
+            (``num_envs=`` is required; ``image_shape=``, ``pixels=``, ``seed=``,
+            ``device=``... and ``gym.make`` arguments).
+        policy: a TorchRL policy: a ``TensorDictModule`` or any callable taking
+            the batch ``[N]`` tensordict and writing ``"action"`` (returning the
+            tensordict, or ``None``). Default: :class:`RandomPolicy` on the
+            env's action spec.
+
+    Keyword Args:
+        max_episode_steps: the default per-episode step limit of
+            :meth:`evaluate` and :meth:`collect`. With a gymnasium id it is
+            also passed to ``gym.make`` (a ``TimeLimit``); otherwise World cuts
+            episodes at this many steps and records them as truncated.
+
+    What a policy sees (batch ``[N]``): the env's root keys (observations,
+    ``"pixels"``, ``("info", k)``, ``"episode_seed"``, done flags), plus
+    ``"is_init"`` (``(N, 1)`` bool, True on an episode's first step, as
+    TorchRL's ``InitTracker``) and, in dataset evaluation, the goal under
+    ``goal_key`` (``("goal", k)`` for each observation key ``k``). Rows of
+    frozen envs are present but their actions are ignored.
+
+    Examples:
+        >>> import torchrl_swm
+        >>> world = torchrl_swm.World("torchrl_swm/PointMaze-v0", num_envs=8, image_shape=(64, 64))
+        >>> result = world.evaluate(episodes=32, seed=0)
+        >>> print(result)                       # summary table
+        >>> result["episode_returns"].shape     # (32,), episode j started with seed 0 + j
+        >>> ds = world.collect("data/maze", episodes=50, seed=1)
+        >>> world.close()
+    """
+
+    def __init__(self, env, policy=None, *, max_episode_steps: int | None = None, **pool_kwargs):
+        if max_episode_steps is not None and int(max_episode_steps) < 1:
+            raise ValueError(f"World: max_episode_steps must be >= 1, got {max_episode_steps}")
+        self.max_episode_steps = None if max_episode_steps is None else int(max_episode_steps)
+        self.env_id: str | None = None
+        self.env_kwargs: dict = {}
+        self._owns_env = False
+        if isinstance(env, str):
+            from . import envs as _register  # noqa: F401  (registers torchrl_swm/* ids)
+            from .pool import EnvPool
+
+            if "num_envs" not in pool_kwargs:
+                raise TypeError(f"World({env!r}): a gymnasium id needs num_envs= (the number of parallel envs)")
+            kwargs = dict(pool_kwargs)
+            if self.max_episode_steps is not None:
+                kwargs["max_episode_steps"] = self.max_episode_steps
+            self.env_id, self.env_kwargs = env, {k: v for k, v in pool_kwargs.items()}
+            env = EnvPool(*_pool_source(env, kwargs), **kwargs)
+            self._owns_env = True
+        elif pool_kwargs:
+            raise TypeError(
+                f"World: keyword arguments {sorted(pool_kwargs)} build a pool from a gymnasium id; "
+                f"got an already built {type(env).__name__}"
+            )
+        if not isinstance(env, EnvBase):
+            import gymnasium as gym
+
+            is_gym = isinstance(env, (gym.Env, gym.vector.VectorEnv))
+            hint = " (wrap gymnasium envs in torchrl_swm.EnvPool)" if is_gym else ""
+            raise TypeError(
+                f"World: expected a TorchRL env, an EnvPool or a gymnasium id, got {type(env).__name__}{hint}"
+            )
+        if len(env.batch_size) != 1:
+            raise ValueError(
+                f"World: expected a batched env with batch_size [N], got {list(env.batch_size)}; "
+                "use torchrl_swm.EnvPool, or a SerialEnv/ParallelEnv of single envs"
+            )
+        self.env = env
+        self.num_envs = int(env.batch_size[0])
+        self.device = env.device
+        self.pool = _find_pool(env)
+        if self.env_id is None and self.pool is not None:
+            try:
+                spec = self.pool.get_attr("spec", indices=[0])[0]
+                self.env_id = getattr(spec, "id", None)
+            except Exception:  # pragma: no cover - exotic backends
+                self.env_id = None
+        self.policy = None
+        self.set_policy(policy)
+
+    # -- policy -------------------------------------------------------------------------------------
+    def set_policy(self, policy) -> None:
+        """Use ``policy`` (a TorchRL policy; ``None``: random actions from the action spec)."""
+        if policy is None:
+            policy = RandomPolicy(self.env.action_spec)
+        elif not callable(policy):
+            raise TypeError(
+                f"World.set_policy: expected a TensorDictModule or a callable td -> td, got {type(policy).__name__}"
+            )
+        self.policy = policy
+
+    # -- small helpers --------------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        name = self.env_id or type(self.env).__name__
+        return (
+            f"World(env={name!r}, num_envs={self.num_envs}, policy={self.policy!r}, "
+            f"max_episode_steps={self.max_episode_steps})"
+        )
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        """Close the env if World built it from a gymnasium id."""
+        if self._owns_env and not self.env.is_closed:
+            self.env.close()
+
+    def reset(self, seed=None, options=None) -> TensorDictBase:
+        """Reset every env (``seed``/``options`` as :meth:`EnvPool.reset`); returns the tensordict."""
+        kwargs = {}
+        if seed is not None or options is not None:
+            if self.pool is None:
+                raise TypeError("World.reset: seed=/options= need an EnvPool; use env.set_seed() for other envs")
+            kwargs = {"seed": seed, "options": options}
+        return self.env.reset(**kwargs)
+
+    def _step_limit(self) -> int | None:
+        if self.max_episode_steps is not None:
+            return self.max_episode_steps
+        if self.pool is not None:
+            try:
+                spec = self.pool.get_attr("spec", indices=[0])[0]
+                return getattr(spec, "max_episode_steps", None)
+            except Exception:  # pragma: no cover
+                return None
+        return None
+
+    def _render_fps(self) -> int | None:
+        if self.pool is None:
+            return None
+        try:
+            return self.pool.get_attr("metadata", indices=[0])[0].get("render_fps")
+        except Exception:  # pragma: no cover
+            return None
+
+    def _success_key(self):
+        keys = set(self.env.full_observation_spec.keys(True, True))
+        for key in SUCCESS_KEYS:
+            if key in keys or (len(key) == 1 and key[0] in keys):
+                return key
+        return None
+
+    @staticmethod
+    def _seed(seed) -> int:
+        if seed is None:
+            return int(np.random.SeedSequence().generate_state(1, dtype=np.uint32)[0] >> 1)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or int(seed) < 0:
+            raise ValueError(f"seed: expected a non-negative int, got {seed!r}")
+        return int(seed)
+
+    def _plans(self, episodes: int, seed: int, options) -> list[EpisodePlan]:
+        if isinstance(options, Sequence) and not isinstance(options, (str, bytes)):
+            if len(options) != episodes:
+                raise ValueError(f"options: expected one dict or a list of {episodes} dicts, got {len(options)}")
+            per_episode = list(options)
+        else:
+            per_episode = [options] * episodes
+        n = self.num_envs
+        return [
+            EpisodePlan(index=j, env=j % n, seed=seed + j, options=None if o is None else dict(o))
+            for j, o in enumerate(per_episode)
+        ]
+
+    # -- evaluation -----------------------------------------------------------------------------------------
+    def evaluate(
+        self,
+        episodes: int | None = None,
+        *,
+        seed: int | None = None,
+        reset_mode: str = "auto",
+        max_steps: int | None = None,
+        success_fn: Callable[[TensorDictBase], torch.Tensor] | None = None,
+        video=None,
+        progress: bool = True,
+        options: dict | Sequence[dict] | None = None,
+        exploration: str | None = "deterministic",
+        dataset=None,
+        episodes_idx: Sequence[int] | None = None,
+        start_steps: int | Sequence[int] | None = None,
+        goal_offset: int | None = None,
+        eval_budget: int | None = None,
+        goal_key: str = "goal",
+        reset_options_fn: Callable[[Mapping, Mapping], dict] | None = None,
+        check_start: bool | Sequence | None = None,
+    ) -> EvalResult:
+        """Run ``episodes`` episodes of the policy and report per-episode metrics.
+
+        Args:
+            episodes: number of episodes (default: one per env). Episode ``j``
+                runs on env ``j % N`` with seed ``seed + j``.
+
+        Keyword Args:
+            seed: base seed (default: drawn from OS entropy and reported in the result).
+                The same seed gives the same results. Torch's global generator
+                is forked and seeded with it during the run, so random and
+                stochastic TorchRL policies are reproducible too.
+            reset_mode: ``"auto"`` or ``"wait"`` (see the module docstring).
+            max_steps: per-episode step limit (default: ``max_episode_steps``);
+                an episode reaching it ends as truncated.
+            success_fn: ``success_fn(td) -> bool tensor (N,) or (N, 1)``, called
+                after every step with the step tensordict (root = step t,
+                ``"next"`` = step t + 1); replaces the env's success info.
+            video: a directory (one MP4 per episode) or a
+                :class:`~torchrl_swm.video.VideoRecorder`; needs ``"pixels"``.
+            progress: show a progress bar (tqdm, on stderr).
+            options: reset options for every episode (a dict) or per episode (a list).
+            exploration: TorchRL exploration type for the policy
+                (``"deterministic"``, ``"random"``, ``"mode"``, ``"mean"`` or ``None``).
+
+        Dataset-driven evaluation (keyword arguments):
+            dataset: a :class:`~torchrl_swm.data.WorldDataset` or its path.
+            episodes_idx: dataset episodes (storage positions) to start from;
+                default: all. More episodes than envs run in chunks.
+            start_steps: the step of each episode to start from (int or one per episode; default 0).
+            goal_offset: the goal is the dataset step ``start + goal_offset`` (required).
+            eval_budget: steps allowed to reach the goal (required); success is judged within it.
+            goal_key: where the goal goes in the policy's tensordict:
+                ``(goal_key, k)`` for each observation key ``k`` of the env found in
+                the dataset (e.g. ``("goal", "pixels")``, ``("goal", "state")``).
+            reset_options_fn: ``fn(start, goal) -> reset options``, with
+                ``start``/``goal`` dicts of numpy arrays (one dataset step each);
+                default: the env's ``reset_options_from_dataset`` method (found
+                through gymnasium wrappers on env 0 and called in this process,
+                so it must only map data to options).
+            check_start: keys whose reset value must equal the dataset's start
+                value (True: the env's ``dataset_state_keys``, or every non-pixel
+                observation key); a mismatch raises. Default: the env's
+                ``dataset_state_keys`` when it declares them, else no check.
+
+        Returns:
+            an :class:`EvalResult`.
+        """
+        if reset_mode not in RESET_MODES:
+            raise ValueError(f"reset_mode: expected one of {RESET_MODES}, got {reset_mode!r}")
+        seed = self._seed(seed)
+        max_steps = self._check_limit(max_steps, "max_steps")
+        extra = {}
+        if dataset is not None:
+            if options is not None:
+                raise ValueError(
+                    "evaluate: options= cannot be combined with dataset= (the dataset sets the reset options)"
+                )
+            plans, extra, check_keys = self._dataset_plans(
+                dataset, episodes, episodes_idx, start_steps, goal_offset, eval_budget, seed, goal_key,
+                reset_options_fn, check_start,
+            )
+            max_steps = extra["eval_budget"]
+        else:
+            for name, value in (("episodes_idx", episodes_idx), ("start_steps", start_steps),
+                                ("goal_offset", goal_offset), ("eval_budget", eval_budget)):
+                if value is not None:
+                    raise ValueError(f"evaluate: {name}= is only used with dataset=")
+            episodes = self.num_envs if episodes is None else int(episodes)
+            if episodes < 0:
+                raise ValueError(f"episodes: expected a non-negative int, got {episodes}")
+            plans = self._plans(episodes, seed, options)
+            check_keys = ()
+        if max_steps is None:
+            max_steps = self._step_limit()
+        recorder = self._video(video)
+        run = _Run(
+            self, plans, reset_mode=reset_mode, max_steps=max_steps, success_fn=success_fn, video=recorder,
+            progress=progress, exploration=exploration, goal_key=goal_key, check_keys=check_keys,
+            desc="evaluate", seed=seed,
+        )
+        try:
+            with _forked_rng(seed):
+                run.run()
+        finally:
+            if recorder is not None:
+                recorder.close()
+        return run.result(seed=seed, extra=extra)
+
+    def _check_limit(self, value, name):
+        if value is None:
+            return None
+        if int(value) < 1:
+            raise ValueError(f"{name}: expected a positive number of steps, got {value}")
+        return int(value)
+
+    def _video(self, video):
+        if video is None or video is False:
+            return None
+        from .video import VideoRecorder
+
+        if "pixels" not in self.env.full_observation_spec.keys():
+            raise ValueError(
+                "video: the env has no 'pixels' key; build the pool with pixels=True or image_shape=(H, W)"
+            )
+        recorder = video if isinstance(video, VideoRecorder) else VideoRecorder(video)
+        recorder.bind(self.num_envs, self._render_fps())
+        return recorder
+
+    # -- dataset-driven evaluation ----------------------------------------------------------------------
+    def _env_attr(self, name: str):
+        """Attribute ``name`` of env 0, looked up through its gymnasium wrappers (any backend), or None."""
+        try:
+            if not self.pool.call("has_wrapper_attr", name, indices=[0])[0]:
+                return None
+            return self.pool.call("get_wrapper_attr", name, indices=[0])[0]
+        except Exception:  # e.g. a process backend that cannot pickle the attribute
+            return None
+
+    def _state_hook(self, reset_options_fn):
+        """The function mapping (start step, goal step) to reset options, and env 0's declared state keys."""
+        if self.pool is None:
+            raise TypeError(
+                "evaluate(dataset=...): starting envs from dataset states needs per-env reset options, "
+                f"which {type(self.env).__name__} does not take; use an EnvPool"
+            )
+        state_keys = self._env_attr("dataset_state_keys")
+        if reset_options_fn is not None:
+            return reset_options_fn, state_keys
+        hook = self._env_attr("reset_options_from_dataset")
+        if not callable(hook):
+            name = self.env_id or "the env"
+            raise TypeError(
+                f"evaluate(dataset=...): env {name!r} has no state hook, so it cannot start from dataset states. "
+                "Implement `reset_options_from_dataset(self, start, goal) -> dict` on the env (returning reset "
+                "options that its reset() honours, e.g. {'state': ...}), or pass reset_options_fn=."
+            )
+        return hook, state_keys
+
+    def _dataset_plans(self, dataset, episodes, episodes_idx, start_steps, goal_offset, eval_budget, seed, goal_key,
+                       reset_options_fn, check_start):
+        from .data import WorldDataset, load_dataset
+
+        ds = dataset if isinstance(dataset, WorldDataset) else load_dataset(dataset)
+        if goal_offset is None or eval_budget is None:
+            raise ValueError("evaluate(dataset=...): goal_offset= and eval_budget= are required")
+        goal_offset, eval_budget = int(goal_offset), int(eval_budget)
+        if goal_offset < 0:
+            raise ValueError(f"goal_offset: expected >= 0, got {goal_offset}")
+        if eval_budget < 1:
+            raise ValueError(f"eval_budget: expected >= 1, got {eval_budget}")
+        if ds.num_episodes == 0:
+            raise ValueError(f"evaluate(dataset=...): {ds.path} holds no episodes")
+        idx = list(range(ds.num_episodes)) if episodes_idx is None else [int(i) for i in episodes_idx]
+        if episodes is not None and int(episodes) != len(idx):
+            raise ValueError(f"evaluate: episodes={episodes} but {len(idx)} episodes_idx were given")
+        if start_steps is None:
+            starts = [0] * len(idx)
+        elif isinstance(start_steps, (int, np.integer)):
+            starts = [int(start_steps)] * len(idx)
+        else:
+            starts = [int(s) for s in start_steps]
+            if len(starts) != len(idx):
+                raise ValueError(f"start_steps: expected {len(idx)} values (one per episode), got {len(starts)}")
+        lengths = ds.episode_lengths
+        bad = []
+        for m, (k, s) in enumerate(zip(idx, starts)):
+            if not 0 <= k < ds.num_episodes:
+                raise IndexError(f"episodes_idx[{m}] = {k} is out of range: the dataset has {ds.num_episodes} episodes")
+            if s < 0 or s + goal_offset > lengths[k]:
+                bad.append(f"episode {k} (length {lengths[k]}) from step {s}")
+        if bad:
+            raise ValueError(
+                f"evaluate(dataset=...): start_step + goal_offset ({goal_offset}) must be within the episode for: "
+                + "; ".join(bad[:5]) + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else "")
+            )
+        hook, declared = self._state_hook(reset_options_fn)
+        env_keys = {k if isinstance(k, tuple) else (k,) for k in self.env.full_observation_spec.keys(True, True)}
+        if (goal_key,) in env_keys or any(k[0] == goal_key for k in env_keys):
+            raise ValueError(
+                f"goal_key={goal_key!r} clashes with an observation key of the env; pass another goal_key="
+            )
+        goal_keys = [
+            k for k in ds.observation_keys
+            if (k if isinstance(k, tuple) else (k,)) in env_keys
+            and (k if isinstance(k, tuple) else (k,))[0] not in ("info", "episode_seed")
+        ]
+        obs_spec = self.env.full_observation_spec
+        for key in goal_keys:
+            want, have = tuple(obs_spec[key].shape[1:]), tuple(ds.td.get(key).shape[1:])
+            if want != have:
+                hint = " (build the World with image_shape= matching the dataset)" if key == "pixels" else ""
+                raise ValueError(
+                    f"evaluate(dataset=...): dataset key {key!r} has shape {have} per step but the env's "
+                    f"is {want}{hint}"
+                )
+        if check_start is None or check_start is True:
+            if declared is not None:
+                check_keys = [k if isinstance(k, tuple) else (k,) for k in declared]
+            elif check_start is True:
+                check_keys = [k if isinstance(k, tuple) else (k,) for k in goal_keys if k != "pixels"]
+            else:
+                check_keys = []
+        elif check_start is False:
+            check_keys = []
+        else:
+            check_keys = [k if isinstance(k, tuple) else (k,) for k in check_start]
+        seeds = ds.episode_seeds
+        n = self.num_envs
+        plans = []
+        for m, (k, s) in enumerate(zip(idx, starts)):
+            start = ds.step(k, s).to_tensordict()
+            goal = ds.step(k, s + goal_offset).to_tensordict()
+            options = hook(start.numpy(), goal.numpy())
+            if not isinstance(options, Mapping):
+                raise TypeError(f"the state hook returned {type(options).__name__}, expected a dict of reset options")
+            episode_seed = int(seeds[k]) if seeds is not None else seed + m
+            plans.append(
+                EpisodePlan(index=m, env=m % n, seed=episode_seed, options=dict(options),
+                            goal=goal.select(*goal_keys), start=start)
+            )
+        extra = {
+            "episodes_idx": np.asarray(idx, dtype=np.int64),
+            "start_steps": np.asarray(starts, dtype=np.int64),
+            "goal_offset": goal_offset,
+            "eval_budget": eval_budget,
+            "goal_keys": [k if isinstance(k, str) else ".".join(k) for k in goal_keys],
+        }
+        return plans, extra, check_keys
+
+    # -- data collection --------------------------------------------------------------------------------
+    def collect(
+        self,
+        path: str | os.PathLike,
+        episodes: int,
+        *,
+        seed: int | None = None,
+        policy=None,
+        progress: bool = True,
+        reset_mode: str = "auto",
+        max_steps: int | None = None,
+        options: dict | Sequence[dict] | None = None,
+        exploration: str | None = "random",
+        overwrite: bool = False,
+        compact: bool = True,
+        exclude_keys: Sequence = (),
+    ):
+        """Run ``episodes`` episodes and write them to a dataset at ``path``.
+
+        The dataset is a TorchRL replay-buffer storage on disk, memory-mapped,
+        in TorchRL's episode layout (see :mod:`torchrl_swm.data`): every row is
+        a transition (root = step t, ``"next"`` = step t + 1), episodes are
+        contiguous, the reset frame is the root of an episode's first row and
+        each action sits on the row of the step it was taken at. Rows carry
+        ``"episode"`` (id), ``"step_count"``, ``"episode_seed"``, ``"is_init"``,
+        pixels when the env renders them, and the infos.
+
+        Episodes are assigned to envs up front, as in :meth:`evaluate`
+        (episode ``j``: env ``j % N``, seed ``seed + j``). An interruption (an
+        exception, Ctrl-C) leaves a loadable dataset with every completed
+        episode and no partial one (``metadata["complete"]`` is False).
+
+        Keyword Args:
+            max_steps: per-episode step limit (default ``max_episode_steps``,
+                else the env's ``TimeLimit``); required to size the storage.
+            policy: a policy for this collection only (default: the World's).
+            exploration: TorchRL exploration type (default ``"random"``).
+            overwrite: replace an existing dataset at ``path``.
+            compact: on success, rewrite the storage at its exact size, in episode order.
+            exclude_keys: keys not to store, at the root and under ``"next"``
+                (e.g. ``[("info", "goal_pixels")]`` to halve a PointMaze dataset).
+
+        Returns:
+            the dataset, opened with :func:`~torchrl_swm.load_dataset`.
+        """
+        from .data import DatasetWriter, load_dataset
+
+        if reset_mode not in RESET_MODES:
+            raise ValueError(f"reset_mode: expected one of {RESET_MODES}, got {reset_mode!r}")
+        episodes = int(episodes)
+        if episodes < 1:
+            raise ValueError(f"collect: episodes must be >= 1, got {episodes}")
+        seed = self._seed(seed)
+        max_steps = self._check_limit(max_steps, "max_steps") or self._step_limit()
+        if max_steps is None:
+            raise ValueError(
+                "collect: the per-episode step limit is unknown; pass max_steps= (or World(max_episode_steps=...)) "
+                "so that the storage can be sized"
+            )
+        plans = self._plans(episodes, seed, options)
+        used_policy = self.policy if policy is None else policy
+        metadata = {
+            "env": self.env_id or type(self.env).__name__,
+            "env_kwargs": {
+                k: v for k, v in self.env_kwargs.items()
+                if isinstance(v, (int, float, str, bool, list, tuple, type(None)))
+            },
+            "num_envs": self.num_envs,
+            "seed": seed,
+            "reset_mode": reset_mode,
+            "max_steps": max_steps,
+            "episodes_requested": episodes,
+            "policy": repr(used_policy)[:300],
+            "excluded_keys": [k if isinstance(k, str) else list(k) for k in exclude_keys],
+        }
+        writer = DatasetWriter(path, capacity=episodes * max_steps, metadata=metadata, overwrite=overwrite)
+        run = _Run(
+            self, plans, reset_mode=reset_mode, max_steps=max_steps, success_fn=None, video=None,
+            progress=progress, exploration=exploration, goal_key="goal", check_keys=(), writer=writer,
+            policy=used_policy, desc="collect", seed=seed, exclude_keys=exclude_keys,
+        )
+        try:
+            with _forked_rng(seed):
+                run.run()
+        except BaseException as err:
+            writer.close(complete=False, interrupted=f"{type(err).__name__}: {err}"[:500])
+            raise
+        writer.close(complete=True, compact=compact)
+        return load_dataset(path)
+
+
+class _forked_rng:
+    """Fork torch's global RNG (CPU, and CUDA when in use) and seed it; restored on exit."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def __enter__(self):
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        devices = list(range(torch.cuda.device_count())) if cuda else []
+        self._ctx = torch.random.fork_rng(devices=devices)
+        self._ctx.__enter__()
+        torch.manual_seed(self.seed)
+        return self
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)
+
+
+class _Run:
+    """One evaluate/collect run: the episode schedule, the step loop and the per-episode bookkeeping."""
+
+    def __init__(self, world: World, plans: list[EpisodePlan], *, reset_mode, max_steps, success_fn, video, progress,
+                 exploration, goal_key, check_keys, writer=None, policy=None, desc="evaluate", seed=None,
+                 exclude_keys=()):
+        self.world, self.env = world, world.env
+        self.seed = seed
+        self.policy = world.policy if policy is None else policy
+        self.n = n = world.num_envs
+        self.device = world.device
+        self.plans = plans
+        self.mode, self.max_steps = reset_mode, max_steps
+        self.success_fn, self.video, self.writer = success_fn, video, writer
+        self.goal_key, self.check_keys = goal_key, list(check_keys)
+        self.pool = world.pool
+        if exploration is not None and exploration not in _EXPLORATION:
+            raise ValueError(f"exploration: expected one of {sorted(_EXPLORATION)} or None, got {exploration!r}")
+        self.exploration = None if exploration is None else _EXPLORATION[exploration]
+        if any(p.options for p in plans) and self.pool is None:
+            raise TypeError("reset options need an EnvPool (other TorchRL envs take no per-env options)")
+        self.queues = [deque() for _ in range(n)]
+        for plan in plans:
+            self.queues[plan.env].append(plan)
+        self.current: list[EpisodePlan | None] = [None] * n
+        self.active = np.zeros(n, dtype=bool)
+        self.is_init = np.zeros(n, dtype=bool)
+        self.t = np.zeros(n, dtype=np.int64)
+        self.ret = np.zeros(n, dtype=np.float64)
+        self.first_success = np.full(n, -1, dtype=np.int64)
+        e = len(plans)
+        self.success_key = None if success_fn is not None else world._success_key()
+        self.has_success = success_fn is not None or self.success_key is not None
+        self.r_return = np.zeros(e)
+        self.r_length = np.zeros(e, dtype=np.int64)
+        self.r_success = np.zeros(e, dtype=bool)
+        self.r_steps_to_success = np.full(e, np.nan)
+        self.r_terminated = np.zeros(e, dtype=bool)
+        self.r_truncated = np.zeros(e, dtype=bool)
+        self.r_seed = np.full(e, -1, dtype=np.int64)
+        self.r_env = np.asarray([p.env for p in plans], dtype=np.int64)
+        self.r_start_success = np.zeros(e, dtype=bool)
+        self.start_success_known = False
+        self.seed_known = True
+        self.env_steps = 0
+        self.done_episodes = 0
+        self.goals: TensorDictBase | None = None
+        self.recorder = None
+        if writer is not None:
+            self.recorder = _EpisodeBuffer(n, max_steps)
+            self.episode_ids = torch.zeros(n, dtype=torch.int64)
+        self.progress = progress
+        self.desc = desc
+        self.reward_keys = list(world.env.reward_keys)
+        excluded = [(k,) if isinstance(k, str) else tuple(k) for k in exclude_keys]
+        self.exclude_keys = [*excluded, *[("next", *k) for k in excluded]]
+        self.wall_time = 0.0
+
+    # -- policy and env calls -------------------------------------------------------------------------
+    def _act(self, td: TensorDictBase) -> TensorDictBase:
+        ctx = set_exploration_type(self.exploration) if self.exploration is not None else nullcontext()
+        with ctx, torch.no_grad():
+            out = self.policy(td)
+        if out is not None and out is not td:
+            if not isinstance(out, TensorDictBase):
+                raise TypeError(
+                    f"policy returned {type(out).__name__}; a TorchRL policy writes 'action' into the tensordict "
+                    "and returns it (or None)"
+                )
+            td.update(out)
+        if "action" not in td.keys():
+            raise KeyError("the policy did not write an 'action' entry into the tensordict")
+        return td
+
+    def _start(self, rows: list[int], td: TensorDictBase | None) -> TensorDictBase:
+        """Start the next planned episode of each env in ``rows`` (a masked reset)."""
+        n = self.n
+        plans = [self.queues[i].popleft() for i in rows]
+        kwargs = {}
+        if self.pool is not None:
+            seeds = np.zeros(n, dtype=np.int64)
+            for i, plan in zip(rows, plans):
+                seeds[i] = plan.seed
+            kwargs["seed"] = seeds
+            if any(p.options for p in plans):
+                options = [None] * n
+                for i, plan in zip(rows, plans):
+                    options[i] = plan.options
+                kwargs["options"] = options
+        flags = np.zeros(n, dtype=bool)
+        flags[rows] = True
+        if flags.all():
+            td = self.env.reset(**kwargs)
+        else:
+            if td is None:  # first reset: only the rows that have an episode
+                td = self.env.full_done_spec.zero()
+            td.set("_reset", _as_mask(flags, self.device))
+            td = self.env.reset(td, **kwargs)
+        td.pop("_reset", None)
+        self._begin(rows, plans, td)
+        return td
+
+    def _begin(self, rows, plans, td):
+        episode_seed = td.get("episode_seed", None)
+        start_flag = None
+        if self.success_key is not None and td.get(self.success_key, None) is not None:
+            start_flag = td.get(self.success_key).reshape(self.n, -1).any(-1).cpu().numpy()
+            self.start_success_known = True
+        pixels = td.get("pixels", None) if self.video is not None else None
+        pixels = pixels.cpu().numpy() if pixels is not None else None
+        for i, plan in zip(rows, plans):
+            self.current[i] = plan
+            self.active[i] = True
+            self.is_init[i] = True
+            self.t[i] = 0
+            self.ret[i] = 0.0
+            self.first_success[i] = -1
+            if episode_seed is not None:
+                self.r_seed[plan.index] = int(episode_seed[i].reshape(-1)[0])
+            elif plan.seed is not None and self.pool is not None:
+                self.r_seed[plan.index] = plan.seed
+            else:
+                self.seed_known = False
+            if start_flag is not None:
+                self.r_start_success[plan.index] = bool(start_flag[i])
+            if plan.goal is not None:
+                goal = plan.goal.to(self.device) if self.device is not None else plan.goal
+                if self.goals is None:
+                    self.goals = goal.expand(self.n).clone().zero_()
+                self.goals[i] = goal
+            if plan.start is not None and self.check_keys:
+                self._check_start(i, plan, td)
+            if self.recorder is not None:
+                self.episode_ids[i] = plan.index
+            if pixels is not None:
+                goal_px = None
+                if plan.goal is not None and "pixels" in plan.goal.keys():
+                    goal_px = plan.goal.get("pixels").cpu().numpy()
+                self.video.start_episode(i, plan.index, pixels[i], goal_px)
+
+    def _check_start(self, i, plan, td):
+        for key in self.check_keys:
+            want = plan.start.get(key, None)
+            got = td.get(key, None)
+            if want is None or got is None:
+                raise KeyError(f"check_start: key {key} is missing from the dataset or the env's reset output")
+            got = got[i].cpu()
+            if got.shape != want.shape or not torch.allclose(got.double(), want.double(), atol=1e-5, rtol=1e-5):
+                diff = (got.double() - want.double()).abs().max().item() if got.shape == want.shape else "shape"
+                raise RuntimeError(
+                    f"env {i} did not start from the dataset state for episode {plan.index}: {key} is "
+                    f"{got.tolist()} after reset, the dataset has {want.tolist()} (max diff {diff}). The env's "
+                    "state hook (reset_options_from_dataset / reset(options=...)) does not restore this key."
+                )
+
+    # -- the loop --------------------------------------------------------------------------------------------
+    def run(self) -> None:
+        from tqdm.auto import tqdm
+
+        total = len(self.plans)
+        bar = tqdm(total=total, desc=self.desc, unit="ep", disable=not self.progress or total == 0,
+                   dynamic_ncols=True, leave=False)
+        self.bar = bar
+        start = time.perf_counter()
+        try:
+            td = None
+            if self.pool is None and self.seed is not None and self.plans:
+                self.env.set_seed(self.seed)  # no per-episode seeds without a pool: seed the env once
+            rows = [i for i in range(self.n) if self.queues[i]]
+            if rows:
+                td = self._start(rows, None)
+                self._grid(td, self.active)
+            while True:
+                if not self.active.any():
+                    rows = [i for i in range(self.n) if self.queues[i]]
+                    if not rows:
+                        break
+                    td = self._start(rows, td)  # wait mode: the next round
+                    self._grid(td, self.active)
+                    continue
+                td = self._step(td)
+        finally:
+            self.wall_time = time.perf_counter() - start
+            bar.close()
+
+    def _grid(self, td, active):
+        if self.video is not None and self.video.layout == "grid":
+            self.video.grid_frame(td.get("pixels").cpu().numpy(), active)
+
+    def _step(self, td: TensorDictBase) -> TensorDictBase:
+        n, active = self.n, self.active
+        td.set("is_init", _as_mask(self.is_init, self.device))
+        if self.goals is not None:
+            td.set(self.goal_key, self.goals)
+        td = self._act(td)
+        stepped = active.copy()
+        if not stepped.all():
+            td.set("_step", _as_mask(stepped, self.device))
+        else:
+            td.pop("_step", None)
+        td = self.env.step(td)
+        td.pop("_step", None)
+        nxt = td.get("next")
+        rows = np.flatnonzero(stepped)
+        self.env_steps += len(rows)
+
+        reward = nxt.get("reward").reshape(n, -1).sum(-1).double().cpu().numpy()
+        done = nxt.get("done").reshape(n, -1).any(-1).cpu().numpy()
+        terminated = nxt.get("terminated", None)
+        terminated = done if terminated is None else terminated.reshape(n, -1).any(-1).cpu().numpy()
+        success = self._success(td)
+        t_before = self.t.copy()
+        self.t[rows] += 1
+        self.ret[rows] += reward[rows]
+        if success is not None:
+            newly = stepped & success & (self.first_success < 0)
+            self.first_success[newly] = self.t[newly]
+        limit = np.zeros(n, dtype=bool) if self.max_steps is None else self.t >= self.max_steps
+        finished = stepped & (done | limit)
+        cut = finished & ~done  # World's step limit: record as truncated
+        if cut.any():
+            mask = _as_mask(cut, self.device)
+            nxt.set("truncated", nxt.get("truncated") | mask.view_as(nxt.get("truncated")))
+            nxt.set("done", nxt.get("done") | mask.view_as(nxt.get("done")))
+
+        if self.recorder is not None:
+            td.set("episode", self.episode_ids.to(self.device))
+            td.set("step_count", torch.as_tensor(t_before).view(n, 1).to(self.device))
+            nxt.set("step_count", torch.as_tensor(self.t).view(n, 1).to(self.device))
+            record = td.exclude(*[k for k in td.keys() if k.startswith("_")], self.goal_key, *self.exclude_keys)
+            self.recorder.write(record, rows, t_before[rows])
+        if self.video is not None:
+            pixels = nxt.get("pixels").cpu().numpy()
+            if self.video.layout == "grid":
+                self.video.grid_frame(pixels, stepped)
+            else:
+                for i in rows:
+                    self.video.add_frame(int(i), pixels[i])
+
+        self.is_init[:] = False
+        for i in np.flatnonzero(finished):
+            self._finish(int(i), bool(terminated[i]), bool(cut[i] or (done[i] and not terminated[i])))
+        # step_mdp: "next" becomes the root (observations, done flags, transform and recurrent states)
+        root = nxt.exclude(*self.reward_keys)
+        if self.mode == "auto":
+            restart = [int(i) for i in np.flatnonzero(finished) if self.queues[i]]
+            if restart:
+                root = self._start(restart, root)
+        return root
+
+    def _success(self, td) -> np.ndarray | None:
+        if self.success_fn is not None:
+            flag = self.success_fn(td)
+            flag = torch.as_tensor(flag)
+            if flag.dtype is not torch.bool:
+                raise TypeError(
+                    f"success_fn must return a bool tensor of shape ({self.n},) or ({self.n}, 1), got {flag.dtype}"
+                )
+            if flag.numel() != self.n:
+                raise ValueError(
+                    f"success_fn must return {self.n} flags (shape ({self.n},) or ({self.n}, 1)), "
+                    f"got {tuple(flag.shape)}"
+                )
+            return flag.reshape(self.n).cpu().numpy()
+        if self.success_key is None:
+            return None
+        return td.get(("next", *self.success_key)).reshape(self.n, -1).any(-1).cpu().numpy()
+
+    def _finish(self, i: int, terminated: bool, truncated: bool) -> None:
+        plan = self.current[i]
+        j = plan.index
+        self.r_return[j] = self.ret[i]
+        self.r_length[j] = self.t[i]
+        self.r_terminated[j] = terminated
+        self.r_truncated[j] = truncated
+        if self.first_success[i] >= 0:
+            self.r_success[j] = True
+            self.r_steps_to_success[j] = float(self.first_success[i])
+        if self.recorder is not None:
+            self.writer.add(self.recorder.episode(i, int(self.t[i])))
+        if self.video is not None:
+            self.video.end_episode(i)
+        self.current[i] = None
+        self.active[i] = False
+        self.done_episodes += 1
+        self.bar.update(1)
+        if self.has_success and self.done_episodes % 8 == 0:
+            self.bar.set_postfix(success=f"{self.r_success.sum()}/{self.done_episodes}", refresh=False)
+
+    # -- results ------------------------------------------------------------------------------------------------
+    def result(self, seed: int, extra: dict) -> EvalResult:
+        e = len(self.plans)
+        successes = self.r_success if self.has_success else None
+        k = int(self.r_success.sum())
+        data = {
+            "success_rate": (k / e if e else float("nan")) if self.has_success else None,
+            "success_ci": _wilson(k, e) if self.has_success else None,
+            "episode_successes": successes,
+            "episode_returns": self.r_return,
+            "episode_lengths": self.r_length,
+            "steps_to_success": self.r_steps_to_success if self.has_success else None,
+            "seeds": self.r_seed if self.seed_known else None,
+            "episode_terminated": self.r_terminated,
+            "episode_truncated": self.r_truncated,
+            "env_indices": self.r_env,
+            "start_successes": self.r_start_success if self.start_success_known else None,
+            "num_episodes": e,
+            "num_envs": self.n,
+            "reset_mode": self.mode,
+            "seed": seed,
+            "max_steps": self.max_steps,
+            "env_steps": self.env_steps,
+            "wall_time": self.wall_time,
+            "success_source": (
+                "success_fn" if self.success_fn is not None
+                else None if self.success_key is None else "/".join(self.success_key)
+            ),
+            **extra,
+        }
+        return EvalResult(data)

@@ -1,0 +1,23 @@
+"""Learned world models as batched TorchRL environments.
+
+* :class:`WorldModelEnv`: the env (``batch_size=[num_envs]``, one model call per step).
+* :func:`make_world_model_env`: the env plus the adapter transforms, as a ``TransformedEnv``.
+* :mod:`.transforms`: :class:`ActionAdapter`, :class:`RewardAdapter`, :class:`TerminalAdapter`,
+  :class:`ObservationDecoder` (the time limit is TorchRL's ``StepCounter``).
+* :mod:`.adapters`: calling conventions and return forms.
+"""
+
+from .adapters import AdapterError, ReturnFormError
+from .env import WorldModelEnv
+from .transforms import ActionAdapter, ObservationDecoder, RewardAdapter, TerminalAdapter, make_world_model_env
+
+__all__ = [
+    "WorldModelEnv",
+    "make_world_model_env",
+    "ActionAdapter",
+    "RewardAdapter",
+    "TerminalAdapter",
+    "ObservationDecoder",
+    "AdapterError",
+    "ReturnFormError",
+]

@@ -1,0 +1,103 @@
+"""Row operations on model states of any structure.
+
+A state is a tensor, a tuple/list/namedtuple of states, a mapping of states, a
+``TensorDict``, or ``None`` (the model keeps its own state). Every operation here is
+out of place, so the tensors handed to TorchRL never change afterwards and the ops stay
+differentiable (``differentiable=True``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from tensordict import TensorDictBase
+
+from ..errors import describe
+
+__all__ = ["tree_map", "leaves", "where_rows", "put_rows", "broadcast_rows", "unflatten_rows", "check_batch"]
+
+
+def tree_map(fn, x, *others):
+    """Apply ``fn`` to each tensor leaf of ``x`` (and the matching leaves of ``others``)."""
+    if x is None:
+        return None
+    if isinstance(x, torch.Tensor):
+        return fn(x, *others)
+    if isinstance(x, TensorDictBase):
+        return x.apply(fn, *others)
+    if isinstance(x, Mapping):
+        return {k: tree_map(fn, v, *(o[k] for o in others)) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        items = [tree_map(fn, v, *(o[i] for o in others)) for i, v in enumerate(x)]
+        if hasattr(x, "_fields"):  # namedtuple
+            return type(x)(*items)
+        return type(x)(items)
+    raise TypeError(f"model state: expected tensors, tuples, dicts or TensorDicts, found a leaf {describe(x)}")
+
+
+def leaves(x, prefix: str = "state"):
+    """``[(path, tensor), ...]`` for every tensor leaf of ``x``."""
+    if x is None:
+        return []
+    if isinstance(x, torch.Tensor):
+        return [(prefix, x)]
+    if isinstance(x, TensorDictBase):
+        return [(f"{prefix}[{k!r}]", v) for k, v in x.items(include_nested=True, leaves_only=True)]
+    if isinstance(x, Mapping):
+        out = []
+        for k, v in x.items():
+            out += leaves(v, f"{prefix}[{k!r}]")
+        return out
+    if isinstance(x, (tuple, list)):
+        out = []
+        for i, v in enumerate(x):
+            out += leaves(v, f"{prefix}[{i}]")
+        return out
+    raise TypeError(f"{prefix}: expected tensors, tuples, dicts or TensorDicts, found {describe(x)}")
+
+
+def _row_view(mask: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``mask`` (batch shape, optionally with a trailing 1 as TorchRL's done) broadcastable against ``t``."""
+    if mask.ndim == 2 and mask.shape[1] == 1:
+        if t.ndim == 2:
+            return mask
+        mask = mask.view(mask.shape[0])
+    return mask.view(mask.shape + (1,) * (t.ndim - mask.ndim))
+
+
+def where_rows(mask: torch.Tensor, new, old):
+    """Rows of ``new`` where ``mask`` is True, rows of ``old`` elsewhere.
+
+    ``mask`` has the batch shape ``(N,)`` or TorchRL's done shape ``(N, 1)``.
+    """
+    if type(new) is torch.Tensor:
+        return torch.where(_row_view(mask, new), new, old)
+    return tree_map(lambda a, b: torch.where(_row_view(mask, a), a, b), new, old)
+
+
+def put_rows(x, index: torch.Tensor, src):
+    """A copy of ``x`` whose rows ``index`` are ``src`` (``index_copy``, out of place)."""
+    return tree_map(lambda t, s: t.index_copy(0, index, s), x, src)
+
+
+def unflatten_rows(x, batch_shape: tuple[int, ...]):
+    """Leaves with one leading dim of ``prod(batch_shape)`` rows reshaped to ``batch_shape``."""
+    if isinstance(x, TensorDictBase) and x.batch_dims:
+        return x.reshape(*batch_shape, *x.batch_size[1:])
+    return tree_map(lambda t: t.reshape(*batch_shape, *t.shape[1:]), x)
+
+
+def broadcast_rows(x, batch_shape: tuple[int, ...]):
+    """An unbatched state repeated over ``batch_shape`` (a fresh, contiguous copy)."""
+    if isinstance(x, TensorDictBase):
+        return x.expand(*batch_shape, *x.batch_size).clone()
+    return tree_map(lambda t: t.expand(*batch_shape, *t.shape).clone(), x)
+
+
+def check_batch(x, batch_shape: tuple[int, ...], what: str) -> None:
+    """Raise when a leaf of ``x`` does not start with ``batch_shape``."""
+    nb = len(batch_shape)
+    for path, t in leaves(x, what):
+        if tuple(t.shape[:nb]) != batch_shape:
+            raise ValueError(f"{path}: expected leading batch dims {batch_shape}, got {describe(t)}")

@@ -1,0 +1,546 @@
+"""Adapters between an arbitrary world model and the batched env: calling conventions and return forms.
+
+Two jobs, both done so that the hot path stays short:
+
+* **Binding** (:func:`bind`): an adapter such as ``transition_fn`` may take the model as its
+  first argument or not (``transition_fn(model, state, action)`` or ``transition_fn(state,
+  action)``). The signature is read **once**, at construction, and turned into a plain callable
+  that the env calls with the role's arguments; no ``inspect`` runs per step. Arguments are
+  never cut from the front (the seed design's bug): either the full argument list is passed,
+  with or without the model, or construction fails with the signature in the message.
+  Parameters named ``generator``, ``num_envs`` or ``mask`` are *keyword extras*: the env
+  passes them by name when the adapter declares them (``generator`` is the env's seeded
+  ``torch.Generator``).
+
+* **Return forms** (:func:`split_transition`, :func:`split_reset`): every form of the seed
+  design is accepted (5-, 4-, 3- and 6-tuples, mappings; a ``list`` is read like a ``tuple``)
+  and anything else is an error that names the form received and lists the expected ones.
+  A mapping is the *mapping return form* only when it has one of the reserved keys
+  (:data:`RESERVED_KEYS`); any other mapping, a ``TensorDict`` without reserved keys, or a
+  ``namedtuple`` is a *state* (so an RSSM-style ``{"deter", "stoch"}`` state advances).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from ..errors import describe
+
+__all__ = [
+    "MISSING",
+    "OBS_KEYS",
+    "RESERVED_KEYS",
+    "TRANSITION_METHODS",
+    "RESET_METHODS",
+    "Bound",
+    "AdapterError",
+    "ReturnFormError",
+    "bind",
+    "discover_transition",
+    "discover_method",
+    "split_transition",
+    "split_reset",
+    "TRANSITION_FORMS",
+    "RESET_FORMS",
+]
+
+
+class _Missing:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+MISSING: Any = _Missing()
+"""Marks a value the adapter did not return (reward, termination, state...)."""
+
+OBS_KEYS = ("observation", "obs", "image", "pixels", "next_observation", "next_obs")
+STATE_KEYS = ("state", "next_state")
+RESERVED_KEYS = frozenset((*STATE_KEYS, *OBS_KEYS, "reward", "terminated", "done", "truncated", "info"))
+"""Keys that make a mapping the mapping return form rather than a state."""
+
+TRANSITION_METHODS = ("env_step", "step", "predict_step", "predict", "imagine_step", "transition")
+"""Model methods tried, in order, when no ``transition_fn`` is given (then ``__call__``)."""
+
+RESET_METHODS = ("reset_env", "reset_state", "reset")
+"""Model methods tried, in order, when no ``reset_fn`` is given (as in the seed design)."""
+
+MODEL_NAMES = frozenset(("model", "world_model", "wm", "worldmodel", "module", "net", "self"))
+"""A first parameter with one of these names is the model."""
+
+EXTRAS = ("generator", "num_envs", "mask")
+"""Keyword extras passed by name to adapters that declare them."""
+
+TRANSITION_FORMS = (
+    "(obs, reward, terminated, truncated, info)",
+    "(obs, reward, done, info)",
+    "(state, obs, reward)",
+    "(state, obs, reward, terminated, truncated, info)",
+    "a mapping with state/next_state, observation/obs/image/pixels/next_observation/next_obs, "
+    "reward, terminated/done, truncated, info",
+    "a bare state (tensor, dict/TensorDict without reserved keys, namedtuple): obs = state",
+)
+RESET_FORMS = (
+    "obs",
+    "(obs, info)",
+    "(state, obs)",
+    "(state, obs, info)",
+    "a mapping with state, observation/obs/image/pixels/next_observation/next_obs, info",
+)
+
+
+class AdapterError(TypeError):
+    """An adapter's signature cannot be bound to any accepted calling convention."""
+
+
+class ReturnFormError(TypeError):
+    """An adapter returned a value that matches no accepted return form, or holds bad values."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Binding
+# ---------------------------------------------------------------------------------------------
+
+
+def _name(fn) -> str:
+    if isinstance(fn, functools.partial):
+        return f"partial({_name(fn.func)})"
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if name is None:
+        name = type(fn).__qualname__
+    return name
+
+
+def _signature(fn) -> inspect.Signature | None:
+    target = fn
+    if isinstance(fn, torch.nn.Module):
+        # nn.Module.__call__ is (*args, **kwargs): read forward's signature, call the module.
+        target = fn.forward
+    try:
+        return inspect.signature(target)
+    except (TypeError, ValueError):
+        return None
+
+
+class Bound:
+    """An adapter bound once: ``bound(*role_args)`` calls it with the right arguments.
+
+    Attributes:
+        call: the callable that takes exactly the role's arguments, positionally.
+        form: the argument names the adapter receives, e.g. ``("model", "state", "action")``.
+        extras: the keyword extras it receives (e.g. ``("generator",)``).
+        description: ``"transition_fn step(model, state, action)"``, used in error messages.
+    """
+
+    __slots__ = ("call", "form", "extras", "description", "fn")
+
+    def __init__(self, call, form, extras, description, fn):
+        self.call = call
+        self.form = form
+        self.extras = extras
+        self.description = description
+        self.fn = fn
+
+    def __call__(self, *args):
+        return self.call(*args)
+
+    def __repr__(self) -> str:
+        return f"Bound({self.description})"
+
+
+def bind(
+    fn: Callable,
+    role: str,
+    args: Sequence[str],
+    *,
+    model: Any = None,
+    with_model: bool = True,
+    extras: Mapping[str, Any] | None = None,
+    prefix_forms: bool = False,
+) -> Bound:
+    """Bind adapter ``fn`` for ``role`` to a calling convention, once.
+
+    Args:
+        fn: the adapter (function, method, ``functools.partial``, ``nn.Module``, callable object).
+        role: its name in messages, e.g. ``"transition_fn"``.
+        args: the names of the role's arguments, e.g. ``("state", "action")``.
+        model: the world model, passed first when the adapter takes it.
+        with_model: whether the model-first form is allowed (``False`` for the model's own
+            bound methods).
+        extras: keyword extras the env can supply (``{"generator": gen}``); each is passed
+            only if ``fn`` declares a parameter of that name. Extras whose value is only
+            known per call (``num_envs``, ``mask``) are given as ``None`` here and the env
+            passes them itself (see :attr:`Bound.extras`).
+        prefix_forms: also accept leading prefixes of ``args`` (``reset_fn(model, seed)``,
+            ``reset_fn(model)``, ``reset_fn()``), as the seed design allows for ``reset_fn``.
+
+    Returns:
+        a :class:`Bound`.
+
+    Raises:
+        AdapterError: when no accepted form fits the signature; the message shows the
+            signature and the accepted forms.
+    """
+    if not callable(fn):
+        raise AdapterError(f"{role}: expected a callable, got {describe(fn)}")
+    args = tuple(args)
+    extras = dict(extras or {})
+    # Longest forms first; at equal length the model-first form wins (the seed's convention),
+    # e.g. for reset_fn: (model, seed, options), (model, seed), (seed, options), (model), (seed), ().
+    forms: list[tuple[str, ...]] = []
+    if prefix_forms:
+        for total in range(len(args) + 1, -1, -1):
+            if with_model and total >= 1:
+                forms.append(("model", *args[: total - 1]))
+            if total <= len(args):
+                forms.append(args[:total])
+    else:
+        if with_model:
+            forms.append(("model", *args))
+        forms.append(args)
+    sig = _signature(fn)
+    name = _name(fn)
+    accepted = "; ".join(f"{role}({', '.join(f)})" for f in forms)
+    if sig is None:
+        # No signature (some builtins / C extensions): use the first form, the seed's convention.
+        form = forms[0]
+        return _make(fn, role, name, "(...)", form, args, model, {})
+    params = list(sig.parameters.values())
+    kinds = inspect.Parameter
+    extra_names = [
+        p.name for p in params if p.name in extras and p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)
+    ]
+    positional = [
+        p
+        for p in params
+        if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD) and p.name not in extra_names
+    ]
+    var_positional = any(p.kind is kinds.VAR_POSITIONAL for p in params)
+    required = [p for p in positional if p.default is p.empty]
+    missing_kw = [
+        p.name for p in params if p.kind is kinds.KEYWORD_ONLY and p.default is p.empty and p.name not in extra_names
+    ]
+    text = f"{name}{sig}"
+    if missing_kw:
+        raise AdapterError(
+            f"{role} {text}: required keyword-only parameters {missing_kw} cannot be supplied; "
+            f"accepted calling conventions: {accepted} (keyword extras: {', '.join(extras) or 'none'})"
+        )
+
+    def fits(form):
+        n = len(form)
+        return len(required) <= n and (var_positional or n <= len(positional))
+
+    candidates = [f for f in forms if fits(f)]
+    if not candidates:
+        raise AdapterError(
+            f"{role} {text} takes {len(required)} required positional argument(s)"
+            f"{'' if var_positional else f' and at most {len(positional)}'}, which fits none of the accepted "
+            f"calling conventions: {accepted}"
+        )
+    first = positional[0].name if positional else None
+    if len(candidates) > 1 and first is not None:
+        if first in MODEL_NAMES and with_model:
+            named = [f for f in candidates if f and f[0] == "model"]
+        elif first in args:
+            named = [f for f in candidates if f and f[0] == first]
+        else:
+            named = []
+        if named:
+            candidates = named
+        else:
+            exact = [f for f in candidates if len(f) == len(required)]
+            if exact and not var_positional:
+                candidates = exact
+    form = candidates[0]
+    return _make(fn, role, name, str(sig), form, args, model, {k: extras[k] for k in extra_names})
+
+
+def _make(fn, role, name, sig_text, form, args, model, extras) -> Bound:
+    call_extras = {k: v for k, v in extras.items() if v is not None}
+    per_call = tuple(k for k, v in extras.items() if v is None)
+    target = functools.partial(fn, **call_extras) if call_extras else fn
+    takes_model = bool(form) and form[0] == "model"
+    used = form[1:] if takes_model else form
+    if used == args:
+        call = functools.partial(target, model) if takes_model else target
+    else:
+        # a prefix of the arguments (reset_fn only): select them
+        n = len(used)
+        if takes_model:
+
+            def call(*a, _t=target, _m=model, _n=n, **kw):
+                return _t(_m, *a[:_n], **kw)
+        else:
+
+            def call(*a, _t=target, _n=n, **kw):
+                return _t(*a[:_n], **kw)
+
+    extras_text = "".join(f", {k}=..." for k in (*call_extras, *per_call))
+    description = f"{role} {name}{sig_text} called as {role}({', '.join(form)}{extras_text})"
+    return Bound(call, form, tuple(per_call), description, fn)
+
+
+def discover_method(model, names: Sequence[str]):
+    """The first callable attribute of ``model`` among ``names``: ``(name, method)`` or ``(None, None)``."""
+    for name in names:
+        method = getattr(model, name, None)
+        if callable(method):
+            return name, method
+    return None, None
+
+
+def discover_transition(model, extras: Mapping[str, Any] | None = None) -> Bound:
+    """The model's transition method (the seed's discovery order), bound once.
+
+    Tries :data:`TRANSITION_METHODS` in order, then ``model.__call__``. A method with one
+    positional parameter is called as ``method(action)`` (the model keeps its own state);
+    otherwise as ``method(state, action)``.
+
+    Raises:
+        AdapterError: when the model has none of them.
+    """
+    name, method = discover_method(model, TRANSITION_METHODS)
+    if method is None:
+        if not callable(model):
+            raise AdapterError(
+                f"world model {type(model).__name__} has no transition: pass transition_fn=, or give the model "
+                f"one of the methods {', '.join(TRANSITION_METHODS)} or make it callable"
+            )
+        name, method = "__call__", model
+    bound = (
+        bind(method, f"model.{name}", ("state", "action"), with_model=False, extras=extras, prefix_forms=False)
+        if _accepts_two(method)
+        else None
+    )
+    if bound is None:
+        single = bind(method, f"model.{name}", ("action",), with_model=False, extras=extras)
+
+        def call(state, action, _f=single.call):
+            return _f(action)
+
+        bound = Bound(call, ("action",), single.extras, single.description, method)
+    return bound
+
+
+def _accepts_two(fn) -> bool:
+    """The seed's rule for model methods: ``(state, action)`` unless it takes <= 1 positional argument."""
+    sig = _signature(fn)
+    if sig is None:
+        return True
+    kinds = inspect.Parameter
+    params = [p for p in sig.parameters.values() if p.name not in EXTRAS]
+    if any(p.kind is kinds.VAR_POSITIONAL for p in params):
+        return True
+    positional = [p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Return forms
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_form_tuple(value) -> bool:
+    # A namedtuple is a state (e.g. an RSSM state), never a return form.
+    t = type(value)
+    return t is tuple or t is list or (isinstance(value, (tuple, list)) and not hasattr(value, "_fields"))
+
+
+def _is_mapping(value) -> bool:
+    return type(value) is dict or isinstance(value, (Mapping, TensorDictBase))
+
+
+def _info(value, form: str, where: str):
+    if value is None:
+        return {}
+    if not _is_mapping(value):
+        raise ReturnFormError(f"{where} returned {form}: expected info to be a dict (or None), got {describe(value)}")
+    return value
+
+
+def _scalar_like(value) -> bool:
+    return value is None or isinstance(value, (str, bytes, bool, int, float, complex))
+
+
+def _form_list(forms) -> str:
+    return "; ".join(forms)
+
+
+_STEP_TUPLE_FORMS = {
+    5: "read as (obs, reward, terminated, truncated, info)",
+    4: "read as (obs, reward, done, info)",
+    6: "read as (state, obs, reward, terminated, truncated, info)",
+    3: "read as (state, obs, reward)",
+}
+_FORM_TEXT = {(kind, n): f"a {n}-{kind} {text}" for kind in ("tuple", "list") for n, text in _STEP_TUPLE_FORMS.items()}
+_STATE_FORM = "a mapping without reserved keys, read as the next state (obs = state)"
+_BARE_FORM = "a bare value, read as the next state (obs = state)"
+_STEP_ALLOWED = RESERVED_KEYS
+_RESET_ALLOWED = RESERVED_KEYS - {"reward", "terminated", "done", "truncated"}
+
+
+def mapping_form(keys) -> str:
+    """The text naming a mapping return form in messages."""
+    return f"a mapping with keys {sorted(map(str, keys))}"
+
+
+def split_transition(result, where: str):
+    """Split a transition's return into ``(form, state, obs, reward, terminated, truncated, info)``.
+
+    Values the form does not carry are :data:`MISSING`. The state of the 4-/5-tuple forms is
+    ``info["model_state"]`` when present, else the observation; a mapping without a state
+    takes ``info["model_state"]``, else its observation; a bare state is also the observation.
+    ``form`` is a short text naming the form, for error messages.
+
+    Raises:
+        ReturnFormError: the value matches no form (the message names what was received).
+    """
+    if _is_mapping(result):
+        keys = result.keys()
+        if RESERVED_KEYS.isdisjoint(keys):
+            return _STATE_FORM, result, result, MISSING, MISSING, MISSING, {}
+        return _split_mapping(result, keys, where, step=True)
+    if _is_form_tuple(result):
+        n = len(result)
+        if n == 5:
+            form = _FORM_TEXT["list" if type(result) is list else "tuple", 5]
+            obs, reward, terminated, truncated, info = result
+            info = _info(info, form, where)
+            state = info.get("model_state") if "model_state" in info.keys() else obs
+            return form, state, obs, reward, terminated, truncated, info
+        if n == 4:
+            form = _FORM_TEXT["list" if type(result) is list else "tuple", 4]
+            obs, reward, done, info = result
+            info = _info(info, form, where)
+            state = info.get("model_state") if "model_state" in info.keys() else obs
+            return form, state, obs, reward, done, MISSING, info
+        if n == 6:
+            form = _FORM_TEXT["list" if type(result) is list else "tuple", 6]
+            state, obs, reward, terminated, truncated, info = result
+            return form, state, obs, reward, terminated, truncated, _info(info, form, where)
+        if n == 3:
+            form = _FORM_TEXT["list" if type(result) is list else "tuple", 3]
+            state, obs, reward = result
+            return form, state, obs, reward, MISSING, MISSING, {}
+        kind = "list" if isinstance(result, list) else "tuple"
+        raise ReturnFormError(
+            f"{where} returned a {n}-{kind}, which matches no transition return form; expected one of: "
+            f"{_form_list(TRANSITION_FORMS)}. (A tuple state must be returned inside a form, e.g. "
+            "{'state': (h, c), ...}, or as a namedtuple.)"
+        )
+    if _scalar_like(result):
+        raise ReturnFormError(
+            f"{where} returned {describe(result)}, which matches no transition return form; expected one of: "
+            f"{_form_list(TRANSITION_FORMS)}"
+        )
+    return _BARE_FORM, result, result, MISSING, MISSING, MISSING, {}
+
+
+def _split_mapping(result, keys, where: str, *, step: bool):
+    if not isinstance(keys, (set, frozenset, type({}.keys()))):
+        keys = set(keys)
+    allowed = _STEP_ALLOWED if step else _RESET_ALLOWED
+    if not keys <= allowed:
+        unknown = set(keys) - allowed
+        extra = "" if step else " (a reset has no reward or termination)"
+        raise ReturnFormError(
+            f"{where} returned {mapping_form(keys)}: keys {sorted(map(str, unknown))} are not part of the mapping "
+            f"return form{extra}; allowed keys: {sorted(allowed)}. (If this mapping is a state, it must not use the "
+            "reserved keys; return it under 'state' instead.)"
+        )
+    get = result.get
+    obs = MISSING
+    found = None
+    for key in OBS_KEYS:
+        if key in keys:
+            if found is not None:
+                raise ReturnFormError(
+                    f"{where} returned {mapping_form(keys)}: several observation keys {found!r} and {key!r}; "
+                    "expected one"
+                )
+            found, obs = key, get(key)
+    form = "a mapping (the mapping return form)"
+    info = _info(get("info"), form, where) if "info" in keys else {}
+    if "state" in keys:
+        if "next_state" in keys:
+            raise ReturnFormError(f"{where} returned {mapping_form(keys)}: both 'state' and 'next_state'; expected one")
+        state = get("state")
+    elif "next_state" in keys:
+        state = get("next_state")
+    elif "model_state" in info.keys():
+        state = info.get("model_state")
+    else:
+        state = MISSING
+    if not step:
+        return form, state, obs, info
+    if state is MISSING:
+        if obs is MISSING:
+            raise ReturnFormError(
+                f"{where} returned {mapping_form(keys)}: it has neither a state ('state'/'next_state'/"
+                f"info['model_state']) nor an observation ({'/'.join(OBS_KEYS)}), so the next state is unknown"
+            )
+        state = obs
+    elif obs is MISSING:
+        obs = state
+    if "terminated" in keys:
+        if "done" in keys:
+            raise ReturnFormError(
+                f"{where} returned {mapping_form(keys)}: both 'terminated' and 'done'; expected one of them"
+            )
+        terminated = get("terminated")
+    else:
+        terminated = get("done") if "done" in keys else MISSING
+    reward = get("reward") if "reward" in keys else MISSING
+    truncated = get("truncated") if "truncated" in keys else MISSING
+    return form, state, obs, reward, terminated, truncated, info
+
+
+def split_reset(result, where: str, obs_keys: frozenset | None):
+    """Split a reset's return into ``(form, state, obs, info)``; missing values are :data:`MISSING`.
+
+    ``obs_keys``: the observation's keys when the observation is a mapping (Dict space /
+    Composite spec), else ``None``. It decides the 2-tuple: ``(obs, info)`` when the second
+    item is a mapping that is not an observation, else ``(state, obs)``.
+
+    Raises:
+        ReturnFormError: the value matches no form.
+    """
+    if _is_form_tuple(result):
+        kind = "list" if isinstance(result, list) else "tuple"
+        n = len(result)
+        if n == 3:
+            form = f"a 3-{kind} read as (state, obs, info)"
+            state, obs, info = result
+            return form, state, obs, _info(info, form, where)
+        if n == 2:
+            first, second = result
+            if _is_mapping(second) and not (obs_keys is not None and set(second.keys()) == obs_keys):
+                form = f"a 2-{kind} read as (obs, info)"
+                return form, MISSING, first, _info(second, form, where)
+            return f"a 2-{kind} read as (state, obs)", first, second, {}
+        raise ReturnFormError(
+            f"{where} returned a {n}-{kind}, which matches no reset return form; expected one of: "
+            f"{_form_list(RESET_FORMS)}"
+        )
+    if _is_mapping(result):
+        keys = result.keys()
+        if not RESERVED_KEYS.isdisjoint(keys):
+            return _split_mapping(result, keys, where, step=False)
+        return f"a bare {type(result).__name__}, read as the observation", MISSING, result, {}
+    if _scalar_like(result):
+        raise ReturnFormError(
+            f"{where} returned {describe(result)}, which matches no reset return form; expected one of: "
+            f"{_form_list(RESET_FORMS)}"
+        )
+    return f"a bare {type(result).__name__}, read as the observation", MISSING, result, {}

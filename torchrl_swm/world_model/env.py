@@ -1,0 +1,1328 @@
+"""WorldModelEnv: a learned world model as a batched TorchRL environment.
+
+Data path of one step::
+
+    td["action"] -> transition adapter (model called ONCE for the whole batch)
+      -> return-form normaliser (adapters.split_transition + checks) -> new state kept on the env
+      -> TensorDict(observation, reward, terminated, truncated, done)
+
+The model's latent state for all ``num_envs`` rows lives on the env (``env.state``), on the
+model's device. Every update is out of place (``torch.where``/``index_copy``), so tensors
+handed to TorchRL are never overwritten by later steps and need no copy, and the same code
+is differentiable with ``differentiable=True``.
+
+Resets honour TorchRL's ``"_reset"`` mask: only masked rows restart, from ``reset_fn``, from
+``start_states`` (real observations, sampled with the env's ``torch.Generator`` and encoded),
+or from ``initial_state``/``initial_observation`` broadcast over the rows.
+
+:meth:`WorldModelEnv._step_and_maybe_reset` is a fast path equivalent to TorchRL's generic
+``step`` -> ``step_mdp`` -> ``maybe_reset`` (tests check that both give the same data). It
+falls back to the generic path whenever the input is outside what it handles.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data import Categorical, Composite, TensorSpec, Unbounded
+from torchrl.envs import EnvBase
+
+from ..errors import SpecError, describe
+from ..masks import row_mask
+from ..specs import as_spec, batch_spec
+from . import _tree
+from .adapters import (
+    MISSING,
+    RESET_METHODS,
+    Bound,
+    ReturnFormError,
+    bind,
+    discover_method,
+    discover_transition,
+    split_reset,
+    split_transition,
+)
+
+__all__ = ["WorldModelEnv"]
+
+_DONE_KEYS = ("done", "terminated", "truncated")
+_FLOAT_TYPES = (int, float, np.integer, np.floating)
+
+# Seed-design keyword arguments that are transforms here: explain instead of a bare TypeError.
+_TRANSFORM_KWARGS = {
+    "max_episode_steps": "the time limit is TorchRL's StepCounter(max_steps=...)",
+    "reward_fn": "reward_fn is the RewardAdapter transform",
+    "terminal_fn": "terminal_fn is the TerminalAdapter transform",
+    "action_transform_fn": "action_transform_fn is the ActionAdapter (inverse) transform",
+    "decoder": "the observation decoder is the ObservationDecoder transform",
+}
+_UNSUPPORTED_KWARGS = {
+    "render_fn": "render through a decoder transform (ObservationDecoder) that writes 'pixels'",
+    "render_mode": "render through a decoder transform (ObservationDecoder) that writes 'pixels'",
+    "torch_actions": "actions are always tensors, with the dtype of the action spec",
+}
+
+
+def _model_device(model) -> torch.device | None:
+    if isinstance(model, torch.nn.Module):
+        for tensor in model.parameters():
+            return tensor.device
+        for tensor in model.buffers():
+            return tensor.device
+    return None
+
+
+def _leaf_key(key) -> tuple[str, ...]:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+def _nest(flat: Mapping[tuple[str, ...], Any]) -> dict:
+    nested: dict = {}
+    for key, value in flat.items():
+        node = nested
+        for part in key[:-1]:
+            node = node.setdefault(part, {})
+        node[key[-1]] = value
+    return nested
+
+
+def _get_nested(mapping, key: tuple[str, ...]):
+    node = mapping
+    for part in key:
+        if isinstance(node, TensorDictBase):
+            node = node.get(part, None)
+        elif isinstance(node, Mapping):
+            node = node.get(part, None)
+        else:
+            return None
+        if node is None:
+            return None
+    return node
+
+
+def _mapping_leaf_keys(mapping, prefix=()) -> set[tuple[str, ...]]:
+    if isinstance(mapping, TensorDictBase):
+        return {prefix + _leaf_key(k) for k in mapping.keys(include_nested=True, leaves_only=True)}
+    out = set()
+    for k, v in mapping.items():
+        if isinstance(v, (Mapping, TensorDictBase)):
+            out |= _mapping_leaf_keys(v, prefix + (k,))
+        else:
+            out.add(prefix + (k,))
+    return out
+
+
+def _spec_of_state(state, device, what: str) -> TensorSpec:
+    """An unbatched Unbounded spec (Composite for mappings) describing an unbatched state."""
+    if isinstance(state, torch.Tensor):
+        return Unbounded(shape=state.shape, dtype=state.dtype, device=device)
+    if isinstance(state, (Mapping, TensorDictBase)):
+        return Composite({k: _spec_of_state(v, device, f"{what}[{k!r}]") for k, v in state.items()}, device=device)
+    raise SpecError(
+        f"{what}: a state exposed under state_key must be a tensor, a dict or a TensorDict, got {describe(state)}; "
+        "pass state_spec= or leave state_key=None (the state then stays on the env only)"
+    )
+
+
+class _Runtime:
+    """Per-step values of a WorldModelEnv: the state, last observation and flags of every row."""
+
+    __slots__ = (
+        "state",
+        "obs",
+        "term",
+        "trunc",
+        "info",
+        "has_state",
+        "reward_from_model",
+        "terminated_from_model",
+        "done_after_reset",
+    )
+
+    def __init__(self):
+        self.state = self.obs = self.term = self.trunc = self.info = self.done_after_reset = None
+        self.has_state = False
+        self.reward_from_model = self.terminated_from_model = True
+
+
+class _Shapes:
+    """Expected full shapes for one batch shape (cached: no tuple building per step)."""
+
+    __slots__ = ("bs", "bs1", "nb", "obs", "action", "false", "zero_reward")
+
+    def __init__(self, env, bs):
+        self.bs = torch.Size(bs)
+        self.nb = len(self.bs)
+        self.bs1 = torch.Size((*bs, 1))
+        self.false = _Zeros(self.bs1, torch.bool, env._dev)
+        self.zero_reward = _Zeros(self.bs1, env._reward_dtype, env._dev)
+        self.obs = None if env._obs_leaf is None else torch.Size((*bs, *env._obs_leaf.shape))
+        self.action = None if env._action_leaf is None else torch.Size((*bs, *env._action_leaf.shape))
+
+
+class _Zeros:
+    """Fresh all-zero tensors of one shape and dtype, allocated ``count`` at a time.
+
+    Each tensor handed out is a separate slice of a block that is never reused, so callers may
+    write into what they received without touching any other output, and a step pays one
+    allocation every ``count`` steps instead of one per step.
+    """
+
+    __slots__ = ("shape", "dtype", "device", "count", "_free")
+
+    def __init__(self, shape, dtype, device, count=64):
+        self.shape, self.dtype, self.device, self.count = tuple(shape), dtype, device, count
+        self._free: list = []
+
+    def __call__(self) -> torch.Tensor:
+        free = self._free
+        if not free:
+            free.extend(torch.zeros((self.count, *self.shape), dtype=self.dtype, device=self.device).unbind(0))
+            free.reverse()
+        return free.pop()
+
+
+class _Leaf:
+    """One observation (or info) leaf: key, unbatched shape and dtype."""
+
+    __slots__ = ("key", "shape", "dtype", "name")
+
+    def __init__(self, key, shape, dtype, name):
+        self.key, self.shape, self.dtype, self.name = key, tuple(shape), dtype, name
+
+
+class WorldModelEnv(EnvBase):
+    """A learned world model as a batched TorchRL env: ``batch_size=[num_envs]``, one model call per step.
+
+    Args:
+        model: the world model: any object. Its transition is ``transition_fn`` if given, else the
+            first callable among ``env_step``, ``step``, ``predict_step``, ``predict``,
+            ``imagine_step``, ``transition``, then ``model.__call__``.
+        observation_space: what the env emits, per env: a gymnasium space or a TorchRL spec
+            (unbatched). A ``Dict`` space / ``Composite`` spec gives one key per entry; anything
+            else is the ``"observation"`` key.
+        action_space: what the model consumes, per env (gymnasium space or TorchRL spec).
+            ``Discrete`` is an int64 index; to expose another action space outside, use the
+            action adapter transform (:func:`~torchrl_swm.make_world_model_env` does it).
+
+    Keyword Args:
+        num_envs: the batch size ``N`` (rows the model steps at once). ``None`` makes the env
+            batch-unlocked (``batch_size=[]``, any input batch size, as TorchRL's planners
+            require); the state then comes from the tensordict, so ``state_key`` is required.
+        initial_state: unbatched start state (tensor, tuple, dict, TensorDict), broadcast to the
+            rows being reset.
+        initial_observation: unbatched start observation, broadcast. Without ``initial_state``,
+            the start state is ``encode(initial_observation)`` (``encode_fn`` or ``model.encode``),
+            or the observation itself when there is no encoder.
+        reset_fn: ``reset_fn([model,] seed, options)`` (prefixes such as ``reset_fn(model)`` are
+            accepted). Keyword extras ``num_envs`` (rows being reset), ``mask`` (bool ``(N,)``) and
+            ``generator`` are passed when declared. Returns one of the seed's reset forms (``obs``,
+            ``(obs, info)``, ``(state, obs)``, ``(state, obs, info)``, a mapping), either unbatched
+            (broadcast to the reset rows) or batched with ``num_envs`` rows.
+        transition_fn: ``transition_fn([model,] state, action)`` (+ ``generator=`` when declared),
+            called once per step for the whole batch. Returns one of the seed's transition forms.
+        start_states: real data to start episodes from: a TensorDict ``[M]`` holding the
+            observation keys, or a TorchRL replay buffer of them. Each reset row samples one
+            entry with the env's generator; its observation is the reset observation and its
+            state is ``encode(observation)``.
+        encode_fn: ``encode_fn([model,] obs)`` -> state for real observations (``start_states``,
+            ``initial_observation``). Default: ``model.encode`` when it exists, else identity.
+            ``False`` forces identity.
+        state_key: also expose the state in the tensordict under this key, and read it back
+            from the input tensordict at each step (so rollouts can start from states held in a
+            tensordict: planners, imagination from replayed latents). An observation key means
+            "the observation is the state".
+        state_spec: unbatched spec of the state under ``state_key``: a spec, a space, or a
+            ``{key: spec}`` mapping for dict states (default: inferred from ``initial_state``).
+        reward_spec: unbatched reward spec, shape ``(1,)`` (default float32 Unbounded).
+        info_spec: ``{key: spec, space or example tensor}`` (unbatched) for info entries to
+            record under ``("info", key)`` with shape ``(N, 1, *shape)``. Other info keys
+            trigger a one-time warning (never silently dropped).
+        device: the model's device (default: where its parameters are; else CPU).
+        differentiable: keep the autograd graph through steps (Dreamer-style imagination);
+            by default steps run under ``torch.no_grad()``.
+        seed: seed of the env's ``torch.Generator`` (OS entropy when ``None``).
+
+    Attributes:
+        state: the current model state of every row.
+        generator: the env's ``torch.Generator``; models that take ``generator=`` receive it.
+        reward_from_model / terminated_from_model: whether the last transition returned a
+            reward / a termination (the reward and terminal adapter transforms fill them in
+            otherwise).
+
+    Contract:
+        * The model is called once per step on the whole batch (``(N, ...)`` tensors); with
+          ``"_step"`` masks it still runs on every row and the frozen rows are put back.
+        * The env never copies the state: step ``t``'s output *is* step ``t+1``'s input. The
+          transition must return new tensors and must not modify its input state in place (an
+          in-place update would also change tensors already handed to TorchRL).
+        * Random actions (``rollout(policy=None)``, ``rand_action``) come from torch's global RNG,
+          as everywhere in TorchRL; the env's generator drives the model and the resets.
+
+    Examples:
+        >>> env = WorldModelEnv(model, observation_space=Box(-1, 1, (8,)), action_space=Box(-1, 1, (2,)),
+        ...                     num_envs=64, initial_state=torch.zeros(8), seed=0)
+        >>> rollout = env.rollout(100, break_when_any_done=False)   # [64, 100]
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        observation_space=None,
+        action_space=None,
+        *,
+        num_envs: int | None = 1,
+        initial_state: Any = None,
+        initial_observation: Any = None,
+        reset_fn: Callable | None = None,
+        transition_fn: Callable | None = None,
+        start_states: Any = None,
+        encode_fn: Callable | bool | None = None,
+        state_key: str | None = None,
+        state_spec=None,
+        reward_spec=None,
+        info_spec: Mapping | None = None,
+        device: torch.device | str | None = None,
+        differentiable: bool = False,
+        seed: int | None = None,
+        **kwargs,
+    ):
+        if kwargs:
+            _explain_kwargs(kwargs)
+        model_device = _model_device(model)
+        if device is None:
+            device = model_device or torch.device("cpu")
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if model_device is not None and model_device != device:
+            raise ValueError(
+                f"WorldModelEnv: device={device} but the model's parameters are on {model_device}; "
+                "move the model (model.to(device)) or pass its device"
+            )
+        locked = num_envs is not None
+        if locked:
+            if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+                raise ValueError(f"WorldModelEnv: expected num_envs >= 1 (or None), got {num_envs!r}")
+            batch_size = torch.Size([int(num_envs)])
+        else:
+            batch_size = torch.Size([])
+        super().__init__(batch_size=batch_size, device=device)
+        if not locked:
+            self._batch_locked = False  # instance attribute: EnvBase.__new__ sets it on the class
+        self._locked = locked
+        # not registered as a submodule: env.to()/state_dict() must not move or capture a model the caller owns
+        self.__dict__["_model"] = model
+        self._differentiable = bool(differentiable)
+        self._generator = torch.Generator(device=device)
+        self._set_seed(seed)
+
+        # -- specs -------------------------------------------------------------------------
+        if observation_space is None or action_space is None:
+            raise TypeError(
+                "WorldModelEnv: observation_space= and action_space= are required (gymnasium spaces or TorchRL specs)"
+            )
+        obs_spec = self._unbatched(observation_space, "observation_space")
+        act_spec = self._unbatched(action_space, "action_space")
+        self._obs_is_mapping = isinstance(obs_spec, Composite)
+        if self._obs_is_mapping:
+            obs_leaves = [
+                _Leaf(_leaf_key(k), s.shape, s.dtype, f"observation[{k!r}]")
+                for k, s in obs_spec.items(include_nested=True, leaves_only=True)
+            ]
+            if not obs_leaves:
+                raise SpecError("observation_space: an empty Dict/Composite has no observation to emit")
+            obs_root = obs_spec
+        else:
+            obs_leaves = [_Leaf(("observation",), obs_spec.shape, obs_spec.dtype, "observation")]
+            obs_root = Composite(observation=obs_spec, device=device)
+        self._obs_leaves = obs_leaves
+        self._obs_leaf = obs_leaves[0] if not self._obs_is_mapping else None
+        self._obs_top_keys = frozenset(obs_root.keys())
+        if isinstance(act_spec, Composite):
+            # a Dict action space: one entry per key under "action"; the model receives td["action"] (a TensorDict)
+            self._action_leaves = [
+                _Leaf(("action", *_leaf_key(k)), s.shape, s.dtype, f"action[{k!r}]")
+                for k, s in act_spec.items(include_nested=True, leaves_only=True)
+            ]
+        else:
+            self._action_leaves = [_Leaf(("action",), act_spec.shape, act_spec.dtype, "action")]
+        act_root = Composite(action=act_spec, device=device)
+        self._action_leaf = self._action_leaves[0] if not isinstance(act_spec, Composite) else None
+        if reward_spec is None:
+            reward_spec = Unbounded(shape=(1,), dtype=torch.float32, device=device)
+        else:
+            reward_spec = self._unbatched(reward_spec, "reward_spec")
+            if isinstance(reward_spec, Composite) or tuple(reward_spec.shape) != (1,):
+                raise SpecError(f"reward_spec: expected a leaf spec of shape (1,), got {reward_spec}")
+        self._reward_dtype = reward_spec.dtype
+
+        # state exposed in the tensordict
+        if state_key is not None and (not isinstance(state_key, str) or not state_key):
+            raise TypeError(f"state_key: expected a (top-level) key name, got {state_key!r}")
+        if not locked and state_key is None:
+            raise TypeError(
+                "WorldModelEnv(num_envs=None) is batch-unlocked: its state must come from the input tensordict, "
+                "so pass "
+                "state_key= (an observation key when the observation is the state, e.g. state_key='observation')"
+            )
+        self._state_key = state_key
+        self._obs_is_state = False
+        state_entry = None
+        if self._state_key is not None:
+            skey = _leaf_key(self._state_key)
+            obs_keys = {leaf.key for leaf in obs_leaves}
+            if skey in obs_keys or (len(skey) == 1 and skey[0] in self._obs_top_keys):
+                if state_spec is not None:
+                    raise SpecError(
+                        f"state_key={state_key!r} is an observation key: its spec is the observation's; "
+                        "drop state_spec="
+                    )
+                self._obs_is_state = True
+                if self._obs_is_mapping:
+                    raise SpecError(
+                        f"state_key={state_key!r} names one entry of a Dict observation; the state must then be "
+                        "exposed under its own key (with state_spec=)"
+                    )
+            else:
+                if skey[0] in (
+                    "reward",
+                    "done",
+                    "terminated",
+                    "truncated",
+                    "info",
+                    "action",
+                    "next",
+                    "_reset",
+                    "_step",
+                ):
+                    raise SpecError(f"state_key={state_key!r} collides with a reserved TorchRL key")
+                if state_spec is None:
+                    if initial_state is None:
+                        raise SpecError(
+                            f"state_key={state_key!r}: pass state_spec= (the unbatched spec of the state) or "
+                            "initial_state= "
+                            "(to infer it)"
+                        )
+                    state_spec = _spec_of_state(_to_device(initial_state, device), device, "initial_state")
+                elif isinstance(state_spec, Mapping):
+                    state_spec = self._unbatched(_composite(state_spec, device), "state_spec")
+                else:
+                    state_spec = self._unbatched(state_spec, "state_spec")
+                state_entry = state_spec
+        self._state_spec_unbatched = state_entry
+
+        # info entries
+        self._info_leaves = self._info_layout(info_spec, device)
+        self._warned_info: set = set()
+
+        bs = tuple(batch_size)
+        observation_spec = Composite(shape=batch_size, device=device)
+        for key, spec in obs_root.items():
+            observation_spec[key] = batch_spec(spec, bs)
+        if state_entry is not None:
+            observation_spec[self._state_key] = batch_spec(state_entry, bs)
+        if self._info_leaves:
+            info = Composite(shape=batch_size, device=device)
+            for leaf in self._info_leaves:
+                info[leaf.key[1:]] = Unbounded(shape=(*bs, 1, *leaf.shape), dtype=leaf.dtype, device=device)
+            observation_spec["info"] = info
+        self.observation_spec = observation_spec
+        full_action = Composite(shape=batch_size, device=device)
+        for key, spec in act_root.items():
+            full_action[key] = batch_spec(spec, bs)
+        self.full_action_spec = full_action
+        self.reward_spec = batch_spec(reward_spec, bs)
+        self.done_spec = Composite(
+            {key: Categorical(2, shape=(*bs, 1), dtype=torch.bool, device=device) for key in _DONE_KEYS},
+            shape=batch_size,
+            device=device,
+        )
+        self._flat_mdp = all(isinstance(k, str) for k in self.observation_spec.keys(True, True))
+        self._mdp_excluded = frozenset(("next", "_reset", "reward", *_DONE_KEYS))
+
+        # -- adapters (bound once) ------------------------------------------------------------
+        gen_extra = {"generator": self._generator}
+        if transition_fn is not None:
+            self._transition: Bound = bind(
+                transition_fn, "transition_fn", ("state", "action"), model=model, extras=gen_extra
+            )
+        else:
+            self._transition = discover_transition(model, extras=gen_extra)
+        self._encode = self._bind_encode(model, encode_fn)
+        self._initial_state = None if initial_state is None else _to_device(initial_state, device)
+        self._initial_obs = (
+            None
+            if initial_observation is None
+            else self._read_obs(_to_device(initial_observation, device), (), "initial_observation", None)
+        )
+        reset_extras = {"num_envs": None, "mask": None, "generator": self._generator}
+        self._start_data = None
+        self._reset_bound: Bound | None = None
+        if start_states is not None:
+            if reset_fn is not None:
+                raise TypeError("WorldModelEnv: pass reset_fn= or start_states=, not both")
+            self._start_kind = "data"
+            self._start_data = self._check_start_data(start_states)
+        elif reset_fn is not None:
+            self._start_kind = "fn"
+            self._reset_bound = bind(
+                reset_fn, "reset_fn", ("seed", "options"), model=model, extras=reset_extras, prefix_forms=True
+            )
+        elif initial_state is not None or initial_observation is not None:
+            self._start_kind = "constant"
+        else:
+            name, method = discover_method(model, RESET_METHODS)
+            if method is None:
+                raise TypeError(
+                    "WorldModelEnv needs a way to start episodes: pass initial_state=, initial_observation=, reset_fn= "
+                    f"or start_states=, or give the model one of the methods {', '.join(RESET_METHODS)}"
+                )
+            self._start_kind = "fn"
+            self._reset_bound = bind(
+                method, f"model.{name}", ("seed", "options"), with_model=False, extras=reset_extras, prefix_forms=True
+            )
+
+        # -- runtime state (a plain object: nn.Module.__setattr__ is too slow for per-step updates) --
+        self._rt = _Runtime()
+        self._dev = device
+        self._where = self._transition.description
+        self._shape_cache: dict = {}
+        self._locked_shapes = self._shapes(batch_size) if locked else None
+        self._simple_source = (
+            not self._obs_is_mapping and (self._state_key is None or self._obs_is_state) and not self._info_leaves
+        )
+        # top-level keys a reset writes (observation entries, state, info, flags)
+        self._reset_produced = frozenset(
+            (
+                *self._obs_top_keys,
+                *(() if self._state_key is None else (self._state_key,)),
+                *(("info",) if self._info_leaves else ()),
+                *_DONE_KEYS,
+            )
+        )
+        self._constant_full = None
+        if self._start_kind == "constant" and locked:
+            # validated now, reused by every reset (a torch.where per leaf, no sampling)
+            self._constant_full = self._constant_start(bs)
+
+    # -- construction helpers ------------------------------------------------------------------
+    def _unbatched(self, space, name) -> TensorSpec:
+        spec = as_spec(space, device=self.device, name=name)
+        if isinstance(spec, Composite) and tuple(spec.shape) != ():
+            raise SpecError(
+                f"{name}: expected an unbatched (per-env) spec, got a Composite of shape {tuple(spec.shape)}"
+            )
+        return spec
+
+    def _info_layout(self, info_spec, device) -> list[_Leaf]:
+        if not info_spec:
+            return []
+        if not isinstance(info_spec, Mapping):
+            raise SpecError(
+                f"info_spec: expected a mapping {{key: spec, space or example tensor}}, got {describe(info_spec)}"
+            )
+        out = []
+        for key, value in info_spec.items():
+            if isinstance(value, torch.Tensor):
+                shape, dtype = tuple(value.shape), value.dtype
+            else:
+                spec = as_spec(value, device=device, name=f"info_spec[{key!r}]")
+                if isinstance(spec, Composite):
+                    raise SpecError(f"info_spec[{key!r}]: nested info is not supported; declare its leaves")
+                shape, dtype = tuple(spec.shape), spec.dtype
+            out.append(_Leaf(("info", key), shape, dtype, f"info[{key!r}]"))
+        return out
+
+    def _bind_encode(self, model, encode_fn) -> Bound | None:
+        if encode_fn is False:
+            return None
+        if encode_fn is not None and encode_fn is not True:
+            return bind(encode_fn, "encode_fn", ("obs",), model=model, extras={"generator": self._generator})
+        method = getattr(model, "encode", None)
+        if callable(method):
+            return bind(method, "model.encode", ("obs",), with_model=False, extras={"generator": self._generator})
+        if encode_fn is True:
+            raise TypeError("encode_fn=True but the model has no encode method")
+        return None
+
+    def _check_start_data(self, data):
+        if isinstance(data, TensorDictBase):
+            if data.batch_dims < 1 or data.batch_size[0] < 1:
+                raise ValueError(
+                    "start_states: expected a TensorDict with a leading batch dim of entries, "
+                    f"got batch {data.batch_size}"
+                )
+            missing = [leaf.key for leaf in self._obs_leaves if _get_nested(data, leaf.key) is None]
+            if missing:
+                raise KeyError(
+                    f"start_states: missing observation keys {missing}; it has {sorted(data.keys(True, True), key=str)}"
+                )
+            return data
+        if hasattr(data, "storage") and hasattr(data, "__getitem__") and hasattr(data, "__len__"):
+            return data  # a TorchRL replay buffer
+        raise TypeError(f"start_states: expected a TensorDict or a TorchRL replay buffer, got {describe(data)}")
+
+    # -- public read-only views -----------------------------------------------------------------
+    @property
+    def model(self):
+        """The world model."""
+        return self._model
+
+    @property
+    def state(self):
+        """The current model state of every row (``None`` before the first reset)."""
+        return self._rt.state
+
+    @property
+    def reward_from_model(self) -> bool:
+        """Whether the last transition returned a reward (else the reward is 0 or the RewardAdapter's)."""
+        return self._rt.reward_from_model
+
+    @property
+    def terminated_from_model(self) -> bool:
+        """Whether the last transition returned a termination (else False or the TerminalAdapter's)."""
+        return self._rt.terminated_from_model
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The env's ``torch.Generator`` (seeded by ``set_seed`` / ``seed=``)."""
+        return self._generator
+
+    @property
+    def differentiable(self) -> bool:
+        return self._differentiable
+
+    @property
+    def num_envs(self) -> int | None:
+        return self.batch_size[0] if self._locked else None
+
+    @property
+    def transition(self) -> Bound:
+        """The bound transition adapter (``.description`` tells how it is called)."""
+        return self._transition
+
+    # -- validation of adapter outputs -----------------------------------------------------------
+    def _tensor(self, value, shape, dtype, name, where, form):
+        head = f"{where} returned {form}" if form else where
+        if not isinstance(value, torch.Tensor):
+            if isinstance(value, np.ndarray):
+                value = torch.as_tensor(value, device=self.device)
+            else:
+                raise ReturnFormError(
+                    f"{head}: {name}: expected a tensor of dtype {dtype} and shape {tuple(shape)}, "
+                    f"got {describe(value)}"
+                )
+        if value.shape != shape or value.dtype != dtype:
+            raise ReturnFormError(
+                f"{head}: {name}: expected dtype {dtype} and shape {tuple(shape)}, got {describe(value)}"
+            )
+        if value.device != self.device:
+            raise ReturnFormError(f"{head}: {name}: expected device {self.device}, got {value.device}")
+        return value
+
+    def _read_obs(self, obs, bs: tuple, where: str, form: str | None):
+        """Validated observation: a tensor (single key) or ``{leaf key: tensor}``."""
+        if not self._obs_is_mapping:
+            leaf = self._obs_leaf
+            return self._tensor(obs, (*bs, *leaf.shape), leaf.dtype, "observation", where, form)
+        head = f"{where} returned {form}" if form else where
+        want = {leaf.key for leaf in self._obs_leaves}
+        if not isinstance(obs, (Mapping, TensorDictBase)):
+            raise ReturnFormError(
+                f"{head}: observation: expected a mapping with keys {sorted(want)}, got {describe(obs)}"
+            )
+        got = _mapping_leaf_keys(obs)
+        if got != want:
+            raise ReturnFormError(
+                f"{head}: observation keys {sorted(got)} do not match the observation space {sorted(want)} "
+                f"(missing {sorted(want - got)}, unexpected {sorted(got - want)})"
+            )
+        return {
+            leaf.key: self._tensor(_get_nested(obs, leaf.key), (*bs, *leaf.shape), leaf.dtype, leaf.name, where, form)
+            for leaf in self._obs_leaves
+        }
+
+    def _obs_batched(self, obs) -> bool | None:
+        """For reset returns: True if ``obs`` has a leading batch dim, False if unbatched."""
+        if self._obs_is_mapping:
+            if not isinstance(obs, (Mapping, TensorDictBase)):
+                return None
+            leaf = self._obs_leaves[0]
+            value = _get_nested(obs, leaf.key)
+        else:
+            leaf, value = self._obs_leaf, obs
+        ndim = getattr(value, "ndim", None)
+        if ndim is None:
+            return None
+        return ndim == len(leaf.shape) + 1
+
+    def _flag(self, value, bs, bs1, name, where, form):
+        if value is MISSING:
+            return None
+        if isinstance(value, torch.Tensor):
+            if value.dtype is not torch.bool:
+                raise ReturnFormError(
+                    f"{where} returned {form}: {name}: expected a bool tensor of shape {tuple(bs1)} or {tuple(bs)}, "
+                    f"got {describe(value)} "
+                    "(threshold it, e.g. `logits > 0`)"
+                )
+            if value.shape != bs1:
+                if value.shape != bs:
+                    raise ReturnFormError(
+                        f"{where} returned {form}: {name}: expected shape {tuple(bs1)} or {tuple(bs)} "
+                        "(one flag per env), "
+                        f"got {describe(value)}"
+                    )
+                value = value.view(bs1)
+            if value.device != self.device:
+                raise ReturnFormError(
+                    f"{where} returned {form}: {name}: expected device {self.device}, got {value.device}"
+                )
+            return value
+        if isinstance(value, (bool, np.bool_)):
+            return torch.full(bs1, bool(value), dtype=torch.bool, device=self.device)
+        raise ReturnFormError(
+            f"{where} returned {form}: {name}: expected a bool tensor of shape {tuple(bs1)} or a bool, "
+            f"got {describe(value)}"
+        )
+
+    def _reward(self, value, bs, bs1, where, form):
+        if value is MISSING or value is None:
+            return None
+        if isinstance(value, torch.Tensor):
+            if value.shape != bs1:
+                if value.shape != bs:
+                    raise ReturnFormError(
+                        f"{where} returned {form}: reward: expected shape {tuple(bs1)} or {tuple(bs)} "
+                        "(one reward per env), "
+                        f"got {describe(value)}"
+                    )
+                value = value.view(bs1)
+            if value.dtype != self._reward_dtype:
+                raise ReturnFormError(
+                    f"{where} returned {form}: reward: expected dtype {self._reward_dtype} (the reward spec), "
+                    f"got {describe(value)}"
+                )
+            if value.device != self.device:
+                raise ReturnFormError(
+                    f"{where} returned {form}: reward: expected device {self.device}, got {value.device}"
+                )
+            return value
+        if isinstance(value, _FLOAT_TYPES) and not isinstance(value, (bool, np.bool_)):
+            return torch.full(bs1, float(value), dtype=self._reward_dtype, device=self.device)
+        if isinstance(value, np.ndarray):
+            return self._reward(torch.as_tensor(value, device=self.device), bs, bs1, where, form)
+        raise ReturnFormError(
+            f"{where} returned {form}: reward: expected a float tensor of shape {tuple(bs1)}, got {describe(value)}"
+        )
+
+    def _read_info(self, info, bs, where, form) -> dict | None:
+        if not info and not self._info_leaves:
+            return None
+        keys = set(info.keys()) if info else set()
+        out = {}
+        for leaf in self._info_leaves:
+            name = leaf.key[1]
+            full = (*bs, 1, *leaf.shape)
+            if name in keys:
+                value = info.get(name)
+                if isinstance(value, torch.Tensor) and value.shape == (*bs, *leaf.shape):
+                    value = value.unsqueeze(len(bs))
+                out[name] = self._tensor(value, full, leaf.dtype, f"info[{name!r}]", where, form)
+            else:
+                out[name] = torch.zeros(full, dtype=leaf.dtype, device=self.device)
+        undeclared = keys - {leaf.key[1] for leaf in self._info_leaves} - {"model_state"}
+        if undeclared and not undeclared <= self._warned_info:
+            self._warned_info |= undeclared
+            warnings.warn(
+                f"WorldModelEnv: {where} returned info keys {sorted(undeclared)} that are not recorded; declare them "
+                "with info_spec={key: spec} to get them under ('info', key)",
+                stacklevel=4,
+            )
+        return out if self._info_leaves else None
+
+    # -- the step ----------------------------------------------------------------------------------
+    def _shapes(self, bs) -> _Shapes:
+        shapes = self._shape_cache.get(bs)
+        if shapes is None:
+            if len(self._shape_cache) > 64:
+                self._shape_cache.clear()
+            shapes = self._shape_cache[torch.Size(bs)] = _Shapes(self, bs)
+        return shapes
+
+    def _read_action(self, td, shapes: _Shapes):
+        if self._action_leaf is not None:
+            action = td._get_str("action", None) if type(td) is TensorDict else td.get("action", None)
+            if action is None:
+                raise KeyError(
+                    f"WorldModelEnv.step: the input tensordict has no 'action' entry (keys: {list(td.keys())})"
+                )
+            if action.shape != shapes.action or action.dtype is not self._action_leaf.dtype:
+                raise ValueError(
+                    f"WorldModelEnv.step: action: expected dtype {self._action_leaf.dtype} and shape "
+                    f"{tuple(shapes.action)}, got {describe(action)}"
+                )
+            return action
+        bs = tuple(shapes.bs)
+        for leaf in self._action_leaves:
+            value = td.get(leaf.key, None)
+            if value is None:
+                raise KeyError(f"WorldModelEnv.step: the input tensordict has no {leaf.key!r} action entry")
+            if value.shape != (*bs, *leaf.shape) or value.dtype != leaf.dtype:
+                raise ValueError(
+                    f"WorldModelEnv.step: {leaf.name}: expected dtype {leaf.dtype} and shape {(*bs, *leaf.shape)}, "
+                    f"got {describe(value)}"
+                )
+        return td.get("action")
+
+    def _current_state(self, td):
+        if self._state_key is not None:
+            value = td.get(self._state_key, None)
+            if value is not None:
+                return value
+            if not self._locked:
+                raise KeyError(
+                    f"WorldModelEnv (batch-unlocked): the input tensordict has no state under {self._state_key!r}; "
+                    "seed the rollout with a tensordict holding it (or reset() first)"
+                )
+        rt = self._rt
+        if not rt.has_state:
+            raise RuntimeError("WorldModelEnv: call reset() before step()")
+        return rt.state
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        if self._locked:
+            partial = tensordict.get("_step", None)
+            return self._advance(tensordict, self._locked_shapes, partial)
+        return self._advance(tensordict, self._shapes(tensordict.batch_size), None)
+
+    def _advance(self, td, shapes: _Shapes, partial) -> TensorDict:
+        """One step for the whole batch: the model is called once; returns the ``"next"`` TensorDict."""
+        rt = self._rt
+        # action
+        if self._action_leaf is not None:
+            action = td._get_str("action", None) if type(td) is TensorDict else td.get("action", None)
+            if action is None or action.shape != shapes.action or action.dtype is not self._action_leaf.dtype:
+                self._bad_action(td, action, shapes)
+        else:
+            action = self._read_action(td, shapes)
+        # state
+        if self._state_key is None and rt.has_state:
+            state = rt.state
+        else:
+            state = self._current_state(td)
+        # the model, once for the batch
+        if self._differentiable or not torch.is_grad_enabled():
+            result = self._transition.call(state, action)
+        else:
+            torch._C._set_grad_enabled(False)
+            try:
+                result = self._transition.call(state, action)
+            finally:
+                torch._C._set_grad_enabled(True)
+        where = self._where
+        form, state, obs, reward, terminated, truncated, info = split_transition(result, where)
+        dev = self._dev
+        bs = shapes.bs
+        bs1 = shapes.bs1
+        # fast checks for the common case; the slow paths convert (numpy, (N,) -> (N, 1)) or raise
+        if (
+            self._obs_leaf is None
+            or type(obs) is not torch.Tensor
+            or obs.shape != shapes.obs
+            or obs.dtype is not self._obs_leaf.dtype
+            or obs.device != dev
+        ):
+            raw = obs
+            obs = self._read_obs(obs, bs, where, form)
+            if state is raw and not self._obs_is_mapping:
+                state = obs  # the observation converted (numpy) is also the state
+        if state is not obs and state is not None:
+            if type(state) is not torch.Tensor or state.shape[: shapes.nb] != bs:
+                try:
+                    _tree.check_batch(state, tuple(bs), "next state")
+                except (ValueError, TypeError) as err:
+                    raise ReturnFormError(f"{where} returned {form}: {err}") from None
+        if (
+            type(reward) is not torch.Tensor
+            or reward.shape != bs1
+            or reward.dtype is not self._reward_dtype
+            or reward.device != dev
+        ):
+            reward = self._reward(reward, bs, bs1, where, form)
+            if reward is None:
+                rt.reward_from_model = False
+                reward = shapes.zero_reward()
+            else:
+                rt.reward_from_model = True
+        else:
+            rt.reward_from_model = True
+        if (
+            type(terminated) is not torch.Tensor
+            or terminated.shape != bs1
+            or terminated.dtype is not torch.bool
+            or terminated.device != dev
+        ):
+            terminated = self._flag(terminated, bs, bs1, "terminated", where, form)
+            if terminated is None:
+                rt.terminated_from_model = False
+                terminated = shapes.false()
+            else:
+                rt.terminated_from_model = True
+        else:
+            rt.terminated_from_model = True
+        if truncated is MISSING:
+            truncated = shapes.false()
+            done = terminated
+        else:
+            if (
+                type(truncated) is not torch.Tensor
+                or truncated.shape != bs1
+                or truncated.dtype is not torch.bool
+                or truncated.device != dev
+            ):
+                truncated = self._flag(truncated, bs, bs1, "truncated", where, form)
+            done = terminated | truncated
+        if info or self._info_leaves:
+            info = self._read_info(info, bs, where, form)
+        else:
+            info = None
+        if partial is not None:
+            rows = row_mask(partial, bs[0], "_step")
+            if not bool(rows.all()):
+                # frozen rows keep their state, observation and flags, and report reward 0
+                state = _tree.where_rows(rows, state, rt.state)
+                obs = _tree.where_rows(rows, obs, rt.obs)
+                view = rows.view(-1, 1)
+                reward = torch.where(view, reward, torch.zeros((), dtype=reward.dtype, device=reward.device))
+                terminated = torch.where(view, terminated, rt.term)
+                truncated = torch.where(view, truncated, rt.trunc)
+                done = terminated | truncated
+                if info is not None:
+                    info = {k: _tree.where_rows(rows, v, torch.zeros_like(v)) for k, v in info.items()}
+        rt.state = state
+        rt.obs = obs
+        rt.term = terminated
+        rt.trunc = truncated
+        rt.info = info
+        rt.has_state = True
+        if self._simple_source:
+            source = {
+                "observation": obs,
+                "reward": reward,
+                "terminated": terminated,
+                "truncated": truncated,
+                "done": done,
+            }
+        else:
+            source = self._source(obs, state, info)
+            source["reward"] = reward
+            source["terminated"] = terminated
+            source["truncated"] = truncated
+            source["done"] = done
+        return TensorDict._new_unsafe(source, batch_size=bs, device=dev)
+
+    def _bad_action(self, td, action, shapes):
+        if action is None:
+            raise KeyError(f"WorldModelEnv.step: the input tensordict has no 'action' entry (keys: {list(td.keys())})")
+        raise ValueError(
+            f"WorldModelEnv.step: action: expected dtype {self._action_leaf.dtype} and shape "
+            f"{tuple(shapes.action)}, got {describe(action)}"
+        )
+
+    def _source(self, obs, state, info) -> dict:
+        if self._obs_is_mapping:
+            source = _nest(obs)
+        else:
+            source = {"observation": obs}
+        if self._state_key is not None and not self._obs_is_state:
+            source[self._state_key] = state
+        if info is not None:
+            source["info"] = info
+        return source
+
+    # -- resets ------------------------------------------------------------------------------------
+    def _constant_start(self, bs: tuple):
+        """(state, obs) for ``bs`` rows from initial_state / initial_observation (fresh tensors)."""
+        obs = None
+        if self._initial_obs is not None:
+            obs = _tree.broadcast_rows(self._initial_obs, bs)
+        if self._initial_state is not None:
+            state = _tree.broadcast_rows(self._initial_state, bs)
+        else:
+            state = self._encode_obs(obs, bs, "initial_observation")
+        if obs is None:
+            obs = self._read_obs(
+                state, bs, "initial_state (the observation too, since no initial_observation is given)", None
+            )
+        else:
+            self._check_state(state, bs, "initial_state")
+        return state, obs
+
+    def _encode_obs(self, obs, bs, what):
+        if self._encode is None:
+            return obs
+        grad = torch.is_grad_enabled()
+        if not self._differentiable:
+            torch._C._set_grad_enabled(False)
+        try:
+            model_obs = _nest(obs) if self._obs_is_mapping else obs
+            state = self._encode.call(model_obs)
+        finally:
+            torch._C._set_grad_enabled(grad)
+        if state is None:
+            raise ReturnFormError(f"{self._encode.description} returned None for {what}; expected the encoded state")
+        self._check_state(state, bs, f"{self._encode.description} (encoding {what})")
+        return state
+
+    def _check_state(self, state, bs, where):
+        try:
+            _tree.check_batch(state, bs, "state")
+        except (ValueError, TypeError) as err:
+            raise ReturnFormError(f"{where}: {err}") from None
+
+    def _sampled_start(self, k: int, bs: tuple, mask, seed, options):
+        """(state, obs, info) for ``bs`` (= ``(k,)`` when locked) rows from reset_fn / model reset / start data."""
+        if self._start_kind == "data":
+            n = len(self._start_data)
+            if n < 1:
+                raise ValueError("start_states: the replay buffer is empty; extend it before resetting")
+            count = int(np.prod(bs)) if bs else 1
+            index = torch.randint(n, (count,), generator=self._generator, device=self._generator.device)
+            data = self._start_data
+            rows = data[
+                index.to(data.device) if isinstance(data, TensorDictBase) and data.device is not None else index.cpu()
+            ]
+            if isinstance(rows, TensorDictBase):
+                rows = rows.to(self.device) if rows.device != self.device else rows
+                if self._obs_is_mapping:
+                    obs = {leaf.key: _get_nested(rows, leaf.key) for leaf in self._obs_leaves}
+                else:
+                    obs = rows.get("observation", None)
+                    if obs is None:
+                        raise KeyError(
+                            f"start_states: sampled entries have no 'observation' key (keys: {list(rows.keys())})"
+                        )
+            elif isinstance(rows, torch.Tensor) and not self._obs_is_mapping:
+                obs = rows.to(self.device)
+            else:
+                raise TypeError(
+                    f"start_states: sampled entries are {describe(rows)}; expected a TensorDict or a tensor"
+                )
+            obs = self._read_obs(
+                _nest(obs) if self._obs_is_mapping else obs, bs, "start_states (sampled entries)", None
+            )
+            state = self._encode_obs(obs, bs, "start_states")
+            return state, obs, {}
+        bound = self._reset_bound
+        kwargs = {}
+        if "num_envs" in bound.extras:
+            kwargs["num_envs"] = k
+        if "mask" in bound.extras:
+            kwargs["mask"] = mask
+        grad = torch.is_grad_enabled()
+        if not self._differentiable:
+            torch._C._set_grad_enabled(False)
+        try:
+            result = bound.call(seed, options, **kwargs)
+        finally:
+            torch._C._set_grad_enabled(grad)
+        where = bound.description
+        obs_keys = frozenset(self._obs_top_keys) if self._obs_is_mapping else None
+        form, state, obs, info = split_reset(result, where, obs_keys)
+        if obs is MISSING:
+            if self._initial_obs is not None:
+                obs = _tree.broadcast_rows(self._initial_obs, bs)
+                obs = _nest(obs) if self._obs_is_mapping else obs
+            elif state is not MISSING:
+                obs = state
+            else:
+                raise ReturnFormError(f"{where} returned {form}: no observation, no state and no initial_observation")
+        batched = self._obs_batched(obs)
+        if batched is None:
+            raise ReturnFormError(
+                f"{where} returned {form}: observation: expected {self._expect_obs()}, got {describe(obs)}"
+            )
+        if not batched:
+            obs = self._read_obs(obs, (), where, form)
+            obs = _tree.broadcast_rows(obs, bs)
+            if state is not MISSING:
+                state = _tree.broadcast_rows(state, bs)
+        else:
+            obs = self._read_obs(obs, bs, where, form)
+        if state is MISSING:
+            state = (
+                _tree.broadcast_rows(self._initial_state, bs)
+                if self._initial_state is not None
+                else self._encode_obs(obs, bs, where)
+            )
+        else:
+            self._check_state(state, bs, f"{where} returned {form}")
+        info = self._read_info(info, bs, where, form) if info or self._info_leaves else None
+        return state, obs, info
+
+    def _expect_obs(self) -> str:
+        if self._obs_is_mapping:
+            return f"a mapping with keys {sorted(leaf.key for leaf in self._obs_leaves)}"
+        leaf = self._obs_leaf
+        return f"a {leaf.dtype} tensor of shape {leaf.shape} (unbatched) or (num_envs, *{leaf.shape})"
+
+    def _zero_info(self, bs):
+        if not self._info_leaves:
+            return None
+        return {
+            leaf.key[1]: torch.zeros((*bs, 1, *leaf.shape), dtype=leaf.dtype, device=self.device)
+            for leaf in self._info_leaves
+        }
+
+    def _false_flags(self, shape):
+        """Three all-False flag tensors (separate memory: in-place writes to one never reach another)."""
+        false = self._shapes(shape[:-1]).false
+        return false(), false(), false()
+
+    def _reset_state(self, rows, seed=None, options=None, *, flags_cleared=False):
+        """Restart ``rows`` (bool ``(N,)`` or ``(N, 1)``, or ``None`` for all) of a locked env: updates its state.
+
+        Returns ``(obs, state, info)`` for every row (restarted rows new, the others unchanged).
+        ``flags_cleared``: the caller resets every done row, so no flag stays True (fast path).
+        """
+        rt = self._rt
+        bs = self._locked_shapes.bs
+        if rows is None:
+            if self._constant_full is not None:
+                c_state, c_obs = self._constant_full
+                state = _tree.tree_map(torch.clone, c_state)  # fresh: outputs may be written in place by callers
+                obs = state if c_obs is c_state else _tree.tree_map(torch.clone, c_obs)
+                info = self._zero_info(bs)
+            else:
+                n = bs[0]
+                state, obs, info = self._sampled_start(
+                    n, bs, torch.ones(n, dtype=torch.bool, device=self._dev), seed, options
+                )
+                if info is None:
+                    info = self._zero_info(bs)
+            rt.term, rt.trunc, rt.done_after_reset = self._false_flags(self._locked_shapes.bs1)
+            rt.state, rt.obs, rt.info, rt.has_state = state, obs, info, True
+            return obs, state, info
+        last_info = rt.info if rt.info is not None else self._zero_info(bs)
+        shared = rt.obs is rt.state
+        if self._constant_full is not None:
+            c_state, c_obs = self._constant_full
+            state = _tree.where_rows(rows, c_state, rt.state)
+            obs = state if shared and c_obs is c_state else _tree.where_rows(rows, c_obs, rt.obs)
+            info = None
+            if last_info is not None:
+                info = {k: v.masked_fill(_tree._row_view(rows, v), 0) for k, v in last_info.items()}
+        else:
+            mask = rows.reshape(-1)
+            index = mask.nonzero().squeeze(-1)
+            k = int(index.numel())
+            s_state, s_obs, s_info = self._sampled_start(k, (k,), mask, seed, options)
+            state = s_state if rt.state is None else _tree.put_rows(rt.state, index, s_state)
+            obs = state if shared and s_obs is s_state else _tree.put_rows(rt.obs, index, s_obs)
+            info = None
+            if last_info is not None:
+                if s_info is None:
+                    s_info = self._zero_info((k,))
+                info = _tree.put_rows(last_info, index, s_info)
+        if flags_cleared:
+            rt.term, rt.trunc, rt.done_after_reset = self._false_flags(self._locked_shapes.bs1)
+        else:
+            keep = ~rows.view(-1, 1)  # (N, 1) like the flags
+            rt.term = rt.term & keep
+            rt.trunc = rt.trunc & keep
+        rt.state, rt.obs, rt.info = state, obs, info
+        return obs, state, info
+
+    def _reset(self, tensordict: TensorDictBase | None = None, *, seed=None, options=None, **kwargs) -> TensorDictBase:
+        if kwargs:
+            raise TypeError(
+                f"WorldModelEnv.reset: unexpected keyword arguments {sorted(kwargs)}; expected seed= and options="
+            )
+        if seed is not None:
+            self._set_seed(seed)
+        mask = None if tensordict is None else tensordict.get("_reset", None)
+        if not self._locked:
+            # any batch shape: start every row (TorchRL merges only the masked ones into the caller's tensordict)
+            bs = tuple(tensordict.batch_size) if tensordict is not None else tuple(self.batch_size)
+            if self._start_kind == "constant":
+                state, obs = self._constant_start(bs)
+                info = self._zero_info(bs)
+            else:
+                k = int(np.prod(bs)) if bs else 1
+                state, obs, info = self._sampled_start(k, (k,), None, seed, options)
+                same = obs is state
+                state = _tree.unflatten_rows(state, bs)
+                obs = state if same else _tree.unflatten_rows(obs, bs)
+                info = self._zero_info(bs) if info is None else _tree.unflatten_rows(info, bs)
+            self._rt.state, self._rt.obs, self._rt.has_state = state, obs, True
+            term, trunc, _ = self._false_flags((*bs, 1))
+            return self._reset_output(obs, state, info, term, trunc, bs)
+        n = self.batch_size[0]
+        rows = None if mask is None else row_mask(mask, n, "_reset")
+        if rows is not None and (not self._rt.has_state or bool(rows.all())):
+            rows = None  # a first reset restarts every row
+        if rows is None or bool(rows.any()):
+            obs, state, info = self._reset_state(rows, seed, options)
+        else:
+            obs, state, info = self._rt.obs, self._rt.state, self._rt.info
+        return self._reset_output(obs, state, info, self._rt.term, self._rt.trunc, tuple(self.batch_size))
+
+    def _reset_output(self, obs, state, info, term, trunc, bs) -> TensorDictBase:
+        source = self._source(obs, state, info)
+        source["terminated"] = term
+        source["truncated"] = trunc
+        source["done"] = term | trunc
+        return TensorDict._new_unsafe(source, batch_size=torch.Size(bs), device=self.device)
+
+    def _set_seed(self, seed: int | None) -> None:
+        if seed is None:
+            self._generator.seed()
+        else:
+            self._generator.manual_seed(int(seed))
+
+    # -- fast path: step -> step_mdp -> maybe_reset ---------------------------------------------------
+    def _step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
+        """Equivalent to TorchRL's generic ``step`` -> ``step_mdp`` -> ``maybe_reset``, without its overhead.
+
+        Used for plain ``TensorDict`` inputs of the env's batch size and device with no
+        ``"_step"``/``"next"`` entries and only tensor or TensorDict entries; anything else
+        takes TorchRL's generic path. Differences from the generic path: none in the data
+        (tests compare both); the reset runs :meth:`_reset_state` directly instead of
+        ``reset(select_reset_only=True)`` + ``_update_during_reset``.
+        """
+        if (
+            type(tensordict) is not TensorDict
+            or not self._locked
+            or tensordict.device != self._dev
+            or tensordict.batch_size != self._locked_shapes.bs
+            or self._post_step_mdp_hooks is not None
+            or self._run_type_checks
+            or self.__dict__.get("_torchrl_native_autoreset", False)
+        ):
+            return super()._step_and_maybe_reset(tensordict)
+        items = tensordict._tensordict
+        if "_step" in items or "next" in items:
+            return super()._step_and_maybe_reset(tensordict)
+        excluded = self._mdp_excluded
+        root = {}
+        for key, value in items.items():
+            if key in excluded:
+                continue
+            if isinstance(value, torch.Tensor):
+                root[key] = value
+            elif type(value) is TensorDict:
+                root[key] = value.copy()  # step_mdp copies sub-tensordicts (shallow)
+            else:
+                return super()._step_and_maybe_reset(tensordict)
+        # step
+        next_td = self._advance(tensordict, self._locked_shapes, None)
+        tensordict._set_str("next", next_td, validated=True, inplace=False, non_blocking=False)
+        next_items = next_td._tensordict
+        # maybe_reset: which rows finished (one host sync, as TorchRL's any_done)
+        done = next_items["done"]
+        n_done = int(done.sum())
+        if self._flat_mdp:
+            # step_mdp: root entries (action, policy outputs...) + next's observations and flags
+            for key, value in next_items.items():
+                if key != "reward":
+                    root[key] = value
+            if n_done:
+                self._reset_rows_into(root, done, n_done)
+            return tensordict, TensorDict._new_unsafe(root, batch_size=self._locked_shapes.bs, device=self._dev)
+        out = self._step_mdp(tensordict)
+        if n_done:
+            values = dict(out.items())
+            self._reset_rows_into(values, done, n_done)
+            out.update(values)  # nested entries (Dict observations, TensorDict states) arrive as dicts
+        return tensordict, out
+
+    def _reset_rows_into(self, root: dict, done: torch.Tensor, n_done: int) -> None:
+        """The fast path's maybe_reset: restart the done rows and write the result into ``root`` (in the dict)."""
+        everything = n_done == self._locked_shapes.bs[0]
+        rows = done  # (N, 1): broadcasts against (N, d) entries without a view
+        obs, state, info = self._reset_state(None if everything else rows, flags_cleared=True)
+        rt = self._rt
+        if self._simple_source:
+            root["observation"] = obs
+        else:
+            root.update(self._source(obs, state, info))
+        if not everything:
+            # as TorchRL's _update_during_reset: entries the reset does not produce are zeroed on reset rows
+            produced = self._reset_produced
+            keep = None
+            for key, value in root.items():
+                if key in produced:
+                    continue
+                if isinstance(value, torch.Tensor):
+                    root[key] = value.masked_fill(_tree._row_view(rows, value), 0)
+                else:
+                    if keep is None:
+                        keep = ~rows.view(-1)
+                    root[key] = value.where(keep, other=value.empty(), pad=0)
+        root["terminated"] = rt.term
+        root["truncated"] = rt.trunc
+        root["done"] = rt.done_after_reset
+
+    def to(self, device) -> WorldModelEnv:
+        """The env lives on its model's device; moving it is an error (build it on the new device instead)."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if device == self._dev:
+            return self
+        raise RuntimeError(
+            f"WorldModelEnv is on {self._dev} (its model's device) and cannot be moved to {device}: build it there, "
+            f"e.g. WorldModelEnv(model.to({str(device)!r}), ..., device={str(device)!r})"
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"WorldModelEnv(num_envs={self.num_envs}, device={self.device}, "
+            f"transition={self._transition.description!r}, "
+            f"start={self._start_kind!r}, state_key={self._state_key!r}, differentiable={self._differentiable})"
+        )
+
+
+def _composite(mapping: Mapping, device) -> Composite:
+    """A ``{key: space, spec or nested mapping}`` as an unbatched Composite."""
+    return Composite(
+        {
+            k: _composite(v, device) if isinstance(v, Mapping) else as_spec(v, device=device, name=f"state_spec[{k!r}]")
+            for k, v in mapping.items()
+        },
+        device=device,
+    )
+
+
+def _to_device(value, device):
+    if isinstance(value, np.ndarray):
+        return torch.as_tensor(value, device=device)
+    if isinstance(value, torch.Tensor):
+        return value.to(device) if value.device != device else value
+    if isinstance(value, TensorDictBase):
+        return value.to(device)
+    if isinstance(value, Mapping):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        items = [_to_device(v, device) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    return value
+
+
+def _explain_kwargs(kwargs):
+    for key in kwargs:
+        if key in _TRANSFORM_KWARGS:
+            raise TypeError(
+                f"WorldModelEnv got {key}=: {_TRANSFORM_KWARGS[key]}. Use torchrl_swm.make_world_model_env(...), which "
+                "builds the env with these transforms, or add the transform to a TransformedEnv yourself."
+            )
+        if key in _UNSUPPORTED_KWARGS:
+            raise TypeError(f"WorldModelEnv got {key}=, which this package does not take: {_UNSUPPORTED_KWARGS[key]}")
+    raise TypeError(f"WorldModelEnv got unexpected keyword arguments {sorted(kwargs)}")

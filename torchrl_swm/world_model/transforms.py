@@ -1,0 +1,384 @@
+"""The world model becomes a TorchRL env through transforms.
+
+:class:`~torchrl_swm.WorldModelEnv` runs the model; everything the seed design folded into
+its env is a TorchRL :class:`~torchrl.envs.Transform` here, so users can add, remove, reorder
+or swap them like any other transform:
+
+* :class:`ActionAdapter`: the action adapter, on the **inverse** path: the policy acts in the
+  outside action space (e.g. ``Discrete``), the model receives ``action_transform_fn(action)``
+  (e.g. a one-hot vector).
+* :class:`RewardAdapter` / :class:`TerminalAdapter`: ``reward_fn`` / ``terminal_fn`` fill in the
+  reward / termination when the model's transition did not return one.
+* :class:`ObservationDecoder`: an optional decoder (latent to pixels) writing a new key.
+* the time limit is TorchRL's own :class:`~torchrl.envs.StepCounter`.
+
+:func:`make_world_model_env` composes them into a :class:`~torchrl.envs.TransformedEnv`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from torchrl.data import Bounded, Composite, TensorSpec, Unbounded
+from torchrl.envs import Compose, StepCounter, Transform, TransformedEnv
+
+from ..errors import describe
+from ..specs import as_spec, batch_spec
+from .adapters import MISSING, Bound, ReturnFormError, bind
+from .env import WorldModelEnv
+
+__all__ = [
+    "ActionAdapter",
+    "RewardAdapter",
+    "TerminalAdapter",
+    "ObservationDecoder",
+    "make_world_model_env",
+]
+
+
+def _grad_context(base: WorldModelEnv | None):
+    if base is not None and base.differentiable:
+        return contextlib.nullcontext()
+    return torch.no_grad()
+
+
+class _WorldModelTransform(Transform):
+    """A transform that reaches the :class:`WorldModelEnv` at the bottom of its TransformedEnv."""
+
+    def __init__(self, *args, model: Any = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.__dict__["_model"] = model  # not a submodule: transforms must not move or capture the model
+        self.__dict__["_bound"] = None
+
+    def _base(self) -> WorldModelEnv:
+        parent = self.parent
+        base = None if parent is None else parent.base_env
+        if not isinstance(base, WorldModelEnv):
+            raise RuntimeError(
+                f"{type(self).__name__} must be used in a TransformedEnv whose base env is a "
+                "torchrl_swm.WorldModelEnv, "
+                f"got {type(base).__name__ if base is not None else 'no parent env'}"
+            )
+        return base
+
+    def _adapter(self, fn, role, args) -> Bound:
+        if self._bound is None:
+            model = self._model if self._model is not None else self._base().model
+            base = self._base()
+            self._bound = bind(fn, role, args, model=model, extras={"generator": base.generator})
+        return self._bound
+
+    @staticmethod
+    def _observation(base: WorldModelEnv, next_tensordict: TensorDictBase):
+        if base._obs_is_mapping:
+            return next_tensordict.select(*(leaf.key for leaf in base._obs_leaves))
+        return next_tensordict.get("observation")
+
+
+class ActionAdapter(_WorldModelTransform):
+    """The action adapter on TorchRL's inverse path: outside action -> model action.
+
+    Args:
+        action_transform_fn: ``fn([model,] action)`` mapping a batch of outside actions to the
+            model's actions (both batched: called once per step). It must return a tensor
+            matching the base env's action spec (checked, with a clear error).
+        action_space: the outside action space (gymnasium space or TorchRL spec, per env).
+
+    Keyword Args:
+        model: passed first to ``fn`` when it takes the model (default: the base env's model).
+        action_key: the action entry (default ``"action"``).
+
+    The outside spec replaces the base env's action spec, so ``rand_action``, collectors and
+    ``check_env_specs`` see the outside space; the base env receives the model's action.
+    """
+
+    def __init__(self, action_transform_fn: Callable, action_space, *, model: Any = None, action_key: str = "action"):
+        super().__init__(in_keys=[], out_keys=[], in_keys_inv=[action_key], out_keys_inv=[action_key], model=model)
+        self.__dict__["_fn"] = action_transform_fn
+        self._outer = as_spec(action_space, name="action_space")
+        if isinstance(self._outer, Composite):
+            raise TypeError("ActionAdapter: the outside action space must be a single (non-Dict) space")
+        self.action_key = action_key
+
+    def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
+        base = self._base()
+        bound = self._adapter(self._fn, "action_transform_fn", ("action",))
+        action = tensordict.get(self.action_key)
+        with _grad_context(base):
+            model_action = bound.call(action)
+        leaf = base._action_leaf
+        bs = tuple(tensordict.batch_size)
+        expected = (*bs, *leaf.shape)
+        if (
+            not isinstance(model_action, torch.Tensor)
+            or model_action.shape != expected
+            or model_action.dtype != leaf.dtype
+        ):
+            raise ReturnFormError(
+                f"{bound.description} returned {describe(model_action)}; expected the model's action: "
+                f"dtype {leaf.dtype}, "
+                f"shape {expected} (the base env's action spec)"
+            )
+        tensordict.set(self.action_key, model_action)
+        return tensordict
+
+    def transform_input_spec(self, input_spec: TensorSpec) -> TensorSpec:
+        input_spec = input_spec.clone()
+        actions = input_spec["full_action_spec"]
+        outer = batch_spec(self._outer.to(actions.device), tuple(actions.shape))
+        actions[self.action_key] = outer
+        return input_spec
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        return tensordict
+
+
+class RewardAdapter(_WorldModelTransform):
+    """``reward_fn([model,] state, obs, action)`` fills in the reward when the transition returned none.
+
+    ``state`` is the model state after the step, ``obs`` the next observation (a TensorDict for
+    Dict observations) and ``action`` the model's action. Returns a float tensor of shape
+    ``(N,)`` or ``(N, 1)`` (checked). When the transition did return a reward, it is kept (the
+    seed design's rule).
+    """
+
+    def __init__(self, reward_fn: Callable, *, model: Any = None):
+        super().__init__(in_keys=[], out_keys=[], model=model)
+        self.__dict__["_fn"] = reward_fn
+
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        base = self._base()
+        if base.reward_from_model:
+            return next_tensordict
+        bound = self._adapter(self._fn, "reward_fn", ("state", "obs", "action"))
+        with _grad_context(base):
+            reward = bound.call(base.state, self._observation(base, next_tensordict), tensordict.get("action"))
+        bs = tuple(next_tensordict.batch_size)
+        reward = base._reward(reward, bs, (*bs, 1), bound.description, "a reward")
+        if reward is None:
+            raise ReturnFormError(f"{bound.description} returned None; expected a float tensor of shape {(*bs, 1)}")
+        next_tensordict.set("reward", reward)
+        return next_tensordict
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        return tensordict
+
+
+class TerminalAdapter(_WorldModelTransform):
+    """``terminal_fn([model,] state, obs, action)`` fills in ``terminated`` when the transition returned none.
+
+    Returns a bool tensor of shape ``(N,)`` or ``(N, 1)`` (checked); ``done`` becomes
+    ``terminated | truncated``. When the transition did return a termination, it is kept.
+    """
+
+    def __init__(self, terminal_fn: Callable, *, model: Any = None):
+        super().__init__(in_keys=[], out_keys=[], model=model)
+        self.__dict__["_fn"] = terminal_fn
+
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        base = self._base()
+        if base.terminated_from_model:
+            return next_tensordict
+        bound = self._adapter(self._fn, "terminal_fn", ("state", "obs", "action"))
+        with _grad_context(base):
+            flag = bound.call(base.state, self._observation(base, next_tensordict), tensordict.get("action"))
+        bs = tuple(next_tensordict.batch_size)
+        terminated = base._flag(flag, bs, (*bs, 1), "terminated", bound.description, "a termination flag")
+        if terminated is None or flag is MISSING:
+            raise ReturnFormError(f"{bound.description} returned nothing; expected a bool tensor of shape {(*bs, 1)}")
+        next_tensordict.set("terminated", terminated)
+        next_tensordict.set("done", terminated | next_tensordict.get("truncated"))
+        return next_tensordict
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        return tensordict
+
+
+class ObservationDecoder(_WorldModelTransform):
+    """Decode an observation (e.g. a latent) into a new entry (e.g. ``"pixels"``) at reset and step.
+
+    Args:
+        decoder: ``decoder([model,] obs)`` -> a batched tensor (e.g. ``(N, H, W, 3)`` uint8).
+        spec: the decoded entry's unbatched spec or space. Default: probed once by decoding the
+            observation spec's zero (uint8 results get ``Bounded(0, 255)``).
+
+    Keyword Args:
+        in_key: the entry to decode (default ``"observation"``).
+        out_key: where the decoded value goes (default ``"pixels"``).
+        model: passed first to ``decoder`` when it takes the model (default: the base env's model).
+        differentiable: keep the graph (default: decode under ``torch.no_grad()``).
+    """
+
+    def __init__(
+        self,
+        decoder: Callable,
+        spec=None,
+        *,
+        in_key="observation",
+        out_key="pixels",
+        model: Any = None,
+        differentiable: bool = False,
+    ):
+        super().__init__(in_keys=[in_key], out_keys=[out_key], model=model)
+        self.__dict__["_fn"] = decoder
+        self._spec = None if spec is None else as_spec(spec, name="decoder spec")
+        self._differentiable = differentiable
+
+    def _decode(self, value):
+        model = self._model
+        if self._bound is None:
+            if model is None and self.parent is not None and isinstance(self.parent.base_env, WorldModelEnv):
+                model = self.parent.base_env.model
+            self._bound = bind(self._fn, "decoder", ("obs",), model=model)
+        context = contextlib.nullcontext() if self._differentiable else torch.no_grad()
+        with context:
+            out = self._bound.call(value)
+        if not isinstance(out, torch.Tensor):
+            raise ReturnFormError(f"{self._bound.description} returned {describe(out)}; expected a tensor")
+        return out
+
+    def _call(self, next_tensordict: TensorDictBase) -> TensorDictBase:
+        next_tensordict.set(self.out_keys[0], self._decode(next_tensordict.get(self.in_keys[0])))
+        return next_tensordict
+
+    def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
+        return self._call(tensordict_reset)
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        return self._call(tensordict)
+
+    def transform_observation_spec(self, observation_spec: TensorSpec) -> TensorSpec:
+        in_spec = observation_spec[self.in_keys[0]]
+        bs = tuple(observation_spec.shape)
+        if self._spec is None:
+            probe = self._decode(in_spec.zero())
+            shape = tuple(probe.shape[len(bs) :])
+            if tuple(probe.shape[: len(bs)]) != bs:
+                raise ReturnFormError(
+                    f"decoder returned {describe(probe)} for a batch {bs}; expected leading dims {bs}"
+                )
+            if probe.dtype == torch.uint8:
+                self._spec = Bounded(0, 255, shape=shape, dtype=torch.uint8)
+            else:
+                self._spec = Unbounded(shape=shape, dtype=probe.dtype)
+        observation_spec[self.out_keys[0]] = batch_spec(self._spec.to(observation_spec.device), bs)
+        return observation_spec
+
+
+def make_world_model_env(
+    model: Any,
+    observation_space=None,
+    action_space=None,
+    *,
+    num_envs: int | None = 1,
+    initial_state: Any = None,
+    initial_observation: Any = None,
+    reset_fn: Callable | None = None,
+    transition_fn: Callable | None = None,
+    reward_fn: Callable | None = None,
+    terminal_fn: Callable | None = None,
+    action_transform_fn: Callable | None = None,
+    model_action_space=None,
+    max_episode_steps: int | None = None,
+    decoder: Callable | None = None,
+    decoder_spec=None,
+    transforms: Sequence[Transform] = (),
+    device: torch.device | str | None = None,
+    **kwargs,
+) -> TransformedEnv:
+    """Build a ready world-model env: a :class:`WorldModelEnv` plus the adapter transforms.
+
+    Takes the seed design's arguments (``reset_fn``, ``transition_fn``, ``reward_fn``,
+    ``terminal_fn``, ``action_transform_fn``, ``max_episode_steps``, ``device``...) and
+    returns ``TransformedEnv(WorldModelEnv(...), Compose(...))`` where the Compose holds, in
+    order and only when asked for: :class:`ActionAdapter`, :class:`RewardAdapter`,
+    :class:`TerminalAdapter`, ``StepCounter(max_episode_steps)``, :class:`ObservationDecoder`,
+    then ``transforms``.
+
+    Args:
+        model: the world model.
+        observation_space: per-env observation space or spec.
+        action_space: per-env action space or spec **as the policy sees it**. With
+            ``action_transform_fn`` the model's own action space is ``model_action_space``
+            (default: probed by transforming the outside spec's zero action once).
+
+    Keyword Args:
+        num_envs, initial_state, initial_observation, reset_fn, transition_fn, device and every
+            other keyword: see :class:`WorldModelEnv`.
+        reward_fn / terminal_fn: fill in a missing reward / termination (else 0 / False).
+        action_transform_fn: ``fn([model,] action)`` from the outside action to the model's.
+        max_episode_steps: time limit; sets ``truncated`` (TorchRL's ``StepCounter``).
+        decoder / decoder_spec: an :class:`ObservationDecoder` writing ``"pixels"``.
+        transforms: more TorchRL transforms appended to the Compose.
+
+    Returns:
+        a :class:`~torchrl.envs.TransformedEnv`; ``env.base_env`` is the :class:`WorldModelEnv`.
+    """
+    if action_space is None:
+        raise TypeError("make_world_model_env: action_space= is required (gymnasium space or TorchRL spec)")
+    inner_space = action_space
+    if action_transform_fn is not None:
+        inner_space = (
+            model_action_space
+            if model_action_space is not None
+            else _probe_model_action(
+                model, action_transform_fn, action_space, device, kwargs.get("differentiable", False)
+            )
+        )
+    elif model_action_space is not None:
+        raise TypeError("make_world_model_env: model_action_space= only makes sense with action_transform_fn=")
+    base = WorldModelEnv(
+        model,
+        observation_space,
+        inner_space,
+        num_envs=num_envs,
+        initial_state=initial_state,
+        initial_observation=initial_observation,
+        reset_fn=reset_fn,
+        transition_fn=transition_fn,
+        device=device,
+        **kwargs,
+    )
+    chain: list[Transform] = []
+    if action_transform_fn is not None:
+        chain.append(ActionAdapter(action_transform_fn, action_space, model=model))
+    if reward_fn is not None:
+        chain.append(RewardAdapter(reward_fn, model=model))
+    if terminal_fn is not None:
+        chain.append(TerminalAdapter(terminal_fn, model=model))
+    if max_episode_steps is not None:
+        if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int) or max_episode_steps < 1:
+            raise ValueError(f"make_world_model_env: expected max_episode_steps >= 1, got {max_episode_steps!r}")
+        chain.append(StepCounter(max_steps=max_episode_steps))
+    if decoder is not None:
+        chain.append(ObservationDecoder(decoder, decoder_spec, model=model))
+    elif decoder_spec is not None:
+        raise TypeError("make_world_model_env: decoder_spec= only makes sense with decoder=")
+    for transform in transforms:
+        if not isinstance(transform, Transform):
+            raise TypeError(f"make_world_model_env: transforms must be TorchRL Transforms, got {describe(transform)}")
+        chain.append(transform)
+    return TransformedEnv(base, Compose(*chain))
+
+
+def _probe_model_action(model, fn, action_space, device, differentiable) -> TensorSpec:
+    """The model's action spec, from transforming one zero outside action (batch of 1)."""
+    outer = as_spec(action_space, name="action_space")
+    if device is None:
+        from .env import _model_device
+
+        device = _model_device(model) or torch.device("cpu")
+    sample = outer.to(device).zero((1,))
+    bound = bind(fn, "action_transform_fn", ("action",), model=model)
+    with contextlib.nullcontext() if differentiable else torch.no_grad():
+        out = bound.call(sample)
+    if not isinstance(out, torch.Tensor) or out.ndim < 1 or out.shape[0] != 1:
+        raise ReturnFormError(
+            f"{bound.description} returned {describe(out)} for a batch of 1 action of shape {tuple(sample.shape)}; "
+            "expected a batched tensor (one model action per row). Pass model_action_space= to skip this probe."
+        )
+    return Unbounded(shape=out.shape[1:], dtype=out.dtype, device=device)
