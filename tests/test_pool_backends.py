@@ -254,3 +254,37 @@ def test_next_step_vector_env_without_masked_reset_is_refused_clearly():
 
     with pytest.raises(SpecError, match="masked_reset=True"):
         EnvPool(Plain())
+
+
+class GenericResetPool(EnvPool):
+    """The same pool with TorchRL's own reset merge."""
+
+    def _reset_proc_data(self, tensordict, tensordict_reset):
+        return super(EnvPool, self)._reset_proc_data(tensordict, tensordict_reset)
+
+
+@pytest.mark.parametrize("extra", [False, True])
+def test_fast_reset_merge_equals_torchrl_merge(extra):
+    fast = EnvPool([functools.partial(counting, max_length=5)] * 4, seed=3)
+    slow = GenericResetPool([functools.partial(counting, max_length=5)] * 4, seed=3)
+    gen = torch.Generator().manual_seed(0)
+    ta, tb = fast.reset(), slow.reset()
+    for t in range(40):
+        action = torch.randint(0, 3, (4,), generator=gen)
+        for td, pool in ((ta, fast), (tb, slow)):
+            td["action"] = action
+            if extra:
+                td["policy_logits"] = torch.ones(4, 3) * t
+                td["collector", "traj_ids"] = torch.arange(4) + t
+        ta, tb = fast.step(ta)["next"].clone(), slow.step(tb)["next"].clone()
+        mask = torch.rand(4, 1, generator=gen) > 0.5
+        mask |= ta["done"]
+        ra = fast.reset(ta.clone().set("_reset", mask))
+        rb = slow.reset(tb.clone().set("_reset", mask))
+        assert_same([ra], [rb])
+        ta, tb = ra, rb
+    # a td holding only "_reset" (TorchRL's maybe_reset): keys absent from it are zero on other rows
+    only = TensorDict({"_reset": torch.tensor([[True], [False], [True], [False]])}, [4])
+    assert_same([fast.reset(only.clone())], [slow.reset(only.clone())])
+    fast.close()
+    slow.close()

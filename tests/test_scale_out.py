@@ -209,3 +209,54 @@ def test_killed_ray_actor_ends_the_collection(ray_cluster):
     assert time.monotonic() - start < 120
     alive = [a for a in ray.util.state.list_actors() if a["state"] == "ALIVE"] if hasattr(ray.util, "state") else []
     assert not alive, alive
+
+
+# -- WorldModelEnv under collectors ------------------------------------------------------------------
+class HalfPolicy:
+    """Deterministic action in [-1, 1] from the counting world model's observation."""
+
+    def __call__(self, td):
+        obs = td["observation"]
+        return td.set("action", torch.tanh(obs[..., :1] - 2.0))
+
+
+def wm_factory(length):
+    import wm_models
+
+    return functools.partial(wm_models.counting_env, num_envs=N, length=length)
+
+
+def test_world_model_env_in_a_collector_with_policy_on_the_model_device(device):
+    from tensordict.nn import TensorDictModule
+
+    import wm_models
+
+    env = wm_models.counting_env(num_envs=N, length=4, device=device)
+    policy = TensorDictModule(torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"]).to(device)
+    collector = Collector(env, policy, frames_per_batch=N * T, total_frames=N * T * 2, device=device)
+    for batch in collector:
+        assert batch["next", "observation"].device.type == device.type
+        t, t_next = batch["observation"][..., 0], batch["next", "observation"][..., 0]
+        assert torch.equal(t_next, t + 1)
+        done = batch["next", "done"][..., 0]
+        assert (t_next[done] == 4).all() and (batch["observation"][..., 1:, 0][done[..., :-1]] == 0).all()
+        assert_traj_ids_follow_episodes(batch)
+    collector.shutdown()
+    assert env.model.batch_sizes and set(env.model.batch_sizes) == {N}  # one model call per step, whole batch
+
+
+def test_world_model_env_under_multisync_cpu_workers_matches_single_process():
+    make = wm_factory(5)
+    collector = MultiSyncCollector([make, make], HalfPolicy(), frames_per_batch=2 * N * T, total_frames=2 * N * T * 2,
+                                   cat_results="stack")
+    batches = [b.clone() for b in collector]
+    collector.shutdown()
+    single = Collector(make(), HalfPolicy(), frames_per_batch=N * T, total_frames=N * T * 2)
+    reference = [b.clone() for b in single]
+    single.shutdown()
+    keys = [("observation",), ("action",), ("next", "observation"), ("next", "reward"), ("next", "done")]
+    for got, want in zip(batches, reference):
+        for w in range(2):
+            for key in keys:
+                assert torch.equal(got[w][key], want[key]), key
+            assert_traj_ids_follow_episodes(got[w])

@@ -327,6 +327,42 @@ class EnvPool(EnvBase):
                 source[key] = value.copy() if isinstance(value, TensorDictBase) else value
         return TensorDict._new_unsafe(source, batch_size=self.batch_size, device=self.device)
 
+    def _reset_proc_data(self, tensordict, tensordict_reset):
+        """Merge a reset into the caller's tensordict: TorchRL's ``_update_during_reset``, leaf by leaf.
+
+        The same result as TorchRL's generic merge (``TensorDict.where`` with
+        ``pad=0``) at a fraction of its cost: reset rows take the reset values,
+        other rows keep the caller's, keys on one side only are zero-padded.
+        The pool's reset output is always complete and never done on reset rows,
+        so TorchRL's completion and done checks have nothing to do.
+        """
+        if tensordict is None:
+            return tensordict_reset
+        if not all(isinstance(v, torch.Tensor) for v in tensordict.values(True, True)):
+            return super()._reset_proc_data(tensordict, tensordict_reset)  # non-tensor entries: TorchRL's merge
+        mask = tensordict.pop("_reset", None)
+        if mask is None or mask.all():
+            return tensordict.update(tensordict_reset)
+        rows = mask.reshape(self.num_envs, -1).any(-1)
+        old_keys = set(tensordict.keys(True, True))
+        new_keys = set(tensordict_reset.keys(True, True))
+
+        def rows_like(value):
+            return rows.view(-1, *[1] * (value.ndim - 1))
+
+        for key in old_keys | new_keys:
+            if key in new_keys and key in old_keys:
+                new = tensordict_reset.get(key)
+                value = torch.where(rows_like(new), new, tensordict.get(key))
+            elif key in new_keys:
+                new = tensordict_reset.get(key)
+                value = new.masked_fill(~rows_like(new), 0)
+            else:
+                old = tensordict.get(key)
+                value = old.masked_fill(rows_like(old), 0)
+            tensordict.set(key, value)
+        return tensordict
+
     def _set_seed(self, seed: int | None) -> None:
         self._seeds.set(seed)
 

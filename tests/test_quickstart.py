@@ -1,0 +1,90 @@
+"""The quickstart (python -m torchrl_swm.quickstart) runs end to end with tiny sizes.
+
+The numbers of a tiny run mean nothing: these tests check that every stage runs and reports,
+not that the planner beats random (the real run prints that).
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchrl_swm.quickstart import QuickstartConfig, parse_args, run
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_PLOT = importlib.util.find_spec("matplotlib") is not None
+HAS_VIDEO = all(importlib.util.find_spec(m) is not None for m in ("imageio", "imageio_ffmpeg"))
+STAT_KEYS = {"episodes", "success_rate", "success_ci", "mean_return", "std_return", "mean_length",
+             "steps_to_success", "returns", "wall_time"}
+
+
+def test_quickstart_command_tiny(tmp_path):
+    out = tmp_path / "qs"
+    env = dict(os.environ, OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchrl_swm.quickstart", "--tiny", "--out", str(out), "--no-progress"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, env=env,
+    )
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    stdout = proc.stdout
+    for k in range(1, 8):
+        assert f"=== [{k}/7]" in stdout, f"stage {k} header missing:\n{stdout}"
+    # the held-out error table, the evaluation table, the export loop, the output paths
+    assert "held-out prediction error" in stdout and "(no change)" in stdout and "done accuracy" in stdout
+    assert "success (95% CI)" in stdout
+    for row in ("random        real", "MPPI planner  real", "random        imagined", "MPPI planner  imagined"):
+        assert row in stdout, f"table row {row!r} missing:\n{stdout}"
+    assert "check_env_specs: passed" in stdout
+    assert "single_observation_space Box(" in stdout and "envs.step(numpy actions)" in stdout
+    assert f"results  {out / 'results.json'}" in stdout
+    results = json.loads((out / "results.json").read_text())
+    assert results["eval"]["real"]["planner"]["episodes"] == QuickstartConfig.tiny().eval_episodes
+    assert (out / "world_model.pt").exists()
+    assert (out / "data" / "train" / "dataset.json").exists()
+    assert (out / "data" / "heldout" / "dataset.json").exists()
+    if HAS_PLOT:
+        assert f"plot     {out / 'quickstart.png'}" in stdout
+        assert (out / "quickstart.png").stat().st_size > 0
+    if HAS_VIDEO:
+        assert f"video    {out / 'video' / 'grid.mp4'}" in stdout
+        assert (out / "video" / "grid.mp4").stat().st_size > 0
+
+
+def test_run_returns_key_figures(tmp_path):
+    cfg = QuickstartConfig.tiny(out=str(tmp_path), video=False, plot=False, progress=False, planner="cem")
+    figures = run(cfg)
+    assert set(figures) == {"config", "data", "model", "curve", "eval", "export", "files", "timings"}
+    assert figures["config"]["planner"] == "cem" and figures["config"]["tiny"] is True
+    assert figures["data"]["train_episodes"] == cfg.train_episodes
+    assert figures["data"]["heldout_episodes"] == cfg.heldout_episodes
+    model = figures["model"]
+    for key in ("next_obs_mse", "multi_step_mse", "reward_mse"):
+        assert model[key] >= 0 and model[f"{key}_baseline"] >= 0
+    assert 0 <= model["done_accuracy"] <= 1 and 0 <= model["done_accuracy_baseline"] <= 1
+    assert 0 <= model["terminations_caught"] <= model["terminations"]
+    curve = figures["curve"]
+    assert len(curve["train"]) == cfg.train_steps and curve["heldout_step"][-1] == cfg.train_steps - 1
+    for env_name in ("real", "imagined"):
+        for policy in ("random", "planner"):
+            stats = figures["eval"][env_name][policy]
+            assert set(stats) == STAT_KEYS
+            assert stats["episodes"] == cfg.eval_episodes and len(stats["returns"]) == cfg.eval_episodes
+            assert 0 <= stats["success_rate"] <= 1
+    assert figures["export"]["num_envs"] == cfg.export_envs and figures["export"]["steps"] == cfg.export_steps
+    assert figures["files"]["plot"] is None and figures["files"]["video"] is None
+    assert Path(figures["files"]["results"]).exists()
+    assert set(figures["timings"]) == {"collect", "train", "wrap", "planner", "evaluate", "export", "outputs"}
+
+
+def test_parse_args():
+    cfg = parse_args(["--tiny", "--train-steps", "7", "--no-video", "--out", "x", "--seed", "3"])
+    assert cfg.tiny and cfg.train_steps == 7 and cfg.num_envs == QuickstartConfig.tiny().num_envs
+    assert cfg.video is False and cfg.plot is True and cfg.out == "x" and cfg.seed == 3
+    default = parse_args([])
+    assert default == QuickstartConfig()
+    with pytest.raises(SystemExit):
+        parse_args(["--planner", "nope"])
