@@ -39,7 +39,7 @@ from dataclasses import dataclass
 __all__ = ["main", "register_command", "COMMANDS", "COMMAND_MODULES", "CLIError"]
 
 #: Modules imported before parsing, so that the commands they register exist.
-COMMAND_MODULES: list[str] = []
+COMMAND_MODULES: list[str] = ["torchrl_swm.benchmarks.command"]
 
 
 class CLIError(Exception):

@@ -100,7 +100,7 @@ class QuickstartConfig:
     plot: bool = True
     progress: bool = True
     threads: int = 1  # torch intra-op threads (0: torch's default); the tensors here are tiny
-    tiny: bool = False  # set by tiny(): only says so in the output
+    smoke: bool = False  # set by tiny(): the output then says that its numbers mean nothing
 
     @classmethod
     def tiny(cls, **overrides) -> QuickstartConfig:
@@ -108,7 +108,7 @@ class QuickstartConfig:
         sizes = dict(
             num_envs=4, train_episodes=24, heldout_episodes=8, train_steps=40, batch_slices=16, hidden=32,
             horizon=5, candidates=16, top_k=4, optim_steps=2, eval_episodes=8, export_envs=4, export_steps=30,
-            tiny=True,
+            smoke=True,
         )
         return cls(**{**sizes, **overrides})
 
@@ -116,7 +116,7 @@ class QuickstartConfig:
 # =====================================================================================================
 # 1. Real data
 # =====================================================================================================
-def make_real_env(cfg: QuickstartConfig, *, pixels: bool = False, seed: int | None = None):
+def make_real_env(cfg: QuickstartConfig, *, pixels: bool = False):
     """An EnvPool of the real task, plus a TorchRL transform writing ``observation = [state, target]``.
 
     The world model sees that flat 6-number observation; the transform gives the real env the
@@ -127,7 +127,7 @@ def make_real_env(cfg: QuickstartConfig, *, pixels: bool = False, seed: int | No
     from torchrl_swm import EnvPool
 
     render = {"pixels": True, "show_target": True, "goal_image": False, "render_size": 96} if pixels else {}
-    pool = EnvPool(cfg.env_id, num_envs=cfg.num_envs, seed=seed, **render)
+    pool = EnvPool(cfg.env_id, num_envs=cfg.num_envs, **render)  # World seeds every episode itself
     return TransformedEnv(pool, CatTensors(["state", "target"], "observation", del_keys=False, sort=False))
 
 
@@ -238,6 +238,7 @@ class DynamicsModel(nn.Module):
 
 
 _TRAIN_KEYS = ("observation", "action", ("next", "observation"), ("next", "reward"), ("next", "terminated"))
+HELDOUT_SLICES = 256
 
 
 def dynamics_loss(model: DynamicsModel, seq: TensorDictBase) -> torch.Tensor:
@@ -261,7 +262,14 @@ def heads_loss(model: DynamicsModel, batch: TensorDictBase) -> torch.Tensor:
     return reward_loss + done_loss
 
 
-def train_world_model(cfg: QuickstartConfig, train_ds, heldout_ds):
+def heldout_data(cfg: QuickstartConfig, heldout_ds) -> tuple[TensorDict, TensorDict]:
+    """Fixed held-out data: sequences ``(slices, seq_len)`` for the multi-step error, and every transition."""
+    seqs = heldout_ds.replay_buffer(num_slices=HELDOUT_SLICES, slice_len=cfg.seq_len).sample()
+    seqs = seqs.select(*_TRAIN_KEYS).reshape(HELDOUT_SLICES, cfg.seq_len).to_tensordict()
+    return seqs, heldout_ds.td.select(*_TRAIN_KEYS).to_tensordict()
+
+
+def train_world_model(cfg: QuickstartConfig, train_ds, heldout: tuple[TensorDict, TensorDict]):
     """Train the model from TorchRL replay buffers; returns the model and its learning curve."""
     from tqdm.auto import tqdm
 
@@ -274,9 +282,7 @@ def train_world_model(cfg: QuickstartConfig, train_ds, heldout_ds):
     # returns num_slices runs of seq_len consecutive steps of one episode each, flat: reshape to (batch, time).
     sequences = train_ds.replay_buffer(num_slices=cfg.batch_slices, slice_len=cfg.seq_len)
     transitions = train_ds.replay_buffer(batch_size=cfg.batch_slices * cfg.seq_len)  # uniform transitions
-    heldout_seqs = heldout_ds.replay_buffer(num_slices=256, slice_len=cfg.seq_len).sample()
-    heldout_seqs = heldout_seqs.select(*_TRAIN_KEYS).reshape(256, cfg.seq_len).to_tensordict()
-    heldout_all = heldout_ds.td.select(*_TRAIN_KEYS).to_tensordict()
+    heldout_seqs, heldout_all = heldout
 
     optim = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optim, cfg.train_steps, eta_min=cfg.lr / 20)
@@ -301,7 +307,7 @@ def train_world_model(cfg: QuickstartConfig, train_ds, heldout_ds):
             curve["heldout"].append(held)
             bar.set_postfix(train=f"{loss.item():.3f}", heldout=f"{held:.3f}", refresh=False)
     bar.close()
-    return model.eval(), curve, heldout_seqs, heldout_all
+    return model.eval(), curve
 
 
 @torch.no_grad()
@@ -334,12 +340,10 @@ def heldout_metrics(model: DynamicsModel, seqs: TensorDictBase, data: TensorDict
 
 
 def print_model_table(m: dict) -> None:
-    def row(name, value, base, what, fmt="{:.2e}"):
-        ratio = ""
-        if value > 0 and base > value:
-            ratio = f"{base / value:,.0f}x lower" if base / value >= 10 else f"{base / value:.1f}x lower"
-            ratio = ratio if base / value >= 1.1 else ""
-        print(f"  {name:<32}{fmt.format(value):>10}{fmt.format(base):>12}   {what:<16}{ratio}")
+    def row(name, value, base, what):
+        ratio = base / value if value > 0 else 0.0
+        better = f"{ratio:,.0f}x lower" if ratio >= 10 else f"{ratio:.1f}x lower" if ratio >= 1.1 else ""
+        print(f"  {name:<32}{value:>10.2e}{base:>12.2e}   {what:<16}{better}")
 
     print(f"held-out prediction error ({m['transitions']} transitions of unseen episodes):")
     print(f"  {'':<32}{'model':>10}{'baseline':>12}")
@@ -357,7 +361,7 @@ def print_model_table(m: dict) -> None:
 # =====================================================================================================
 def start_observations(ds) -> TensorDict:
     """The reset observations of the dataset's episodes: where imagined episodes start."""
-    first = ds.td["observation"][ds.episode_starts].clone()
+    first = ds.td["observation"][torch.as_tensor(ds.episode_starts)].clone()
     return TensorDict(observation=first, batch_size=[first.shape[0]])
 
 
@@ -457,38 +461,46 @@ def imagined_success(td: TensorDictBase) -> torch.Tensor:
     return td["next", "terminated"].reshape(-1)
 
 
-def evaluate(cfg: QuickstartConfig, out: Path, model: DynamicsModel, starts: TensorDict, policy,
-             max_steps: int) -> tuple[dict, Path | None]:
-    """Random vs planner, in the real EnvPool and in imagination, with World.evaluate."""
+def make_video_recorder(cfg: QuickstartConfig, out: Path):
+    """A grid video (one MP4, a tile per env) when imageio and its ffmpeg plugin are installed."""
+    if not cfg.video:
+        return None
+    if not (_has("imageio") and _has("imageio_ffmpeg")):
+        print("  (no video: pip install 'torchrl-swm[video]' for imageio and imageio-ffmpeg)")
+        return None
+    from torchrl_swm.video import VideoRecorder
+
+    return VideoRecorder(out / "video", layout="grid")
+
+
+def evaluate_real(cfg: QuickstartConfig, policy, seed: int, video=None) -> dict:
+    """The random policy and ``policy`` on the same episodes (same seeds) of the real EnvPool."""
     from torchrl_swm import World
 
-    video = None
-    if cfg.video and _has("imageio") and _has("imageio_ffmpeg"):
-        from torchrl_swm.video import VideoRecorder
-
-        video = VideoRecorder(out / "video", layout="grid")  # one MP4, a tile per env
-    elif cfg.video:
-        print("  (no video: pip install 'torchrl-swm[video]' for imageio and imageio-ffmpeg)")
-    seed = cfg.seed + 2_000_000  # episodes no dataset has seen
-    results: dict = {"real": {}, "imagined": {}}
-    real_env = make_real_env(cfg, pixels=video is not None)
-    with World(real_env) as world:  # the default policy: uniform random actions
-        results["real"]["random"] = _summary(world.evaluate(cfg.eval_episodes, seed=seed, progress=cfg.progress))
+    env = make_real_env(cfg, pixels=video is not None)
+    with World(env) as world:  # the default policy: uniform random actions
+        random = world.evaluate(cfg.eval_episodes, seed=seed, progress=cfg.progress)
         world.set_policy(policy)
-        results["real"]["planner"] = _summary(
-            world.evaluate(cfg.eval_episodes, seed=seed, progress=cfg.progress, video=video)
-        )
-    real_env.close()
-    imagined_env = make_imagination_env(model, starts, cfg.num_envs, max_steps, seed)
-    with World(imagined_env) as world:
+        planner = world.evaluate(cfg.eval_episodes, seed=seed, progress=cfg.progress, video=video)
+    env.close()
+    return {"random": _summary(random), "planner": _summary(planner)}
+
+
+def evaluate_imagined(cfg: QuickstartConfig, model: DynamicsModel, starts: TensorDict, policy, seed: int,
+                      max_steps: int) -> dict:
+    """The same two policies in the world model, from real start observations."""
+    from torchrl_swm import World
+
+    env = make_imagination_env(model, starts, cfg.num_envs, max_steps, seed)
+    results = {}
+    with World(env) as world:
         for name, pi in (("random", None), ("planner", policy)):
             world.set_policy(pi)
             result = world.evaluate(cfg.eval_episodes, seed=seed, max_steps=max_steps, progress=cfg.progress,
                                     success_fn=imagined_success)
-            results["imagined"][name] = _summary(result)
-    imagined_env.close()
-    video_path = video.files[0] if video is not None and video.files else None
-    return results, video_path
+            results[name] = _summary(result)
+    env.close()
+    return results
 
 
 def print_eval_table(results: dict, planner_name: str) -> None:
@@ -581,8 +593,9 @@ def save_plot(path: Path, curve: dict, results: dict, planner_name: str) -> Path
         bars = ax2.bar(x + (k - 0.5) * 0.38, means, 0.38, yerr=errs, capsize=4, color=color,
                        label=f"{env_name} env")
         for bar, s, err in zip(bars, stats, errs):  # the success rate under each bar's error bar
-            ax2.annotate(f"{s['success_rate']:.0%}\nsuccess", (bar.get_x() + bar.get_width() / 2, s["mean_return"] - err),
-                         ha="center", va="top", fontsize=8, xytext=(0, -3), textcoords="offset points")
+            below = (bar.get_x() + bar.get_width() / 2, s["mean_return"] - err)
+            ax2.annotate(f"{s['success_rate']:.0%}\nsuccess", below, ha="center", va="top", fontsize=8,
+                         xytext=(0, -3), textcoords="offset points")
     ax2.axhline(0, color="black", lw=0.8)
     ax2.set_xticks(x, labels)
     ax2.set_ylabel("mean episode return (± s.e.)")
@@ -603,6 +616,94 @@ def _has(module: str) -> bool:
 
 def _header(k: int, title: str) -> None:
     print(f"\n=== [{k}/7] {title} " + "=" * max(3, 86 - len(title)), flush=True)
+
+
+def _planner_name(cfg: QuickstartConfig) -> str:
+    return f"{cfg.planner.upper()} planner"
+
+
+def stage_collect(cfg: QuickstartConfig, out: Path):
+    _header(1, f"Collect real data: EnvPool({cfg.env_id!r}, num_envs={cfg.num_envs}) + World.collect")
+    print(f"  real env: EnvPool + CatTensors(state, target -> observation); data policy: random actions, each "
+          f"kept with probability {cfg.stickiness}")
+    train_ds, heldout_ds = collect_data(cfg, out)
+    print(train_ds.summary().split("\n  keys")[0])
+    print(f"held-out: {heldout_ds.num_episodes} more episodes ({len(heldout_ds)} steps) at {heldout_ds.path}")
+    return train_ds, heldout_ds
+
+
+def stage_train(cfg: QuickstartConfig, out: Path, train_ds, heldout_ds):
+    _header(2, "Train a world model from TorchRL replay buffers (SliceSampler sequences)")
+    print(f"  {cfg.train_steps} steps of {cfg.batch_slices} sequences x {cfg.seq_len} steps (open-loop dynamics "
+          f"loss) + {cfg.batch_slices * cfg.seq_len} transitions (reward and done heads)")
+    heldout = heldout_data(cfg, heldout_ds)
+    model, curve = train_world_model(cfg, train_ds, heldout)
+    metrics = heldout_metrics(model, *heldout)
+    print_model_table(metrics)
+    torch.save(model.state_dict(), out / "world_model.pt")
+    return model, curve, metrics
+
+
+def stage_wrap(cfg: QuickstartConfig, model: DynamicsModel, train_ds, max_steps: int):
+    from torchrl.envs.utils import check_env_specs
+
+    _header(3, "Wrap the model as TorchRL envs: make_world_model_env / WorldModelEnv")
+    starts = start_observations(train_ds)
+    imagined = make_imagination_env(model, starts, cfg.num_envs, max_steps, cfg.seed)
+    check_env_specs(imagined, seed=cfg.seed)  # TorchRL's own consistency check of specs and outputs
+    rollout = imagined.rollout(max_steps, break_when_any_done=False)  # random actions
+    imagined.close()
+    print(f"  imagination env: TransformedEnv(WorldModelEnv(num_envs={cfg.num_envs}), "
+          f"StepCounter(max_steps={max_steps})): one model.step call per step for all {cfg.num_envs} envs, "
+          f"episodes start from {starts.shape[0]} real reset observations (start_states=)")
+    print(f"  check_env_specs: passed; a random rollout: {tuple(rollout.batch_size)} [envs, time], "
+          f"{int(rollout['next', 'terminated'].sum())} predicted terminations")
+    planning_env = make_planning_env(model, starts)
+    print("  planning env: WorldModelEnv(num_envs=None, state_key='observation'): batch-unlocked (any batch size) "
+          "and reading the state from the tensordict, as TorchRL's planners need")
+    return starts, planning_env
+
+
+def stage_plan(cfg: QuickstartConfig, planning_env) -> PlannerPolicy:
+    planner = make_planner(cfg, planning_env)
+    _header(4, f"Plan with TorchRL's {type(planner).__name__} over the world model")
+    policy = PlannerPolicy(planner)
+    print(f"  {policy}: {cfg.optim_steps} refinements x {cfg.candidates} candidate action sequences of "
+          f"{cfg.horizon} steps, imagined in the world model at every real step")
+    return policy
+
+
+def stage_evaluate(cfg: QuickstartConfig, out: Path, model: DynamicsModel, starts: TensorDict, policy,
+                   max_steps: int):
+    _header(5, "Evaluate in the real EnvPool (World.evaluate) and in imagination")
+    seed = cfg.seed + 2_000_000  # episodes no dataset has seen
+    video = make_video_recorder(cfg, out)
+    results = {
+        "real": evaluate_real(cfg, policy, seed, video),
+        "imagined": evaluate_imagined(cfg, model, starts, policy, seed, max_steps),
+    }
+    print_eval_table(results, _planner_name(cfg))
+    real = results["real"]
+    print(f"  real env: the {_planner_name(cfg)} succeeds in {real['planner']['success_rate']:.0%} of the episodes "
+          f"(random: {real['random']['success_rate']:.0%}), mean return {real['planner']['mean_return']:.1f} "
+          f"vs {real['random']['mean_return']:.1f}")
+    video_path = video.files[0] if video is not None and video.files else None
+    return results, video_path
+
+
+def stage_export(cfg: QuickstartConfig, model: DynamicsModel, starts: TensorDict, max_steps: int) -> dict:
+    _header(6, "Export the world-model env with to_gymnasium and step it CleanRL-style")
+    return cleanrl_loop(cfg, model, starts, max_steps)
+
+
+def stage_plot(cfg: QuickstartConfig, out: Path, curve: dict, results: dict) -> Path | None:
+    _header(7, "Outputs: the plot, the video, the key figures")
+    if not cfg.plot:
+        return None
+    if not _has("matplotlib"):
+        print("  (no plot: pip install 'torchrl-swm[plot]' for matplotlib)")
+        return None
+    return save_plot(out / "quickstart.png", curve, results, _planner_name(cfg))
 
 
 def run(config: QuickstartConfig | None = None, **overrides) -> dict:
@@ -627,86 +728,31 @@ def run(config: QuickstartConfig | None = None, **overrides) -> dict:
 
 
 def _run(cfg: QuickstartConfig) -> dict:
-    from torchrl.envs.utils import check_env_specs
-
     import torchrl_swm.envs  # noqa: F401  (registers the PointMaze ids)
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    planner_name = f"{cfg.planner.upper()} planner"
     max_steps = gym.spec(cfg.env_id).max_episode_steps
-    timings: dict = {}
-    clock = time.perf_counter()
-
-    def lap(name):
-        nonlocal clock
-        now = time.perf_counter()
-        timings[name] = round(now - clock, 2)
-        clock = now
-
-    if cfg.tiny:
+    timer = _Timer()
+    if cfg.smoke:
         print("--tiny: a smoke run with tiny sizes; its numbers mean nothing")
-    _header(1, f"Collect real data: EnvPool({cfg.env_id!r}, num_envs={cfg.num_envs}) + World.collect")
-    print(f"  real env: EnvPool + CatTensors(state, target -> observation); data policy: random actions, each "
-          f"kept with probability {cfg.stickiness}")
-    train_ds, heldout_ds = collect_data(cfg, out)
-    print(train_ds.summary().split("\n  keys")[0])
-    print(f"held-out: {heldout_ds.num_episodes} more episodes ({len(heldout_ds)} steps) at {heldout_ds.path}")
-    lap("collect")
 
-    _header(2, "Train a world model from TorchRL replay buffers (SliceSampler sequences)")
-    print(f"  {cfg.train_steps} steps of {cfg.batch_slices} sequences x {cfg.seq_len} steps (open-loop dynamics "
-          f"loss) + {cfg.batch_slices * cfg.seq_len} transitions (reward and done heads)")
-    model, curve, heldout_seqs, heldout_all = train_world_model(cfg, train_ds, heldout_ds)
-    model_metrics = heldout_metrics(model, heldout_seqs, heldout_all)
-    print_model_table(model_metrics)
-    torch.save(model.state_dict(), out / "world_model.pt")
-    lap("train")
+    train_ds, heldout_ds = stage_collect(cfg, out)
+    timer.lap("collect")
+    model, curve, model_metrics = stage_train(cfg, out, train_ds, heldout_ds)
+    timer.lap("train")
+    starts, planning_env = stage_wrap(cfg, model, train_ds, max_steps)
+    timer.lap("wrap")
+    policy = stage_plan(cfg, planning_env)
+    timer.lap("planner")
+    results, video_path = stage_evaluate(cfg, out, model, starts, policy, max_steps)
+    timer.lap("evaluate")
+    export = stage_export(cfg, model, starts, max_steps)
+    timer.lap("export")
+    plot_path = stage_plot(cfg, out, curve, results)
+    timer.lap("outputs")
 
-    _header(3, "Wrap the model as TorchRL envs: make_world_model_env / WorldModelEnv")
-    starts = start_observations(train_ds)
-    imagined = make_imagination_env(model, starts, cfg.num_envs, max_steps, cfg.seed)
-    check_env_specs(imagined, seed=cfg.seed)  # TorchRL's own consistency check of specs and outputs
-    rollout = imagined.rollout(max_steps, break_when_any_done=False)  # random actions
-    print(f"  imagination env: TransformedEnv(WorldModelEnv(num_envs={cfg.num_envs}), "
-          f"StepCounter(max_steps={max_steps})): one model.step call per step for all {cfg.num_envs} envs, "
-          f"episodes start from {starts.shape[0]} real reset observations (start_states=)")
-    print(f"  check_env_specs: passed; a random rollout: {tuple(rollout.batch_size)} [envs, time], "
-          f"{int(rollout['next', 'terminated'].sum())} predicted terminations")
-    imagined.close()
-    planning_env = make_planning_env(model, starts)
-    print("  planning env: WorldModelEnv(num_envs=None, state_key='observation'): batch-unlocked (any batch size) "
-          "and reading the state from the tensordict, as TorchRL's planners need")
-    lap("wrap")
-
-    planner = make_planner(cfg, planning_env)
-    _header(4, f"Plan with TorchRL's {type(planner).__name__} over the world model")
-    policy = PlannerPolicy(planner)
-    print(f"  {policy}: {cfg.optim_steps} refinements x {cfg.candidates} candidate action sequences of "
-          f"{cfg.horizon} steps, imagined in the world model at every real step")
-    lap("planner")
-
-    _header(5, "Evaluate in the real EnvPool (World.evaluate) and in imagination")
-    results, video_path = evaluate(cfg, out, model, starts, policy, max_steps)
-    print_eval_table(results, planner_name)
-    real = results["real"]
-    print(f"  real env: the {planner_name} succeeds in {real['planner']['success_rate']:.0%} of the episodes "
-          f"(random: {real['random']['success_rate']:.0%}), mean return {real['planner']['mean_return']:.1f} "
-          f"vs {real['random']['mean_return']:.1f}")
-    lap("evaluate")
-
-    _header(6, "Export the world-model env with to_gymnasium and step it CleanRL-style")
-    export = cleanrl_loop(cfg, model, starts, max_steps)
-    lap("export")
-
-    _header(7, "Save the plot and the video")
-    plot_path = None
-    if cfg.plot and _has("matplotlib"):
-        plot_path = save_plot(out / "quickstart.png", curve, results, planner_name)
-    elif cfg.plot:
-        print("  (no plot: pip install 'torchrl-swm[plot]' for matplotlib)")
-    lap("outputs")
     files = {
         "plot": None if plot_path is None else str(plot_path),
         "video": None if video_path is None else str(video_path),
@@ -727,14 +773,29 @@ def _run(cfg: QuickstartConfig) -> dict:
         "eval": results,
         "export": export,
         "files": files,
-        "timings": timings,
+        "timings": timer.timings,
     }
     (out / "results.json").write_text(json.dumps({k: v for k, v in figures.items() if k != "curve"}, indent=1))
     for name in ("plot", "video", "results"):
         print(f"  {name:<8} {files[name] or '(not written)'}")
-    total = sum(timings.values())
-    print(f"\ndone in {total:.0f} s (" + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()) + ")")
+    print(f"\ndone in {sum(timer.timings.values()):.0f} s ("
+          + ", ".join(f"{k} {v:.0f} s" for k, v in timer.timings.items()) + ")")
     return figures
+
+
+class _Timer:
+    def __init__(self):
+        self.timings: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.timings[name] = round(now - self._last, 2)
+        self._last = now
+
+
+_SIZE_FLAGS = ("num_envs", "train_episodes", "heldout_episodes", "train_steps", "hidden", "horizon", "candidates",
+               "top_k", "optim_steps", "eval_episodes", "export_steps")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> QuickstartConfig:
@@ -749,18 +810,14 @@ def parse_args(argv: Sequence[str] | None = None) -> QuickstartConfig:
     p.add_argument("--no-video", action="store_true", help="do not write the MP4")
     p.add_argument("--no-plot", action="store_true", help="do not write the PNG")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--env", dest="env_id", default=d.env_id, choices=ENV_IDS)
-    p.add_argument("--num-envs", type=int)
-    p.add_argument("--train-episodes", type=int)
-    p.add_argument("--heldout-episodes", type=int)
-    p.add_argument("--train-steps", type=int)
-    p.add_argument("--hidden", type=int)
-    p.add_argument("--planner", choices=("mppi", "cem"))
-    p.add_argument("--horizon", type=int)
-    p.add_argument("--candidates", type=int)
-    p.add_argument("--optim-steps", type=int)
-    p.add_argument("--eval-episodes", type=int)
-    p.add_argument("--threads", type=int, help=f"torch threads, 0 for torch's default (default: {d.threads})")
+    p.add_argument("--env", dest="env_id", default=d.env_id, choices=ENV_IDS, help="default: %(default)s")
+    p.add_argument("--planner", choices=("mppi", "cem"), help=f"default: {d.planner}")
+    tiny = QuickstartConfig.tiny()
+    for name in _SIZE_FLAGS:
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, metavar="N",
+                       help=f"default: {getattr(d, name)} (--tiny: {getattr(tiny, name)})")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help=f"torch intra-op threads, 0 for torch's default (default: {d.threads})")
     args = p.parse_args(argv)
     overrides = {k: v for k, v in vars(args).items()
                  if v is not None and k not in ("tiny", "no_video", "no_plot", "no_progress")}

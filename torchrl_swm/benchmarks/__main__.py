@@ -12,7 +12,7 @@ import time
 
 import torch
 
-__all__ = ["main", "build_parser", "run_sections", "format_table", "save_plot"]
+__all__ = ["main", "run", "build_parser", "run_sections", "format_table", "save_plot"]
 
 SECTIONS = ("cartpole", "vector", "fixed", "expensive", "world_model", "export")
 
@@ -106,7 +106,11 @@ def save_plot(rows, path) -> None:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark for parsed arguments (also the ``torchrl-swm bench`` command)."""
     torch.set_num_threads(args.threads)
     sections = [s for s in args.sections.split(",") if s]
     ns = [int(x) for x in args.ns.split(",")]

@@ -18,7 +18,7 @@ Rows (each measured in this process, ratios against a reference row of the same 
   Target (perf.md W5): export >= 0.85x the raw forward at B >= 64.
 
 The rows of one group (one N or one B) are measured together, interleaved round by
-round (:func:`measure_together`), so their ratios hold on a shared machine.
+round (:func:`~torchrl_swm.benchmarks.harness.measure_together`), so their ratios hold on a shared machine.
 ``run()`` returns :class:`~torchrl_swm.benchmarks.harness.Row` objects; it prints nothing.
 """
 
@@ -34,48 +34,21 @@ from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
 from ..masks import row_mask
-from .harness import Row
+from .harness import Row, measure_together
+from .world_model import ACT, HID, LAT, RefWorldModel, make_ref_model
 
 __all__ = ["run", "MLPWorldModel", "MLPWorldModelEnv", "make_model", "world_model_env", "LAT", "ACT", "HID"]
 
-LAT, ACT, HID = 64, 6, 256
 _K_ACT = 64  # pre-drawn random action batches, cycled
 
 
-class MLPWorldModel(nn.Module):
-    """``(latent, action) -> (next latent, reward, done logit)``: perf.md's reference model."""
-
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(LAT + ACT, HID), nn.ReLU(), nn.Linear(HID, HID), nn.ReLU(), nn.Linear(HID, LAT + 2)
-        )
-
-    def forward(self, latent, action):
-        out = self.net(torch.cat((latent, action), -1))
-        return torch.tanh(out[..., :LAT]), out[..., LAT : LAT + 1], out[..., LAT + 1 :]
+# The reference model of the world-model section, shared: one definition of the MLP.
+MLPWorldModel = RefWorldModel
 
 
-def make_model(seed: int = 0, device="cpu", done_rate_bias: float = -2.0) -> MLPWorldModel:
+def make_model(seed: int = 0, device="cpu", done_rate_bias: float = -2.0) -> RefWorldModel:
     """The reference model, its done head calibrated so ~2-4 % of random-action steps end an episode."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        m = MLPWorldModel().eval()
-    with torch.no_grad():
-        z = torch.tanh(torch.randn(4096, LAT, generator=gen))
-        a = torch.rand(4096, ACT, generator=gen) * 2 - 1
-        for _ in range(5):
-            z, _, _ = m(z, a)
-        _, _, d = m(z, a)
-        last = m.net[-1]
-        last.weight[LAT + 1] /= d.std().clamp_min(1e-6)
-        last.bias[LAT + 1] = 0.0
-        _, _, d = m(z, a)
-        last.bias[LAT + 1] = done_rate_bias - d.mean()
-    for p in m.parameters():
-        p.requires_grad_(False)
-    return m.to(device)
+    return make_ref_model(seed, device, done_rate_bias)
 
 
 class MLPWorldModelEnv(EnvBase):
@@ -262,57 +235,6 @@ def world_model_env(model: nn.Module | None = None, num_envs: int = 64, device="
         action_space=gym.spaces.Box(-1.0, 1.0, (ACT,), np.float32),
         num_envs=num_envs, transition_fn=_mlp_transition, reset_fn=_mlp_reset, device=device, seed=seed,
     )
-
-
-def measure_together(makers: dict, *, envs_per_step: int, seconds: float = 2.0, repeats: int = 5) -> dict:
-    """:func:`~torchrl_swm.benchmarks.harness.measure` for several subjects at once, interleaved.
-
-    Every subject is built, warmed up and calibrated (one run of about 0.1 s), then
-    ``repeats`` rounds run each subject once for about ``seconds / repeats /
-    len(makers)``, in an order that rotates every round. On a shared, noisy machine,
-    slow drifts then hit every row alike, so the ratios between rows stay meaningful
-    even when absolute rates move. Returns ``{key: measure()-style dict}``.
-    """
-    import math
-    import statistics
-    import time
-
-    subjects, setup = {}, {}
-    try:
-        for key, make in makers.items():
-            t0 = time.perf_counter()
-            subjects[key] = make()
-            setup[key] = time.perf_counter() - t0
-        units = {}
-        for key, subject in subjects.items():
-            subject.run(1)
-            u = 1
-            while True:
-                t0 = time.perf_counter()
-                subject.run(u)
-                dt = time.perf_counter() - t0
-                if dt >= 0.1 or u >= 1 << 22:
-                    break
-                u *= 2
-            budget = seconds / repeats / len(subjects)
-            units[key] = max(1, int(math.ceil(budget * u / max(dt, 1e-9))))
-        times = {key: [] for key in subjects}
-        order = list(subjects)
-        for r in range(repeats):
-            for key in order[r % len(order):] + order[: r % len(order)]:
-                t0 = time.perf_counter()
-                subjects[key].run(units[key])
-                times[key].append(time.perf_counter() - t0)
-    finally:
-        for subject in subjects.values():
-            subject.close()
-    out = {}
-    for key, ts in times.items():
-        rates = [units[key] * envs_per_step / t for t in ts]
-        median = statistics.median(rates)
-        out[key] = {"rate": median, "spread": (max(rates) - min(rates)) / median,
-                    "us_per_call": statistics.median(ts) / units[key] * 1e6, "setup_s": setup[key]}
-    return out
 
 
 def _rows(section, n, specs, results, ref_key) -> list[Row]:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["Row", "measure"]
+__all__ = ["Row", "measure", "measure_together"]
 
 
 @dataclass
@@ -34,6 +34,31 @@ class Row:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def _calibrate(subject, target: float = 0.1) -> tuple[int, float]:
+    """Warm ``subject`` up, then double the units until one run lasts ``target`` seconds."""
+    subject.run(1)  # warm-up: first-call costs, lazy buffers
+    units = 1
+    while True:
+        t0 = time.perf_counter()
+        subject.run(units)
+        dt = time.perf_counter() - t0
+        if dt >= target or units >= 1 << 22:
+            return units, dt
+        units *= 2
+
+
+def _summary(units: int, steps_per_unit: int, envs_per_step: int, times: list[float], setup: float) -> dict:
+    steps = units * steps_per_unit
+    rates = [steps * envs_per_step / t for t in times]
+    median = statistics.median(rates)
+    return {
+        "rate": median,
+        "spread": (max(rates) - min(rates)) / median,
+        "us_per_call": statistics.median(times) / steps * 1e6,
+        "setup_s": setup,
+    }
 
 
 def measure(
@@ -55,15 +80,7 @@ def measure(
     subject = make()
     setup = time.perf_counter() - t0
     try:
-        subject.run(1)  # warm-up: first-call costs, lazy buffers
-        units = 1
-        while True:  # calibrate: double until one run lasts >= 0.1 s
-            t0 = time.perf_counter()
-            subject.run(units)
-            dt = time.perf_counter() - t0
-            if dt >= 0.1 or units >= 1 << 22:
-                break
-            units *= 2
+        units, dt = _calibrate(subject)
         units = max(1, int(math.ceil(seconds / repeats * units / max(dt, 1e-9))))
         times = []
         for _ in range(repeats):
@@ -72,12 +89,35 @@ def measure(
             times.append(time.perf_counter() - t0)
     finally:
         subject.close()
-    steps = units * steps_per_unit
-    rates = [steps * envs_per_step / t for t in times]
-    median = statistics.median(rates)
-    return {
-        "rate": median,
-        "spread": (max(rates) - min(rates)) / median,
-        "us_per_call": statistics.median(times) / steps * 1e6,
-        "setup_s": setup,
-    }
+    return _summary(units, steps_per_unit, envs_per_step, times, setup)
+
+
+def measure_together(makers: dict, *, envs_per_step: int, seconds: float = 2.0, repeats: int = 5) -> dict:
+    """:func:`measure` for several subjects at once, interleaved.
+
+    Every subject is built, warmed up and calibrated, then ``repeats`` rounds
+    run each subject once for about ``seconds / repeats / len(makers)``, in an
+    order that rotates every round. On a shared, noisy machine slow drifts then
+    hit every row alike, so the ratios between rows stay meaningful even when
+    absolute rates move. Returns ``{key: measure()-style dict}``.
+    """
+    subjects, setup, units = {}, {}, {}
+    try:
+        for key, make in makers.items():
+            t0 = time.perf_counter()
+            subjects[key] = make()
+            setup[key] = time.perf_counter() - t0
+        for key, subject in subjects.items():
+            u, dt = _calibrate(subject)
+            units[key] = max(1, int(math.ceil(seconds / repeats / len(subjects) * u / max(dt, 1e-9))))
+        times = {key: [] for key in subjects}
+        order = list(subjects)
+        for r in range(repeats):
+            for key in order[r % len(order):] + order[: r % len(order)]:
+                t0 = time.perf_counter()
+                subjects[key].run(units[key])
+                times[key].append(time.perf_counter() - t0)
+    finally:
+        for subject in subjects.values():
+            subject.close()
+    return {key: _summary(units[key], 1, envs_per_step, ts, setup[key]) for key, ts in times.items()}

@@ -55,7 +55,7 @@ class RefWorldModel(nn.Module):
         return torch.tanh(out[..., :LAT]), out[..., LAT : LAT + 1], out[..., LAT + 1 :]
 
 
-def make_ref_model(seed: int = 0, device="cpu") -> RefWorldModel:
+def make_ref_model(seed: int = 0, device="cpu", done_rate_bias: float = -2.0) -> RefWorldModel:
     """The reference model with its done head calibrated to ~2-4 % dones under random actions."""
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
@@ -71,7 +71,7 @@ def make_ref_model(seed: int = 0, device="cpu") -> RefWorldModel:
         last.weight[LAT + 1] /= d.std().clamp_min(1e-6)
         last.bias[LAT + 1] = 0.0
         _, _, d = model(z, a)
-        last.bias[LAT + 1] = -2.0 - d.mean()
+        last.bias[LAT + 1] = done_rate_bias - d.mean()
     for p in model.parameters():
         p.requires_grad_(False)
     return model.to(device)

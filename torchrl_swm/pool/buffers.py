@@ -62,7 +62,8 @@ class BufferLayout:
         }
 
 
-def _nest(flat: Mapping[Key, torch.Tensor]) -> dict:
+def nest(flat: Mapping[Key, object]) -> dict:
+    """``{("a", "b"): v}`` → ``{"a": {"b": v}}``: nested-key leaves as the nested dicts a TensorDict takes."""
     nested: dict = {}
     for key, value in flat.items():
         node = nested
@@ -117,7 +118,7 @@ class HostBuffers:
         else:
             tensors = self.tensors
             leaves = {key: tensors[key].clone() for key in keys}
-        return TensorDict._new_unsafe(_nest(leaves), batch_size=batch_size, device=self.device)
+        return TensorDict._new_unsafe(nest(leaves), batch_size=batch_size, device=self.device)
 
     def _device_leaves(self, keys) -> dict[Key, torch.Tensor]:
         # One copy of the whole flat buffer, then typed views of it.

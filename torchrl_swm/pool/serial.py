@@ -18,7 +18,7 @@ from ..errors import EnvError, describe
 from .infos import InfoWriter, numeric_value
 from .rows import RowWriter
 
-__all__ = ["SerialBackend", "make_envs", "numeric_only"]
+__all__ = ["SerialBackend", "InProcessBackend", "make_envs", "numeric_only"]
 
 
 def numeric_only(info: Mapping) -> dict:
@@ -71,7 +71,22 @@ def _close_quietly(env) -> None:
         pass
 
 
-class SerialBackend:
+class InProcessBackend:
+    """What the serial and vector backends share: buffers that live in this process."""
+
+    observation_space: gym.Space
+
+    def allocate(self, layout) -> None:
+        """Nothing to share with other processes: the pool allocates the buffers itself."""
+        return None
+
+    def attach(self, layout, arrays, info_schema, frame_key) -> None:
+        """Start writing into the pool's buffers ``arrays`` (numpy views of ``layout``)."""
+        self.writer = RowWriter(self.observation_space, arrays, InfoWriter(info_schema, arrays))
+        self.frames = None if frame_key is None else arrays[frame_key]
+
+
+class SerialBackend(InProcessBackend):
     """Steps envs ``first .. first + len(env_fns) - 1`` in this process.
 
     Args:
@@ -139,15 +154,6 @@ class SerialBackend:
             except Exception as err:
                 raise EnvError(i, phase, f"{type(err).__name__}: {err} (while probing the env at construction)") from err
         return {"infos": infos, "frame_shape": frame_shape}
-
-    def allocate(self, layout) -> None:
-        """The buffers live in this process: let the pool allocate them."""
-        return None
-
-    def attach(self, layout, arrays, info_schema, frame_key) -> None:
-        """Start writing into the pool's buffers ``arrays`` (numpy views of ``layout``)."""
-        self.writer = RowWriter(self.observation_space, arrays, InfoWriter(info_schema, arrays))
-        self.frames = None if frame_key is None else arrays[frame_key]
 
     # -- the hot path --------------------------------------------------------------
     def _frame(self, j: int, env: gym.Env) -> np.ndarray:

@@ -35,8 +35,9 @@ from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.vector import AutoresetMode
 
 from ..errors import EnvError, SpecError, describe
-from .infos import InfoWriter, flatten_vector_info, numeric_value
+from .infos import flatten_vector_info, numeric_value
 from .rows import RowWriter
+from .serial import InProcessBackend
 
 __all__ = ["VectorBackend", "register_masked_reset"]
 
@@ -77,7 +78,7 @@ def _innermost(venv):
     return venv
 
 
-class VectorBackend:
+class VectorBackend(InProcessBackend):
     """Drives a gymnasium ``VectorEnv`` (see the module docstring).
 
     Args:
@@ -170,14 +171,8 @@ class VectorBackend:
             infos.extend((i, phase, per_env) for i, per_env in enumerate(_split_vector_info(info, self.num_envs)))
         return {"infos": infos, "frame_shape": frame_shape}
 
-    def allocate(self, layout) -> None:
-        """The buffers live in this process: let the pool allocate them."""
-        return None
-
     def attach(self, layout, arrays, info_schema, frame_key) -> None:
-        """Start writing into the pool's buffers ``arrays`` (numpy views of ``layout``)."""
-        self.writer = RowWriter(self.observation_space, arrays, InfoWriter(info_schema, arrays))
-        self.frames = None if frame_key is None else arrays[frame_key]
+        super().attach(layout, arrays, info_schema, frame_key)
         self._stash_obs = None
 
     @property

@@ -34,6 +34,7 @@ from torchrl.envs import EnvBase
 
 from ..errors import SpecError, describe
 from ..masks import row_mask
+from ..pool.buffers import nest
 from ..specs import as_spec, batch_spec
 from . import _tree
 from .adapters import (
@@ -79,16 +80,6 @@ def _model_device(model) -> torch.device | None:
 
 def _leaf_key(key) -> tuple[str, ...]:
     return (key,) if isinstance(key, str) else tuple(key)
-
-
-def _nest(flat: Mapping[tuple[str, ...], Any]) -> dict:
-    nested: dict = {}
-    for key, value in flat.items():
-        node = nested
-        for part in key[:-1]:
-            node = node.setdefault(part, {})
-        node[key[-1]] = value
-    return nested
 
 
 def _get_nested(mapping, key: tuple[str, ...]):
@@ -938,7 +929,7 @@ class WorldModelEnv(EnvBase):
 
     def _source(self, obs, state, info) -> dict:
         if self._obs_is_mapping:
-            source = _nest(obs)
+            source = nest(obs)
         else:
             source = {"observation": obs}
         if self._state_key is not None and not self._obs_is_state:
