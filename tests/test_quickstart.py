@@ -58,7 +58,7 @@ def test_run_returns_key_figures(tmp_path):
     cfg = QuickstartConfig.tiny(out=str(tmp_path), video=False, plot=False, progress=False, planner="cem")
     figures = run(cfg)
     assert set(figures) == {"config", "data", "model", "curve", "eval", "export", "files", "timings"}
-    assert figures["config"]["planner"] == "cem" and figures["config"]["tiny"] is True
+    assert figures["config"]["planner"] == "cem" and figures["config"]["smoke"] is True
     assert figures["data"]["train_episodes"] == cfg.train_episodes
     assert figures["data"]["heldout_episodes"] == cfg.heldout_episodes
     model = figures["model"]
@@ -82,9 +82,9 @@ def test_run_returns_key_figures(tmp_path):
 
 def test_parse_args():
     cfg = parse_args(["--tiny", "--train-steps", "7", "--no-video", "--out", "x", "--seed", "3"])
-    assert cfg.tiny and cfg.train_steps == 7 and cfg.num_envs == QuickstartConfig.tiny().num_envs
+    assert cfg.smoke and cfg.train_steps == 7 and cfg.num_envs == QuickstartConfig.tiny().num_envs
     assert cfg.video is False and cfg.plot is True and cfg.out == "x" and cfg.seed == 3
     default = parse_args([])
-    assert default == QuickstartConfig()
+    assert default == QuickstartConfig() and default.smoke is False
     with pytest.raises(SystemExit):
         parse_args(["--planner", "nope"])

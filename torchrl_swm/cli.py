@@ -39,7 +39,7 @@ from dataclasses import dataclass
 __all__ = ["main", "register_command", "COMMANDS", "COMMAND_MODULES", "CLIError"]
 
 #: Modules imported before parsing, so that the commands they register exist.
-COMMAND_MODULES: list[str] = ["torchrl_swm.benchmarks.command"]
+COMMAND_MODULES: list[str] = ["torchrl_swm.commands"]
 
 
 class CLIError(Exception):
@@ -338,7 +338,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``torchrl-swm`` command; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # only commands that hand their arguments on (quickstart) take unknown ones
+        if not getattr(args, "_passthrough", False):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.passthrough_args = extra
     try:
         return int(args._command.run(args) or 0)
     except CLIError as err:

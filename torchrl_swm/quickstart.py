@@ -584,18 +584,18 @@ def save_plot(path: Path, curve: dict, results: dict, planner_name: str) -> Path
     ax1.set_title("World-model learning curve")
     ax1.legend()
 
-    labels = ["random", planner_name]
-    x = np.arange(len(labels))
+    policies = ("random", "planner")
+    x = np.arange(len(policies))
     for k, (env_name, color) in enumerate((("real", "tab:blue"), ("imagined", "tab:orange"))):
-        stats = [results[env_name][p] for p in ("random", "planner")]
-        means = [s["mean_return"] for s in stats]
+        stats = [results[env_name][p] for p in policies]
         errs = [s["std_return"] / math.sqrt(max(1, s["episodes"])) for s in stats]
-        bars = ax2.bar(x + (k - 0.5) * 0.38, means, 0.38, yerr=errs, capsize=4, color=color,
-                       label=f"{env_name} env")
-        for bar, s, err in zip(bars, stats, errs):  # the success rate under each bar's error bar
-            below = (bar.get_x() + bar.get_width() / 2, s["mean_return"] - err)
-            ax2.annotate(f"{s['success_rate']:.0%}\nsuccess", below, ha="center", va="top", fontsize=8,
-                         xytext=(0, -3), textcoords="offset points")
+        ax2.bar(x + (k - 0.5) * 0.38, [s["mean_return"] for s in stats], 0.38, yerr=errs, capsize=4, color=color,
+                label=f"{env_name} env")
+    labels = [  # the success rates go under each policy's name
+        f"{'random' if p == 'random' else planner_name}\nsuccess: {results['real'][p]['success_rate']:.0%} real, "
+        f"\n{results['imagined'][p]['success_rate']:.0%} imagined"
+        for p in policies
+    ]
     ax2.axhline(0, color="black", lw=0.8)
     ax2.set_xticks(x, labels)
     ax2.set_ylabel("mean episode return (± s.e.)")

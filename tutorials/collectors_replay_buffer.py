@@ -1,6 +1,6 @@
 """TorchRL collectors over an EnvPool, a replay buffer, and (batch, time) sequences.
 
-Run: python tutorials/collectors_replay_buffer.py        (about 15 s on 2 CPU cores)
+Run: python tutorials/collectors_replay_buffer.py        (about 10 s on 2 CPU cores)
 
 An EnvPool is a TorchRL env with batch size [N], so TorchRL's own data pipeline runs on it unchanged:
 

@@ -10,8 +10,6 @@ import platform
 import sys
 import time
 
-import torch
-
 __all__ = ["main", "run", "build_parser", "run_sections", "format_table", "save_plot"]
 
 SECTIONS = ("cartpole", "vector", "fixed", "expensive", "world_model", "export")
@@ -32,6 +30,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 def machine() -> str:
     import gymnasium
+    import torch
     import numpy
     import tensordict
     import torchrl
@@ -111,6 +110,8 @@ def main(argv=None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark for parsed arguments (also the ``torchrl-swm bench`` command)."""
+    import torch
+
     torch.set_num_threads(args.threads)
     sections = [s for s in args.sections.split(",") if s]
     ns = [int(x) for x in args.ns.split(",")]

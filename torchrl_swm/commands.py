@@ -1,0 +1,34 @@
+"""The ``bench`` and ``quickstart`` subcommands of ``torchrl-swm`` (registered in :mod:`torchrl_swm.cli`).
+
+Kept light: the CLI imports this module before parsing; the heavy modules load
+only when a command runs.
+"""
+
+from .cli import register_command
+
+
+def _configure_bench(parser):
+    from .benchmarks.__main__ import build_parser
+
+    build_parser(parser)
+
+
+@register_command("bench", help="benchmark the pool, the world-model env and the export against their peers",
+                  configure=_configure_bench)
+def _bench(args) -> int:
+    from .benchmarks.__main__ import run
+
+    return run(args)
+
+
+def _configure_quickstart(parser):
+    parser.epilog = "Every other argument goes to the quickstart: see python -m torchrl_swm.quickstart --help."
+    parser.set_defaults(_passthrough=True, passthrough_args=[])
+
+
+@register_command("quickstart", help="collect data, train a world model, plan in it, evaluate for real (CPU, minutes)",
+                  configure=_configure_quickstart)
+def _quickstart(args) -> int:
+    from .quickstart import main
+
+    return main(args.passthrough_args)
