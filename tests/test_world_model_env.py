@@ -586,6 +586,13 @@ def test_fast_step_and_maybe_reset_equals_torchrl_generic_path(name):
             td.update(action.clone())
             td["policy_out"] = torch.arange(fast.batch_size[0], dtype=torch.float32).unsqueeze(-1) + t
             td["collector"] = TensorDict({"traj_ids": torch.arange(fast.batch_size[0])}, fast.batch_size)
+        if t % 3 == 1:  # freeze some rows with TorchRL's "_step" mask (never all of them)
+            mask = torch.rand(fast.batch_size[0], 1) > 0.5
+            mask[t % fast.batch_size[0]] = True
+            tf["_step"], tg["_step"] = mask, mask.clone()
+        else:
+            tf.pop("_step", None)
+            tg.pop("_step", None)
         of, tf = fast.step_and_maybe_reset(tf)
         og, tg = EnvBase._step_and_maybe_reset(generic, tg)
         resets += int(of["next", "done"].any())
@@ -609,10 +616,15 @@ def test_fast_path_is_used_and_falls_back_for_transformed_envs(monkeypatch):
     env.rollout(10, break_when_any_done=False)
     assert "WorldModelEnv" not in calls, "the base env takes its own path"
     td = env.reset()
-    td["_step"] = torch.ones(3, 1, dtype=torch.bool)
+    td["_step"] = torch.tensor([[True], [False], [True]])
     td["action"] = torch.zeros(3, 1)
     env.step_and_maybe_reset(td)
-    assert calls == ["WorldModelEnv"], "inputs with '_step' take TorchRL's generic path"
+    assert calls == [], "a partial '_step' takes the fast path too"
+    td = env.reset()
+    td["_step"] = torch.zeros(3, 1, dtype=torch.bool)
+    td["action"] = torch.zeros(3, 1)
+    env.step_and_maybe_reset(td)
+    assert calls == ["WorldModelEnv"], "an all-False '_step' (TorchRL skips the step) takes the generic path"
 
 
 # -------------------------------------------------------------------------------------------------

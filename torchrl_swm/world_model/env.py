@@ -1183,8 +1183,9 @@ class WorldModelEnv(EnvBase):
         """Equivalent to TorchRL's generic ``step`` -> ``step_mdp`` -> ``maybe_reset``, without its overhead.
 
         Used for plain ``TensorDict`` inputs of the env's batch size and device with no
-        ``"_step"``/``"next"`` entries and only tensor or TensorDict entries; anything else
-        takes TorchRL's generic path. Differences from the generic path: none in the data
+        ``"next"`` entry, no all-False ``"_step"`` and only tensor or TensorDict entries;
+        anything else takes TorchRL's generic path. A ``"_step"`` mask freezes rows as in
+        :meth:`_step`; done rows are reset whether or not they were stepped, as TorchRL does. Differences from the generic path: none in the data
         (tests compare both); the reset runs :meth:`_reset_state` directly instead of
         ``reset(select_reset_only=True)`` + ``_update_during_reset``.
         """
@@ -1199,8 +1200,9 @@ class WorldModelEnv(EnvBase):
         ):
             return super()._step_and_maybe_reset(tensordict)
         items = tensordict._tensordict
-        if "_step" in items or "next" in items:
-            return super()._step_and_maybe_reset(tensordict)
+        partial = items.get("_step")
+        if "next" in items or (partial is not None and (not isinstance(partial, torch.Tensor) or not partial.any())):
+            return super()._step_and_maybe_reset(tensordict)  # an all-False "_step" skips the step in TorchRL
         excluded = self._mdp_excluded
         root = {}
         for key, value in items.items():
@@ -1213,7 +1215,7 @@ class WorldModelEnv(EnvBase):
             else:
                 return super()._step_and_maybe_reset(tensordict)
         # step
-        next_td = self._advance(tensordict, self._locked_shapes, None)
+        next_td = self._advance(tensordict, self._locked_shapes, partial)
         tensordict._set_str("next", next_td, validated=True, inplace=False, non_blocking=False)
         next_items = next_td._tensordict
         # maybe_reset: which rows finished (one host sync, as TorchRL's any_done)
