@@ -171,7 +171,6 @@ class PointMazeEnv(gym.Env):
         self._vel = np.zeros(2, dtype=np.float64)
         self._target = np.zeros(2, dtype=np.float64)
         self._goal_frame: np.ndarray | None = None
-        self._elapsed = 0
         self._build_canvas()
 
     # -- geometry ------------------------------------------------------------------------
@@ -248,7 +247,6 @@ class PointMazeEnv(gym.Env):
         if "target" in options:
             self._target = self._check_position(options["target"], "target")
         self._goal_frame = None
-        self._elapsed = 0
         return self._obs(), self._info(self._distance())
 
     def step(self, action):
@@ -265,7 +263,6 @@ class PointMazeEnv(gym.Env):
             else:
                 pos = moved
         self._pos, self._vel = pos, vel
-        self._elapsed += 1
         distance = self._distance()
         success = distance < self.goal_radius
         reward = float(success) if self.reward_type == "sparse" else -distance

@@ -91,7 +91,6 @@ class ProcessBackend:
         if not 1 <= num_workers <= n:
             raise ValueError(f"num_workers: expected 1 <= num_workers <= num_envs={n}, got {num_workers}")
         self.num_envs = n
-        self.first = 0
         self.slices = _split(n, num_workers)
         self._shm = None
         self._kind = None
@@ -181,15 +180,13 @@ class ProcessBackend:
             raise error
         return [replies[w] for w in workers]
 
-    def _by_worker(self, rows: np.ndarray | None):
-        """``[(worker, local rows or None)]`` for the workers that own some of ``rows``."""
-        if rows is None:
-            return [(w, None) for w in range(len(self.slices))]
+    def _by_worker(self, rows: np.ndarray):
+        """``[(worker, local rows, positions in rows)]`` for the workers that own some of ``rows``."""
         out = []
         for w, span in enumerate(self.slices):
-            mine = rows[(rows >= span.start) & (rows < span.stop)]
-            if mine.size:
-                out.append((w, mine - span.start, np.flatnonzero((rows >= span.start) & (rows < span.stop))))
+            owned = (rows >= span.start) & (rows < span.stop)
+            if owned.any():
+                out.append((w, rows[owned] - span.start, np.flatnonzero(owned)))
         return out
 
     # -- the backend API ---------------------------------------------------------------------

@@ -216,7 +216,8 @@ class SerialBackend(InProcessBackend):
         envs, writer, first, frames = self.envs, self.writer, self.first, self.frames
         order = range(len(envs)) if rows is None else rows
         rewards, terminated, truncated = [], [], []
-        write_info = writer.info.write if (writer.info.count or not writer.info.schema.selected) else None
+        info_count = writer.info.count  # recorded keys: an empty info still zero-fills them
+        write_info = writer.info.write if (info_count or not writer.info.schema.selected) else None
         fast = writer.fast_observation
         buf, shape, kind = fast if fast is not None else (None, None, None)
         write_obs = writer.observation
@@ -232,7 +233,7 @@ class SerialBackend(InProcessBackend):
                 rewards.append(reward)
                 terminated.append(term)
                 truncated.append(trunc)
-                if write_info is not None and (info or writer.info.count):
+                if write_info is not None and (info or info_count):
                     write_info(first + j, info, "step")
                 if frames is not None:
                     self._store_frame(j, env)

@@ -97,7 +97,6 @@ class VectorBackend(InProcessBackend):
             raise TypeError(f"expected a gymnasium.vector.VectorEnv, got {describe(venv)}")
         self.venv = venv
         self.num_envs = int(venv.num_envs)
-        self.first = 0
         self.pixels = pixels
         self.mode = AutoresetMode(venv.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
         self.seed_every_episode = seed_every_episode
