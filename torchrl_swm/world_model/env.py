@@ -653,6 +653,22 @@ class WorldModelEnv(EnvBase):
             return None
         return ndim == len(leaf.shape) + 1
 
+    @staticmethod
+    def _one_per_env(value, bs, bs1, name, per, where, form):
+        """``value`` viewed as ``bs1`` (``(N, 1)``); it may come as ``bs1`` or ``bs`` (``(N,)``)."""
+        if value.shape == bs1:
+            return value
+        if value.shape != bs:
+            raise ReturnFormError(
+                f"{where} returned {form}: {name}: expected shape {tuple(bs1)} or {tuple(bs)} "
+                f"(one {per} per env), got {describe(value)}"
+            )
+        return value.view(bs1)
+
+    def _check_device(self, value, name, where, form):
+        if value.device != self.device:
+            raise ReturnFormError(f"{where} returned {form}: {name}: expected device {self.device}, got {value.device}")
+
     def _flag(self, value, bs, bs1, name, where, form):
         if value is MISSING:
             return None
@@ -663,18 +679,8 @@ class WorldModelEnv(EnvBase):
                     f"got {describe(value)} "
                     "(threshold it, e.g. `logits > 0`)"
                 )
-            if value.shape != bs1:
-                if value.shape != bs:
-                    raise ReturnFormError(
-                        f"{where} returned {form}: {name}: expected shape {tuple(bs1)} or {tuple(bs)} "
-                        "(one flag per env), "
-                        f"got {describe(value)}"
-                    )
-                value = value.view(bs1)
-            if value.device != self.device:
-                raise ReturnFormError(
-                    f"{where} returned {form}: {name}: expected device {self.device}, got {value.device}"
-                )
+            value = self._one_per_env(value, bs, bs1, name, "flag", where, form)
+            self._check_device(value, name, where, form)
             return value
         if isinstance(value, (bool, np.bool_)):
             return torch.full(bs1, bool(value), dtype=torch.bool, device=self.device)
@@ -687,23 +693,13 @@ class WorldModelEnv(EnvBase):
         if value is MISSING or value is None:
             return None
         if isinstance(value, torch.Tensor):
-            if value.shape != bs1:
-                if value.shape != bs:
-                    raise ReturnFormError(
-                        f"{where} returned {form}: reward: expected shape {tuple(bs1)} or {tuple(bs)} "
-                        "(one reward per env), "
-                        f"got {describe(value)}"
-                    )
-                value = value.view(bs1)
+            value = self._one_per_env(value, bs, bs1, "reward", "reward", where, form)
             if value.dtype != self._reward_dtype:
                 raise ReturnFormError(
                     f"{where} returned {form}: reward: expected dtype {self._reward_dtype} (the reward spec), "
                     f"got {describe(value)}"
                 )
-            if value.device != self.device:
-                raise ReturnFormError(
-                    f"{where} returned {form}: reward: expected device {self.device}, got {value.device}"
-                )
+            self._check_device(value, "reward", where, form)
             return value
         if isinstance(value, _FLOAT_TYPES) and not isinstance(value, (bool, np.bool_)):
             return torch.full(bs1, float(value), dtype=self._reward_dtype, device=self.device)
