@@ -175,3 +175,14 @@ def test_close_twice_and_double_close_errors_are_reported():
         pool.close()
     pool.close(raise_if_closed=False)  # a second close is harmless
     assert pool.is_closed
+
+
+def test_env_error_pickles_and_rebuilds_from_its_message():
+    import pickle
+
+    err = EnvError(3, "step", "ValueError: boom")
+    again = pickle.loads(pickle.dumps(err))
+    assert (again.env_index, again.phase, again.message, str(again)) == (3, "step", "ValueError: boom", str(err))
+    # TorchRL's collector workers re-raise an exception class from one preformatted message
+    rebuilt = EnvError(str(err))
+    assert str(rebuilt) == "env 3 (step): ValueError: boom" and rebuilt.env_index is None

@@ -9,7 +9,7 @@ import torch
 from envs import FailingEnv, counting
 from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
 
-from torchrl_swm import EnvPool
+from torchrl_swm import EnvPool, raise_on_worker_failure
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 N, T = 3, 20  # envs per pool, steps per batch
@@ -116,6 +116,52 @@ def test_multisync_worker_whose_env_raises_ends_with_an_error_naming_the_worker(
     for pid in pids:  # every worker was reaped
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def _pool_failing_at(step):
+    return EnvPool([functools.partial(counting, max_length=7)] * (N - 1) + [functools.partial(FailingEnv, fail_at=step)],
+                   seed=0)
+
+
+def test_env_error_while_a_collector_worker_starts_reaches_the_main_process_as_env_error():
+    # The worker's first rollout step runs while the collector is built; TorchRL re-raises
+    # the worker's exception class from its message, and EnvError must survive that.
+    from torchrl_swm import EnvError
+
+    with pytest.raises(EnvError, match=rf"env {N - 1} \(step\): ValueError: boom at step 1"):
+        MultiAsyncCollector([make_pool_factory(0), functools.partial(_pool_failing_at, 1)], None,
+                            frames_per_batch=N * T, total_frames=N * T * 4)
+
+
+def test_multiasync_failure_after_the_others_finish_is_raised_by_raise_on_worker_failure():
+    # Worker 1 raises at its second step; worker 0 alone can reach total_frames. TorchRL's
+    # MultiAsyncCollector then may end normally; raise_on_worker_failure must not.
+    collector = MultiAsyncCollector([make_pool_factory(0), functools.partial(_pool_failing_at, 2)], None,
+                                    frames_per_batch=N * T, total_frames=N * T * 4)
+    pids = [proc.pid for proc in collector.procs]
+    batches = []
+    with pytest.raises(RuntimeError, match="worker 1"):
+        for batch in raise_on_worker_failure(collector):
+            batches.append(batch.clone())
+    for batch in batches:  # whatever arrived came from the healthy worker, intact
+        assert batch.batch_size == (N, T)
+        assert_traj_ids_follow_episodes(batch)
+    for pid in pids:  # shut down and reaped
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_raise_on_worker_failure_passes_healthy_collections_through_and_shuts_down():
+    collector = MultiAsyncCollector([make_pool_factory(0), make_pool_factory(1000)], policy(),
+                                    frames_per_batch=N * T, total_frames=N * T * 4)
+    pids = [proc.pid for proc in collector.procs]
+    batches = [batch.clone() for batch in raise_on_worker_failure(collector)]
+    assert len(batches) == 4 and all(b.numel() == N * T for b in batches)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    single = Collector(make_pool(0), policy(), frames_per_batch=N * T, total_frames=N * T * 2)
+    assert [b.numel() for b in raise_on_worker_failure(single)] == [N * T, N * T]
 
 
 def test_non_picklable_factory_gets_a_clear_error():

@@ -7,6 +7,7 @@ Public API (imported lazily, so ``import torchrl_swm`` stays cheap):
 * :func:`make_env`, :func:`register_backend`, :func:`list_backends`: one factory for both.
 * :func:`to_gymnasium`, :func:`to_sb3_vec_env`, :func:`register_gymnasium_env`: export.
 * :class:`World`, :func:`load_dataset`, :class:`History`: evaluation and datasets.
+* :func:`raise_on_worker_failure`: iterate a multi-process collector so a failed worker always raises.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ _LAZY = {
     "World": "torchrl_swm.world",
     "load_dataset": "torchrl_swm.data",
     "History": "torchrl_swm.transforms",
+    "raise_on_worker_failure": "torchrl_swm.collectors",
 }
 
 __all__ = ["EnvError", "SpecError", *_LAZY]

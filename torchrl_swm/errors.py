@@ -31,7 +31,13 @@ class EnvError(RuntimeError):
         phase: what the pool was doing: ``"reset"``, ``"step"``, ``"render"``...
     """
 
-    def __init__(self, env_index: int | None, phase: str, message: str):
+    def __init__(self, env_index: int | str | None, phase: str | None = None, message: str | None = None):
+        if isinstance(env_index, str) and phase is None and message is None:
+            # One preformatted message: how TorchRL's collector workers re-raise an exception
+            # class in the main process (``exc_class(text)``).
+            self.env_index, self.phase, self.message = None, None, env_index
+            super().__init__(env_index)
+            return
         self.env_index = env_index
         self.phase = phase
         self.message = message

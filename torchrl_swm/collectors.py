@@ -1,0 +1,68 @@
+"""Iterate a TorchRL multi-process collector so that a failed worker always raises.
+
+TorchRL 0.14.1's ``MultiSyncCollector``/``MultiAsyncCollector`` check their worker
+processes while they wait for data, so a worker whose env raised usually ends the
+collection with "At least one process failed". ``MultiAsyncCollector`` has a gap: when
+the surviving workers reach ``total_frames`` before the failed worker's process has
+exited, iteration ends normally, every batch came from the other workers, and the
+failure is only in the log. :func:`raise_on_worker_failure` closes that gap.
+
+Example:
+    >>> import functools
+    >>> from torchrl.collectors import MultiAsyncCollector
+    >>> from torchrl_swm import EnvPool, raise_on_worker_failure
+    >>> make = EnvPool.factory("CartPole-v1", num_envs=4)
+    >>> collector = MultiAsyncCollector([make, make], None, frames_per_batch=64, total_frames=256)
+    >>> frames = sum(batch.numel() for batch in raise_on_worker_failure(collector))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from tensordict import TensorDictBase
+
+__all__ = ["raise_on_worker_failure"]
+
+
+def raise_on_worker_failure(collector: Any) -> Iterator[TensorDictBase]:
+    """Yield ``collector``'s batches, then shut it down and raise if any worker process failed.
+
+    After each batch the worker processes' exit codes are checked; once the collector is
+    exhausted it is shut down (which joins its workers) and checked again, so a worker
+    that died during the last batches is reported too. The collector is also shut down
+    when the loop ends early (``break`` or an exception). Collectors without worker
+    processes (``Collector``, ``RayCollector``, which raises ``RayActorError`` itself)
+    pass through unchanged.
+
+    Raises:
+        RuntimeError: naming each worker that exited with a non-zero code. The worker's
+            own traceback (for an :class:`~torchrl_swm.EnvPool`, an ``EnvError`` naming
+            the env index) is in its stderr.
+    """
+    procs = list(getattr(collector, "procs", None) or [])
+    try:
+        for batch in collector:
+            _raise_if_any_failed(procs, when="during collection")
+            yield batch
+    finally:
+        collector.shutdown()
+    _raise_if_any_failed(procs, when="before the collection ended")
+
+
+def _exit_code(proc: Any) -> int | None:
+    try:
+        return proc.exitcode
+    except ValueError:  # TorchRL closes the Process objects of workers it found dead
+        return None
+
+
+def _raise_if_any_failed(procs: list, *, when: str) -> None:
+    failed = [(i, code) for i, code in enumerate(map(_exit_code, procs)) if code not in (None, 0)]
+    if failed:
+        workers = ", ".join(f"worker {i} (exit code {code})" for i, code in failed)
+        raise RuntimeError(
+            f"collector {workers} failed {when}; batches so far came from the other workers only. "
+            "The worker's traceback is in its stderr (an EnvPool names the env index that raised)."
+        )
