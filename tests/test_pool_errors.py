@@ -186,3 +186,67 @@ def test_env_error_pickles_and_rebuilds_from_its_message():
     # TorchRL's collector workers re-raise an exception class from one preformatted message
     rebuilt = EnvError(str(err))
     assert str(rebuilt) == "env 3 (step): ValueError: boom" and rebuilt.env_index is None
+
+
+def test_step_returning_the_old_four_tuple_is_named():
+    class OldApi(CountingEnv):
+        def step(self, action):
+            obs, reward, terminated, truncated, info = super().step(action)
+            if self.steps_called > 1:  # after the construction probe
+                return obs, reward, terminated or truncated, info
+            return obs, reward, terminated, truncated, info
+
+    class OldApiAtOnce(CountingEnv):
+        def step(self, action):
+            return super().step(action)[:4]
+
+    with pytest.raises(EnvError, match=r"env 1 \(step\): expected step\(\) to return .*got tuple"):
+        EnvPool([CountingEnv, OldApiAtOnce], seed=0)
+    pool = EnvPool([CountingEnv, CountingEnv, OldApi], seed=0)
+    td = pool.reset()
+    td["action"] = torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(EnvError, match=r"env 2 \(step\): expected step\(\) to return \(obs, reward, terminated, truncated, info\)"):
+        pool.step(td)
+    pool.close()
+
+
+def test_string_observation_is_named_even_when_the_batch_would_stack():
+    class Text(CountingEnv):
+        def step(self, action):
+            obs, *rest = super().step(action)
+            return obs.astype(str), *rest
+
+    pool = EnvPool([CountingEnv, Text, CountingEnv], seed=0)
+    td = pool.reset()
+    td["action"] = torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(EnvError, match=r"env 1 \(step\): observation \('observation',\): expected dtype float32"):
+        pool.step(td)
+    pool.close()
+
+
+def test_observations_in_other_forms_are_written_row_for_row():
+    # float64, int, a list and a torch tensor: each cast as the per-row rule does
+    def other_form(kind):
+        class Form(CountingEnv):
+            def step(self, action):
+                obs, *rest = super().step(action)
+                value = {"f64": obs.astype("float64"), "int": obs.astype("int64"), "list": obs.tolist(),
+                         "tensor": torch.from_numpy(obs)}[kind]
+                return value, *rest
+        return Form
+
+    kinds = ["f64", "int", "list", "tensor"]
+    pool = EnvPool([CountingEnv] + [other_form(k) for k in kinds], seed=0)
+    reference = EnvPool([CountingEnv] * 5, seed=0)
+    for env in (pool, reference):
+        env.set_seed(0)
+    td, ref = pool.reset(), reference.reset()
+    for t in range(12):
+        action = torch.tensor([t % 3] * 5)
+        td, ref = pool.step(td.set("action", action)), reference.step(ref.set("action", action))
+        assert torch.equal(td["next", "observation"], ref["next", "observation"])
+        assert td["next", "observation"].dtype == torch.float32
+        td, ref = pool.reset(td["next"].set("_reset", td["next", "done"])), reference.reset(
+            ref["next"].set("_reset", ref["next", "done"]))
+    pool.close()
+    reference.close()

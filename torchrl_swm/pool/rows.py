@@ -124,8 +124,8 @@ class RowWriter:
         self.batch_leaves = [(key, _leaf_batch_writer(key, space, arrays[key])) for key, space in leaves.items()]
         self.is_dict = isinstance(observation_space, gym.spaces.Dict)
         self.write_single = self.leaves[0][1] if not self.is_dict else None
-        #: ``(buffer, shape)`` when the observation is one Box array: backends
-        #: then write ``buffer[i] = obs`` inline after checking ``obs.shape``.
+        #: ``(buffer, shape, dtype kind)`` when the observation is one Box array:
+        #: :meth:`observations_of_rows` then stacks a batch in one assignment.
         self.fast_observation = None
         if isinstance(observation_space, gym.spaces.Box):
             buf = arrays[("observation",)]
@@ -152,6 +152,28 @@ class RowWriter:
             except (KeyError, TypeError):
                 raise EnvError(i, phase, f"observation is missing Dict key {key}; got keys {list(obs)}") from None
             write(i, value, phase)
+
+    def observations_of_rows(self, index, rows, observations: tuple, phase: str) -> None:
+        """Write one observation per env of ``rows`` (global indices; ``index`` selects them in the buffers).
+
+        A single Box observation is stacked and written in one assignment when
+        every value is a number array of the right shape (what the per-row check
+        accepts); anything else goes row by row, which coerces what it can and
+        raises an :class:`EnvError` naming the env otherwise.
+        """
+        if self.fast_observation is not None:
+            buf, shape, _ = self.fast_observation
+            try:
+                array = np.asarray(observations)
+            except (TypeError, ValueError):  # ragged or not array-like: the per-row path says which env
+                array = None
+            if (array is not None and array.shape[1:] == shape and array.dtype.kind in "biuf"
+                    and (array.dtype.kind == buf.dtype.kind or np.can_cast(array.dtype, buf.dtype, "same_kind"))):
+                buf[index] = array
+                return
+        write = self.observation
+        for i, obs in zip(rows, observations):
+            write(i, obs, phase)
 
     def observations(self, select, obs, phase: str) -> None:
         """Write a batched observation (from a VectorEnv) into the rows ``select`` (bool mask; ``None``: all)."""

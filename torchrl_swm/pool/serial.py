@@ -64,6 +64,10 @@ def make_envs(env_fns: Sequence[Callable[[], gym.Env]], first: int = 0, pixels: 
     return envs
 
 
+def _bad_step_result(i: int, result) -> EnvError:
+    return EnvError(i, "step", f"expected step() to return (obs, reward, terminated, truncated, info), got {describe(result)}")
+
+
 def _close_quietly(env) -> None:
     try:
         env.close()
@@ -147,7 +151,10 @@ class SerialBackend(InProcessBackend):
                 phase = "step"
                 space = copy.deepcopy(env.action_space)
                 space.seed(int(seeds[j]))
-                info = env.step(space.sample())[4]
+                result = env.step(space.sample())
+                if not isinstance(result, tuple) or len(result) != 5:
+                    raise _bad_step_result(i, result)
+                info = result[4]
                 infos.append((i, "step", numeric_only(info)))
             except EnvError:
                 raise
@@ -209,39 +216,42 @@ class SerialBackend(InProcessBackend):
     def step(self, actions: Sequence, rows: np.ndarray | None) -> None:
         """Step ``rows`` (local indices; all when ``None``) with one action each.
 
-        This is the hot loop: per env, one gymnasium ``step``, one buffer write
-        for a plain array observation, and list appends; the reward and done
-        flags are written for all rows at once afterwards.
+        This is the hot loop: one gymnasium ``step`` per env and nothing else;
+        observations, rewards and done flags are then written for all rows at
+        once (one numpy assignment per buffer), and infos only where there are any.
         """
-        envs, writer, first, frames = self.envs, self.writer, self.first, self.frames
-        order = range(len(envs)) if rows is None else rows
-        rewards, terminated, truncated = [], [], []
-        info_count = writer.info.count  # recorded keys: an empty info still zero-fills them
-        write_info = writer.info.write if (info_count or not writer.info.schema.selected) else None
-        fast = writer.fast_observation
-        buf, shape, kind = fast if fast is not None else (None, None, None)
-        write_obs = writer.observation
-        j = -1
+        envs, writer, first = self.envs, self.writer, self.first
+        order = range(len(envs)) if rows is None else rows.tolist()
+        results: list[tuple] = []
+        append = results.append
         try:
-            for k, j in enumerate(order):
-                env = envs[j]
-                obs, reward, term, trunc, info = env.step(actions[k])
-                if buf is not None and obs.__class__ is np.ndarray and obs.shape == shape and obs.dtype.kind == kind:
-                    buf[first + j] = obs
-                else:
-                    write_obs(first + j, obs, "step")
-                rewards.append(reward)
-                terminated.append(term)
-                truncated.append(trunc)
-                if write_info is not None and (info or info_count):
-                    write_info(first + j, info, "step")
-                if frames is not None:
-                    self._store_frame(j, env)
-        except EnvError:
-            raise
+            if rows is None:
+                for env, action in zip(envs, actions):
+                    append(env.step(action))
+            else:
+                for j, action in zip(order, actions):
+                    append(envs[j].step(action))
         except Exception as err:
-            raise EnvError(first + j, "step", f"{type(err).__name__}: {err}") from err
+            raise EnvError(first + order[len(results)], "step", f"{type(err).__name__}: {err}") from err
+        if not results:
+            return
         index, global_rows = self._index(rows)
+        try:
+            observations, rewards, terminated, truncated, infos = zip(*results)
+        except (TypeError, ValueError):
+            for i, result in zip(global_rows, results):
+                if not isinstance(result, tuple) or len(result) != 5:
+                    raise _bad_step_result(i, result) from None
+            raise
+        writer.observations_of_rows(index, global_rows, observations, "step")
+        info_count = writer.info.count  # recorded keys: an empty info still zero-fills them
+        if info_count or (not writer.info.schema.selected and any(infos)):
+            write_info = writer.info.write
+            for i, info in zip(global_rows, infos):
+                write_info(i, info, "step")
+        if self.frames is not None:
+            for j in order:
+                self._store_frame(j, envs[j])
         writer.step_flags(index, global_rows, rewards, terminated, truncated)
 
     # -- direct access to the envs ------------------------------------------------------
