@@ -105,3 +105,61 @@ def test_device_outputs(device):
     assert rollout["goal", "kind"].dtype == torch.int64
     assert ((rollout["goal", "kind"] >= 0) & (rollout["goal", "kind"] < 4)).all()  # Discrete(4, start=1) -> 0..3
     pool.close()
+
+
+# -- the batched observation write: same result as writing row by row, or the same error --------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import gymnasium as gym  # noqa: E402
+
+from torchrl_swm import EnvError  # noqa: E402
+from torchrl_swm.pool.infos import InfoSchema, InfoWriter  # noqa: E402
+from torchrl_swm.pool.rows import RowWriter  # noqa: E402
+
+_FORMS = ["float32", "float64", "int64", "bool", "list", "tensor", "wrong_shape", "text", "scalar"]
+
+
+def _writer(n, dtype):
+    space = gym.spaces.Box(-10, 10, (3,), dtype)
+    arrays = {("observation",): np.zeros((n, 3), dtype)}
+    for key in ("reward",):
+        arrays[(key,)] = np.zeros((n, 1), np.float32)
+    for key in ("terminated", "truncated", "done"):
+        arrays[(key,)] = np.zeros((n, 1), bool)
+    arrays[("episode_seed",)] = np.zeros((n, 1), np.int64)
+    return RowWriter(space, arrays, InfoWriter(InfoSchema({}), arrays)), arrays[("observation",)]
+
+
+def _value(form, row):
+    base = np.array([row, row + 1, row + 2], np.float64)
+    return {
+        "float32": base.astype(np.float32), "float64": base, "int64": base.astype(np.int64),
+        "bool": base.astype(bool), "list": base.tolist(), "tensor": torch.from_numpy(base.astype(np.float32)),
+        "wrong_shape": base[:2], "text": base.astype(str), "scalar": float(row),
+    }[form]
+
+
+@settings(max_examples=150, deadline=None)
+@given(forms=st.lists(st.sampled_from(_FORMS), min_size=1, max_size=6),
+       dtype=st.sampled_from([np.float32, np.int64]), masked=st.booleans())
+def test_batched_observation_write_matches_the_row_by_row_rule(forms, dtype, masked):
+    n = len(forms) + 2
+    rows = np.arange(2, n) if masked else np.arange(len(forms))
+    index = rows if masked else slice(0, len(forms))
+    values = tuple(_value(form, int(i)) for form, i in zip(forms, rows))
+    batch_writer, batched = _writer(n, dtype)
+    row_writer, one_by_one = _writer(n, dtype)
+    expected_error = None
+    try:
+        for i, value in zip(rows.tolist(), values):
+            row_writer.observation(i, value, "step")
+    except EnvError as err:
+        expected_error = err
+    if expected_error is None:
+        batch_writer.observations_of_rows(index, rows.tolist(), values, "step")
+        assert np.array_equal(batched, one_by_one)
+    else:
+        with pytest.raises(EnvError) as got:
+            batch_writer.observations_of_rows(index, rows.tolist(), values, "step")
+        assert str(got.value) == str(expected_error)  # same env index, same message

@@ -186,11 +186,11 @@ class Rollout:
 class CollectorLoop:
     """A torchrl ``Collector`` with a random policy: one batch of ``frames`` per unit."""
 
-    def __init__(self, env, frames):
+    def __init__(self, env, frames, **collector_kwargs):
         from torchrl.collectors import Collector
 
         self.env = env
-        self.collector = Collector(env, CyclePolicy(env), frames_per_batch=frames, total_frames=-1)
+        self.collector = Collector(env, CyclePolicy(env), frames_per_batch=frames, total_frames=-1, **collector_kwargs)
         self.iterator = iter(self.collector)
 
     def run(self, units):
@@ -269,6 +269,9 @@ def cartpole(ns=(16, 256), seconds=2.0, include_slow=True) -> list[Row]:
         add("pool_step_once", "EnvPool(seed_every_episode=False), step loop", lambda: StepLoop(once()))
         add("pool_rollout_once", "EnvPool(seed_every_episode=False), rollout(100)", lambda: Rollout(once()), 100)
         add("pool_collector_once", "EnvPool(seed_every_episode=False), Collector", lambda: CollectorLoop(once(), n * 50), 50)
+        # TorchRL re-casts the carrier to the env's device every step unless the collector is given one
+        add("pool_collector_once_device", "EnvPool(seed_every_episode=False), Collector(device='cpu')",
+            lambda: CollectorLoop(once(), n * 50, device="cpu"), 50)
         add("gym_sync", "gymnasium SyncVectorEnv",
             lambda: GymVector(gym.vector.SyncVectorEnv([_cartpole] * n), n))
         if n <= 32:

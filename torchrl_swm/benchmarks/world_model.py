@@ -11,6 +11,9 @@ latent, a 6-d action, a 2x256 MLP with reward and done heads, its done head cali
   Targets: >= 0.90 at B=1024, >= 0.70 at B=64, <= 30 us added per step at B=1
   (``extra["added_us"]``).
 * ``env/rollout``: ``WorldModelEnv.rollout(100, break_when_any_done=False)``. Target >= 0.85 at B=1024.
+* ``env/rollout-out``: the same with TorchRL's ``out=`` reusing one output buffer. At large B a
+  rollout's 100 steps are tens of MB; glibc hands freed blocks that large back to the OS, so a plain
+  rollout page-faults its memory in again every time.
 * ``env/transformed``: ``make_world_model_env(..., max_episode_steps=1000)`` (a TransformedEnv with
   StepCounter: TorchRL's generic path) stepped like ``env/step``, for reference.
 * ``torchrl/model_based``: TorchRL's ``ModelBasedEnvBase`` with the model as a ``TensorDictModule``,
@@ -159,13 +162,19 @@ class _StepLoop:
 
 
 class _Rollout:
-    def __init__(self, env, b, device):
+    """``rollout(ROLL)``; with ``reuse_out``, TorchRL's ``out=`` writes every rollout into the first one's buffer."""
+
+    def __init__(self, env, b, device, reuse_out=False):
         self.env, self.policy = env, _Policy(b, device)
+        self.out = None
+        self.reuse_out = reuse_out
 
     def run(self, units):
         with torch.no_grad():
             for _ in range(units):
-                self.env.rollout(ROLL, self.policy, break_when_any_done=False)
+                out = self.env.rollout(ROLL, self.policy, break_when_any_done=False, out=self.out)
+                if self.reuse_out:
+                    self.out = out
 
     def close(self):
         pass
@@ -314,6 +323,12 @@ def _rows_for(model, b: int, seconds: float, device) -> list[Row]:
         "env/rollout",
         f"WorldModelEnv rollout({ROLL}, break_when_any_done=False)",
         lambda: _Rollout(_make_env(model, b, device), b, device),
+        steps_per_unit=ROLL,
+    )
+    row(
+        "env/rollout-out",
+        f"WorldModelEnv rollout({ROLL}, out=the previous rollout's buffer)",
+        lambda: _Rollout(_make_env(model, b, device), b, device, reuse_out=True),
         steps_per_unit=ROLL,
     )
     row(
