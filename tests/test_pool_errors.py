@@ -140,18 +140,23 @@ def test_reserved_dict_key_is_rejected():
         EnvPool([Clash])
 
 
+def assert_first_step_raises(env_fns, match):
+    """Reset a pool of ``env_fns``, step it once with action 0 everywhere: an EnvError matching ``match``."""
+    pool = EnvPool(env_fns, seed=0)
+    td = pool.reset()
+    td["action"] = torch.zeros(len(env_fns), dtype=torch.int64)
+    with pytest.raises(EnvError, match=match):
+        pool.step(td)
+    pool.close()
+
+
 def test_observation_of_wrong_shape_is_named():
     class WrongShape(CountingEnv):
         def step(self, action):
             obs, *rest = super().step(action)
             return obs[:2], *rest
 
-    pool = EnvPool([CountingEnv, WrongShape], seed=0)
-    td = pool.reset()
-    td["action"] = torch.zeros(2, dtype=torch.int64)
-    with pytest.raises(EnvError, match=r"env 1 \(step\): observation \('observation',\): expected shape \(3,\)"):
-        pool.step(td)
-    pool.close()
+    assert_first_step_raises([CountingEnv, WrongShape], r"env 1 \(step\): observation \('observation',\): expected shape \(3,\)")
 
 
 def test_unknown_env_id_and_misused_kwargs():
@@ -202,12 +207,8 @@ def test_step_returning_the_old_four_tuple_is_named():
 
     with pytest.raises(EnvError, match=r"env 1 \(step\): expected step\(\) to return .*got tuple"):
         EnvPool([CountingEnv, OldApiAtOnce], seed=0)
-    pool = EnvPool([CountingEnv, CountingEnv, OldApi], seed=0)
-    td = pool.reset()
-    td["action"] = torch.zeros(3, dtype=torch.int64)
-    with pytest.raises(EnvError, match=r"env 2 \(step\): expected step\(\) to return \(obs, reward, terminated, truncated, info\)"):
-        pool.step(td)
-    pool.close()
+    assert_first_step_raises([CountingEnv, CountingEnv, OldApi],
+                             r"env 2 \(step\): expected step\(\) to return \(obs, reward, terminated, truncated, info\)")
 
 
 def test_string_observation_is_named_even_when_the_batch_would_stack():
@@ -216,12 +217,8 @@ def test_string_observation_is_named_even_when_the_batch_would_stack():
             obs, *rest = super().step(action)
             return obs.astype(str), *rest
 
-    pool = EnvPool([CountingEnv, Text, CountingEnv], seed=0)
-    td = pool.reset()
-    td["action"] = torch.zeros(3, dtype=torch.int64)
-    with pytest.raises(EnvError, match=r"env 1 \(step\): observation \('observation',\): expected dtype float32"):
-        pool.step(td)
-    pool.close()
+    assert_first_step_raises([CountingEnv, Text, CountingEnv],
+                             r"env 1 \(step\): observation \('observation',\): expected dtype float32")
 
 
 def test_observations_in_other_forms_are_written_row_for_row():
