@@ -11,6 +11,7 @@ def test_world_model_benchmark_runs_and_fills_ratios():
         "raw+reset",
         "env/step",
         "env/rollout",
+        "env/rollout-out",
         "env/transformed",
         "torchrl/model_based",
         "env/step-no-dones",
