@@ -102,6 +102,10 @@ class VectorBackend(InProcessBackend):
         self.seed_every_episode = seed_every_episode
         self.observation_space = venv.single_observation_space
         self.action_space = venv.single_action_space
+        #: Whether each row can get its own seed (gymnasium's Sync/AsyncVectorEnv), or one seeds the batch.
+        self.per_env_seeds = isinstance(_innermost(venv), (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv))
+        self._everyone = np.ones(self.num_envs, dtype=bool)
+        self._everyone.flags.writeable = False
         self._masked_reset = self._find_masked_reset(masked_reset)
         if pixels and getattr(venv, "render_mode", None) != "rgb_array":
             raise EnvError(None, "make", f"pixels=True needs render_mode='rgb_array', got {getattr(venv, 'render_mode', None)!r}")
@@ -174,11 +178,6 @@ class VectorBackend(InProcessBackend):
         super().attach(layout, arrays, info_schema, frame_key)
         self._stash_obs = None
 
-    @property
-    def per_env_seeds(self) -> bool:
-        """Whether each row can get its own seed (gymnasium's Sync/AsyncVectorEnv), or one seeds the batch."""
-        return isinstance(_innermost(self.venv), (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv))
-
     def _seed_arg(self, seeds):
         if seeds is None:
             return None
@@ -236,11 +235,14 @@ class VectorBackend(InProcessBackend):
                         f"{type(_innermost(self.venv)).__name__} (SAME_STEP) can only reset rows it finished itself; "
                         "it has no masked reset (options['reset_mask']) for the others. Pass masked_reset=True if it has one.",
                     )
-                full = [None] * self.num_envs
-                for j, seed in zip(rows.tolist(), seeds):
-                    full[j] = seed
+                if self.per_env_seeds:
+                    seed_arg = [None] * self.num_envs
+                    for j, seed in zip(rows.tolist(), seeds):
+                        seed_arg[j] = seed
+                else:
+                    seed_arg = self._seed_arg(seeds)  # one seed for the batch: the first row's
                 try:
-                    obs, info = self._masked_reset(select, self._seed_arg(full), option)
+                    obs, info = self._masked_reset(select, seed_arg, option)
                 except Exception as err:
                     raise EnvError(int(rows[0]), "reset", f"{type(err).__name__}: {err}") from err
                 writer.observations(select, obs, "reset")
@@ -280,7 +282,7 @@ class VectorBackend(InProcessBackend):
             raise EnvError(None, "step", f"{type(err).__name__}: {err}") from err
         done = np.logical_or(terminated, truncated)
         writer = self.writer
-        everyone = np.ones(self.num_envs, dtype=bool)
+        everyone = self._everyone
         if self.mode is AutoresetMode.SAME_STEP and done.any():
             obs = self._split_same_step(obs, info, done)
             final_info = info.get("final_info", {})
