@@ -210,6 +210,13 @@ def test_step_returning_the_old_four_tuple_is_named():
     assert_first_step_raises([CountingEnv, CountingEnv, OldApi],
                              r"env 2 \(step\): expected step\(\) to return \(obs, reward, terminated, truncated, info\)")
 
+    class ExtraItem(CountingEnv):  # one env of the batch returns a 6-tuple: never silently cut to 5
+        def step(self, action):
+            result = super().step(action)
+            return (*result, "extra") if self.steps_called > 1 else result
+
+    assert_first_step_raises([CountingEnv, ExtraItem, CountingEnv], r"env 1 \(step\): expected step\(\) to return .*got tuple")
+
 
 def test_string_observation_is_named_even_when_the_batch_would_stack():
     class Text(CountingEnv):

@@ -237,7 +237,7 @@ class SerialBackend(InProcessBackend):
             return
         index, global_rows = self._index(rows)
         try:
-            observations, rewards, terminated, truncated, infos = zip(*results)
+            observations, rewards, terminated, truncated, infos = zip(*results, strict=True)  # strict: no silent truncation
         except (TypeError, ValueError):
             for i, result in zip(global_rows, results):
                 if not isinstance(result, tuple) or len(result) != 5:
