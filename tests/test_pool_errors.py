@@ -191,6 +191,7 @@ def test_env_error_pickles_and_rebuilds_from_its_message():
     # TorchRL's collector workers re-raise an exception class from one preformatted message
     rebuilt = EnvError(str(err))
     assert str(rebuilt) == "env 3 (step): ValueError: boom" and rebuilt.env_index is None
+    assert str(pickle.loads(pickle.dumps(rebuilt))) == str(rebuilt)
 
 
 def test_step_returning_the_old_four_tuple_is_named():

@@ -45,6 +45,8 @@ class EnvError(RuntimeError):
         super().__init__(f"{where} ({phase}): {message}")
 
     def __reduce__(self):  # picklable across worker processes
+        if self.phase is None:  # rebuilt from one preformatted message
+            return (EnvError, (self.message,))
         return (EnvError, (self.env_index, self.phase, self.message))
 
 
