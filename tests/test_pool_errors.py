@@ -140,9 +140,9 @@ def test_reserved_dict_key_is_rejected():
         EnvPool([Clash])
 
 
-def assert_first_step_raises(env_fns, match):
+def assert_first_step_raises(env_fns, match, **pool_kwargs):
     """Reset a pool of ``env_fns``, step it once with action 0 everywhere: an EnvError matching ``match``."""
-    pool = EnvPool(env_fns, seed=0)
+    pool = EnvPool(env_fns, seed=0, **pool_kwargs)
     td = pool.reset()
     td["action"] = torch.zeros(len(env_fns), dtype=torch.int64)
     with pytest.raises(EnvError, match=match):
@@ -255,3 +255,15 @@ def test_observations_in_other_forms_are_written_row_for_row():
             ref["next"].set("_reset", ref["next", "done"]))
     pool.close()
     reference.close()
+
+
+def test_render_raising_during_a_step_is_named():
+    class BadRender(CountingEnv):
+        def render(self):
+            if self.steps_called > 1:  # after the construction probe
+                raise RuntimeError("display lost")
+            return super().render()
+
+    assert_first_step_raises([functools.partial(counting, render_mode="rgb_array"),
+                              functools.partial(BadRender, render_mode="rgb_array")],
+                             r"env 1 \(render\): RuntimeError: display lost", pixels=True)

@@ -250,8 +250,14 @@ class SerialBackend(InProcessBackend):
             for i, info in zip(global_rows, infos):
                 write_info(i, info, "step")
         if self.frames is not None:
-            for j in order:
-                self._store_frame(j, envs[j])
+            j = -1
+            try:
+                for j in order:
+                    self._store_frame(j, envs[j])
+            except EnvError:
+                raise
+            except Exception as err:
+                raise EnvError(first + j, "render", f"{type(err).__name__}: {err}") from err
         writer.step_flags(index, global_rows, rewards, terminated, truncated)
 
     # -- direct access to the envs ------------------------------------------------------
