@@ -129,3 +129,45 @@ def test_ppo_learns_cartpole_through_the_pool():
     trained_mean = float(np.mean([ep["r"] for ep in model.ep_info_buffer]))
     assert random_mean < 40
     assert trained_mean > 100 and trained_mean > 4 * random_mean, (random_mean, trained_mean)
+
+
+# -- per-env info dicts built a column at a time: the same dicts as env by env --------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from torchrl_swm.export.sb3 import _row, _rows  # noqa: E402
+
+
+@st.composite
+def vector_infos(draw, n, depth=0):
+    infos = {}
+    for k in range(draw(st.integers(0, 4))):
+        key = f"k{k}"
+        kind = draw(st.sampled_from(["float", "int", "bool", "wide", "object"] + (["dict"] if depth < 1 else [])))
+        if kind == "dict":
+            infos[key] = draw(vector_infos(n, depth + 1))
+        elif kind == "wide":
+            infos[key] = np.arange(n * 2, dtype=np.float32).reshape(n, 2)
+        elif kind == "object":
+            infos[key] = np.array([f"s{i}" for i in range(n)], dtype=object)
+        else:
+            infos[key] = np.arange(n).astype({"float": np.float32, "int": np.int64, "bool": bool}[kind])
+        if draw(st.booleans()):
+            infos["_" + key] = np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    return infos
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), n=st.integers(1, 5))
+def test_sb3_info_rows_match_the_per_env_rule(data, n):
+    infos = data.draw(vector_infos(n))
+    fast, slow = _rows(infos, n), [_row(infos, i) for i in range(n)]
+
+    def same(a, b):
+        if isinstance(a, dict):
+            return isinstance(b, dict) and list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, np.ndarray):
+            return isinstance(b, np.ndarray) and np.array_equal(a, b)
+        return type(a) is type(b) and a == b
+
+    assert all(same(f, s) for f, s in zip(fast, slow))

@@ -99,7 +99,7 @@ def _sb3_class():
             else:
                 options = dict(options[0])
             obs, infos = self.venv.reset(seed=seed, options=options)
-            self.reset_infos = self._per_env(infos, range(self.num_envs))
+            self.reset_infos = _rows(infos, self.num_envs)
             self._reset_seeds()
             self._reset_options()
             return obs
@@ -113,19 +113,16 @@ def _sb3_class():
             actions, self._actions = self._actions, None
             obs, rewards, terminated, truncated, infos = self.venv.step(actions)
             dones = terminated | truncated
-            per_env = self._per_env(infos, range(self.num_envs))
+            per_env = _rows(infos, self.num_envs)
             if dones.any():
                 final_obs, final_info = infos["final_obs"], infos["final_info"]
                 for i in np.flatnonzero(dones).tolist():
                     self.reset_infos[i] = per_env[i]  # after a SAME_STEP reset: the reset info
                     per_env[i] = _row(final_info, i)  # the step's own info
                     per_env[i]["terminal_observation"] = final_obs[i]
-            for i, info in enumerate(per_env):
-                info["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
+            for info, cut in zip(per_env, (truncated & ~terminated).tolist()):
+                info["TimeLimit.truncated"] = cut
             return obs, rewards.astype(np.float32, copy=False), dones, per_env
-
-        def _per_env(self, infos: dict, rows) -> list[dict]:
-            return [_row(infos, i) for i in rows]
 
         def close(self) -> None:
             self.venv.close()
@@ -192,6 +189,34 @@ def _indices(indices):
     if isinstance(indices, (int, np.integer)):
         return [int(indices)]
     return [int(i) for i in indices]
+
+
+def _rows(infos: dict, n: int) -> list[dict]:
+    """Every env's :func:`_row` of gymnasium vector infos, built a column at a time.
+
+    The same dicts as ``[_row(infos, i) for i in range(n)]`` (same keys, order and
+    values: Python scalars for numeric arrays, row views for wider ones), without a
+    per-env pass over every key.
+    """
+    out = [{} for _ in range(n)]
+    for key, value in infos.items():
+        if key.startswith("_") or key in ("final_obs", "final_info"):
+            continue
+        mask = infos.get("_" + key)
+        if isinstance(value, dict):
+            column = [_row(value, i) if mask is None or mask[i] else None for i in range(n)]
+        elif isinstance(value, np.ndarray) and value.ndim == 1:
+            column = value.tolist()  # Python scalars (objects stay themselves), as .item() gives
+        else:
+            column = [value[i] for i in range(n)]
+            column = [item.item() if isinstance(item, np.generic) else item for item in column]
+        if mask is None:
+            for info, item in zip(out, column):
+                info[key] = item
+        else:
+            for i in np.flatnonzero(mask).tolist():
+                out[i][key] = column[i]
+    return out
 
 
 def _row(infos: dict, i: int) -> dict:
