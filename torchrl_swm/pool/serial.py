@@ -222,6 +222,8 @@ class SerialBackend(InProcessBackend):
         """
         envs, writer, first = self.envs, self.writer, self.first
         order = range(len(envs)) if rows is None else rows.tolist()
+        if len(actions) != len(order):  # the loop below must never pair envs and actions short
+            raise ValueError(f"SerialBackend.step: {len(actions)} actions for {len(order)} envs")
         results: list[tuple] = []
         append = results.append
         try:
