@@ -84,6 +84,13 @@ def _leaf_batch_writer(key: Key, space: gym.Space, buf: np.ndarray):
     return write
 
 
+def _dict_leaf(obs, key: Key):
+    """The leaf at the nested ``key`` of a Dict observation (KeyError/TypeError when absent)."""
+    for part in key:
+        obs = obs[part]
+    return obs
+
+
 def _coerce(i, key, value, shape, dtype, phase):
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
@@ -145,10 +152,8 @@ class RowWriter:
         if not isinstance(obs, Mapping):
             raise EnvError(i, phase, f"expected a dict observation (Dict space), got {describe(obs)}")
         for key, write in self.leaves:
-            value = obs
             try:
-                for part in key:
-                    value = value[part]
+                value = _dict_leaf(obs, key)
             except (KeyError, TypeError):
                 raise EnvError(i, phase, f"observation is missing Dict key {key}; got keys {list(obs)}") from None
             write(i, value, phase)
@@ -181,8 +186,7 @@ class RowWriter:
             value = obs
             if self.is_dict:
                 try:
-                    for part in key:
-                        value = value[part]
+                    value = _dict_leaf(obs, key)
                 except (KeyError, TypeError):
                     raise EnvError(None, phase, f"vector observation is missing Dict key {key}") from None
             write(select, value, phase)

@@ -78,6 +78,11 @@ def _model_device(model) -> torch.device | None:
     return None
 
 
+def _exact(value, shape, dtype, device) -> bool:
+    """Whether ``value`` is already a tensor of exactly this shape, dtype and device (the fast path)."""
+    return type(value) is torch.Tensor and value.shape == shape and value.dtype is dtype and value.device == device
+
+
 def _leaf_key(key) -> tuple[str, ...]:
     return (key,) if isinstance(key, str) else tuple(key)
 
@@ -819,13 +824,7 @@ class WorldModelEnv(EnvBase):
         bs = shapes.bs
         bs1 = shapes.bs1
         # fast checks for the common case; the slow paths convert (numpy, (N,) -> (N, 1)) or raise
-        if (
-            self._obs_leaf is None
-            or type(obs) is not torch.Tensor
-            or obs.shape != shapes.obs
-            or obs.dtype is not self._obs_leaf.dtype
-            or obs.device != dev
-        ):
+        if self._obs_leaf is None or not _exact(obs, shapes.obs, self._obs_leaf.dtype, dev):
             raw = obs
             obs = self._read_obs(obs, bs, where, form)
             if state is raw and not self._obs_is_mapping:
@@ -836,44 +835,22 @@ class WorldModelEnv(EnvBase):
                     _tree.check_batch(state, tuple(bs), "next state")
                 except (ValueError, TypeError) as err:
                     raise ReturnFormError(f"{where} returned {form}: {err}") from None
-        if (
-            type(reward) is not torch.Tensor
-            or reward.shape != bs1
-            or reward.dtype is not self._reward_dtype
-            or reward.device != dev
-        ):
+        rt.reward_from_model = rt.terminated_from_model = True
+        if not _exact(reward, bs1, self._reward_dtype, dev):
             reward = self._reward(reward, bs, bs1, where, form)
             if reward is None:
                 rt.reward_from_model = False
                 reward = shapes.zero_reward()
-            else:
-                rt.reward_from_model = True
-        else:
-            rt.reward_from_model = True
-        if (
-            type(terminated) is not torch.Tensor
-            or terminated.shape != bs1
-            or terminated.dtype is not torch.bool
-            or terminated.device != dev
-        ):
+        if not _exact(terminated, bs1, torch.bool, dev):
             terminated = self._flag(terminated, bs, bs1, "terminated", where, form)
             if terminated is None:
                 rt.terminated_from_model = False
                 terminated = shapes.false()
-            else:
-                rt.terminated_from_model = True
-        else:
-            rt.terminated_from_model = True
         if truncated is MISSING:
             truncated = shapes.false()
             done = terminated
         else:
-            if (
-                type(truncated) is not torch.Tensor
-                or truncated.shape != bs1
-                or truncated.dtype is not torch.bool
-                or truncated.device != dev
-            ):
+            if not _exact(truncated, bs1, torch.bool, dev):
                 truncated = self._flag(truncated, bs, bs1, "truncated", where, form)
             done = terminated | truncated
         if info or self._info_leaves:
