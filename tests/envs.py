@@ -65,6 +65,33 @@ class CountingEnv(gym.Env):
         return frame
 
 
+class SparseInfoEnv(CountingEnv):
+    """A counting env whose infos come and go: ``"t"`` always, ``"bonus"`` (``= t``) at
+    every ``period``-th step, ``"success"`` only at the step that ends the episode."""
+
+    def __init__(self, period: int = 3, **kwargs):
+        super().__init__(**kwargs)
+        self.period = period
+
+    def reset(self, *, seed=None, options=None):
+        obs, _ = super().reset(seed=seed, options=options)
+        return obs, {"t": 0}
+
+    def step(self, action):
+        obs, reward, terminated, truncated, _ = super().step(action)
+        info = {"t": self.t}
+        if self.t % self.period == 0:
+            info["bonus"] = float(self.t)
+        if terminated or truncated:
+            info["success"] = True
+        return obs, reward, terminated, truncated, info
+
+
+def sparse_info(period=3, max_length=9):
+    """A picklable factory for :class:`SparseInfoEnv`."""
+    return SparseInfoEnv(period=period, max_length=max_length)
+
+
 class DictObsEnv(gym.Env):
     """A Dict observation with a nested Dict and a Discrete leaf; Box actions."""
 

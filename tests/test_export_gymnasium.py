@@ -47,6 +47,27 @@ def test_check_env_on_a_one_env_pool():
     assert obs.shape == (6,) and info == {"episode_seed": 3}
 
 
+def test_single_env_infos_that_come_and_go():
+    """Unbatched export: a key is in the info dict exactly when the env reported it."""
+    from envs import SparseInfoEnv
+
+    pool = EnvPool([functools.partial(SparseInfoEnv, period=2, length=5)], info_spec={"bonus": 0.0, "success": False})
+    env = TorchRLGymEnv(pool, squeeze_batch=True, info_keys=["info"])
+    ref = SparseInfoEnv(period=2, length=5)
+    ref.reset()  # the pool's construction probe resets its env once (the counting env counts resets)
+    obs, info = env.reset(seed=0)
+    assert info == ref.reset(seed=0)[1] == {"t": 0}
+    for _ in range(12):
+        obs, reward, terminated, truncated, info = env.step(1)
+        ref_step = ref.step(1)
+        assert info == ref_step[4]
+        assert type(info["t"]) is int and ("bonus" not in info or type(info["bonus"]) is float)
+        if terminated or truncated:
+            env.reset()
+            ref.reset()
+    env.close()
+
+
 def test_python_scalars_and_fresh_arrays():
     env = to_gymnasium(GymEnv("MountainCar-v0"))
     obs, info = env.reset(seed=0)

@@ -16,7 +16,7 @@ from stable_baselines3.common.monitor import Monitor  # noqa: E402
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecMonitor  # noqa: E402
 from torchrl.envs import GymEnv  # noqa: E402
 
-from envs import CountingEnv  # noqa: E402
+from envs import CountingEnv, sparse_info  # noqa: E402
 from torchrl_swm import EnvPool, to_gymnasium, to_sb3_vec_env  # noqa: E402
 from torchrl_swm.benchmarks.export import MLPWorldModelEnv  # noqa: E402
 
@@ -49,6 +49,37 @@ def test_matches_dummy_vec_env_step_by_step():
         truncations += sum(i["TimeLimit.truncated"] for i in infos)
         terminations += sum(d and not i["TimeLimit.truncated"] for d, i in zip(dones, infos))
     assert truncations > 5 and terminations > 20
+
+
+def _probed(env):
+    """The env after the reset EnvPool's construction probe gives it (the counting env counts resets)."""
+    env.reset()
+    return env
+
+
+def test_infos_that_come_and_go_match_dummy_vec_env():
+    """An info key appears in an env's dict only at the steps that env reported it."""
+    periods = (1, 2, 3)
+    n = len(periods)
+    fns = [functools.partial(sparse_info, period=p, max_length=5) for p in periods]
+    ours = to_sb3_vec_env(EnvPool(fns, info_spec={"bonus": 0.0, "success": False}), info_keys=["info"])
+    ref = DummyVecEnv([lambda f=f: PoolSeedSchedule(_probed(f()), n) for f in fns])
+    ours.seed(2)
+    ref.seed(2)
+    assert_same(ours.reset(), ref.reset(), "reset obs")
+    assert ours.reset_infos == ref.reset_infos
+    seen = set()
+    for t, action in enumerate(action_stream(gym.spaces.MultiDiscrete([3] * n), 60, 1)):
+        obs, rewards, dones, infos = ours.step(action)
+        obs_ref, rewards_ref, dones_ref, infos_ref = ref.step(action)
+        assert_same(obs, obs_ref, f"step {t}: obs")
+        for info, info_ref in zip(infos, infos_ref):
+            assert set(info) == set(info_ref), f"step {t}"
+            for key, value in info.items():
+                assert np.array_equal(value, info_ref[key]), f"step {t}: {key}"  # bonus: float32 vs float
+        assert ours.reset_infos == ref.reset_infos
+        seen |= {key for info in infos for key in info}
+    assert {"bonus", "success", "terminal_observation"} <= seen
 
 
 def test_per_env_infos_and_terminal_observation():

@@ -14,7 +14,7 @@ from export_helpers import PoolSeedSchedule, action_stream, assert_same, sync_tw
 from gymnasium.vector import AutoresetMode
 from torchrl.envs import StepCounter, TransformedEnv
 
-from envs import CountingEnv, DictObsEnv, InfoEnv, counting
+from envs import CountingEnv, DictObsEnv, InfoEnv, counting, sparse_info
 from torchrl_swm import EnvPool, to_gymnasium
 from torchrl_swm.benchmarks.export import ACT, LAT, MLPWorldModelEnv, make_model, world_model_env
 from torchrl_swm.export import TorchRLVectorEnv
@@ -73,6 +73,31 @@ def test_truncation_and_infos_match_sync_vector_env(mode):
         autoreset_mode=AutoresetMode(ours.metadata["autoreset_mode"]),
     )
     _compare_to_sync(ours, ref, 60, seed=11, drop=("episode_seed",))
+
+
+def _probed(env):
+    """The env after the reset EnvPool's construction probe gives it (the counting env counts resets)."""
+    env.reset()
+    return env
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_infos_that_come_and_go_match_sync_vector_env(mode):
+    """"bonus" every few steps and "success" at the end: the same keys, "_key" masks and
+    final_info as gymnasium's SyncVectorEnv (the pool's ("info_mask", key) leaves)."""
+    periods = (1, 2, 3, 4)
+    n = len(periods)
+    fns = [functools.partial(sparse_info, period=p, max_length=6) for p in periods]
+    # float64: gymnasium stores a Python float info in a float64 array
+    pool = EnvPool(fns, seed=0, info_spec={"bonus": np.float64(0), "success": False})
+    ours = to_gymnasium(pool, autoreset_mode=mode)
+    ref = gym.vector.SyncVectorEnv(
+        [lambda f=f: PoolSeedSchedule(_probed(f()), n) for f in fns], autoreset_mode=AutoresetMode(ours.metadata["autoreset_mode"])
+    )
+    finished = _compare_to_sync(ours, ref, 150, seed=5, drop=("episode_seed",))
+    assert finished > 40
+    ours.close()
+    ref.close()
 
 
 @pytest.mark.parametrize("mode", MODES)

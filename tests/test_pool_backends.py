@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from envs import CountingEnv, DictObsEnv, FailingEnv, counting
+from envs import CountingEnv, DictObsEnv, FailingEnv, counting, sparse_info
 from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict
 from torchrl.envs.utils import check_env_specs
@@ -65,10 +65,17 @@ class GenericPathPool(EnvPool):
         return super(EnvPool, self)._step_and_maybe_reset(tensordict)
 
 
-@pytest.mark.parametrize("factory", [functools.partial(counting, max_length=5), DictObsEnv])
-def test_fast_step_and_maybe_reset_equals_generic_path(factory):
-    fast = EnvPool([factory] * 4, seed=3)
-    slow = GenericPathPool([factory] * 4, seed=3)
+@pytest.mark.parametrize(
+    "factory, kwargs",
+    [
+        (functools.partial(counting, max_length=5), {}),
+        (DictObsEnv, {}),  # "is_success" only at step: a presence mask
+        (functools.partial(sparse_info, period=2, max_length=5), {"info_spec": {"bonus": 0.0, "success": False}}),
+    ],
+)
+def test_fast_step_and_maybe_reset_equals_generic_path(factory, kwargs):
+    fast = EnvPool([factory] * 4, seed=3, **kwargs)
+    slow = GenericPathPool([factory] * 4, seed=3, **kwargs)
     gen_a, gen_b = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
     ta, tb = fast.reset(), slow.reset()
     for t in range(120):
@@ -109,6 +116,18 @@ def test_process_backend_matches_serial_row_for_row():
     assert proc.get_attr("length", indices=[0, 4]) == [9, 5]
     assert proc.call("render", indices=[1])[0].shape == (8, 12, 3)
     check_env_specs(proc)
+    serial.close()
+    proc.close()
+
+
+def test_process_backend_matches_serial_info_masks():
+    fns = [functools.partial(sparse_info, period=p) for p in (1, 2, 3, 4)]
+    kwargs = dict(seed=2, info_spec={"bonus": 0.0, "success": False})
+    serial = EnvPool(fns, **kwargs)
+    proc = EnvPool(fns, backend="process", num_workers=2, **kwargs)
+    masks = [torch.rand(4, 1, generator=torch.Generator().manual_seed(t)) > 0.3 for t in range(40)]
+    assert_same(drive(serial, 80), drive(proc, 80))
+    assert_same(drive(serial, 40, step_masks=masks), drive(proc, 40, step_masks=masks))
     serial.close()
     proc.close()
 
@@ -220,6 +239,20 @@ def test_sync_vector_pool_equals_single_env_pool(mode):
     single = EnvPool("CartPole-v1", num_envs=4, seed=11)
     vector = EnvPool(_vector(mode, 4), seed=11)
     assert_same(drive(single, 150), drive(vector, 150))
+    single.close()
+    vector.close()
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED])
+def test_sync_vector_pool_info_masks_equal_single_env_pool(mode):
+    # gymnasium's "_key" masks (and SAME_STEP's final_info) become the same ("info_mask", key) leaves
+    fns = [functools.partial(sparse_info, period=p) for p in (1, 2, 3)]
+    # SAME_STEP: the vector env's own autoreset (unseeded) must be the reset the pool keeps,
+    # or the counting env would count two resets per episode
+    kwargs = dict(seed=4, info_spec={"bonus": 0.0, "success": False}, seed_every_episode=mode != AutoresetMode.SAME_STEP)
+    single = EnvPool(fns, **kwargs)
+    vector = EnvPool(gym.vector.SyncVectorEnv(fns, autoreset_mode=mode), **kwargs)
+    assert_same(drive(single, 120), drive(vector, 120))
     single.close()
     vector.close()
 

@@ -5,7 +5,7 @@ import functools
 import numpy as np
 import pytest
 import torch
-from envs import InfoEnv, counting
+from envs import InfoEnv, counting, sparse_info
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torchrl.data import Unbounded
@@ -45,18 +45,96 @@ def test_info_layout_time_dim_and_types():
     pool.close()
 
 
-def test_key_seen_only_in_a_later_env_reset_is_recorded():
+def test_key_seen_only_in_a_later_env_reset_is_recorded_with_a_mask():
     pool = info_pool([{}, {}, {"late": 2.0}], [[{}]] * 3)
     out = pool.reset()
-    assert out["info", "late"].view(-1).tolist() == [0.0, 0.0, 2.0]  # absent keys read as zero
+    assert out["info", "late"].view(-1).tolist() == [0.0, 0.0, 2.0]  # absent keys read as zero...
+    assert out["info_mask", "late"].view(-1).tolist() == [False, False, True]  # ...and say so
     pool.close()
 
 
-def test_key_seen_only_at_step_is_recorded():
+def test_key_seen_only_at_step_is_recorded_with_a_mask():
     pool = info_pool([{}] * 2, [[{"step_only": 1}]] * 2)
     assert "step_only" in pool.observation_spec["info"].keys()
-    out = step(pool)
+    assert pool.observation_spec["info_mask", "step_only"].shape == (2, 1)
+    assert pool.observation_spec["info_mask", "step_only"].dtype == torch.bool
+    reset = pool.reset()
+    assert reset["info_mask", "step_only"].view(-1).tolist() == [False, False]
+    out = step(pool, reset)
     assert out["info", "step_only"].view(-1).tolist() == [1, 1]
+    assert out["info_mask", "step_only"].view(-1).tolist() == [True, True]
+    pool.close()
+
+
+def test_keys_every_env_always_reported_have_no_mask():
+    pool = info_pool([{"a": 1, "b": 2.0}] * 2, [[{"a": 1, "b": 2.0}]] * 2)
+    assert "info_mask" not in pool.observation_spec.keys()
+    assert "info_mask" not in step(pool).keys()
+    pool.close()
+
+
+def test_unmasked_key_an_env_later_omits_is_an_error_naming_env_and_key():
+    # "a" was in every probe (reset and first step), so a zero could not be told from a value
+    pool = info_pool([{"a": 1}] * 2, [[{"a": 1}], [{"a": 1}, {}]])
+    td = step(pool)
+    with pytest.raises(EnvError, match=r"env 1 \(step\): info key 'a' is missing.*info_spec=\{'a'") as err:
+        step(pool, td.clone())
+    assert err.value.env_index == 1
+    pool.close()
+    # declaring it records a mask instead
+    pool = info_pool([{"a": 1}] * 2, [[{"a": 1}], [{"a": 1}, {}]], info_spec={"a": 0})
+    td = step(pool)
+    out = step(pool, td.clone())
+    assert out["info", "a"].view(-1).tolist() == [1, 0]
+    assert out["info_mask", "a"].view(-1).tolist() == [True, False]
+    pool.close()
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_sparse_info_masks_exact_over_hundreds_of_steps(backend):
+    periods = (1, 2, 3, 5)
+    fns = [functools.partial(sparse_info, period=p) for p in periods]
+    pool = EnvPool(fns, seed=0, backend=backend, info_spec={"bonus": 0.0, "success": False})
+    assert set(pool.observation_spec["info_mask"].keys()) == {"bonus", "success"}  # "t" is always there
+    rollout = pool.rollout(300, break_when_any_done=False)
+    pool.close()
+    t = rollout["next", "observation"][..., 0]
+    done = rollout["next", "done"][..., 0]
+    assert done.sum() > 60
+    nxt = rollout["next"]
+    bonus_due = t % torch.tensor(periods).view(-1, 1) == 0
+    assert torch.equal(nxt["info_mask", "bonus"][..., 0], bonus_due)
+    assert torch.equal(nxt["info", "bonus"][..., 0], torch.where(bonus_due, t, 0))
+    assert torch.equal(nxt["info_mask", "success"][..., 0], done)
+    assert torch.equal(nxt["info", "success"][..., 0], done)
+    assert torch.equal(nxt["info", "t"][..., 0].float(), t)
+    # the root of each step: the previous next, or a reset (which reports neither key)
+    for key in ("bonus", "success"):
+        root = rollout["info_mask", key][..., 0]
+        assert not root[:, 0].any()
+        assert torch.equal(root[:, 1:], nxt["info_mask", key][:, :-1, 0] & ~done[:, :-1])
+
+
+def test_frozen_rows_keep_their_infos_and_masks():
+    pool = EnvPool([functools.partial(sparse_info, period=2, max_length=50)] * 3, seed=0,
+                   info_spec={"bonus": 0.0, "success": False})
+    td = pool.reset()
+    td["action"] = torch.zeros(3, dtype=torch.int64)
+    first = pool.step(td)["next"].clone()  # t=1: no bonus
+    td = first.clone()
+    td["action"] = torch.zeros(3, dtype=torch.int64)
+    td["_step"] = torch.tensor([[True], [False], [True]])
+    second = pool.step(td)["next"]  # t=2 on rows 0 and 2: a bonus
+    assert second["info_mask", "bonus"].view(-1).tolist() == [True, False, True]
+    assert second["info", "bonus"].view(-1).tolist() == [2.0, 0.0, 2.0]
+    assert torch.equal(second["info", "t"][1], first["info", "t"][1])
+    pool.close()
+
+
+def test_info_keys_keeps_the_masks_of_the_chosen_keys():
+    pool = info_pool([{"a": 1}] * 2, [[{"a": 1, "b": 2.0, "c": 3}]] * 2, info_keys=["b", "a"])
+    assert set(pool.observation_spec["info"].keys()) == {"a", "b"}
+    assert set(pool.observation_spec["info_mask"].keys()) == {"b"}
     pool.close()
 
 
@@ -72,8 +150,10 @@ def test_key_appearing_after_construction_is_an_error_naming_env_and_key():
 def test_declared_info_spec_accepts_the_late_key():
     pool = info_pool([{}] * 2, [[{}, {}], [{}, {"episode": 4.0}]], info_spec={"episode": Unbounded(shape=())})
     td = step(pool)
+    assert td["info_mask", "episode"].view(-1).tolist() == [False, False]
     out = step(pool, td.clone())
     assert out["info", "episode"].view(-1).tolist() == [0.0, 4.0]
+    assert out["info_mask", "episode"].view(-1).tolist() == [False, True]
     pool.close()
 
 
@@ -145,4 +225,23 @@ def test_any_numeric_info_round_trips(info, n):
         got = out["info", key]
         assert got.shape == (n, 1, *expected.shape)
         assert torch.equal(got[:, 0], expected.expand(n, *expected.shape).to(got.dtype))
+    pool.close()
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), n=st.integers(1, 4), steps=st.integers(1, 6))
+def test_any_presence_pattern_is_recorded_exactly(data, n, steps):
+    # each env reports "x" (= 10 * env + step) at the steps hypothesis picks; "y" always
+    present = [[data.draw(st.booleans()) for _ in range(steps)] for _ in range(n)]
+    step_infos = [
+        [{"y": 1.0, **({"x": 10 * i + t} if present[i][t] else {})} for t in range(steps)] for i in range(n)
+    ]
+    pool = info_pool([{"y": 0.0}] * n, step_infos, info_spec={"x": 0})
+    td = pool.reset()
+    for t in range(steps):
+        out = step(pool, td)
+        want = torch.tensor(present)[:, t]
+        assert torch.equal(out["info_mask", "x"][:, 0], want)
+        assert torch.equal(out["info", "x"][:, 0], torch.where(want, torch.arange(n) * 10 + t, 0))
+        td = out.clone()
     pool.close()

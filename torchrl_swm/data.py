@@ -14,7 +14,8 @@ stored contiguously. Row ``t`` of an episode of length ``L`` holds step ``t`` at
 the root and step ``t + 1`` under ``"next"``:
 
 * root: the observation keys (``"observation"`` or the Dict keys), ``"pixels"``,
-  ``("info", k)`` (``(1, ...)`` per row: the pool's time dim of 1),
+  ``("info", k)`` (``(1, ...)`` per row: the pool's time dim of 1) and, for
+  keys envs may omit, ``("info_mask", k)`` (``(1,)`` bool: reported at that step),
   ``"episode_seed"``, ``"done"``/``"terminated"``/``"truncated"`` (always False at
   the root), ``"is_init"`` (True on the reset row), ``"action"`` (the action
   taken at step ``t``), ``"episode"`` (int64 episode id), ``"step_count"``

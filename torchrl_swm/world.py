@@ -295,7 +295,7 @@ class World:
             episodes at this many steps and records them as truncated.
 
     What a policy sees (batch ``[N]``): the env's root keys (observations,
-    ``"pixels"``, ``("info", k)``, ``"episode_seed"``, done flags), plus
+    ``"pixels"``, ``("info", k)`` and its ``("info_mask", k)``, ``"episode_seed"``, done flags), plus
     ``"is_init"`` (``(N, 1)`` bool, True on an episode's first step, as
     TorchRL's ``InitTracker``) and, in dataset evaluation, the goal under
     ``goal_key`` (``("goal", k)`` for each observation key ``k``). Rows of
@@ -653,7 +653,7 @@ class World:
         goal_keys = [
             k for k in ds.observation_keys
             if (k if isinstance(k, tuple) else (k,)) in env_keys
-            and (k if isinstance(k, tuple) else (k,))[0] not in ("info", "episode_seed")
+            and (k if isinstance(k, tuple) else (k,))[0] not in ("info", "info_mask", "episode_seed")
         ]
         obs_spec = self.env.full_observation_spec
         for key in goal_keys:

@@ -73,6 +73,10 @@ pool.close()
 pool = EnvPool([lambda: GoalInfo(gym.make("Pendulum-v1"))] * 3, seed=0)
 rollout = pool.rollout(20, break_when_any_done=False)
 print("info 'upright':", tuple(rollout["next", "info", "upright"].shape), "= (N, T, 1)")
+# Reset infos lack "upright", so the pool records where it was reported, as gymnasium's
+# vector infos do with "_upright": ("info_mask", key) is False on reset rows, where the value reads 0.
+print("reported at reset / after a step:", rollout["info_mask", "upright"][0, 0].item(),
+      rollout["next", "info_mask", "upright"][0, 0].item())
 pool.close()
 
 # --- 6. A batched gymnasium VectorEnv is a native path ------------------------------------

@@ -47,8 +47,9 @@ AUTORESET_MODES = {
     "disabled": gym.vector.AutoresetMode.DISABLED,
 }
 
-#: Root observation keys of this package's envs that are metadata, reported as infos.
-_INFO_ROOT_KEYS = ("info", "episode_seed")
+#: Root observation keys of this package's envs that are metadata, reported as infos
+#: (``"info_mask"`` holds the presence masks of ``"info"`` leaves: gymnasium's ``"_key"``).
+_INFO_ROOT_KEYS = ("info", "episode_seed", "info_mask")
 
 
 def autoreset_mode(mode) -> gym.vector.AutoresetMode:
@@ -287,12 +288,24 @@ class Layout:
         spec = env.observation_spec
         leaves = [_key(k) for k in spec.keys(True, True)]
         package = traits(env).package_env
-        auto_info = [k for k in leaves if k[0] in _INFO_ROOT_KEYS]
+        auto_info = [k for k in leaves if k[0] in _INFO_ROOT_KEYS and k[0] != "info_mask"]
         if info_keys is None:
             info = auto_info
         else:
             info = self._select(spec, leaves, [info_keys] if isinstance(info_keys, str) else info_keys, "info_keys")
+            info = [k for k in info if k[0] != "info_mask"]
         self.info_leaves = [_info_leaf(k, unbatch_spec(spec[k], ndim), package, self.name) for k in info]
+        # presence masks: ("info_mask", *path) says where ("info", *path) was reported
+        masks = {k[1:]: k for k in leaves if k[0] == "info_mask"}
+        self.info_mask_leaves: list[Leaf] = []
+        self.info_mask_index: list[int | None] = []  # per info leaf: its mask's index in info_mask_leaves
+        for leaf in self.info_leaves:
+            mask_key = masks.get(leaf.key[1:]) if leaf.key[0] == "info" else None
+            if mask_key is None:
+                self.info_mask_index.append(None)
+                continue
+            self.info_mask_index.append(len(self.info_mask_leaves))
+            self.info_mask_leaves.append(_info_leaf(mask_key, unbatch_spec(spec[mask_key], ndim), package, self.name))
 
         # single_leaf: the observation is one leaf's space (a Box for most envs), not a Dict
         self.single_leaf = False
@@ -339,8 +352,15 @@ class Layout:
         return [leaf.decode(td.get(leaf.get_key)) for leaf in self.obs_leaves]
 
     def infos(self, td) -> list[torch.Tensor]:
-        """The info leaves of ``td``, decoded (still on the env's device)."""
-        return [leaf.decode(td.get(leaf.get_key)) for leaf in self.info_leaves]
+        """The info leaves of ``td`` then their presence masks, decoded (still on the env's device)."""
+        return [leaf.decode(td.get(leaf.get_key)) for leaf in (*self.info_leaves, *self.info_mask_leaves)]
+
+    def info_entries(self, values: Sequence):
+        """``(leaf, value, mask or None)`` for each info leaf, from :meth:`infos`' values (moved anywhere)."""
+        n = len(self.info_leaves)
+        masks = values[n:]
+        for leaf, value, index in zip(self.info_leaves, values[:n], self.info_mask_index, strict=True):
+            yield leaf, value, None if index is None else masks[index]
 
     def raw_flags(self, td) -> list[torch.Tensor]:
         """``[reward, terminated(, truncated)]`` of a ``"next"`` tensordict, as stored (``(*batch, 1)``)."""

@@ -118,9 +118,15 @@ class TorchRLGymEnv(gym.Env):
         return values[0] if self.layout.single_leaf else nest(self.layout.obs_leaves, values)
 
     def _info(self, values) -> dict:
-        values = [self._row(v) for v in values]
-        values = [v.item() if isinstance(v, np.generic) else v for v in values]
-        return nest(self.layout.info_leaves, values)
+        # a leaf with a presence mask appears only when the env reported it, as in gymnasium
+        leaves, kept = [], []
+        for leaf, value, mask in self.layout.info_entries(values):
+            if mask is not None and not bool(self._row(mask)):
+                continue
+            value = self._row(value)
+            leaves.append(leaf)
+            kept.append(value.item() if isinstance(value, np.generic) else value)
+        return nest(leaves, kept)
 
     def render(self):
         """The frame of the env (``EnvPool`` at the base only)."""

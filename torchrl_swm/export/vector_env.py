@@ -317,14 +317,20 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
                     finals[i] = nest(layout.obs_leaves, [a[j] for a in final_obs])
             infos["final_obs"], infos["_final_obs"] = finals, done.copy()
             final_infos: dict = {}
-            for leaf, finished, full in zip(layout.info_leaves, final_info, info):
+            for (leaf, full, _), (_, finished, mask) in zip(
+                layout.info_entries(info), layout.info_entries(final_info), strict=True
+            ):
                 if self.numpy:
                     value = np.zeros_like(full)
                     value[rows] = finished
                 else:
                     value = torch.zeros_like(full)
                     value[torch.from_numpy(rows).to(full.device)] = finished
-                _put(final_infos, leaf.path, value, done)
+                reported = done
+                if mask is not None:
+                    reported = done.copy()
+                    reported[rows] = mask.cpu().numpy() if isinstance(mask, torch.Tensor) else mask
+                _put(final_infos, leaf.path, value, reported)
             infos["final_info"], infos["_final_info"] = final_infos, done.copy()
         return self._observation(obs), reward, term, trunc, infos
 
@@ -335,21 +341,29 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         return values[0] if self.layout.single_leaf else nest(self.layout.obs_leaves, values)
 
     def _infos(self, values, reported: np.ndarray | None) -> dict:
-        """Vector infos with gymnasium's ``_key`` masks; rows not ``reported`` read zero."""
+        """Vector infos with gymnasium's ``_key`` masks; rows not ``reported`` read zero.
+
+        A leaf with a presence mask (``("info_mask", ...)``) is reported only where
+        the env reported it; the env already wrote zero elsewhere.
+        """
         infos: dict = {}
         if not values:
             return infos
         if reported is None:
             reported = np.ones(self.num_envs, np.bool_)
         partial = not reported.all()
-        for leaf, value in zip(self.layout.info_leaves, values):
+        for leaf, value, mask in self.layout.info_entries(values):
             if partial:
                 keep = reported.reshape(-1, *([1] * (value.ndim - 1)))
                 if self.numpy:
                     value = np.where(keep, value, np.zeros((), value.dtype))
                 else:
                     value = value * torch.from_numpy(keep).to(value.device)
-            _put(infos, leaf.path, value, reported)
+            if mask is not None:
+                mask = mask.cpu().numpy() if isinstance(mask, torch.Tensor) else mask
+                _put(infos, leaf.path, value, reported & mask)
+            else:
+                _put(infos, leaf.path, value, reported)
         return infos
 
     def _check_reset_mask(self, mask) -> np.ndarray:
@@ -400,11 +414,16 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
 
 
 def _put(infos: dict, path, value, mask: np.ndarray) -> None:
-    """Add ``value`` at ``path`` with gymnasium's ``_key`` masks at every level (as ``VectorEnv._add_info``)."""
+    """Add ``value`` at ``path`` with gymnasium's ``_key`` masks at every level (as ``VectorEnv._add_info``).
+
+    A value no env reported is left out, as gymnasium leaves out keys no sub-env returned.
+    """
+    if not mask.any():
+        return
     node = infos
     for part in path[:-1]:
-        if "_" + part not in node:
-            node["_" + part] = mask.copy()
+        # a dict is reported by an env that reported any of its leaves
+        node["_" + part] = node["_" + part] | mask if "_" + part in node else mask.copy()
         node = node.setdefault(part, {})
     node[path[-1]] = value
     node["_" + path[-1]] = mask.copy()

@@ -30,7 +30,7 @@ from torchrl.envs import EnvBase
 from ..masks import mask_rows
 from ..specs import batch_spec, space_to_spec
 from .buffers import BufferLayout, HostBuffers
-from .infos import InfoSchema
+from .infos import INFO_MASK_KEY, InfoSchema
 from .actions import ActionCodec
 from .rows import observation_leaves
 from .seeding import SeedSchedule, broadcast_options, broadcast_seeds
@@ -111,7 +111,8 @@ class EnvPool(EnvBase):
             with torch). Implies ``pixels=True``.
         info_keys: record only these info keys (nested keys as tuples).
         info_spec: declared info specs ``{key: spec or example value}`` (value
-            shape, no batch or time dim); they override inferred ones.
+            shape, no batch or time dim); they override inferred ones, and
+            declared keys get an ``("info_mask", key)`` presence mask.
         seed: the initial seed schedule (as :meth:`set_seed`); OS entropy when ``None``.
         seed_every_episode: reset env ``i``'s ``k``-th episode with seed
             ``s + i + k * N`` (default), so each episode is reproducible from its
@@ -126,6 +127,8 @@ class EnvPool(EnvBase):
 
     Output keys (batch ``[N]``): the observation (``"observation"``, or one key per
     Dict entry), ``"pixels"``, ``("info", k)`` of shape ``(N, 1, ...)``,
+    ``("info_mask", k)`` (bool ``(N, 1)``: whether the env reported ``k`` at this
+    step, for keys some env omits; see :mod:`torchrl_swm.pool.infos`),
     ``"episode_seed"`` (int64 ``(N, 1)``: the seed of the env's current episode),
     ``"reward"`` (float32 ``(N, 1)``) and ``"done"``/``"terminated"``/``"truncated"``.
 
@@ -232,6 +235,8 @@ class EnvPool(EnvBase):
 
         if len(self._info_schema):
             obs_specs[("info",)] = self._info_schema.spec(n, device)
+        if self._info_schema.masked:
+            obs_specs[(INFO_MASK_KEY,)] = self._info_schema.mask_spec(n, device)
         obs_specs[("episode_seed",)] = Unbounded(shape=(n, 1), dtype=torch.int64, device=device)
         self.observation_spec = _nested_composite(obs_specs, (n,), device)
         self.action_spec = batch_spec(self._codec.spec.to(device), (n,))

@@ -18,8 +18,14 @@ The rule, applied to every ``info`` dict a sub-env returns from ``reset`` and ``
   spec's within its kind (int into float is fine, 0.75 into int is an error).
   A numeric key that is not in the spec is an error (it would otherwise be
   dropped), unless ``info_keys=`` restricted the recorded keys.
-* A recorded key absent from one env's info at one step reads as zero (the
-  spec's default) in that row for that step, as in gymnasium's vector infos.
+* **Presence masks**: a key that some env's reset or first-step info lacked,
+  or that is declared with ``info_spec=``, also gets a bool ``(N, 1)`` leaf
+  ``("info_mask", *key)``: True where the env reported the key at this step.
+  Where it did not, the value reads as zero (the spec's default) and the mask
+  is False, as gymnasium's vector infos do with their ``"_key"`` masks.
+* A key every env reported in every probe has no mask; an env that later
+  omits it is an error (its zero would otherwise read as a value), unless the
+  key is declared with ``info_spec=``.
 """
 
 from __future__ import annotations
@@ -35,9 +41,12 @@ from ..errors import EnvError, SpecError, describe
 # torch and torchrl are imported where needed: worker processes write infos
 # with this module and start faster without them.
 
-__all__ = ["InfoSchema", "InfoWriter", "numeric_value"]
+__all__ = ["InfoSchema", "InfoWriter", "numeric_value", "INFO_MASK_KEY"]
 
 Key = tuple[str, ...]
+
+#: Root key of the presence masks of optional info keys.
+INFO_MASK_KEY = "info_mask"
 
 
 def numeric_value(value) -> np.ndarray | None:
@@ -113,17 +122,22 @@ class InfoSchema:
         leaves: mapping from nested key tuple to :class:`InfoLeaf`.
         selected: ``True`` when the user restricted the keys with ``info_keys=``;
             other numeric keys are then ignored instead of raising.
+        masked: the keys that get a presence mask (envs may omit them).
     """
 
-    def __init__(self, leaves: Mapping[Key, InfoLeaf], selected: bool = False):
+    def __init__(self, leaves: Mapping[Key, InfoLeaf], selected: bool = False, masked=()):
         self.leaves = dict(leaves)
         self.selected = selected
+        masked = set(masked)
+        self.masked: tuple[Key, ...] = tuple(key for key in self.leaves if key in masked)
 
     def __len__(self) -> int:
         return len(self.leaves)
 
     def __repr__(self) -> str:
-        items = ", ".join(f"{k}: {v.dtype}{v.shape}" for k, v in self.leaves.items())
+        items = ", ".join(
+            f"{k}: {v.dtype}{v.shape}{' (masked)' if k in self.masked else ''}" for k, v in self.leaves.items()
+        )
         return f"InfoSchema({items})"
 
     @classmethod
@@ -137,15 +151,18 @@ class InfoSchema:
 
         ``info_spec`` entries (TorchRL specs with the value shape, no batch dim,
         or example values) override inferred ones. ``info_keys`` keeps only the
-        listed keys; each must be declared or seen in a probe.
+        listed keys; each must be declared or seen in a probe. Keys missing
+        from some probe, and declared keys, get a presence mask.
         """
         leaves: dict[Key, InfoLeaf] = {}
         first_seen: dict[Key, tuple[int, str]] = {}
+        reported: dict[Key, int] = {}  # in how many probes
         for env_index, phase, info in probes:
             for key, value in _flatten(info):
                 array = numeric_value(value)
                 if array is None:
                     continue
+                reported[key] = reported.get(key, 0) + 1
                 seen = leaves.get(key)
                 if seen is None:
                     leaves[key] = InfoLeaf(array.shape, array.dtype)
@@ -163,10 +180,11 @@ class InfoSchema:
                 promoted = _promote(seen.dtype, array.dtype)
                 if promoted != seen.dtype:
                     leaves[key] = InfoLeaf(seen.shape, promoted)
-        for key, spec in _declared(info_spec).items():
-            leaves[key] = spec
+        declared = _declared(info_spec)
+        leaves.update(declared)
+        masked = {key for key in leaves if key in declared or reported.get(key, 0) < len(probes)}
         if info_keys is None:
-            return cls(leaves)
+            return cls(leaves, masked=masked)
         chosen = {}
         for raw in info_keys:
             key = (raw,) if isinstance(raw, str) else tuple(raw)
@@ -178,7 +196,7 @@ class InfoSchema:
                     "shape and dtype with info_spec={key: spec}."
                 )
             chosen.update(matches)
-        return cls(chosen, selected=True)
+        return cls(chosen, selected=True, masked=masked)
 
     def spec(self, num_envs: int, device=None):
         """The batched ``"info"`` spec (a ``Composite``): each leaf ``(num_envs, 1, *shape)``."""
@@ -193,9 +211,21 @@ class InfoSchema:
             )
         return spec
 
-    def buffer_leaves(self, num_envs: int, prefix: Key = ("info",)):
-        """``{(*prefix, *key): (shape, dtype)}`` for the buffer layout."""
-        return {(*prefix, *key): ((num_envs, 1, *leaf.shape), leaf.dtype) for key, leaf in self.leaves.items()}
+    def mask_spec(self, num_envs: int, device=None):
+        """The batched ``"info_mask"`` spec: a bool ``(num_envs, 1)`` leaf per masked key."""
+        import torch
+        from torchrl.data import Categorical, Composite
+
+        spec = Composite(shape=(num_envs,), device=device)
+        for key in self.masked:
+            spec[key] = Categorical(2, shape=(num_envs, 1), dtype=torch.bool, device=device)
+        return spec
+
+    def buffer_leaves(self, num_envs: int):
+        """``{key: (shape, dtype)}`` of the ``"info"`` and ``"info_mask"`` leaves, for the buffer layout."""
+        out = {("info", *key): ((num_envs, 1, *leaf.shape), leaf.dtype) for key, leaf in self.leaves.items()}
+        out.update({(INFO_MASK_KEY, *key): ((num_envs, 1), np.dtype(bool)) for key in self.masked})
+        return out
 
 
 def _promote(a: np.dtype, b: np.dtype) -> np.dtype:
@@ -240,23 +270,24 @@ class InfoWriter:
 
     Args:
         schema: the recorded keys.
-        arrays: the pool's buffers; info leaves are read at ``(*prefix, *key)``
-            with shape ``(N, 1, *shape)``.
+        arrays: the pool's buffers; info leaves are read at ``("info", *key)``
+            with shape ``(N, 1, *shape)``, presence masks at ``("info_mask", *key)``.
     """
 
-    def __init__(self, schema: InfoSchema, arrays: Mapping[Key, np.ndarray], prefix: Key = ("info",)):
+    def __init__(self, schema: InfoSchema, arrays: Mapping[Key, np.ndarray]):
         self.schema = schema
-        self.arrays = {key: arrays[(*prefix, *key)] for key in schema.leaves}
+        self.arrays = {key: arrays[("info", *key)] for key in schema.leaves}
+        self.masks = {key: arrays[(INFO_MASK_KEY, *key)] for key in schema.masked}
         self.kinds = {key: array.dtype.kind for key, array in self.arrays.items()}
         self.count = len(self.arrays)
 
     def write(self, i: int, info: Mapping, phase: str) -> None:
-        """Record ``info`` for env ``i``; absent keys read as zero for this step."""
+        """Record ``info`` for env ``i``; a masked key it lacks reads as zero, masked False."""
         if not self.count:
             if info and not self.schema.selected:
                 self._check_unknown(i, info, phase)
             return
-        written = 0
+        written = []
         arrays = self.arrays
         for key, value in _flatten(info):
             array = arrays.get(key)
@@ -265,20 +296,30 @@ class InfoWriter:
                     self._raise_unknown(i, key, value, phase)
                 continue
             self._store(i, key, array, value, phase)
-            written += 1
-        if written < self.count:
-            present = {key for key, _ in _flatten(info)}
+            written.append(key)
+        masks = self.masks
+        if len(written) < self.count:
+            reported = set(written)
             for key, array in arrays.items():
-                if key not in present:
+                if key not in reported:
+                    if key not in masks:
+                        self._raise_missing(i, key, phase)
                     array[i] = 0
+                    masks[key][i] = False
+        if masks:
+            for key in written:
+                mask = masks.get(key)
+                if mask is not None:
+                    mask[i] = True
 
     def write_batch(self, info: Mapping, select: np.ndarray, phase: str) -> None:
         """Record a vector-env info dict for the rows where ``select`` (bool, (N,)) is True.
 
         Values have a leading ``N`` dim; ``"_key"`` masks say which envs
-        reported them. Rows that did not report a key read as zero.
+        reported them. Rows that did not report a masked key read as zero.
         """
         written = set()
+        masks = self.masks
         for key, value, present in flatten_vector_info(info):
             array = self.arrays.get(key)
             source = numeric_value(value)
@@ -299,12 +340,24 @@ class InfoWriter:
                 )
             rows = select if present is None else select & np.asarray(present, dtype=bool)
             array[rows, 0] = source[rows]
+            mask = masks.get(key)
+            if mask is not None:
+                mask[rows] = True
             if present is not None:
-                array[select & ~rows, 0] = 0
+                missing = select & ~rows
+                if missing.any():
+                    if mask is None:
+                        self._raise_missing(int(np.flatnonzero(missing)[0]), key, phase)
+                    array[missing, 0] = 0
+                    mask[missing] = False
             written.add(key)
-        for key, array in self.arrays.items():
-            if key not in written:
-                array[select] = 0
+        if len(written) < self.count and select.any():
+            for key, array in self.arrays.items():
+                if key not in written:
+                    if key not in masks:
+                        self._raise_missing(int(np.flatnonzero(select)[0]), key, phase)
+                    array[select] = 0
+                    masks[key][select] = False
 
     def _store(self, i, key, array, value, phase):
         kind = self.kinds[key]
@@ -332,6 +385,15 @@ class InfoWriter:
         for key, value in _flatten(info):
             if numeric_value(value) is not None:
                 self._raise_unknown(i, key, value, phase)
+
+    def _raise_missing(self, i, key, phase):
+        raise EnvError(
+            i,
+            phase,
+            f"info key {_key_str(key)} is missing from this info. Every env reported it at reset and at its first "
+            "step, so the pool records it without a presence mask, and a zero would read as a value. Declare it with "
+            f"info_spec={{{_key_str(key)}: spec}} to record ({INFO_MASK_KEY!r}, ...) = False where an env omits it.",
+        )
 
     def _raise_unknown(self, i, key, value, phase):
         raise EnvError(

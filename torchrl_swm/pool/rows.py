@@ -23,7 +23,8 @@ Key = tuple[str, ...]
 
 #: Root keys the pool itself writes; a Dict observation may not use them.
 RESERVED_KEYS = frozenset(
-    {"reward", "done", "terminated", "truncated", "action", "info", "pixels", "episode_seed", "next", "_reset", "_step"}
+    {"reward", "done", "terminated", "truncated", "action", "info", "info_mask", "pixels", "episode_seed", "next",
+     "_reset", "_step"}
 )
 
 
