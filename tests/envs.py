@@ -92,6 +92,24 @@ def sparse_info(period=3, max_length=9):
     return SparseInfoEnv(period=period, max_length=max_length)
 
 
+class ActionRecordingEnv(gym.Env):
+    """Discrete(5, start=-2) actions: observes its last action and keeps each action's type."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(-10, 10, shape=(1,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(5, start=-2)
+        self.action_types: list[str] = []
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), action
+        self.action_types.append(type(action).__name__)
+        return np.array([action], np.float32), 0.0, False, False, {}
+
+
 class DictObsEnv(gym.Env):
     """A Dict observation with a nested Dict and a Discrete leaf; Box actions."""
 

@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from envs import CountingEnv, DictObsEnv, FailingEnv, counting, sparse_info
+from envs import ActionRecordingEnv, CountingEnv, DictObsEnv, FailingEnv, counting, sparse_info
 from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict
 from torchrl.envs.utils import check_env_specs
@@ -130,6 +130,26 @@ def test_process_backend_matches_serial_info_masks():
     assert_same(drive(serial, 40, step_masks=masks), drive(proc, 40, step_masks=masks))
     serial.close()
     proc.close()
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_discrete_actions_reach_envs_as_numpy_integers(backend):
+    # what Discrete.sample() and gymnasium's vector envs pass (and Discrete.contains checks fastest)
+    pool = EnvPool([ActionRecordingEnv] * 5, backend=backend, num_workers=2, seed=0)
+    td = pool.reset()
+    for action in ([0, 1, 2, 3, 4], [4, 3, 2, 1, 0]):
+        td["action"] = torch.tensor(action)
+        td = pool.step(td)["next"]
+        assert td["observation"].view(-1).tolist() == [a - 2 for a in action]  # Discrete(5, start=-2)
+    td["_step"] = torch.tensor([[True], [False], [True], [False], [True]])  # the masked path too
+    td["action"] = torch.tensor([1, 1, 1, 1, 1])
+    assert pool.step(td)["next", "observation"].view(-1).tolist() == [-1, 1, -1, -1, -1]  # rows 1 and 3 frozen
+    assert pool.get_attr("action_types") == [["int64"] * 4, ["int64"] * 3] * 2 + [["int64"] * 4]  # the construction probe steps once
+    td["action"] = torch.tensor([0, 5, 0, 0, 0])
+    td.pop("_step")
+    with pytest.raises(ValueError, match=r"action for env 1: expected an index in \[0, 5\), got 5"):
+        pool.step(td)
+    pool.close()
 
 
 def test_process_backend_dict_observations_and_collector_consistency():

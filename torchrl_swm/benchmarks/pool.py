@@ -88,7 +88,7 @@ def _actions(n, k=K_ACTIONS, seed=0):
 class PlainLoop:
     """The reference: N gym.make envs, a Python loop, numpy buffers, manual reset."""
 
-    def __init__(self, n, factory=_cartpole):
+    def __init__(self, n, factory=_cartpole, numpy_actions=False):
         self.envs = [factory() for _ in range(n)]
         self.obs = np.zeros((n, *self.envs[0].observation_space.shape), np.float32)
         self.rew = np.zeros(n, np.float32)
@@ -96,7 +96,9 @@ class PlainLoop:
         self.trunc = np.zeros(n, bool)
         for i, env in enumerate(self.envs):
             self.obs[i], _ = env.reset(seed=i)
-        self.acts = _actions(n).tolist()
+        # Python ints, as the reference of ../shared/bench/peers_cartpole.py; numpy integers
+        # (what Discrete.sample() and gymnasium's vector envs pass) pass Discrete.contains faster
+        self.acts = [list(row) for row in _actions(n)] if numpy_actions else _actions(n).tolist()
 
     def run(self, units):
         envs, obs, rew, term, trunc, acts = self.envs, self.obs, self.rew, self.term, self.trunc, self.acts
@@ -261,6 +263,8 @@ def cartpole(ns=(16, 256), seconds=2.0, include_slow=True) -> list[Row]:
                 return
             rows.append(_row("cartpole", key, label, n, res, r, **kw))
 
+        add("plain_numpy_actions", "plain loop, numpy integer actions (as SyncVectorEnv and EnvPool pass)",
+            lambda: PlainLoop(n, numpy_actions=True))
         pool = functools.partial(EnvPool, "CartPole-v1", num_envs=n, seed=0)
         add("pool_step", "EnvPool, step_and_maybe_reset loop", lambda: StepLoop(pool()))
         add("pool_rollout", "EnvPool, rollout(100, break_when_any_done=False)", lambda: Rollout(pool()), 100)

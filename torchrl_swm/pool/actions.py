@@ -41,11 +41,15 @@ class ActionCodec:
         self.kind = action_kind(action_space)
         if self.kind == "discrete":
             self.start, self.high = int(action_space.start), int(action_space.n)
+            # gymnasium's Discrete.contains checks a numpy integer faster than a Python int
+            # (which goes through np.iinfo), and Discrete.sample() returns one: hand envs
+            # shared, immutable numpy scalars
+            dtype = np.dtype(action_space.dtype).type
+            self._scalars = [dtype(self.start + k) for k in range(self.high)] if self.high <= 4096 else None
         elif self.kind == "multidiscrete":
             self.start, self.high = action_space.start, action_space.nvec
         elif self.kind == "box":
             self.np_dtype = action_space.dtype
-
 
     def env_action_layout(self) -> tuple[tuple[int, ...], np.dtype]:
         """Shape and dtype of a batch of env actions (what ``decode(..., batched=True)`` returns)."""
@@ -58,8 +62,8 @@ class ActionCodec:
     def decode(self, action: torch.Tensor, rows: np.ndarray | None, batched: bool = False):
         """The env actions of ``rows`` (all when ``None``); frozen rows are never read.
 
-        Returns one Python object per row (ints for discrete spaces: what
-        gymnasium envs check fastest), or with ``batched=True`` one numpy array
+        Returns one object per row (numpy integer scalars for discrete spaces,
+        as ``Discrete.sample()`` gives), or with ``batched=True`` one numpy array
         with a leading row dim, for a ``VectorEnv``.
         """
         if not isinstance(action, torch.Tensor):
@@ -69,7 +73,7 @@ class ActionCodec:
         if action.device.type != "cpu" or action.requires_grad:
             action = action.detach().cpu()
         if rows is None and self.kind == "discrete" and self.categorical and not batched:
-            # the hot path of Discrete pools: Python ints straight from the tensor
+            # the hot path of Discrete pools: no numpy call (each costs microseconds in the loop)
             return self._categorical_list(action, action.dtype, rows)
         array = action.numpy()
         if rows is not None:
@@ -88,8 +92,7 @@ class ActionCodec:
             raise TypeError(f"action: expected an integer dtype (torch.int64) for a Categorical action, got {dtype}")
 
     def _categorical_list(self, array, dtype, rows):
-        # Python ints (what gymnasium checks fastest), range-checked in Python;
-        # ``array`` is a numpy array or a CPU tensor
+        # one numpy scalar per env, range-checked in Python; ``array`` is a numpy array or a CPU tensor
         if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
             raise TypeError(f"action: expected an integer dtype (torch.int64) for a Categorical action, got {dtype}")
         values = array.tolist()
@@ -97,9 +100,10 @@ class ActionCodec:
             array = np.asarray(values)
             bad = np.flatnonzero((array < 0) | (array >= self.high))
             self._bad(f"expected an index in [0, {self.high}), got {array[bad[0]]}", rows, bad)
-        if self.start:
-            values = [v + self.start for v in values]
-        return values
+        scalars = self._scalars
+        if scalars is None:
+            return list(np.asarray(values, dtype=self.space.dtype) + self.start)
+        return [scalars[v] for v in values]
 
     def _discrete(self, array, dtype, rows):
         if self.categorical:

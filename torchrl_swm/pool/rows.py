@@ -230,6 +230,7 @@ def action_kind(space: gym.Space) -> str:
 
 
 def env_action_list(kind: str, array: np.ndarray) -> list:
-    """Per-env gymnasium actions from a batch: Python ints for Discrete (what
-    gymnasium checks fastest), one array row (a copy) otherwise."""
-    return array.tolist() if kind == "discrete" else list(array.copy())
+    """Per-env gymnasium actions from a batch: numpy integer scalars for Discrete
+    (what ``Discrete.sample()`` and gymnasium's vector envs pass, and what
+    ``Discrete.contains`` checks fastest), one array row (a copy) otherwise."""
+    return list(array) if kind == "discrete" else list(array.copy())
