@@ -4,7 +4,7 @@ import functools
 
 import pytest
 import torch
-from envs import DictObsEnv, counting
+from envs import DictObsEnv, counting, sparse_info
 from tensordict import TensorDict
 from torchrl.collectors import Collector, MultiSyncCollector
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
@@ -19,6 +19,9 @@ POOLS = {
     "pendulum": lambda: EnvPool("Pendulum-v1", num_envs=3, seed=0),
     "dict": lambda: EnvPool([DictObsEnv] * 3, seed=0),
     "counting": lambda: EnvPool([functools.partial(counting, max_length=5)] * 4, seed=0),
+    # infos that come and go: ("info_mask", key) leaves
+    "sparse_info": lambda: EnvPool([functools.partial(sparse_info, period=p) for p in (1, 2, 3)], seed=0,
+                                   info_spec={"bonus": 0.0, "success": False}),
 }
 
 

@@ -432,7 +432,7 @@ class Layout:
             tensor = torch.from_numpy(array)
         if self._action_high is not None and host and tensor.numel():
             values = array if array is not None else tensor.numpy()
-            if values.min() < 0 or (values >= self._action_high).any():
+            if _out_of_range(values, self._action_high):
                 raise ValueError(
                     f"action: every value must lie in {self.single_action_space}, got {describe(action)} "
                     f"with min {values.min()} and max {values.max()}"
@@ -445,6 +445,14 @@ class Layout:
             tensor = tensor.to(self.device, torch.int64, non_blocking=True)
             tensor = F.one_hot(tensor, int(spec.space.n))
         return tensor.to(self.device, self.action_torch_dtype, non_blocking=True)
+
+
+def _out_of_range(values: np.ndarray, high) -> bool:
+    """Whether some integer in ``values`` is negative or ``>= high`` (an int, or per-position bounds)."""
+    if isinstance(high, int) and values.dtype.kind == "i":
+        # read as unsigned, negatives become huge: one reduction checks both ends
+        return bool(values.view(f"u{values.dtype.itemsize}").max() >= high)
+    return bool(values.min() < 0 or (values >= high).any())
 
 
 # ----------------------------------------------------------------------------------------

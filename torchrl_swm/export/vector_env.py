@@ -349,9 +349,9 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         infos: dict = {}
         if not values:
             return infos
+        partial = reported is not None and not reported.all()
         if reported is None:
             reported = np.ones(self.num_envs, np.bool_)
-        partial = not reported.all()
         for leaf, value, mask in self.layout.info_entries(values):
             if partial:
                 keep = reported.reshape(-1, *([1] * (value.ndim - 1)))
@@ -363,7 +363,7 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
                 mask = mask.cpu().numpy() if isinstance(mask, torch.Tensor) else mask
                 _put(infos, leaf.path, value, reported & mask)
             else:
-                _put(infos, leaf.path, value, reported)
+                _put(infos, leaf.path, value, reported, anyone=not partial or None)
         return infos
 
     def _check_reset_mask(self, mask) -> np.ndarray:
@@ -413,12 +413,13 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         return f"TorchRLVectorEnv({name}, num_envs={self.num_envs}, autoreset_mode={self.autoreset_mode.value})"
 
 
-def _put(infos: dict, path, value, mask: np.ndarray) -> None:
+def _put(infos: dict, path, value, mask: np.ndarray, anyone: bool | None = None) -> None:
     """Add ``value`` at ``path`` with gymnasium's ``_key`` masks at every level (as ``VectorEnv._add_info``).
 
-    A value no env reported is left out, as gymnasium leaves out keys no sub-env returned.
+    A value no env reported is left out, as gymnasium leaves out keys no sub-env returned
+    (``anyone``: whether ``mask`` has a True, when the caller knows).
     """
-    if not mask.any():
+    if not (mask.any() if anyone is None else anyone):
         return
     node = infos
     for part in path[:-1]:
