@@ -29,6 +29,9 @@ def cartpole():
         (np.zeros(3, np.float32), TypeError, "expected integers"),
         (np.array([0, 1, 2]), ValueError, r"must lie in Discrete\(2\)"),
         (np.array([0, -1, 1]), ValueError, r"must lie in Discrete\(2\)"),
+        (np.array([0, -1, 1], np.int8), ValueError, r"must lie in Discrete\(2\)"),
+        (np.array([0, 1, 200], np.uint8), ValueError, r"must lie in Discrete\(2\)"),
+        (torch.tensor([0, -128, 1], dtype=torch.int8), ValueError, r"must lie in Discrete\(2\)"),
         (["a", "b", "c"], TypeError, "expected integers"),
     ],
 )
