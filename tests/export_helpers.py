@@ -30,6 +30,12 @@ class PoolSeedSchedule(gym.Wrapper):
         return self.env.reset(seed=seed, options=options)
 
 
+def probed(env: gym.Env) -> gym.Env:
+    """``env`` after the one reset EnvPool's construction probe gives each sub-env (for envs that count resets)."""
+    env.reset()
+    return env
+
+
 def sync_twin(env_id: str, num_envs: int, mode, **make_kwargs) -> gym.vector.SyncVectorEnv:
     """gymnasium's own SyncVectorEnv over ``env_id`` with EnvPool's seed schedule."""
     return gym.vector.SyncVectorEnv(

@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("stable_baselines3")
 
-from export_helpers import PoolSeedSchedule, action_stream, assert_same  # noqa: E402
+from export_helpers import PoolSeedSchedule, action_stream, assert_same, probed  # noqa: E402
 from stable_baselines3 import PPO  # noqa: E402
 from stable_baselines3.common.env_checker import check_env  # noqa: E402
 from stable_baselines3.common.monitor import Monitor  # noqa: E402
@@ -51,19 +51,13 @@ def test_matches_dummy_vec_env_step_by_step():
     assert truncations > 5 and terminations > 20
 
 
-def _probed(env):
-    """The env after the reset EnvPool's construction probe gives it (the counting env counts resets)."""
-    env.reset()
-    return env
-
-
 def test_infos_that_come_and_go_match_dummy_vec_env():
     """An info key appears in an env's dict only at the steps that env reported it."""
     periods = (1, 2, 3)
     n = len(periods)
     fns = [functools.partial(sparse_info, period=p, max_length=5) for p in periods]
     ours = to_sb3_vec_env(EnvPool(fns, info_spec={"bonus": 0.0, "success": False}), info_keys=["info"])
-    ref = DummyVecEnv([lambda f=f: PoolSeedSchedule(_probed(f()), n) for f in fns])
+    ref = DummyVecEnv([lambda f=f: PoolSeedSchedule(probed(f()), n) for f in fns])
     ours.seed(2)
     ref.seed(2)
     assert_same(ours.reset(), ref.reset(), "reset obs")

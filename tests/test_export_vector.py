@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from export_helpers import PoolSeedSchedule, action_stream, assert_same, sync_twin, without
+from export_helpers import PoolSeedSchedule, action_stream, assert_same, probed, sync_twin, without
 from gymnasium.vector import AutoresetMode
 from torchrl.envs import StepCounter, TransformedEnv
 
@@ -75,12 +75,6 @@ def test_truncation_and_infos_match_sync_vector_env(mode):
     _compare_to_sync(ours, ref, 60, seed=11, drop=("episode_seed",))
 
 
-def _probed(env):
-    """The env after the reset EnvPool's construction probe gives it (the counting env counts resets)."""
-    env.reset()
-    return env
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_infos_that_come_and_go_match_sync_vector_env(mode):
     """"bonus" every few steps and "success" at the end: the same keys, "_key" masks and
@@ -92,7 +86,7 @@ def test_infos_that_come_and_go_match_sync_vector_env(mode):
     pool = EnvPool(fns, seed=0, info_spec={"bonus": np.float64(0), "success": False})
     ours = to_gymnasium(pool, autoreset_mode=mode)
     ref = gym.vector.SyncVectorEnv(
-        [lambda f=f: PoolSeedSchedule(_probed(f()), n) for f in fns], autoreset_mode=AutoresetMode(ours.metadata["autoreset_mode"])
+        [lambda f=f: PoolSeedSchedule(probed(f()), n) for f in fns], autoreset_mode=AutoresetMode(ours.metadata["autoreset_mode"])
     )
     finished = _compare_to_sync(ours, ref, 150, seed=5, drop=("episode_seed",))
     assert finished > 40
