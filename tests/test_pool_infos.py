@@ -90,6 +90,19 @@ def test_unmasked_key_an_env_later_omits_is_an_error_naming_env_and_key():
     pool.close()
 
 
+def test_unmasked_key_a_vector_env_row_omits_is_an_error_naming_the_row():
+    import gymnasium as gym
+
+    fns = [functools.partial(InfoEnv, {"a": 1}, s) for s in ([{"a": 1}], [{"a": 1}, {}])]
+    pool = EnvPool(gym.vector.SyncVectorEnv(fns), seed=0)
+    td = step(pool)
+    assert td["info", "a"].view(-1).tolist() == [1, 1]
+    with pytest.raises(EnvError, match=r"env 1 \(step\): info key 'a' is missing") as err:
+        step(pool, td.clone())
+    assert err.value.env_index == 1
+    pool.close()
+
+
 @pytest.mark.parametrize("backend", ["serial", "process"])
 def test_sparse_info_masks_exact_over_hundreds_of_steps(backend):
     periods = (1, 2, 3, 5)

@@ -300,12 +300,9 @@ class InfoWriter:
         masks = self.masks
         if len(written) < self.count:
             reported = set(written)
-            for key, array in arrays.items():
+            for key in arrays:
                 if key not in reported:
-                    if key not in masks:
-                        self._raise_missing(i, key, phase)
-                    array[i] = 0
-                    masks[key][i] = False
+                    self._not_reported(key, i, phase)
         if masks:
             for key in written:
                 mask = masks.get(key)
@@ -346,18 +343,12 @@ class InfoWriter:
             if present is not None:
                 missing = select & ~rows
                 if missing.any():
-                    if mask is None:
-                        self._raise_missing(int(np.flatnonzero(missing)[0]), key, phase)
-                    array[missing, 0] = 0
-                    mask[missing] = False
+                    self._not_reported(key, missing, phase)
             written.add(key)
         if len(written) < self.count and select.any():
-            for key, array in self.arrays.items():
+            for key in self.arrays:
                 if key not in written:
-                    if key not in masks:
-                        self._raise_missing(int(np.flatnonzero(select)[0]), key, phase)
-                    array[select] = 0
-                    masks[key][select] = False
+                    self._not_reported(key, select, phase)
 
     def _store(self, i, key, array, value, phase):
         kind = self.kinds[key]
@@ -386,14 +377,22 @@ class InfoWriter:
             if numeric_value(value) is not None:
                 self._raise_unknown(i, key, value, phase)
 
-    def _raise_missing(self, i, key, phase):
-        raise EnvError(
-            i,
-            phase,
-            f"info key {_key_str(key)} is missing from this info. Every env reported it at reset and at its first "
-            "step, so the pool records it without a presence mask, and a zero would read as a value. Declare it with "
-            f"info_spec={{{_key_str(key)}: spec}} to record ({INFO_MASK_KEY!r}, ...) = False where an env omits it.",
-        )
+    def _not_reported(self, key: Key, rows, phase: str) -> None:
+        """``rows`` (an env index or a bool row mask) did not report ``key``: its value
+        reads zero and its mask False; a key without a mask cannot be left out."""
+        mask = self.masks.get(key)
+        if mask is None:
+            i = int(np.flatnonzero(rows)[0]) if isinstance(rows, np.ndarray) else int(rows)
+            raise EnvError(
+                i,
+                phase,
+                f"info key {_key_str(key)} is missing from this info. Every env reported it at reset and at its "
+                "first step, so the pool records it without a presence mask, and a zero would read as a value. "
+                f"Declare it with info_spec={{{_key_str(key)}: spec}} to record ({INFO_MASK_KEY!r}, ...) = False "
+                "where an env omits it.",
+            )
+        self.arrays[key][rows] = 0
+        mask[rows] = False
 
     def _raise_unknown(self, i, key, value, phase):
         raise EnvError(
