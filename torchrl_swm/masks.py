@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["mask_rows", "row_mask"]
+__all__ = ["mask_rows", "row_mask", "row_view"]
 
 
 def row_mask(mask: torch.Tensor, num_envs: int, key: str) -> torch.Tensor:
@@ -50,3 +50,12 @@ def mask_rows(mask: torch.Tensor | None, num_envs: int, key: str) -> np.ndarray 
     if flags.all():
         return None
     return np.flatnonzero(flags)
+
+
+def row_view(mask: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """A row mask, ``(N,)`` or TorchRL's done shape ``(N, 1)``, viewed to broadcast against ``t`` (``(N, ...)``)."""
+    if mask.ndim == 2 and mask.shape[1] == 1:
+        if t.ndim == 2:
+            return mask
+        mask = mask.view(mask.shape[0])
+    return mask.view(mask.shape + (1,) * (t.ndim - mask.ndim))

@@ -27,7 +27,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
-from ..masks import mask_rows
+from ..masks import mask_rows, row_view
 from ..specs import batch_spec, space_to_spec
 from .buffers import BufferLayout, HostBuffers
 from .infos import INFO_MASK_KEY, InfoSchema
@@ -351,20 +351,16 @@ class EnvPool(EnvBase):
         rows = mask.reshape(self.num_envs, -1).any(-1)
         old_keys = set(tensordict.keys(True, True))
         new_keys = set(tensordict_reset.keys(True, True))
-
-        def rows_like(value):
-            return rows.view(-1, *[1] * (value.ndim - 1))
-
         for key in old_keys | new_keys:
             if key in new_keys and key in old_keys:
                 new = tensordict_reset.get(key)
-                value = torch.where(rows_like(new), new, tensordict.get(key))
+                value = torch.where(row_view(rows, new), new, tensordict.get(key))
             elif key in new_keys:
                 new = tensordict_reset.get(key)
-                value = new.masked_fill(~rows_like(new), 0)
+                value = new.masked_fill(~row_view(rows, new), 0)
             else:
                 old = tensordict.get(key)
-                value = old.masked_fill(rows_like(old), 0)
+                value = old.masked_fill(row_view(rows, old), 0)
             tensordict.set(key, value)
         return tensordict
 
@@ -488,7 +484,7 @@ def _zero_rows(value, mask: torch.Tensor):
     if isinstance(value, TensorDictBase):
         leaves = {key: _zero_rows(leaf, mask) for key, leaf in value.items()}
         return TensorDict._new_unsafe(leaves, batch_size=value.batch_size, device=value.device)
-    return value.masked_fill(mask.view(-1, *[1] * (value.ndim - 1)), 0)
+    return value.masked_fill(row_view(mask, value), 0)
 
 
 def _image_hw(image_shape) -> tuple[int, int]:

@@ -14,6 +14,7 @@ import torch
 from tensordict import TensorDictBase
 
 from ..errors import describe
+from ..masks import row_view
 
 __all__ = ["tree_map", "leaves", "where_rows", "put_rows", "broadcast_rows", "unflatten_rows", "check_batch"]
 
@@ -57,23 +58,14 @@ def leaves(x, prefix: str = "state"):
     raise TypeError(f"{prefix}: expected tensors, tuples, dicts or TensorDicts, found {describe(x)}")
 
 
-def _row_view(mask: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """``mask`` (batch shape, optionally with a trailing 1 as TorchRL's done) broadcastable against ``t``."""
-    if mask.ndim == 2 and mask.shape[1] == 1:
-        if t.ndim == 2:
-            return mask
-        mask = mask.view(mask.shape[0])
-    return mask.view(mask.shape + (1,) * (t.ndim - mask.ndim))
-
-
 def where_rows(mask: torch.Tensor, new, old):
     """Rows of ``new`` where ``mask`` is True, rows of ``old`` elsewhere.
 
     ``mask`` has the batch shape ``(N,)`` or TorchRL's done shape ``(N, 1)``.
     """
     if type(new) is torch.Tensor:
-        return torch.where(_row_view(mask, new), new, old)
-    return tree_map(lambda a, b: torch.where(_row_view(mask, a), a, b), new, old)
+        return torch.where(row_view(mask, new), new, old)
+    return tree_map(lambda a, b: torch.where(row_view(mask, a), a, b), new, old)
 
 
 def put_rows(x, index: torch.Tensor, src):

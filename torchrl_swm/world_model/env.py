@@ -33,7 +33,7 @@ from torchrl.data import Categorical, Composite, TensorSpec, Unbounded
 from torchrl.envs import EnvBase
 
 from ..errors import SpecError, describe
-from ..masks import row_mask
+from ..masks import row_mask, row_view
 from ..pool.buffers import nest
 from ..specs import as_spec, batch_spec
 from . import _tree
@@ -1082,7 +1082,7 @@ class WorldModelEnv(EnvBase):
             obs = state if shared and c_obs is c_state else _tree.where_rows(rows, c_obs, rt.obs)
             info = None
             if last_info is not None:
-                info = {k: v.masked_fill(_tree._row_view(rows, v), 0) for k, v in last_info.items()}
+                info = {k: v.masked_fill(row_view(rows, v), 0) for k, v in last_info.items()}
         else:
             mask = rows.reshape(-1)
             index = mask.nonzero().squeeze(-1)
@@ -1227,7 +1227,7 @@ class WorldModelEnv(EnvBase):
                 if key in produced:
                     continue
                 if isinstance(value, torch.Tensor):
-                    root[key] = value.masked_fill(_tree._row_view(rows, value), 0)
+                    root[key] = value.masked_fill(row_view(rows, value), 0)
                 else:
                     if keep is None:
                         keep = ~rows.view(-1)
