@@ -858,3 +858,44 @@ def test_torchrl_planner_over_an_exact_point_mass_reaches_the_goal(planner_name)
     rollout = real_env.rollout(50, planner)
     final = rollout["next", "observation"][0, -1, :2]
     assert torch.dist(final, torch.tensor([1.0, -0.5])) < 0.1
+
+
+# -- Dict observations through every start path -----------------------------------------------
+DICT_SPACE = gym.spaces.Dict(
+    {
+        "pos": gym.spaces.Box(-np.inf, np.inf, (2,), np.float32),
+        "goal": gym.spaces.Dict({"xy": gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)}),
+    }
+)
+DICT_OBS0 = {"pos": torch.ones(2), "goal": {"xy": torch.full((2,), 2.0)}}
+
+
+def _dict_transition(state, action):
+    nxt = state + action
+    return {"state": nxt, "observation": {"pos": nxt, "goal": {"xy": -nxt}}}
+
+
+def test_dict_initial_observation_is_encoded_as_a_nested_dict():
+    env = WorldModelEnv(object(), DICT_SPACE, FORCE, num_envs=3, initial_observation=DICT_OBS0,
+                        encode_fn=lambda obs: obs["pos"] * 10 + obs["goal"]["xy"], transition_fn=_dict_transition)
+    td = env.reset()
+    assert torch.equal(env.state, torch.full((3, 2), 12.0))
+    assert torch.equal(td["pos"], torch.ones(3, 2)) and torch.equal(td["goal", "xy"], torch.full((3, 2), 2.0))
+
+
+def test_dict_start_states_are_sampled_and_encoded():
+    data = TensorDict({"pos": torch.arange(8.0).view(4, 2), "goal": {"xy": -torch.arange(8.0).view(4, 2)}}, [4])
+    env = WorldModelEnv(object(), DICT_SPACE, FORCE, num_envs=3, start_states=data,
+                        encode_fn=lambda obs: obs["pos"] - obs["goal"]["xy"], transition_fn=_dict_transition, seed=0)
+    td = env.reset()
+    rows = [int(i) for i in td["pos"][:, 0] // 2]  # which data rows were drawn
+    assert torch.equal(td["pos"], data["pos"][rows]) and torch.equal(td["goal", "xy"], data["goal", "xy"][rows])
+    assert torch.equal(env.state, 2 * data["pos"][rows])
+
+
+def test_dict_initial_observation_completes_a_reset_fn_that_returns_only_a_state():
+    env = WorldModelEnv(object(), DICT_SPACE, FORCE, num_envs=3, initial_observation=DICT_OBS0,
+                        reset_fn=lambda: {"state": torch.zeros(3, 2)}, transition_fn=_dict_transition)
+    td = env.reset()
+    assert torch.equal(td["pos"], torch.ones(3, 2)) and torch.equal(td["goal", "xy"], torch.full((3, 2), 2.0))
+    assert torch.equal(env.state, torch.zeros(3, 2))

@@ -936,7 +936,7 @@ class WorldModelEnv(EnvBase):
         if not self._differentiable:
             torch._C._set_grad_enabled(False)
         try:
-            model_obs = _nest(obs) if self._obs_is_mapping else obs
+            model_obs = nest(obs) if self._obs_is_mapping else obs
             state = self._encode.call(model_obs)
         finally:
             torch._C._set_grad_enabled(grad)
@@ -980,7 +980,7 @@ class WorldModelEnv(EnvBase):
                     f"start_states: sampled entries are {describe(rows)}; expected a TensorDict or a tensor"
                 )
             obs = self._read_obs(
-                _nest(obs) if self._obs_is_mapping else obs, bs, "start_states (sampled entries)", None
+                nest(obs) if self._obs_is_mapping else obs, bs, "start_states (sampled entries)", None
             )
             state = self._encode_obs(obs, bs, "start_states")
             return state, obs, {}
@@ -1003,7 +1003,7 @@ class WorldModelEnv(EnvBase):
         if obs is MISSING:
             if self._initial_obs is not None:
                 obs = _tree.broadcast_rows(self._initial_obs, bs)
-                obs = _nest(obs) if self._obs_is_mapping else obs
+                obs = nest(obs) if self._obs_is_mapping else obs
             elif state is not MISSING:
                 obs = state
             else:
