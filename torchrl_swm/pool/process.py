@@ -29,7 +29,7 @@ import torch
 
 from ..errors import EnvError
 from .rows import action_kind
-from .worker import REPLY_ERROR, REPLY_OK, worker_main
+from .worker import REPLY_OK, worker_main
 
 __all__ = ["ProcessBackend"]
 
