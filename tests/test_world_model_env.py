@@ -899,3 +899,32 @@ def test_dict_initial_observation_completes_a_reset_fn_that_returns_only_a_state
     td = env.reset()
     assert torch.equal(td["pos"], torch.ones(3, 2)) and torch.equal(td["goal", "xy"], torch.full((3, 2), 2.0))
     assert torch.equal(env.state, torch.zeros(3, 2))
+
+
+def test_start_states_with_declared_info_start_at_zero_and_survive_partial_resets():
+    # real data carries no model info: the declared keys read zero on sampled rows
+    _, data = _real_data()
+    env = WorldModelEnv(
+        object(), BOX2, BOX2, num_envs=3, start_states=TensorDict({"observation": data["observation"][:, :2]}, [10]),
+        info_spec={"u": torch.zeros(2)}, seed=0,
+        transition_fn=lambda s, a: (s + a, s + a, torch.zeros(3), torch.zeros(3, dtype=torch.bool), False, {"u": a * 2}),
+    )
+    td = env.reset()
+    assert set(td.keys()) >= {"info"} and torch.equal(td["info", "u"], torch.zeros(3, 1, 2))
+    td["action"] = torch.ones(3, 2)
+    td = env.step(td)["next"]
+    assert torch.equal(td["info", "u"], torch.full((3, 1, 2), 2.0))
+    td["_reset"] = torch.tensor([[True], [False], [False]])
+    out = env.reset(td)
+    assert torch.equal(out["info", "u"][:, 0, 0], torch.tensor([0.0, 2.0, 2.0]))
+    check_env_specs(env)
+
+
+def test_a_tensordict_info_is_read_like_a_dict():
+    env = WorldModelEnv(
+        object(), BOX2, BOX2, num_envs=3, initial_state=torch.zeros(2), info_spec={"u": torch.zeros(2)},
+        transition_fn=lambda s, a: {"state": s + a, "info": TensorDict({"u": a * 2}, [3])},
+    )
+    td = env.reset()
+    td["action"] = torch.ones(3, 2)
+    assert torch.equal(env.step(td)["next", "info", "u"], torch.full((3, 1, 2), 2.0))

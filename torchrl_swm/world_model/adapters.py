@@ -366,6 +366,8 @@ def _info(value, form: str, where: str):
         return {}
     if not _is_mapping(value):
         raise ReturnFormError(f"{where} returned {form}: expected info to be a dict (or None), got {describe(value)}")
+    if isinstance(value, TensorDictBase):
+        return dict(value.items())  # a plain dict: a TensorDict has no truth value
     return value
 
 

@@ -983,7 +983,7 @@ class WorldModelEnv(EnvBase):
                 nest(obs) if self._obs_is_mapping else obs, bs, "start_states (sampled entries)", None
             )
             state = self._encode_obs(obs, bs, "start_states")
-            return state, obs, {}
+            return state, obs, None  # real data carries no model info: declared info keys start at zero
         bound = self._reset_bound
         kwargs = {}
         if "num_envs" in bound.extras:
