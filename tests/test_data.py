@@ -4,6 +4,7 @@ import functools
 import json
 import os
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -307,4 +308,34 @@ def test_exclude_keys_are_not_stored(tmp_path):
     assert ("info", "length") not in keys and ("next", "info", "length") not in keys
     assert ("info", "t") in keys and "observation" in keys
     assert ds.metadata["excluded_keys"] == ["pixels", ["info", "length"]]
+    pool.close()
+
+
+
+class RootSuccessEnv(gym.Env):
+    """Dict observation {"t", "success"}: "success" (a root key, as World accepts) turns on at t=2, of 3 steps."""
+
+    observation_space = gym.spaces.Dict({"t": gym.spaces.Box(0, 10, (1,), np.float32),
+                                         "success": gym.spaces.MultiBinary(1)})
+    action_space = gym.spaces.Discrete(2)
+
+    def _obs(self):
+        return {"t": np.array([self.t], np.float32), "success": np.array([self.t >= 2], np.int8)}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(), 1.0, self.t >= 3, False, {}
+
+
+def test_stats_read_success_from_root_keys_as_world_does(tmp_path):
+    pool = EnvPool([RootSuccessEnv] * 2, seed=0)
+    World(pool, max_episode_steps=5).collect(tmp_path / "ds", 4, seed=0, progress=False)
+    stats = load_dataset(tmp_path / "ds").stats()
+    assert stats["lengths"].tolist() == [3] * 4
+    assert stats["successes"] is not None and stats["successes"].all()
     pool.close()

@@ -141,3 +141,13 @@ def test_pool_outputs_and_expert_actions():
     with pytest.raises(TypeError, match="PointMaze"):
         expert_policy(EnvPool("CartPole-v1", num_envs=1))
     pool.close()
+
+
+def test_expert_policy_on_a_process_pool():
+    # the envs live in the workers: the layout is read through the pool, not pool.envs
+    pool = EnvPool("torchrl_swm/PointMaze-v0", num_envs=2, backend="process", num_workers=1, seed=0)
+    policy = expert_policy(pool)
+    assert isinstance(policy, PointMazeExpert)
+    td = policy(pool.reset())
+    assert td["action"].shape == (2, 2) and td["action"].abs().max() <= 1
+    pool.close()

@@ -385,6 +385,47 @@ def test_generic_batched_torchrl_env():
     env.close()
 
 
+def _no_truncation_env():
+    """A batched TorchRL env ([2], observation = step count, never done) whose done spec has no "truncated"."""
+    from torchrl.data import Categorical, Composite, Unbounded
+    from torchrl.envs import EnvBase
+
+    class Env(EnvBase):
+        def __init__(self):
+            super().__init__(batch_size=torch.Size([2]))
+            self.observation_spec = Composite(observation=Unbounded((2, 1)), shape=(2,))
+            self.action_spec = Categorical(2, shape=(2,))
+            self.reward_spec = Unbounded((2, 1))
+            self.done_spec = Composite(done=Categorical(2, (2, 1), dtype=torch.bool),
+                                       terminated=Categorical(2, (2, 1), dtype=torch.bool), shape=(2,))
+            self.t = torch.zeros(2, 1)
+
+        def _reset(self, td=None, **kwargs):
+            rows = torch.ones(2, 1, dtype=torch.bool) if td is None or "_reset" not in td.keys() else td["_reset"]
+            self.t = torch.where(rows, 0.0, self.t)
+            false = torch.zeros(2, 1, dtype=torch.bool)
+            return TensorDict(observation=self.t.clone(), done=false, terminated=false.clone(), batch_size=[2])
+
+        def _step(self, td):
+            self.t = self.t + 1
+            false = torch.zeros(2, 1, dtype=torch.bool)
+            return TensorDict(observation=self.t.clone(), reward=torch.ones(2, 1), done=false,
+                              terminated=false.clone(), batch_size=[2])
+
+        def _set_seed(self, seed):
+            pass
+
+    return Env()
+
+
+def test_step_limit_on_an_env_without_a_truncated_flag_ends_episodes_as_done():
+    env = _no_truncation_env()
+    assert "truncated" not in env.done_keys
+    result = World(env, max_episode_steps=3).evaluate(4, seed=0, progress=False)
+    assert result["episode_lengths"].tolist() == [3] * 4
+    assert result["episode_returns"].tolist() == [3.0] * 4
+
+
 def test_device_parametrized(device):
     pool = EnvPool([functools.partial(counting, length=3)] * 2, seed=0, device=device)
     result = World(pool, lambda td: td.set("action", torch.ones(2, dtype=torch.int64, device=device))).evaluate(

@@ -116,6 +116,8 @@ def test_errors(maze_dataset, tmp_path):
             w.evaluate(dataset=ds, episodes_idx=[0, 1], start_steps=[0], goal_offset=1, eval_budget=5, progress=False)
         with pytest.raises(ValueError, match="options"):
             w.evaluate(dataset=ds, episodes_idx=[0], goal_offset=1, eval_budget=5, options={}, progress=False)
+        with pytest.raises(ValueError, match=r"max_steps=9 cannot be combined with dataset=.*eval_budget="):
+            w.evaluate(dataset=ds, episodes_idx=[0], goal_offset=1, eval_budget=5, max_steps=9, progress=False)
         # a state hook that ignores the dataset state is caught by the start check
         with pytest.raises(RuntimeError, match="did not start from the dataset state"):
             w.evaluate(dataset=ds, episodes_idx=[3], start_steps=[2], goal_offset=1, eval_budget=5,

@@ -451,7 +451,9 @@ class WorldDataset:
         idx = np.repeat(np.arange(len(lengths)), lengths)
         reward = self.td.get(("next", "reward")).reshape(self.num_steps, -1).sum(-1).double().numpy()
         out["returns"] = np.bincount(idx, weights=reward, minlength=len(lengths))
-        for key in (("next", "info", "is_success"), ("next", "info", "success")):
+        from .world import SUCCESS_KEYS
+
+        for key in (("next", *k) for k in SUCCESS_KEYS):
             if key in self.td.keys(True, True):
                 flag = self.td.get(key).reshape(self.num_steps, -1).any(-1).numpy()
                 out["successes"] = np.bincount(idx, weights=flag, minlength=len(lengths)) > 0

@@ -526,6 +526,11 @@ class World:
                 raise ValueError(
                     "evaluate: options= cannot be combined with dataset= (the dataset sets the reset options)"
                 )
+            if max_steps is not None:
+                raise ValueError(
+                    f"evaluate: max_steps={max_steps} cannot be combined with dataset= (eval_budget= is the step "
+                    "limit of a dataset episode)"
+                )
             plans, extra, check_keys = self._dataset_plans(
                 dataset, episodes, episodes_idx, start_steps, goal_offset, eval_budget, seed, goal_key,
                 reset_options_fn, check_start,
@@ -1029,8 +1034,10 @@ class _Run:
         cut = finished & ~done  # World's step limit: record as truncated
         if cut.any():
             mask = _as_mask(cut, self.device)
-            nxt.set("truncated", nxt.get("truncated") | mask.view_as(nxt.get("truncated")))
-            nxt.set("done", nxt.get("done") | mask.view_as(nxt.get("done")))
+            for key in ("truncated", "done"):  # an env without a "truncated" flag records the cut as done
+                flag = nxt.get(key, None)
+                if flag is not None:
+                    nxt.set(key, flag | mask.view_as(flag))
 
         if self.recorder is not None:
             td.set("episode", self.episode_ids.to(self.device))

@@ -44,6 +44,8 @@ from collections.abc import Mapping, Sequence
 import gymnasium as gym
 import numpy as np
 
+from ..errors import EnvError
+
 __all__ = ["PointMazeEnv", "PointMazeExpert", "LAYOUTS", "expert_actions", "expert_policy"]
 
 #: Built-in maze layouts: ``#`` is a wall, ``.`` a free cell.
@@ -399,8 +401,9 @@ def expert_policy(env, noise: float = 0.0) -> PointMazeExpert:
     while isinstance(base, TransformedEnv):
         base = base.base_env
     try:
-        unwrapped = base.envs[0].unwrapped
-    except (AttributeError, IndexError) as err:
+        # through the pool's call: a process pool's envs live in its workers
+        unwrapped = base.call("get_wrapper_attr", "unwrapped", indices=[0])[0]
+    except (AttributeError, IndexError, EnvError) as err:
         raise TypeError(f"expert_policy: expected an EnvPool of PointMaze envs, got {type(env).__name__}") from err
     if not isinstance(unwrapped, PointMazeEnv):
         raise TypeError(f"expert_policy: the env is {type(unwrapped).__name__}, not PointMazeEnv")
