@@ -309,6 +309,75 @@ def test_next_step_vector_env_without_masked_reset_is_refused_clearly():
         EnvPool(Plain())
 
 
+class SameStepCounter(gym.vector.VectorEnv):
+    """A natively batched SAME_STEP env without a masked reset: obs = steps since reset, row i's episodes last 2 + i steps."""
+
+    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
+
+    def __init__(self, n=2):
+        self.num_envs = n
+        self.single_observation_space = gym.spaces.Box(0, 10, (1,), np.float32)
+        self.single_action_space = gym.spaces.Discrete(2)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, n)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, n)
+        self.t = np.zeros(n, np.float32)
+        self.length = 2 + np.arange(n)
+
+    def reset(self, *, seed=None, options=None):
+        self.t[:] = 0
+        return self.t[:, None].copy(), {}
+
+    def step(self, actions):
+        self.t += 1
+        done = self.t >= self.length
+        info = {}
+        if done.any():
+            info = {"final_obs": np.array([np.array([t], np.float32) for t in self.t], dtype=object), "_final_obs": done}
+            self.t[done] = 0
+        return self.t[:, None].copy(), np.ones(self.num_envs), done, np.zeros(self.num_envs, bool), info
+
+
+def test_same_step_vector_env_without_masked_reset_refuses_reset_options_clearly():
+    pool = EnvPool(SameStepCounter(), seed_every_episode=False)
+    td = pool.reset()
+    for _ in range(2):
+        td["action"] = torch.zeros(2, dtype=torch.int64)
+        td = pool.step(td)["next"]
+    assert td["done"].view(-1).tolist() == [True, False] and td["observation"].view(-1).tolist() == [2.0, 2.0]
+    # row 0 was reset by the env itself, without options: options would need a masked reset
+    with pytest.raises(EnvError, match=r"env 0 \(reset\).*only reset rows it finished itself, without options"):
+        pool.reset(td.clone().set("_reset", td["done"].clone()), options={"length": 3})
+    assert pool.reset(td.clone().set("_reset", td["done"].clone()))["observation"].view(-1).tolist() == [0.0, 2.0]
+    pool.close()
+
+
+def test_vector_env_options_holding_arrays_reach_the_envs():
+    venv = gym.vector.SyncVectorEnv([functools.partial(counting, max_length=9)] * 2)
+    pool = EnvPool(venv, seed=0)
+    pool.reset(options={"length": 4, "goal": np.zeros(2)})  # one dict, copied per row: arrays compare fine
+    assert pool.get_attr("length") == [4, 4]
+    with pytest.raises(ValueError, match="different dicts per env"):
+        pool.reset(options=[{"goal": np.zeros(2)}, {"goal": np.ones(2)}])
+    pool.close()
+
+
+def test_vector_env_call_reaches_only_the_rows_asked_for():
+    venv = gym.vector.SyncVectorEnv([functools.partial(counting, max_length=9)] * 3)
+    pool = EnvPool(venv, seed=0)
+    pool.reset()
+    pool.set_attr("length", 7, indices=[1])
+    assert pool.get_attr("length", indices=[1]) == [7]
+    resets = pool.get_attr("resets_called")
+    pool.call("reset", indices=[2])  # a method with a side effect: env 2 only
+    assert [b - a for a, b in zip(resets, pool.get_attr("resets_called"))] == [0, 0, 1]
+    pool.close()
+    native = EnvPool(gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="vector_entry_point"), seed=0)
+    for access in (lambda: native.get_attr("x"), lambda: native.call("render"), lambda: native.set_attr("x", 1)):
+        with pytest.raises(AttributeError, match="CartPoleVectorEnv is natively batched"):
+            access()
+    native.close()
+
+
 class GenericResetPool(EnvPool):
     """The same pool with TorchRL's own reset merge."""
 

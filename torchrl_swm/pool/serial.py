@@ -18,7 +18,7 @@ from ..errors import EnvError, describe
 from .infos import InfoWriter, numeric_value
 from .rows import RowWriter
 
-__all__ = ["SerialBackend", "InProcessBackend", "make_envs", "numeric_only"]
+__all__ = ["SerialBackend", "InProcessBackend", "call_envs", "make_envs", "numeric_only"]
 
 
 def numeric_only(info: Mapping) -> dict:
@@ -31,6 +31,19 @@ def numeric_only(info: Mapping) -> dict:
             array = numeric_value(value)
             if array is not None:
                 out[key] = array
+    return out
+
+
+def call_envs(envs: Sequence[gym.Env], rows: Sequence[int], name: str, args: tuple, kwargs: dict, first: int = 0) -> list:
+    """``envs[j].name(*args, **kwargs)`` (or the attribute) for each of ``rows``, looking through
+    gymnasium wrappers as ``SyncVectorEnv.call`` does; an env that raises is named (``first + j``)."""
+    out = []
+    for j in rows:
+        try:
+            attr = envs[j].get_wrapper_attr(name)
+            out.append(attr(*args, **kwargs) if callable(attr) else attr)
+        except Exception as err:
+            raise EnvError(first + j, f"call {name}", f"{type(err).__name__}: {err}") from err
     return out
 
 
@@ -264,16 +277,8 @@ class SerialBackend(InProcessBackend):
 
     # -- direct access to the envs ------------------------------------------------------
     def call(self, rows: Sequence[int], name: str, args: tuple, kwargs: dict) -> list:
-        """``env.name(*args, **kwargs)`` (or the attribute) for each local row, looking
-        through gymnasium wrappers as ``SyncVectorEnv.call`` does."""
-        out = []
-        for j in rows:
-            try:
-                attr = self.envs[j].get_wrapper_attr(name)
-                out.append(attr(*args, **kwargs) if callable(attr) else attr)
-            except Exception as err:
-                raise EnvError(self.first + j, f"call {name}", f"{type(err).__name__}: {err}") from err
-        return out
+        """``env.name(*args, **kwargs)`` (or the attribute) for each local row."""
+        return call_envs(self.envs, rows, name, args, kwargs, self.first)
 
     def get_attr(self, rows: Sequence[int], name: str) -> list:
         """Attribute ``name`` of each local row, looking through gymnasium wrappers."""

@@ -32,12 +32,13 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control import utils as classic_control_utils
 from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
+from gymnasium.utils.env_checker import data_equivalence
 from gymnasium.vector import AutoresetMode
 
 from ..errors import EnvError, SpecError, describe
 from .infos import flatten_vector_info, numeric_value
 from .rows import RowWriter
-from .serial import InProcessBackend
+from .serial import InProcessBackend, call_envs
 
 __all__ = ["VectorBackend", "register_masked_reset"]
 
@@ -230,10 +231,12 @@ class VectorBackend(InProcessBackend):
                 writer.info.write_batch(stashed_info, select, "reset")
             else:
                 if self._masked_reset is None:
+                    unstashed = rows[~self.stashed[rows]]
                     raise EnvError(
-                        int(rows[~self.stashed[rows]][0]), "reset",
-                        f"{type(_innermost(self.venv)).__name__} (SAME_STEP) can only reset rows it finished itself; "
-                        "it has no masked reset (options['reset_mask']) for the others. Pass masked_reset=True if it has one.",
+                        int(unstashed[0] if unstashed.size else rows[0]), "reset",
+                        f"{type(_innermost(self.venv)).__name__} (SAME_STEP) can only reset rows it finished itself, "
+                        "without options; it has no masked reset (options['reset_mask']) for the others. Pass "
+                        "masked_reset=True if it has one.",
                     )
                 if self.per_env_seeds:
                     seed_arg = [None] * self.num_envs
@@ -317,19 +320,40 @@ class VectorBackend(InProcessBackend):
         return terminal
 
     # -- direct access ------------------------------------------------------------------
+    def _per_env(self, what: str) -> Callable:
+        """The vector env's own per-env access (``call``/``get_attr``/``set_attr``), with a clear error without it."""
+        fn = getattr(self.venv, what, None)
+        if fn is None:
+            raise AttributeError(
+                f"EnvPool.{what}: {type(_innermost(self.venv)).__name__} is natively batched: its rows are not "
+                f"separate envs and it has no {what}(). Use the vector env itself."
+            )
+        return fn
+
     def call(self, rows, name, args, kwargs) -> list:
-        values = self.venv.call(name, *args, **kwargs)
+        call = self._per_env("call")
+        if sorted(rows) != list(range(self.num_envs)):
+            # a vector env's call runs the method on every env: reach only the rows asked for
+            inner = _innermost(self.venv)
+            if not isinstance(inner, gym.vector.SyncVectorEnv):
+                raise ValueError(
+                    f"EnvPool.call({name!r}, indices={list(rows)}): {type(inner).__name__}.call runs it on every env; "
+                    "call it without indices"
+                )
+            return call_envs(inner.envs, rows, name, args, kwargs)
+        values = call(name, *args, **kwargs)
         return [values[j] for j in rows]
 
     def get_attr(self, rows, name) -> list:
-        values = self.venv.get_attr(name)
+        values = self._per_env("get_attr")(name)
         return [values[j] for j in rows]
 
     def set_attr(self, rows, name, values) -> None:
+        set_attr = self._per_env("set_attr")
         current = list(self.venv.get_attr(name))
         for j, value in zip(rows, values):
             current[j] = value
-        self.venv.set_attr(name, current)
+        set_attr(name, current)
 
     def close(self) -> None:
         try:
@@ -353,7 +377,7 @@ def _single_options(options):
     given = [o for o in options if o is not None]
     if not given:
         return None
-    if any(o != given[0] for o in given[1:]):
+    if any(not data_equivalence(o, given[0], exact=True) for o in given[1:]):  # values may be arrays
         raise ValueError(
             "options: a VectorEnv takes one options dict for every row it resets; got different dicts per env. "
             "Use EnvPool over single-env factories for per-env options."
