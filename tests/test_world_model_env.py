@@ -516,11 +516,14 @@ def test_differentiable_through_the_adapter_transforms():
         reward_fn=lambda s, o, a: -(s**2).sum(-1),
         action_transform_fn=lambda a: a * 0.5,
         max_episode_steps=50,
+        decoder=lambda obs: obs * 2,  # a float "image": decoded with the graph kept, like the rest
+        decoder_spec=Unbounded(shape=(4,)),
         differentiable=True,
         seed=0,
     )
     policy = _policy()
     rollout = env.rollout(6, policy, break_when_any_done=False)
+    assert rollout["next", "pixels"].requires_grad
     rollout["next", "reward"].sum().backward()
     assert policy.module[0].weight.grad.abs().sum() > 0
 

@@ -355,7 +355,8 @@ def make_world_model_env(
             raise ValueError(f"make_world_model_env: expected max_episode_steps >= 1, got {max_episode_steps!r}")
         chain.append(StepCounter(max_steps=max_episode_steps))
     if decoder is not None:
-        chain.append(ObservationDecoder(decoder, decoder_spec, model=model))
+        differentiable = kwargs.get("differentiable", False)  # as the env: decoded pixels keep the graph too
+        chain.append(ObservationDecoder(decoder, decoder_spec, model=model, differentiable=differentiable))
     elif decoder_spec is not None:
         raise TypeError("make_world_model_env: decoder_spec= only makes sense with decoder=")
     for transform in transforms:
