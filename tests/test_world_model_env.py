@@ -931,3 +931,21 @@ def test_a_tensordict_info_is_read_like_a_dict():
     td = env.reset()
     td["action"] = torch.ones(3, 2)
     assert torch.equal(env.step(td)["next", "info", "u"], torch.full((3, 1, 2), 2.0))
+
+
+def test_adapters_taking_the_generator_are_bound_alike_in_the_probe_and_the_decoder():
+    # fn(action, generator) / decoder(obs, generator): the generator is a keyword extra, never the model
+    def to_model(action, generator):
+        return torch.nn.functional.one_hot(action, 3).float() + 0 * torch.rand(len(action), 3, generator=generator)
+
+    env = make_world_model_env(
+        object(), BOX2, gym.spaces.Discrete(3), num_envs=2, initial_state=torch.zeros(2),
+        transition_fn=lambda s, a: {"state": s + a[:, :2]}, action_transform_fn=to_model,
+        decoder=lambda obs, generator: obs + 0 * torch.rand(obs.shape, generator=generator),
+        decoder_spec=Unbounded(shape=(2,)), seed=0,
+    )
+    td = env.reset()
+    td["action"] = torch.tensor([0, 1])
+    out = env.step(td)["next"]
+    assert out["observation"].tolist() == [[1.0, 0.0], [0.0, 1.0]]
+    assert torch.equal(out["pixels"], out["observation"])

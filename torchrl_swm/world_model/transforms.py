@@ -231,9 +231,12 @@ class ObservationDecoder(_WorldModelTransform):
     def _decode(self, value):
         model = self._model
         if self._bound is None:
-            if model is None and self.parent is not None and isinstance(self.parent.base_env, WorldModelEnv):
-                model = self.parent.base_env.model
-            self._bound = bind(self._fn, "decoder", ("obs",), model=model)
+            extras = None
+            if self.parent is not None and isinstance(self.parent.base_env, WorldModelEnv):
+                base = self.parent.base_env
+                model = base.model if model is None else model
+                extras = {"generator": base.generator}  # as the other adapters get it
+            self._bound = bind(self._fn, "decoder", ("obs",), model=model, extras=extras)
         context = contextlib.nullcontext() if self._differentiable else torch.no_grad()
         with context:
             out = self._bound.call(value)
@@ -374,7 +377,8 @@ def _probe_model_action(model, fn, action_space, device, differentiable) -> Tens
 
         device = _model_device(model) or torch.device("cpu")
     sample = outer.to(device).zero((1,))
-    bound = bind(fn, "action_transform_fn", ("action",), model=model)
+    # bound as ActionAdapter binds it; the probe's generator is a throwaway (only the shape matters)
+    bound = bind(fn, "action_transform_fn", ("action",), model=model, extras={"generator": torch.Generator(device)})
     with contextlib.nullcontext() if differentiable else torch.no_grad():
         out = bound.call(sample)
     if not isinstance(out, torch.Tensor) or out.ndim < 1 or out.shape[0] != 1:
