@@ -27,7 +27,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
-from ..masks import mask_rows, row_view
+from ..masks import mask_rows, row_mask, row_view
 from ..specs import batch_spec, space_to_spec
 from .buffers import BufferLayout, HostBuffers
 from .infos import INFO_MASK_KEY, InfoSchema
@@ -348,7 +348,7 @@ class EnvPool(EnvBase):
         mask = tensordict.pop("_reset", None)
         if mask is None or mask.all():
             return tensordict.update(tensordict_reset)
-        rows = mask.reshape(self.num_envs, -1).any(-1)
+        rows = row_mask(mask, self.num_envs, "_reset")
         old_keys = set(tensordict.keys(True, True))
         new_keys = set(tensordict_reset.keys(True, True))
         for key in old_keys | new_keys:

@@ -14,8 +14,7 @@ import cloudpickle
 import numpy as np
 
 from ..errors import EnvError
-from .infos import InfoWriter
-from .rows import RowWriter, env_action_list
+from .rows import env_action_list
 
 __all__ = ["worker_main", "REPLY_OK", "REPLY_ERROR"]
 
@@ -61,8 +60,7 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
                     # the segment once, when the pool frees it
                     shm = SharedMemory(name=shm_name)
                     arrays = layout.views(np.ndarray((layout.nbytes,), dtype=np.uint8, buffer=shm.buf))
-                    backend.writer = RowWriter(backend.observation_space, arrays, InfoWriter(info_schema, arrays))
-                    backend.frames = None if frame_key is None else arrays[frame_key]
+                    backend.attach(layout, arrays, info_schema, frame_key)
                     action_view = arrays[("_action",)]
                     reply = None
                 elif command == "call":
