@@ -278,17 +278,13 @@ def _eval(args) -> int:
             from .video import VideoRecorder
 
             video = VideoRecorder(args.video, layout="grid" if args.video_grid else "episodes")
-        try:
-            result = world.evaluate(
-                None if dataset_kwargs else args.episodes, seed=args.seed,
-                reset_mode=args.mode or ("wait" if dataset_kwargs else "auto"),
-                max_steps=None if dataset_kwargs else args.max_steps, video=video,
-                progress=not args.no_progress, **dataset_kwargs,
-            )
-        except KeyboardInterrupt:
-            print("interrupted", file=sys.stderr)
-            return 130
-    finally:
+        result = world.evaluate(
+            None if dataset_kwargs else args.episodes, seed=args.seed,
+            reset_mode=args.mode or ("wait" if dataset_kwargs else "auto"),
+            max_steps=None if dataset_kwargs else args.max_steps, video=video,
+            progress=not args.no_progress, **dataset_kwargs,
+        )
+    finally:  # an interrupt reaches main(), which reports it
         world.close()
     print(result.summary())
     if args.json:
