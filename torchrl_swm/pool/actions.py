@@ -80,8 +80,8 @@ class ActionCodec:
             array = array[rows]
         if self.kind == "discrete" and self.categorical and not batched:
             return self._categorical_list(array, action.dtype, rows)
-        values = getattr(self, "_" + self.kind)(array, action.dtype, rows)
-        return values if batched else env_action_list(self.kind, values)
+        values = getattr(self, "_" + self.kind)(array, action.dtype, rows)  # a fresh array
+        return values if batched else env_action_list(self.kind, values, copy=False)
 
     def _bad(self, what, rows, bad_rows):
         index = int(bad_rows[0]) if rows is None else int(rows[bad_rows[0]])

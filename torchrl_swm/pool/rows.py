@@ -229,8 +229,11 @@ def action_kind(space: gym.Space) -> str:
     return "box"
 
 
-def env_action_list(kind: str, array: np.ndarray) -> list:
+def env_action_list(kind: str, array: np.ndarray, copy: bool = True) -> list:
     """Per-env gymnasium actions from a batch: numpy integer scalars for Discrete
     (what ``Discrete.sample()`` and gymnasium's vector envs pass, and what
-    ``Discrete.contains`` checks fastest), one array row (a copy) otherwise."""
-    return list(array) if kind == "discrete" else list(array.copy())
+    ``Discrete.contains`` checks fastest), one array row otherwise: a row of a copy,
+    unless ``array`` is already fresh (``copy=False``), so no env sees another's buffer."""
+    if kind == "discrete":
+        return list(array)
+    return list(array.copy() if copy else array)
