@@ -26,6 +26,7 @@ Any other space (``Tuple``, ``Text``, ``Graph``, ``Sequence``...) raises a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import gymnasium as gym
@@ -63,14 +64,25 @@ def torch_dtype(dtype) -> torch.dtype:
     """The torch dtype of a numpy dtype (or of a torch dtype, unchanged)."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    return torch.from_numpy(np.zeros((), dtype=np.dtype(dtype))).dtype
+    return _torch_of_numpy(np.dtype(dtype))
 
 
 def numpy_dtype(dtype) -> np.dtype:
     """The numpy dtype of a torch dtype (or of a numpy dtype, unchanged)."""
     if isinstance(dtype, torch.dtype):
-        return torch.zeros((), dtype=dtype).numpy().dtype
+        return _numpy_of_torch(dtype)
     return np.dtype(dtype)
+
+
+# cached: the export calls these per leaf and step, and each lookup builds a tensor
+@functools.cache
+def _torch_of_numpy(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.zeros((), dtype=dtype)).dtype
+
+
+@functools.cache
+def _numpy_of_torch(dtype: torch.dtype) -> np.dtype:
+    return torch.zeros((), dtype=dtype).numpy().dtype
 
 
 def space_to_spec(
