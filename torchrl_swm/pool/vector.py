@@ -216,7 +216,7 @@ class VectorBackend(InProcessBackend):
                 raise EnvError(None, "reset", f"{type(err).__name__}: {err}") from err
             select = None
             writer.observations(None, obs, "reset")
-            writer.info.write_batch(info, np.ones(self.num_envs, dtype=bool), "reset")
+            writer.info.write_batch(info, self._everyone, "reset")
             self.pending_done[:] = False
             self.stashed[:] = False
             index = slice(0, self.num_envs)
