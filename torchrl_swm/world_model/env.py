@@ -90,12 +90,9 @@ def _leaf_key(key) -> tuple[str, ...]:
 def _get_nested(mapping, key: tuple[str, ...]):
     node = mapping
     for part in key:
-        if isinstance(node, TensorDictBase):
-            node = node.get(part, None)
-        elif isinstance(node, Mapping):
-            node = node.get(part, None)
-        else:
+        if not isinstance(node, (Mapping, TensorDictBase)):
             return None
+        node = node.get(part, None)
         if node is None:
             return None
     return node
@@ -749,18 +746,7 @@ class WorldModelEnv(EnvBase):
         return shapes
 
     def _read_action(self, td, shapes: _Shapes):
-        if self._action_leaf is not None:
-            action = td._get_str("action", None) if type(td) is TensorDict else td.get("action", None)
-            if action is None:
-                raise KeyError(
-                    f"WorldModelEnv.step: the input tensordict has no 'action' entry (keys: {list(td.keys())})"
-                )
-            if action.shape != shapes.action or action.dtype is not self._action_leaf.dtype:
-                raise ValueError(
-                    f"WorldModelEnv.step: action: expected dtype {self._action_leaf.dtype} and shape "
-                    f"{tuple(shapes.action)}, got {describe(action)}"
-                )
-            return action
+        """A Dict action space's leaves, checked (a single action leaf is read inline in :meth:`_advance`)."""
         bs = tuple(shapes.bs)
         for leaf in self._action_leaves:
             value = td.get(leaf.key, None)
@@ -957,8 +943,7 @@ class WorldModelEnv(EnvBase):
             n = len(self._start_data)
             if n < 1:
                 raise ValueError("start_states: the replay buffer is empty; extend it before resetting")
-            count = int(np.prod(bs)) if bs else 1
-            index = torch.randint(n, (count,), generator=self._generator, device=self._generator.device)
+            index = torch.randint(n, (k,), generator=self._generator, device=self._generator.device)
             data = self._start_data
             rows = data[
                 index.to(data.device) if isinstance(data, TensorDictBase) and data.device is not None else index.cpu()
