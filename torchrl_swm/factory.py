@@ -122,7 +122,9 @@ def _describe() -> str:
 
 def _detect(target, kwargs) -> str:
     """The backend ``auto`` picks for ``target``; raises ValueError (listing the backends) when unsure."""
-    from .world_model.adapters import TRANSITION_METHODS
+    import torch
+
+    from .world_model.adapters import TRANSITION_METHODS, discover_method
 
     if isinstance(target, str):
         return "gym"
@@ -137,14 +139,7 @@ def _detect(target, kwargs) -> str:
         )
     if "transition_fn" in kwargs:
         return "world-model"
-    try:
-        import torch
-
-        if isinstance(target, torch.nn.Module):
-            return "world-model"
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
-    if any(callable(getattr(target, name, None)) for name in TRANSITION_METHODS):
+    if isinstance(target, torch.nn.Module) or discover_method(target, TRANSITION_METHODS)[0] is not None:
         return "world-model"
     if isinstance(target, Sequence) and target and all(callable(f) for f in target):
         return "gym"

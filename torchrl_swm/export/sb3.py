@@ -129,13 +129,7 @@ def _sb3_class():
 
         # -- sub-envs ---------------------------------------------------------------------
         def _pool(self, what: str):
-            pool = self.venv.traits.pool
-            if pool is None:
-                raise AttributeError(
-                    f"{what} reaches the sub-environments of an EnvPool; this VecEnv wraps "
-                    f"{type(self.venv.env).__name__}, which has none"
-                )
-            return pool
+            return self.venv._pool(what)
 
         def get_attr(self, attr_name: str, indices=None) -> list:
             if self.venv.traits.pool is None and attr_name == "render_mode":
