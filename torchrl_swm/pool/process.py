@@ -93,7 +93,6 @@ class ProcessBackend:
         self.num_envs = n
         self.slices = _split(n, num_workers)
         self._shm = None
-        self._kind = None
         self._action_buf = None
         ctx = mp.get_context(start_method)
         self._processes, self._conns = [], []

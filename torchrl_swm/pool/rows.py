@@ -132,12 +132,12 @@ class RowWriter:
         self.batch_leaves = [(key, _leaf_batch_writer(key, space, arrays[key])) for key, space in leaves.items()]
         self.is_dict = isinstance(observation_space, gym.spaces.Dict)
         self.write_single = self.leaves[0][1] if not self.is_dict else None
-        #: ``(buffer, shape, dtype kind)`` when the observation is one Box array:
+        #: ``(buffer, row shape)`` when the observation is one Box array:
         #: :meth:`observations_of_rows` then stacks a batch in one assignment.
         self.fast_observation = None
         if isinstance(observation_space, gym.spaces.Box):
             buf = arrays[("observation",)]
-            self.fast_observation = (buf, buf.shape[1:], buf.dtype.kind)
+            self.fast_observation = (buf, buf.shape[1:])
         self.reward = arrays[("reward",)]
         self.terminated = arrays[("terminated",)]
         self.truncated = arrays[("truncated",)]
@@ -168,7 +168,7 @@ class RowWriter:
         raises an :class:`EnvError` naming the env otherwise.
         """
         if self.fast_observation is not None:
-            buf, shape, _ = self.fast_observation
+            buf, shape = self.fast_observation
             try:
                 array = np.asarray(observations)
             except (TypeError, ValueError):  # ragged or not array-like: the per-row path says which env
