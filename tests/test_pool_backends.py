@@ -97,6 +97,48 @@ def test_fast_step_and_maybe_reset_equals_generic_path(factory, kwargs):
     slow.close()
 
 
+@pytest.mark.parametrize("factory", [functools.partial(counting, max_length=4), DictObsEnv])
+def test_policy_leaves_under_output_subtrees_are_carried_as_torchrl_does(factory):
+    # a policy writing under the pool's own "info" subtree or a Dict observation's subtree:
+    # TorchRL's step_mdp merges those leaves into the next root (zeroed on reset rows)
+    fast = EnvPool([factory] * 3, seed=3)
+    slow = GenericPathPool([factory] * 3, seed=3)
+    gen_a, gen_b = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    ta, tb = fast.reset(), slow.reset()
+    assert "info" in ta.keys()
+    for t in range(40):
+        for td, gen, pool in ((ta, gen_a, fast), (tb, gen_b, slow)):
+            td["action"] = _rand_action(pool, gen)
+            if t % 2:
+                td["info", "policy_value"] = torch.full((3, 1), float(t))
+                if factory is DictObsEnv:
+                    td["goal", "policy_note"] = torch.full((3,), float(t))
+        sa, ta = fast.step_and_maybe_reset(ta)
+        sb, tb = slow.step_and_maybe_reset(tb)
+        assert_same([sa, ta], [sb, tb])
+    assert ("info", "policy_value") in ta.keys(True, True)
+    fast.close()
+    slow.close()
+
+
+def test_reset_mask_copy_path_of_accelerators_equals_the_cpu_view_path():
+    # on an accelerator the done mask is copied to the device instead of viewing the host buffer
+    pools = [EnvPool([functools.partial(counting, max_length=3)] * 4, seed=1) for _ in range(2)]
+    pools[1]._done_views = None
+    gens = [torch.Generator().manual_seed(2) for _ in pools]
+    tds = [pool.reset() for pool in pools]
+    for t in range(30):
+        outs = []
+        for k, pool in enumerate(pools):
+            tds[k]["action"] = _rand_action(pool, gens[k])
+            tds[k]["policy_logits"] = torch.randn(4, 2, generator=gens[k])  # zeroed on reset rows
+            step, tds[k] = pool.step_and_maybe_reset(tds[k])
+            outs.append([step, tds[k]])
+        assert_same(*outs)
+    for pool in pools:
+        pool.close()
+
+
 # -- process backend ----------------------------------------------------------------------
 def test_process_backend_matches_serial_row_for_row():
     kwargs = dict(seed=5, pixels=True)
@@ -277,6 +319,35 @@ def test_sync_vector_pool_info_masks_equal_single_env_pool(mode):
     vector.close()
 
 
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED])
+def test_sync_vector_pool_of_dict_observations_equals_single_env_pool(mode):
+    # nested Dict leaves and a Discrete(start=1) leaf; SAME_STEP's final_obs are written row by row
+    single = EnvPool([DictObsEnv] * 3, seed=5)
+    vector = EnvPool(gym.vector.SyncVectorEnv([DictObsEnv] * 3, autoreset_mode=mode), seed=5)
+    a, b = drive(single, 45), drive(vector, 45)
+    assert sum(int(td["next", "done"].sum()) for td in a[1::2]) >= 6  # episodes of 20 steps ended
+    assert_same(a, b)
+    single.close()
+    vector.close()
+
+
+def test_same_step_vector_env_bad_final_obs_names_the_env():
+    class BadFinal(SameStepCounter):
+        def step(self, actions):
+            obs, reward, done, trunc, info = super().step(actions)
+            if done.any():
+                info["final_obs"] = np.array([np.zeros(3, np.float32)] * self.num_envs + [None], dtype=object)[:-1]
+            return obs, reward, done, trunc, info
+
+    pool = EnvPool(BadFinal(), seed_every_episode=False)
+    td = pool.reset()
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    td = pool.step(td)["next"]
+    with pytest.raises(EnvError, match=r"env 0 \(step\): observation \('observation',\): expected shape \(1,\)"):
+        pool.step(td.set("action", torch.zeros(2, dtype=torch.int64)))
+    pool.close()
+
+
 def test_vector_env_refuses_step_masks_and_unreset_done_rows():
     pool = EnvPool(_vector(AutoresetMode.NEXT_STEP, 3), seed=0)
     td = pool.reset()
@@ -349,6 +420,28 @@ def test_same_step_vector_env_without_masked_reset_refuses_reset_options_clearly
         pool.reset(td.clone().set("_reset", td["done"].clone()), options={"length": 3})
     assert pool.reset(td.clone().set("_reset", td["done"].clone()))["observation"].view(-1).tolist() == [0.0, 2.0]
     pool.close()
+
+
+def test_same_step_vector_env_without_masked_reset_refuses_to_reseed_rows_it_reset():
+    pool = EnvPool(SameStepCounter(), seed=0, seed_every_episode=False)
+    td = pool.reset()
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    td = pool.step(td.set("action", torch.zeros(2, dtype=torch.int64)))["next"]
+    td = pool.step(td.set("action", torch.zeros(2, dtype=torch.int64)))["next"]
+    assert td["done"].view(-1).tolist() == [True, False]
+    # the env already reset row 0 itself, unseeded: an explicit seed cannot be honoured
+    with pytest.raises(EnvError, match=r"env 0 \(reset\).*reset these rows itself, unseeded"):
+        pool.reset(td.clone().set("_reset", td["done"].clone()), seed=[7, 8])
+    pool.close()
+
+
+def test_same_step_vector_env_refuses_pixels():
+    # its step() has already reset finished rows when the pool renders: the terminal frame would be lost
+    venv = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync", render_mode="rgb_array",
+                        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})
+    with pytest.raises(SpecError, match="pixels=True with a SAME_STEP VectorEnv"):
+        EnvPool(venv, pixels=True)
+    venv.close()
 
 
 def test_vector_env_options_holding_arrays_reach_the_envs():

@@ -149,3 +149,20 @@ def test_seed_every_episode_false_follows_gymnasium_convention():
             obs[i] = info["final_obs"][i]
         theirs.append(torch.from_numpy(obs))
     assert torch.equal(ours, torch.stack(theirs))
+
+
+@pytest.mark.parametrize("every_episode", [True, False])
+def test_batch_rng_vector_env_records_the_seed_of_its_stream(every_episode):
+    # a natively batched env has one RNG for the batch: a row's episode continues the stream of
+    # the seed the vector env was last seeded with, whichever row was reset
+    import gymnasium as gym
+
+    venv = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="vector_entry_point")
+    pool = EnvPool(venv, seed=10, seed_every_episode=every_episode)
+    td = pool.reset()
+    assert seeds_of(td) == [10, 10, 10]
+    td = pool.reset(td.set("_reset", torch.tensor([[False], [False], [True]])))
+    assert venv.unwrapped._np_random_seed == (15 if every_episode else 10)
+    # every_episode: the reset reseeded the batch with row 2's next seed, 12 + 3; else: stream 10 continues
+    assert seeds_of(td) == ([10, 10, 15] if every_episode else [10, 10, 10])
+    pool.close()

@@ -110,12 +110,20 @@ class VectorBackend(InProcessBackend):
         self._masked_reset = self._find_masked_reset(masked_reset)
         if pixels and getattr(venv, "render_mode", None) != "rgb_array":
             raise EnvError(None, "make", f"pixels=True needs render_mode='rgb_array', got {getattr(venv, 'render_mode', None)!r}")
+        if pixels and self.mode is AutoresetMode.SAME_STEP:
+            raise SpecError(
+                "pixels=True with a SAME_STEP VectorEnv: it resets finished rows inside step(), so a frame rendered "
+                "after the step would show the reset state, not the terminal one. Build the vector env with "
+                "autoreset_mode NEXT_STEP or DISABLED (gym.make_vec(..., vector_kwargs={'autoreset_mode': ...})), "
+                "or put the frames in the observation."
+            )
         self.writer: RowWriter | None = None
         self.frames: np.ndarray | None = None
         self.pending_done = np.zeros(self.num_envs, dtype=bool)  # NEXT_STEP: done, not yet reset
         self.stashed = np.zeros(self.num_envs, dtype=bool)  # SAME_STEP: reset obs kept for TorchRL's reset
         self._stash_obs = None
         self._stash_info: list = []
+        self._stream_seed: int | None = None  # batch-RNG envs: the seed the vector env was last seeded with
 
     def _find_masked_reset(self, declared):
         inner = _innermost(self.venv)
@@ -226,6 +234,13 @@ class VectorBackend(InProcessBackend):
             if option is None and self.stashed[select].all() and (self._masked_reset is None or all(s is None for s in seeds)):
                 # SAME_STEP: the vector env already reset these rows during the step, unseeded
                 # (its stream continues); a seeded episode is reset again below instead
+                if any(s is not None for s in seeds):
+                    raise EnvError(
+                        int(rows[0]), "reset",
+                        f"{type(_innermost(self.venv)).__name__} (SAME_STEP) reset these rows itself, unseeded, and has "
+                        "no masked reset (options['reset_mask']) to reseed them; reset every row to seed it, or pass "
+                        "masked_reset=True if it has one.",
+                    )
                 obs, stashed_info = self._stash_obs, self._stash_info
                 writer.observations(select, obs, "reset")
                 writer.info.write_batch(stashed_info, select, "reset")
@@ -257,8 +272,12 @@ class VectorBackend(InProcessBackend):
             self._store_frames(select)
         episode_seeds = list(seeds if episode_seeds is None else episode_seeds)
         if not self.per_env_seeds and episode_seeds:
-            # one RNG for the batch: every row reset by this call started from its first seed
-            episode_seeds = [episode_seeds[0]] * len(episode_seeds)
+            # one RNG for the batch: every row's episode continues the stream of the seed the
+            # vector env was last seeded with (this call's first seed, if it passed one)
+            seeded = self._seed_arg(seeds)
+            if seeded is not None or self._stream_seed is None:
+                self._stream_seed = seeded if seeded is not None else int(episode_seeds[0])
+            episode_seeds = [self._stream_seed] * len(episode_seeds)
         writer.reset_flags(index, episode_seeds)
 
     def step(self, actions: np.ndarray, rows) -> None:
@@ -287,11 +306,14 @@ class VectorBackend(InProcessBackend):
         writer = self.writer
         everyone = self._everyone
         if self.mode is AutoresetMode.SAME_STEP and done.any():
-            obs = self._split_same_step(obs, info, done)
-            final_info = info.get("final_info", {})
+            # the vector env has already reset the done rows: keep their reset observation and
+            # info for TorchRL's reset of those rows, and write their terminal ones
+            self._stash_obs, self._stash_info = obs, info
+            self.stashed |= done
             writer.observations(None, obs, "step")
+            self._write_final_obs(info, done)
             writer.info.write_batch(info, ~done, "step")
-            writer.info.write_batch(final_info, done, "step")
+            writer.info.write_batch(info.get("final_info", {}), done, "step")
         else:
             writer.observations(None, obs, "step")
             writer.info.write_batch(info, everyone, "step")
@@ -301,23 +323,16 @@ class VectorBackend(InProcessBackend):
         if self.frames is not None:
             self._store_frames(None)
 
-    def _split_same_step(self, obs, info, done):
-        """Keep the reset rows for TorchRL's reset; return obs with the terminal rows in place."""
+    def _write_final_obs(self, info, done) -> None:
+        """SAME_STEP: write ``info["final_obs"]`` (the terminal observations) into the done rows."""
         if "final_obs" not in info:
             raise EnvError(int(np.flatnonzero(done)[0]), "step", "SAME_STEP vector env finished rows without info['final_obs']")
-        final = info["final_obs"]
-        # the reset observations and infos of the done rows, written at TorchRL's reset
-        self._stash_obs = copy.deepcopy(obs)
-        self._stash_info = info
-        self.stashed |= done
-        rows = np.flatnonzero(done)
-        terminal = copy.deepcopy(obs)
-        if isinstance(terminal, dict):
-            for j in rows:
-                _assign_nested(terminal, final[j], j)
-        else:
-            terminal[rows] = np.stack([final[j] for j in rows])
-        return terminal
+        final, write = info["final_obs"], self.writer.observation
+        for j in np.flatnonzero(done).tolist():
+            value = final[j]
+            if isinstance(value, np.ndarray) and value.dtype == object:
+                value = np.array(value.tolist())  # a row of a 2-D object array of numbers
+            write(j, value, "step")  # checked row by row: an error names the env
 
     # -- direct access ------------------------------------------------------------------
     def _per_env(self, what: str) -> Callable:
@@ -360,14 +375,6 @@ class VectorBackend(InProcessBackend):
             self.venv.close()
         except Exception as err:
             raise EnvError(None, "close", f"{type(err).__name__}: {err}") from err
-
-
-def _assign_nested(target: dict, source: dict, j: int) -> None:
-    for key, value in source.items():
-        if isinstance(value, dict):
-            _assign_nested(target[key], value, j)
-        else:
-            target[key][j] = value
 
 
 def _single_options(options):
