@@ -120,8 +120,8 @@ from torchrl_swm.pool.rows import RowWriter  # noqa: E402
 _FORMS = ["float32", "float64", "int64", "bool", "list", "tensor", "wrong_shape", "text", "scalar"]
 
 
-def _writer(n, dtype):
-    space = gym.spaces.Box(-10, 10, (3,), dtype)
+def _writer(n, dtype, low=-10):
+    space = gym.spaces.Box(low, 10, (3,), dtype)
     arrays = {("observation",): np.zeros((n, 3), dtype)}
     for key in ("reward",):
         arrays[(key,)] = np.zeros((n, 1), np.float32)
@@ -163,3 +163,130 @@ def test_batched_observation_write_matches_the_row_by_row_rule(forms, dtype, mas
         with pytest.raises(EnvError) as got:
             batch_writer.observations_of_rows(index, rows.tolist(), values, "step")
         assert str(got.value) == str(expected_error)  # same env index, same message
+
+
+# -- integer observations of another width or sign: range-checked, never wrapped ---------------
+
+
+class IntObsEnv(gym.Env):
+    """A Box observation of ``space_dtype``: ``[value]`` as ``value_dtype`` at every step after the
+    construction probe's, and at resets with options (``[0]`` otherwise)."""
+
+    def __init__(self, value=0, space_dtype=np.int8, value_dtype=np.int64, dict_obs=False):
+        box = gym.spaces.Box(max(-100, np.iinfo(space_dtype).min), 100, (1,), space_dtype)
+        self.observation_space = gym.spaces.Dict({"x": box}) if dict_obs else box
+        self.action_space = gym.spaces.Discrete(2)
+        self.value, self.value_dtype, self.dict_obs = value, value_dtype, dict_obs
+        self.steps = 0
+
+    def _obs(self, value):
+        obs = np.array([value], dtype=self.value_dtype)
+        return {"x": obs} if self.dict_obs else obs
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._obs(self.value if options else 0), {}
+
+    def step(self, action):
+        self.steps += 1
+        return self._obs(self.value if self.steps > 1 else 0), 0.0, False, False, {}  # the probe's step: 0
+
+
+class IntObsVectorEnv(gym.vector.VectorEnv):
+    """The batched :class:`IntObsEnv`: int64 observation arrays, as a VectorEnv of its own may return
+    (gymnasium's SyncVectorEnv would cast them into the space's dtype itself, wrapping 300 to 44)."""
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.DISABLED}
+
+    def __init__(self, values, space_dtype=np.int8, value_dtype=np.int64, dict_obs=False):
+        single = IntObsEnv(0, space_dtype, value_dtype, dict_obs)
+        self.num_envs = len(values)
+        self.single_observation_space, self.single_action_space = single.observation_space, single.action_space
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
+        self.values = np.array(values, dtype=value_dtype)
+        self.dict_obs, self.steps = dict_obs, 0
+
+    def _obs(self, on):
+        obs = (self.values if on else np.zeros_like(self.values))[:, None]
+        return {"x": obs} if self.dict_obs else obs
+
+    def reset(self, *, seed=None, options=None):
+        return self._obs(bool(options and "obs" in options)), {}
+
+    def step(self, actions):
+        self.steps += 1
+        n = self.num_envs
+        return self._obs(self.steps > 1), np.zeros(n), np.zeros(n, bool), np.zeros(n, bool), {}
+
+
+def _int_obs_pool(values, vector=False, **kwargs):
+    import functools
+
+    if vector:
+        return EnvPool(IntObsVectorEnv(values, **kwargs), seed=0)
+    return EnvPool([functools.partial(IntObsEnv, v, **kwargs) for v in values], seed=0)
+
+
+@pytest.mark.parametrize("dict_obs", [False, True])
+@pytest.mark.parametrize("vector", [False, True])
+def test_int_observation_out_of_the_box_dtype_range_is_named_not_wrapped(vector, dict_obs):
+    pool = _int_obs_pool([5, 300], vector=vector, dict_obs=dict_obs)
+    key = "x" if dict_obs else "observation"
+    td = pool.reset()
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(EnvError, match=rf"env 1 \(step\): observation \('{key}',\): expected dtype int8.*"
+                                       r"value 300 is out of the range of int8 \[-128, 127\]") as err:
+        pool.step(td)  # int64 300 would be stored as 44
+    assert err.value.env_index == 1
+    with pytest.raises(EnvError, match=r"env 1 \(reset\).*value 300 is out of the range of int8"):
+        pool.reset(options={"obs": "value"})  # the per-row (reset) path too
+    pool.close()
+    # in range: the int64 values are stored exactly
+    pool = _int_obs_pool([5, -100], vector=vector, dict_obs=dict_obs)
+    td = pool.reset()
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    assert pool.step(td)["next", key].view(-1).tolist() == [5, -100]
+    pool.close()
+
+
+@pytest.mark.parametrize("vector", [False, True])
+def test_int_observation_of_another_sign_is_range_checked(vector):
+    pool = _int_obs_pool([7, 100], vector=vector, space_dtype=np.uint8)  # int64 values into a uint8 Box
+    td = pool.reset()
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    assert pool.step(td)["next", "observation"].view(-1).tolist() == [7, 100]
+    pool.close()
+    pool = _int_obs_pool([7, -1], vector=vector, space_dtype=np.uint8)
+    td = pool.reset()
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(EnvError, match=r"env 1 \(step\).*uint8.*value -1 is out of the range of uint8"):
+        pool.step(td)  # -1 would be stored as 255
+    pool.close()
+
+
+_INT_DTYPES = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.int64, np.uint64]
+
+
+@settings(max_examples=120, deadline=None)
+@given(data=st.data(), src=st.sampled_from(_INT_DTYPES), dst=st.sampled_from(_INT_DTYPES), n=st.integers(1, 5))
+def test_integer_observations_are_stored_exactly_or_refused(data, src, dst, n):
+    limits = np.iinfo(src)
+    values = [data.draw(st.integers(int(limits.min), int(limits.max))) for _ in range(n)]
+    observations = tuple(np.full(3, v, dtype=src) for v in values)
+    fits = [np.iinfo(dst).min <= v <= np.iinfo(dst).max for v in values]
+    for batched in (True, False):
+        writer, buf = _writer(n, dst, low=0)  # (the space's bounds are not checked, the dtype's range is)
+        try:
+            if batched:
+                writer.observations_of_rows(slice(0, n), list(range(n)), observations, "step")
+            else:
+                for i, obs in enumerate(observations):
+                    writer.observation(i, obs, "step")
+        except EnvError as err:
+            assert not all(fits)
+            assert err.env_index == fits.index(False)  # the first env whose value does not fit
+            assert f"value {values[err.env_index]} is out of the range of {np.dtype(dst)}" in str(err)
+        else:
+            assert all(fits)
+            assert buf[:, 0].tolist() == values  # never wrapped

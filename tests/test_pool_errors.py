@@ -3,6 +3,7 @@
 import functools
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
@@ -267,3 +268,162 @@ def test_render_raising_during_a_step_is_named():
     assert_first_step_raises([functools.partial(counting, render_mode="rgb_array"),
                               functools.partial(BadRender, render_mode="rgb_array")],
                              r"env 1 \(render\): RuntimeError: display lost", pixels=True)
+
+
+def test_dict_keys_starting_with_an_underscore_are_refused_at_any_depth():
+    # the pool keeps "_" keys for its own scratch buffers and TorchRL treats them as private:
+    # such a key would be missing from every output
+    for space, name in (
+        (gym.spaces.Dict({"_private": gym.spaces.Box(-1, 1, (2,)), "x": gym.spaces.Box(-1, 1, (1,))}), "_private"),
+        (gym.spaces.Dict({"goal": gym.spaces.Dict({"_hidden": gym.spaces.Discrete(3)})}), "_hidden"),
+    ):
+        class Private(DictObsEnv):
+            def __init__(self, space=space):
+                super().__init__()
+                self.observation_space = space
+
+        with pytest.raises(SpecError, match=rf"Dict key '{name}' .*starts with '_'.*rename it in a gymnasium wrapper"):
+            EnvPool([Private])
+
+
+# -- Box actions of an integer dtype ---------------------------------------------------------------
+
+
+class IntBoxActionEnv(gym.Env):
+    """Box actions of dtype ``dtype``; the observation is the action the env received."""
+
+    def __init__(self, dtype=np.int64, low=0, high=10):
+        self.observation_space = gym.spaces.Box(-1000, 1000, (2,), np.float64)
+        self.action_space = gym.spaces.Box(low, high, (2,), dtype)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2), {}
+
+    def step(self, action):
+        assert action.dtype == self.action_space.dtype
+        return action.astype(np.float64), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("action_dtype", [torch.float32, torch.float64])
+def test_float_action_for_an_integer_box_is_refused_not_truncated(action_dtype):
+    pool = EnvPool([IntBoxActionEnv] * 2, seed=0)
+    assert pool.action_spec.dtype == torch.int64
+    td = fresh(pool)
+    td["action"] = torch.tensor([[2.7, 9.9], [0.5, 3.999]], dtype=action_dtype)
+    match = rf"expected an integer dtype \(torch.int64\).*space dtype int64, got {action_dtype}"
+    with pytest.raises(TypeError, match=match):
+        pool.step(td)
+    td["action"] = torch.tensor([[2, 9], [0, 3]])
+    assert pool.step(td)["next", "observation"].tolist() == [[2, 9], [0, 3]]
+    pool.close()
+
+
+def test_integer_action_that_does_not_fit_an_integer_box_is_named():
+    pool = EnvPool([functools.partial(IntBoxActionEnv, np.uint8, 0, 200)] * 3, seed=0)
+    td = fresh(pool)
+    td["action"] = torch.tensor([[1, 2], [3, 4], [5, 6]], dtype=torch.int64)  # fits: cast
+    assert pool.step(td)["next", "observation"].tolist() == [[1, 2], [3, 4], [5, 6]]
+    td["action"] = torch.tensor([[1, 2], [3, -1], [5, 6]], dtype=torch.int64)  # would wrap to 255
+    with pytest.raises(ValueError, match=r"action for env 1: .*uint8.*-1"):
+        pool.step(td)
+    pool.close()
+
+
+# -- the process backend: a command that cannot be sent leaves no stale reply ------------------
+
+
+class Unloadable:
+    """Pickles fine, but fails to unpickle (in a worker)."""
+
+    def __reduce__(self):
+        import operator
+
+        return operator.truediv, (1, 0)
+
+
+def _process_pool():
+    return EnvPool([functools.partial(counting, length=5)] * 4, backend="process", num_workers=2, seed=0)
+
+
+def test_process_backend_unpicklable_options_name_the_env_and_leave_the_pool_consistent():
+    import threading
+
+    pool = _process_pool()
+    processes = list(pool._backend._processes)
+    try:
+        pool.reset()
+        assert pool.get_attr("length") == [5] * 4
+        options = [{"length": 7}, {"length": 7}, {"length": 8, "lock": threading.Lock()}, {"length": 8}]
+        match = r"env 2 \(reset\): the reset options cannot be pickled .*worker 1.*_thread.lock"
+        with pytest.raises(EnvError, match=match) as err:
+            pool.reset(options=options)
+        assert err.value.env_index == 2 and isinstance(err.value.__cause__, TypeError)
+        # nothing was sent: every worker answers the next command with its own reply
+        assert pool.get_attr("length") == [5] * 4
+        assert pool.get_attr("length", indices=[1, 3]) == [5, 5]
+        with pytest.raises(EnvError, match=r"env 3 \(set_attr\): the values of set_attr\('length', \.\.\.\)"):
+            pool.set_attr("length", [6, 6, 6, threading.Lock()])
+        assert pool.get_attr("length") == [5] * 4
+        with pytest.raises(EnvError, match=r"pool \(call\): the arguments of call\('reset', \.\.\.\)"):
+            pool.call("reset", options={"lock": threading.Lock()})
+        assert pool.get_attr("length") == [5] * 4
+        # options a worker cannot unpickle: it answers with an error and keeps serving
+        with pytest.raises(EnvError, match="cannot be unpickled in the worker: ZeroDivisionError"):
+            pool.reset(options=[{"length": 6}, {"length": 6}, {"x": Unloadable()}, {"length": 6}])
+        assert pool.get_attr("length", indices=[2, 3]) == [5, 5]
+        td = pool.reset(options=[{"length": 7}] * 2 + [{"length": 8}] * 2)
+        assert pool.get_attr("length") == [7, 7, 8, 8]
+        td["action"] = torch.ones(4, dtype=torch.int64)
+        assert pool.step(td)["next", "observation"][:, 0].tolist() == [1.0] * 4
+    finally:
+        pool.close()
+    assert len(processes) == 2 and not any(proc.is_alive() for proc in processes)  # close() reaped them
+
+
+def test_process_backend_dead_worker_mid_command_leaves_no_stale_reply():
+    import os
+    import signal
+
+    pool = _process_pool()
+    processes = list(pool._backend._processes)
+    try:
+        pool.reset()
+        dead = processes[1]
+        os.kill(dead.pid, signal.SIGKILL)
+        dead.join(timeout=10)
+        with pytest.raises(EnvError, match=r"worker 1 \(envs 2\.\.3, pid \d+\) died"):
+            pool.set_attr("length", 9)  # worker 0 gets it, worker 1 cannot
+        # worker 0's reply to set_attr was read then: this reply is get_attr's own
+        assert pool.get_attr("length", indices=[0, 1]) == [9, 9]
+    finally:
+        pool.close()
+    assert not any(proc.is_alive() for proc in processes)
+
+
+def _ghost_counting():
+    """A counting env whose ``ghost`` attribute is of a class that exists in its worker process only
+    (pickled by reference as ``envs.Ghost``, which the main process cannot find)."""
+    import envs
+
+    if not hasattr(envs, "Ghost"):
+        class Ghost:
+            pass
+
+        Ghost.__module__, Ghost.__qualname__ = "envs", "Ghost"
+        envs.Ghost = Ghost
+    env = envs.CountingEnv(length=5)
+    env.ghost = envs.Ghost()
+    return env
+
+
+def test_process_backend_reply_that_cannot_be_unpickled_leaves_no_stale_reply():
+    pool = EnvPool([_ghost_counting] * 4, backend="process", num_workers=2, seed=0)
+    try:
+        pool.reset()
+        with pytest.raises(EnvError, match=r"\(get_attr\): the reply of worker \d cannot be unpickled here: Attrib"):
+            pool.get_attr("ghost")
+        assert pool.get_attr("length") == [5] * 4  # each worker's get_attr reply was read (and dropped) then
+        assert pool.get_attr("length", indices=[3]) == [5]
+    finally:
+        pool.close()

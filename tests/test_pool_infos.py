@@ -258,3 +258,146 @@ def test_any_presence_pattern_is_recorded_exactly(data, n, steps):
         assert torch.equal(out["info", "x"][:, 0], torch.where(want, torch.arange(n) * 10 + t, 0))
         td = out.clone()
     pool.close()
+
+
+# -- vector envs: object arrays (np.bool_, tensors) and "_"-prefixed keys ------------------------
+
+
+def vector_info_pool(reset_infos, step_infos, **kwargs):
+    import gymnasium as gym
+
+    fns = [functools.partial(InfoEnv, r, s) for r, s in zip(reset_infos, step_infos)]
+    return EnvPool(gym.vector.SyncVectorEnv(fns), seed=0, **kwargs)
+
+
+def test_vector_env_records_np_bool_and_tensor_infos_like_the_serial_backend():
+    # gymnasium's VectorEnv puts np.bool_ values and tensors in object arrays: they must not vanish
+    def infos(t):
+        return {"is_success": np.float32(t) * 0.1 > 0.15, "dist_t": torch.tensor(float(t)),
+                "vec": torch.arange(3) + t, "d": np.float32(t), "nested": {"ok": np.bool_(t % 2)}}
+
+    steps = [[infos(t) for t in range(1, 6)]] * 2
+    serial, vector = info_pool([infos(0)] * 2, steps), vector_info_pool([infos(0)] * 2, steps)
+    assert set(vector.observation_spec["info"].keys(True, True)) == {
+        "is_success", "dist_t", "vec", "d", ("nested", "ok")}
+    assert vector.observation_spec["info"] == serial.observation_spec["info"]
+    assert vector.observation_spec["info", "is_success"].dtype == torch.bool
+    a, b = serial.reset(), vector.reset()
+    assert torch.equal(a["info", "vec"], b["info", "vec"])
+    for _ in range(4):
+        a, b = step(serial, a), step(vector, b)
+        assert (a["info"] == b["info"]).all(), (a["info"].to_dict(), b["info"].to_dict())
+        a, b = a.clone(), b.clone()
+    assert b["info", "is_success"].view(-1).tolist() == [True, True]
+    serial.close()
+    vector.close()
+
+
+def test_vector_env_np_bool_key_some_envs_omit_reads_false_with_a_mask():
+    pool = vector_info_pool([{}, {}], [[{"flag": np.bool_(True)}], [{}]], info_spec={"flag": False})
+    out = step(pool)
+    assert out["info", "flag"].view(-1).tolist() == [True, False]
+    assert out["info_mask", "flag"].view(-1).tolist() == [True, False]
+    pool.close()
+    # also when the probe sees it in one env only (inferred, masked)
+    pool = vector_info_pool([{}, {"t": torch.tensor([1.0, 2.0])}], [[{}], [{}]])
+    out = pool.reset()
+    assert out["info", "t"].tolist() == [[[0.0, 0.0]], [[1.0, 2.0]]]
+    assert out["info_mask", "t"].view(-1).tolist() == [False, True]
+    pool.close()
+
+
+def test_vector_env_object_info_mixing_numbers_and_other_values_is_an_error_naming_the_env():
+    with pytest.raises(EnvError, match=r"env 1 .*'flag'.*env 0 reported a numeric value.*str") as err:
+        vector_info_pool([{"flag": np.bool_(True)}, {"flag": "yes"}], [[{}]] * 2)
+    assert err.value.env_index == 1
+    with pytest.raises(EnvError, match=r"env 1 .*'v' has shape \(3,\).*env 0 gave shape \(2,\)"):
+        vector_info_pool([{"v": torch.zeros(2)}, {"v": torch.zeros(3)}], [[{}]] * 2)
+
+
+def test_vector_env_object_infos_that_are_not_numbers_are_skipped():
+    pool = vector_info_pool([{"name": "a", "obj": None, "x": 1}] * 2, [[{"name": "b", "obj": object(), "x": 2}]] * 2)
+    assert set(pool.observation_spec["info"].keys()) == {"x"}
+    assert step(pool)["info", "x"].view(-1).tolist() == [2, 2]
+    pool.close()
+
+
+def test_vector_env_keeps_info_keys_that_start_with_an_underscore():
+    info = {"_raw_score": 1.5, "score": 2, "stats": {"_private": 3}}
+    serial, vector = info_pool([info] * 2, [[info]] * 2), vector_info_pool([info] * 2, [[info]] * 2)
+    keys = {"_raw_score", "score", ("stats", "_private")}
+    assert set(vector.observation_spec["info"].keys(True, True)) == keys  # gymnasium's "_score" masks are not keys
+    assert set(serial.observation_spec["info"].keys(True, True)) == keys
+    a, b = step(serial), step(vector)
+    assert b["info", "_raw_score"].view(-1).tolist() == [1.5, 1.5]
+    assert b["info", "stats", "_private"].view(-1).tolist() == [3, 3]
+    assert (a["info"] == b["info"]).all()
+    serial.close()
+    vector.close()
+
+
+# -- integers that do not fit the key's dtype ---------------------------------------------------
+
+
+def test_python_int_out_of_range_is_an_env_error_naming_env_and_key():
+    pool = info_pool([{"count": np.uint8(0)}] * 2, [[{"count": np.uint8(1)}], [{"count": np.uint8(1)}, {"count": -1}]])
+    td = step(pool)
+    with pytest.raises(EnvError, match=r"env 1 \(step\): info key 'count': expected dtype uint8.*-1") as err:
+        step(pool, td.clone())
+    assert isinstance(err.value.__cause__, OverflowError)
+    pool.close()
+    pool = info_pool([{"big": 0}], [[{"big": 0}, {"big": 2**70}]])
+    td = step(pool)
+    with pytest.raises(EnvError, match=r"env 0 \(step\): info key 'big': expected dtype int64.*1180591620717411303424"):
+        step(pool, td.clone())
+    pool.close()
+
+
+@pytest.mark.parametrize("vector", [False, True])
+def test_numpy_int_of_another_width_is_range_checked_never_wrapped(vector):
+    make = vector_info_pool if vector else info_pool
+    steps = [{"c": np.int8(1)}, {"c": np.int64(100)}, {"c": np.int64(300)}]
+    pool = make([{"c": np.int8(0)}] * 2, [steps, steps[:2]])
+    assert pool.observation_spec["info", "c"].dtype == torch.int8
+    td = step(pool)
+    td = step(pool, td.clone())
+    assert td["info", "c"].view(-1).tolist() == [100, 100]  # int64 values that fit are stored
+    with pytest.raises(EnvError, match=r"env 0 \(step\).*'c'.*int8.*300") as err:  # 300 would read 44
+        step(pool, td.clone())
+    assert err.value.env_index == 0
+    pool.close()
+    # an int64 value into a uint8 key: stored when it fits
+    pool = make([{"u": np.uint8(0)}] * 2, [[{"u": np.uint8(1)}, {"u": np.int64(200)}]] * 2)
+    td = step(pool)
+    assert step(pool, td.clone())["info", "u"].view(-1).tolist() == [200, 200]
+    pool.close()
+
+
+# -- a key that is a value in one info and a dict in another ----------------------------------
+
+
+def test_key_both_value_and_dict_is_an_error_naming_both_envs():
+    # (a gymnasium VectorEnv cannot even stack such infos: its _add_info fails first)
+    make = info_pool
+    with pytest.raises(EnvError, match=r"env 1 \(reset\): info key 'stats' is a value in the reset info of env 0, "
+                                       r"but a dict \(with key \('stats', 'x'\)\) in the reset info of env 1"):
+        make([{"stats": 1.0}, {"stats": {"x": 1.0}}], [[{}]] * 2)
+    with pytest.raises(EnvError, match=r"env 1 \(step\): info key 'stats' is a value in the step info of env 1.*"
+                                       r"dict.*reset info of env 0"):
+        make([{"stats": {"x": 1.0}}, {}], [[{}], [{"stats": 2.0}]])
+
+
+def test_key_both_value_and_dict_via_info_spec_is_a_spec_error():
+    with pytest.raises(SpecError, match=r"'stats' is a value in the info_spec= declaration, but a dict.*env 0"):
+        info_pool([{"stats": {"x": 1.0}}], [[{}]], info_spec={"stats": 0.0})
+    with pytest.raises(SpecError, match=r"'a' is a value in the info_spec= declaration.*\('a', 'b'\).*info_spec="):
+        info_pool([{}], [[{}]], info_spec={"a": 0.0, ("a", "b"): 0})
+
+
+def test_info_keys_can_keep_one_side_of_a_value_dict_conflict():
+    pool = info_pool([{"stats": 1.0}, {"stats": {"x": 2.0}}], [[{"stats": 1.0}], [{"stats": {"x": 2.0}}]],
+                     info_keys=[("stats", "x")])
+    out = step(pool)
+    assert out["info", "stats", "x"].view(-1).tolist() == [0.0, 2.0]
+    assert out["info_mask", "stats", "x"].view(-1).tolist() == [False, True]
+    pool.close()

@@ -12,6 +12,7 @@ import torch
 
 from ..errors import SpecError, describe
 from ..specs import space_to_spec
+from .infos import cast_problem
 from .rows import action_kind, env_action_list
 
 __all__ = ["ActionCodec"]
@@ -108,10 +109,11 @@ class ActionCodec:
     def _discrete(self, array, dtype, rows):
         if self.categorical:
             self._check_categorical(array, dtype)
-            if array.size and (array.min() < 0 or array.max() >= self.high):
+            values = array.astype(np.int64)  # a fresh array: no env sees the caller's buffer
+            # one reduction for both bounds: a negative index reads as a huge unsigned one
+            if values.size and values.view(np.uint64).max() >= self.high:
                 bad = np.flatnonzero((array < 0) | (array >= self.high))
                 self._bad(f"expected an index in [0, {self.high}), got {array[bad[0]]}", rows, bad)
-            values = array.astype(np.int64)
         else:
             values = self._one_hot_to_index(array, dtype, rows)
         return values + self.start if self.start else values
@@ -148,6 +150,22 @@ class ActionCodec:
         return array.astype(self.space.dtype)
 
     def _box(self, array, dtype, rows):
-        if array.dtype.kind != "f" and np.dtype(self.np_dtype).kind == "f":
-            raise TypeError(f"action: expected a floating dtype for a Box action (space dtype {self.np_dtype}), got {dtype}")
+        target = np.dtype(self.np_dtype)
+        if target.kind == "f":
+            if array.dtype.kind != "f":
+                raise TypeError(f"action: expected a floating dtype for a Box action (space dtype {self.np_dtype}), got {dtype}")
+        elif array.dtype != target:
+            # an integer (or bool) Box: a float action would be truncated, and an integer one of
+            # another width or sign wrap, without an error
+            if array.dtype.kind not in "biu":
+                raise TypeError(
+                    f"action: expected an integer dtype ({self.spec.dtype}) for a Box action of space dtype "
+                    f"{self.np_dtype}, got {dtype}; casting it would truncate the values. Round or cast the "
+                    "action first."
+                )
+            problem = cast_problem(array, target)
+            if problem is not None:
+                bad = np.flatnonzero(np.array([cast_problem(row, target) is not None for row in array]))
+                self._bad(f"expected values that fit the Box's dtype {self.np_dtype}, got {dtype}: {problem}",
+                          rows, bad)
         return array.astype(self.np_dtype, copy=True)

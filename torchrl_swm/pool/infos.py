@@ -15,9 +15,17 @@ The rule, applied to every ``info`` dict a sub-env returns from ``reset`` and ``
   floats are float32, ints int64, bools bool; differing dtypes across envs are
   promoted with ``torch.promote_types``.
 * At run time a value must have the spec's shape and a dtype that casts to the
-  spec's within its kind (int into float is fine, 0.75 into int is an error).
+  spec's within its kind (int into float is fine, 0.75 into int is an error);
+  integers of another width or sign are range-checked (300 into a uint8 key is
+  an error, never a wrapped 44), see :func:`cast_problem`.
   A numeric key that is not in the spec is an error (it would otherwise be
   dropped), unless ``info_keys=`` restricted the recorded keys.
+* A key may not be a value in one info and a dict in another (an error at
+  construction naming both envs).
+* Vector envs: gymnasium's ``"_k"`` entries are presence masks only when ``"k"``
+  is in the same dict (``"_raw"`` alone is a key of its own); the object arrays
+  it builds for ``np.bool_`` values and tensors are recorded like the serial
+  backend records those values (see :func:`vector_values`).
 * **Presence masks**: a key that some env's reset or first-step info lacked,
   or that is declared with ``info_spec=``, also gets a bool ``(N, 1)`` leaf
   ``("info_mask", *key)``: True where the env reported the key at this step.
@@ -41,7 +49,8 @@ from ..errors import EnvError, SpecError, describe
 # torch and torchrl are imported where needed: worker processes write infos
 # with this module and start faster without them.
 
-__all__ = ["InfoSchema", "InfoWriter", "numeric_value", "INFO_MASK_KEY"]
+__all__ = ["InfoSchema", "InfoWriter", "numeric_value", "vector_values", "cast_problem", "flatten_vector_info",
+           "INFO_MASK_KEY"]
 
 Key = tuple[str, ...]
 
@@ -81,26 +90,103 @@ def _flatten(info: Mapping, prefix: Key = ()):
             yield path, value
 
 
+def cast_problem(source: np.ndarray, dtype: np.dtype) -> str | None:
+    """Why storing the numeric array ``source`` as ``dtype`` would change its values, or ``None`` if it would not.
+
+    The pool's rule: any safe cast; integers into a narrower or differently
+    signed integer dtype when every value is in its range (checked here);
+    int into float and float into a narrower float (``same_kind``). Float into
+    int, and anything into bool, are refused. Call it only when the dtypes
+    differ: the common case (same dtype) needs no check.
+    """
+    src = source.dtype
+    if src.kind not in "biuf":
+        return f"dtype {src} is not a bool, integer or float dtype"
+    if np.can_cast(src, dtype, "safe"):
+        return None
+    if src.kind in "iu" and dtype.kind in "iu":
+        if source.size:
+            limits = np.iinfo(dtype)
+            low, high = source.min(), source.max()
+            if low < limits.min or high > limits.max:
+                bad = low if low < limits.min else high
+                return f"value {bad} is out of the range of {dtype} [{limits.min}, {limits.max}]"
+        return None
+    if np.can_cast(src, dtype, "same_kind"):
+        return None
+    return f"dtype {src} does not cast to {dtype} without changing the values"
+
+
 #: Keys of vector-env infos that are not per-env values (SAME_STEP's terminal data).
 _VECTOR_SPECIAL = frozenset({"final_obs", "final_info", "final_observation"})
 
 
-def flatten_vector_info(info: Mapping, prefix: Key = (), present=None):
+def flatten_vector_info(info: Mapping, prefix: Key = (), present=None, phase: str = "info"):
     """Yield ``(key, value, present)`` for a gymnasium vector info dict.
 
     ``value`` has a leading ``num_envs`` dim; ``present`` is the ``"_key"``
     mask (inherited by nested dicts), ``None`` when every env reported it.
+    A ``"_key"`` entry is a mask only when ``"key"`` is in the same dict;
+    otherwise it is a value of its own. Object arrays (where gymnasium puts
+    ``np.bool_`` values and tensors) come as numeric arrays when the envs
+    that reported the key gave numbers (see :func:`vector_values`).
     """
     for key, value in info.items():
         key = str(key)
-        if key.startswith("_") or (not prefix and key in _VECTOR_SPECIAL):
+        if (key[:1] == "_" and key[1:] in info) or (not prefix and key in _VECTOR_SPECIAL):
             continue
         mask = info.get("_" + key, present)
         path = (*prefix, key)
         if isinstance(value, Mapping):
-            yield from flatten_vector_info(value, path, mask)
+            yield from flatten_vector_info(value, path, mask, phase)
         else:
+            if value.__class__ is np.ndarray and value.dtype.kind == "O":
+                value = vector_values(value, mask, path, phase)
             yield path, value, mask
+
+
+def vector_values(value: np.ndarray, present=None, key: Key = ("?",), phase: str = "info"):
+    """A vector info's object array as a numeric ``(num_envs, *shape)`` array.
+
+    gymnasium's ``VectorEnv`` stacks Python and numpy number scalars into
+    typed arrays, but puts anything else (``np.bool_``, torch tensors, ...) in
+    an object array. When every env that reported the key (``present``; all
+    rows when ``None``) gave a numeric value of one shape, they are converted
+    with :func:`numeric_value` and stacked (rows that did not report it read
+    zero; dtypes are promoted as across envs). When none did (strings,
+    ``None``, objects), ``value`` comes back unchanged, to be skipped by the
+    info rule. A mix, or numbers of different shapes, is an :class:`EnvError`.
+    """
+    if value.ndim != 1:
+        return value
+    rows = range(len(value)) if present is None else np.flatnonzero(np.asarray(present, dtype=bool)).tolist()
+    converted = [(j, numeric_value(value[j])) for j in rows]
+    numeric = [(j, a) for j, a in converted if a is not None]
+    if not numeric:
+        return value
+    first, array0 = numeric[0]
+    if len(numeric) < len(converted):
+        j = next(j for j, a in converted if a is None)
+        raise EnvError(
+            j, phase,
+            f"vector info key {_key_str(key)}: env {first} reported a numeric value ({describe(value[first])}), "
+            f"this env {describe(value[j])}. An info key must be numeric in every env that reports it; "
+            "leave it out with info_keys= or convert it in a wrapper.",
+        )
+    dtype = array0.dtype
+    for j, array in numeric[1:]:
+        if array.shape != array0.shape:
+            raise EnvError(
+                j, phase,
+                f"vector info key {_key_str(key)} has shape {array.shape} ({describe(value[j])}), but env {first} "
+                f"gave shape {array0.shape}. Every env must report the same shape.",
+            )
+        if array.dtype != dtype:
+            dtype = _promote(dtype, array.dtype)
+    out = np.zeros((len(value), *array0.shape), dtype)
+    for j, array in numeric:
+        out[j] = array
+    return out
 
 
 def _key_str(key: Key) -> str:
@@ -182,8 +268,10 @@ class InfoSchema:
                     leaves[key] = InfoLeaf(seen.shape, promoted)
         declared = _declared(info_spec)
         leaves.update(declared)
+        first_seen.update((key, None) for key in declared)
         masked = {key for key in leaves if key in declared or reported.get(key, 0) < len(probes)}
         if info_keys is None:
+            _check_nesting(leaves, first_seen)
             return cls(leaves, masked=masked)
         chosen = {}
         for raw in info_keys:
@@ -196,6 +284,7 @@ class InfoSchema:
                     "shape and dtype with info_spec={key: spec}."
                 )
             chosen.update(matches)
+        _check_nesting(chosen, first_seen)
         return cls(chosen, selected=True, masked=masked)
 
     def spec(self, num_envs: int, device=None):
@@ -226,6 +315,29 @@ class InfoSchema:
         out = {("info", *key): ((num_envs, 1, *leaf.shape), leaf.dtype) for key, leaf in self.leaves.items()}
         out.update({(INFO_MASK_KEY, *key): ((num_envs, 1), np.dtype(bool)) for key in self.masked})
         return out
+
+
+def _origin_text(origin: tuple[int, str] | None) -> str:
+    return "the info_spec= declaration" if origin is None else f"the {origin[1]} info of env {origin[0]}"
+
+
+def _check_nesting(leaves: Mapping[Key, InfoLeaf], origins: Mapping[Key, tuple[int, str] | None]) -> None:
+    """No recorded key may also be a prefix of another (a value in one info, a dict in another)."""
+    for key in leaves:
+        for n in range(1, len(key)):
+            if key[:n] not in leaves:
+                continue
+            value_key, origin = key[:n], origins.get(key[:n])
+            nested_origin = origins.get(key)
+            message = (
+                f"info key {_key_str(value_key)} is a value in {_origin_text(origin)}, but a dict (with key "
+                f"{_key_str(key)}) in {_origin_text(nested_origin)}. A key must be a value in every env or a "
+                "dict in every env; keep one with info_keys=[...] or rename it in a wrapper."
+            )
+            if origin is None or nested_origin is None:
+                raise SpecError(message)
+            later = max(origin, nested_origin, key=lambda o: o[0])
+            raise EnvError(later[0], later[1], message)
 
 
 def _promote(a: np.dtype, b: np.dtype) -> np.dtype:
@@ -317,7 +429,7 @@ class InfoWriter:
         """
         written = set()
         masks = self.masks
-        for key, value, present in flatten_vector_info(info):
+        for key, value, present in flatten_vector_info(info, phase=phase):
             array = self.arrays.get(key)
             source = numeric_value(value)
             if array is None:
@@ -330,13 +442,16 @@ class InfoWriter:
                     None, phase, f"vector info key {_key_str(key)}: expected an array of shape "
                     f"({len(array)}, {', '.join(map(str, array.shape[2:]))}) and dtype {array.dtype}, got {describe(value)}"
                 )
-            if not np.can_cast(source.dtype, array.dtype, "same_kind"):
-                raise EnvError(
-                    None, phase, f"vector info key {_key_str(key)}: expected dtype {array.dtype}, got {source.dtype}; "
-                    "storing it would change its values. Declare the key with a wider dtype via info_spec=."
-                )
             rows = select if present is None else select & np.asarray(present, dtype=bool)
-            array[rows, 0] = source[rows]
+            values = source[rows]
+            if source.dtype != array.dtype and cast_problem(values, array.dtype) is not None:
+                j = next(j for j in np.flatnonzero(rows).tolist() if cast_problem(source[j], array.dtype) is not None)
+                raise EnvError(
+                    j, phase, f"vector info key {_key_str(key)}: expected dtype {array.dtype}, got {source.dtype} "
+                    f"(value {source[j].tolist()!r}): {cast_problem(source[j], array.dtype)}; storing it would change "
+                    "its value. Declare the key with a wider dtype via info_spec=."
+                )
+            array[rows, 0] = values
             mask = masks.get(key)
             if mask is not None:
                 mask[rows] = True
@@ -355,7 +470,14 @@ class InfoWriter:
         vtype = type(value)
         if vtype is float and kind == "f" or vtype is bool or vtype is int and kind in "iuf":
             if array.shape[2:] == ():
-                array[i, 0] = value
+                try:
+                    array[i, 0] = value
+                except OverflowError as err:  # a Python int out of the dtype's range
+                    raise EnvError(
+                        i, phase, f"info key {_key_str(key)}: expected dtype {array.dtype}, shape (), got {value!r}, "
+                        f"which is out of its range; storing it would change its value. Declare the key with a "
+                        "wider dtype via info_spec=."
+                    ) from err
                 return
         source = numeric_value(value)
         expected = f"dtype {array.dtype}, shape {array.shape[2:]}"
@@ -363,13 +485,15 @@ class InfoWriter:
             raise EnvError(i, phase, f"info key {_key_str(key)}: expected a numeric value ({expected}), got {describe(value)}")
         if source.shape != array.shape[2:]:
             raise EnvError(i, phase, f"info key {_key_str(key)}: expected {expected}, got shape {source.shape} ({describe(value)})")
-        if not np.can_cast(source.dtype, array.dtype, "same_kind"):
-            raise EnvError(
-                i,
-                phase,
-                f"info key {_key_str(key)}: expected {expected}, got dtype {source.dtype} (value {value!r}); "
-                "storing it would change its value. Declare the key with a wider dtype via info_spec=.",
-            )
+        if source.dtype != array.dtype:
+            problem = cast_problem(source, array.dtype)
+            if problem is not None:
+                raise EnvError(
+                    i,
+                    phase,
+                    f"info key {_key_str(key)}: expected {expected}, got dtype {source.dtype} (value {value!r}): "
+                    f"{problem}; storing it would change its value. Declare the key with a wider dtype via info_spec=.",
+                )
         array[i, 0] = source
 
     def _check_unknown(self, i, info, phase):

@@ -21,6 +21,7 @@ import os
 import weakref
 from collections.abc import Callable, Sequence
 from multiprocessing import connection
+from multiprocessing.reduction import ForkingPickler
 from multiprocessing.shared_memory import SharedMemory
 
 import cloudpickle
@@ -132,11 +133,50 @@ class ProcessBackend:
         return self.num_envs
 
     # -- plumbing ------------------------------------------------------------------------
-    def _send(self, w: int, command: str, args=None) -> None:
+    # Every command is pickled for all its workers before any is sent, and a failed send
+    # waits for the replies of the workers already sent to: a worker's reply is always
+    # read by the command that asked for it, never by the next one.
+    def _encode(self, w: int, command: str, args=None, rows=None, items=None, what: str = "the arguments"):
+        """``(command, args)`` pickled for worker ``w`` (what ``Connection.send`` does), or an
+        :class:`EnvError` naming the first of ``rows`` whose item of ``items`` does not pickle."""
         try:
-            self._conns[w].send((command, args))
-        except (OSError, BrokenPipeError) as err:
-            raise self._dead(w) from err
+            return ForkingPickler.dumps((command, args))
+        except Exception as err:
+            index = None
+            for i, item in zip(() if rows is None else rows, () if items is None else items):
+                try:
+                    ForkingPickler.dumps(item)
+                except Exception:
+                    index = int(i)
+                    break
+            span = self.slices[w]
+            raise EnvError(
+                index, command,
+                f"{what} cannot be pickled to send to worker {w} (envs {span.start}..{span.stop - 1}): "
+                f"{type(err).__name__}: {err}. With the process backend they must be picklable (no locks, open "
+                "files or live envs). Nothing was sent: the pool is unchanged.",
+            ) from err
+
+    def _broadcast(self, messages) -> list[int]:
+        """Send pre-pickled ``[(worker, bytes)]``; return the workers, whose replies ``_gather`` reads.
+
+        If a send fails (a dead worker), the replies of the workers already sent to are
+        read and dropped before the error is raised, so no reply is left for a later command."""
+        sent = []
+        try:
+            for w, message in messages:
+                try:
+                    self._conns[w].send_bytes(message)
+                except (OSError, BrokenPipeError) as err:
+                    raise self._dead(w) from err
+                sent.append(w)
+        except BaseException:
+            try:
+                self._gather(sent, "drain")
+            except EnvError:
+                pass
+            raise
+        return sent
 
     def _dead(self, w: int) -> EnvError:
         proc = self._processes[w]
@@ -159,9 +199,19 @@ class ProcessBackend:
                     w = pending.pop(item)
                     sentinels.pop(self._processes[w].sentinel, None)
                     try:
-                        status, value = item.recv()
+                        message = item.recv_bytes()
                     except (EOFError, OSError):
                         error = error or self._dead(w)
+                        continue
+                    try:
+                        status, value = ForkingPickler.loads(message)
+                    except Exception as err:  # the whole reply was read: the pipe stays in step
+                        if error is None:
+                            error = EnvError(
+                                self.slices[w].start, phase,
+                                f"the reply of worker {w} cannot be unpickled here: {type(err).__name__}: {err}",
+                            )
+                            error.__cause__ = err
                         continue
                     if status == REPLY_OK:
                         replies[w] = value
@@ -190,9 +240,10 @@ class ProcessBackend:
 
     # -- the backend API ---------------------------------------------------------------------
     def probe(self, seeds: Sequence[int]) -> dict:
-        for w, span in enumerate(self.slices):
-            self._send(w, "probe", list(seeds[span.start : span.stop]))
-        results = self._gather(range(len(self.slices)), "probe")
+        workers = self._broadcast(
+            [(w, self._encode(w, "probe", list(seeds[span.start : span.stop]))) for w, span in enumerate(self.slices)]
+        )
+        results = self._gather(workers, "probe")
         shapes = {r["frame_shape"] for r in results}
         if len(shapes) > 1:
             raise EnvError(None, "render", f"workers report different frame shapes {sorted(map(str, shapes))}")
@@ -210,24 +261,24 @@ class ProcessBackend:
     def attach(self, layout, arrays, info_schema, frame_key) -> None:
         kind = action_kind(self.action_space)
         self._action_buf = arrays[("_action",)]
-        for w in range(len(self.slices)):
-            self._send(w, "attach", (self._shm.name, layout, info_schema, frame_key, kind))
-        self._gather(range(len(self.slices)), "attach")
+        args = (self._shm.name, layout, info_schema, frame_key, kind)
+        self._gather(self._broadcast([(w, self._encode(w, "attach", args)) for w in range(len(self.slices))]), "attach")
 
     def reset(self, rows, seeds, options=None, episode_seeds=None) -> None:
         episode_seeds = seeds if episode_seeds is None else episode_seeds
+        messages = []
         if rows is None:
             for w, span in enumerate(self.slices):
                 part = slice(span.start, span.stop)
                 opts = None if options is None else list(options[part])
-                self._send(w, "reset", (None, list(seeds[part]), opts, list(episode_seeds[part])))
-            self._gather(range(len(self.slices)), "reset")
-            return
-        targets = self._by_worker(rows)
-        for w, local, pos in targets:
-            opts = None if options is None else [options[k] for k in pos]
-            self._send(w, "reset", (local, [seeds[k] for k in pos], opts, [episode_seeds[k] for k in pos]))
-        self._gather([w for w, *_ in targets], "reset")
+                args = (None, list(seeds[part]), opts, list(episode_seeds[part]))
+                messages.append((w, self._encode(w, "reset", args, span, opts, "the reset options")))
+        else:
+            for w, local, pos in self._by_worker(rows):
+                opts = None if options is None else [options[k] for k in pos]
+                args = (local, [seeds[k] for k in pos], opts, [episode_seeds[k] for k in pos])
+                messages.append((w, self._encode(w, "reset", args, rows[pos], opts, "the reset options")))
+        self._gather(self._broadcast(messages), "reset")
 
     def step(self, actions: np.ndarray, rows) -> None:
         if rows is None:
@@ -236,16 +287,14 @@ class ProcessBackend:
         else:
             self._action_buf[rows] = actions
             targets = [(w, local) for w, local, _ in self._by_worker(rows)]
-        for w, local in targets:
-            self._send(w, "step", local)
-        self._gather([w for w, _ in targets], "step")
+        self._gather(self._broadcast([(w, self._encode(w, "step", local)) for w, local in targets]), "step")
 
     def _per_worker_call(self, rows, command, *args) -> list:
         rows = np.asarray(rows, dtype=np.int64)
         targets = self._by_worker(rows)
-        for w, local, _ in targets:
-            self._send(w, command, (local.tolist(), *args))
-        replies = self._gather([w for w, *_ in targets], command)
+        what = f"the arguments of {command}({args[0]!r}, ...)"
+        messages = [(w, self._encode(w, command, (local.tolist(), *args), what=what)) for w, local, _ in targets]
+        replies = self._gather(self._broadcast(messages), command)
         out = [None] * len(rows)
         for (w, local, pos), reply in zip(targets, replies):
             for k, value in zip(pos, reply or [None] * len(pos)):
@@ -260,10 +309,12 @@ class ProcessBackend:
 
     def set_attr(self, rows, name, values) -> None:
         rows = np.asarray(rows, dtype=np.int64)
-        targets = self._by_worker(rows)
-        for w, local, pos in targets:
-            self._send(w, "set_attr", (local.tolist(), name, [values[k] for k in pos]))
-        self._gather([w for w, *_ in targets], "set_attr")
+        messages = []
+        for w, local, pos in self._by_worker(rows):
+            items = [values[k] for k in pos]
+            what = f"the values of set_attr({name!r}, ...)"
+            messages.append((w, self._encode(w, "set_attr", (local.tolist(), name, items), rows[pos], items, what)))
+        self._gather(self._broadcast(messages), "set_attr")
 
     @property
     def pids(self) -> list[int]:

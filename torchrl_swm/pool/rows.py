@@ -15,7 +15,7 @@ import gymnasium as gym
 import numpy as np
 
 from ..errors import EnvError, SpecError, describe
-from .infos import InfoWriter
+from .infos import InfoWriter, cast_problem
 
 __all__ = ["RowWriter", "observation_leaves", "action_kind", "env_action_list", "RESERVED_KEYS"]
 
@@ -30,7 +30,9 @@ RESERVED_KEYS = frozenset(
 
 def observation_leaves(space: gym.Space, prefix: Key = ()) -> dict[Key, gym.Space]:
     """``{key: leaf space}`` of an observation space: ``("observation",)`` for a
-    non-Dict space, one key per entry (nested) for a Dict."""
+    non-Dict space, one key per entry (nested) for a Dict. Dict keys the pool
+    writes itself (:data:`RESERVED_KEYS`), and keys starting with ``"_"`` at any
+    depth (the pool's scratch buffers, private to TorchRL), are a :class:`SpecError`."""
     if not prefix and not isinstance(space, gym.spaces.Dict):
         return {("observation",): space}
     if isinstance(space, gym.spaces.Dict):
@@ -41,6 +43,13 @@ def observation_leaves(space: gym.Space, prefix: Key = ()) -> dict[Key, gym.Spac
                     f"observation_space: Dict key {key!r} clashes with a key the pool writes itself "
                     f"({sorted(RESERVED_KEYS)}); rename it in a gymnasium wrapper."
                 )
+            if str(key).startswith("_"):
+                raise SpecError(
+                    f"observation_space: Dict key {key!r} (at {(*prefix, str(key))}) starts with '_': the pool keeps "
+                    "such keys for its own scratch buffers and TorchRL treats them as private, so it would be "
+                    "missing from every output; rename it in a gymnasium wrapper (e.g. "
+                    "gymnasium.wrappers.TransformObservation with a renamed Dict space)."
+                )
             out.update(observation_leaves(sub, (*prefix, str(key))))
         return out
     return {prefix: space}
@@ -48,16 +57,16 @@ def observation_leaves(space: gym.Space, prefix: Key = ()) -> dict[Key, gym.Spac
 
 def _leaf_writer(key: Key, space: gym.Space, buf: np.ndarray) -> Callable[[int, object, str], None]:
     shape = buf.shape[1:]
-    kind = buf.dtype.kind
+    dtype = buf.dtype
     # Discrete(n, start) observations are stored as indices 0..n-1, like Categorical specs.
     start = getattr(space, "start", None) if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) else None
     start = None if start is None or not np.any(start) else np.asarray(start, dtype=np.int64)
 
     def write(i: int, value, phase: str) -> None:
         if value.__class__ is not np.ndarray or value.shape != shape:
-            value = _coerce(i, key, value, shape, buf.dtype, phase)
-        elif value.dtype.kind != kind and not np.can_cast(value.dtype, buf.dtype, "same_kind"):
-            _raise_dtype(i, key, value, buf.dtype, phase)
+            value = _coerce(i, key, value, shape, dtype, phase)
+        elif value.dtype is not dtype and value.dtype != dtype:  # the common case (same dtype) skips the check
+            _check_cast(i, key, value, dtype, phase)
         buf[i] = value if start is None else value - start
 
     return write
@@ -70,11 +79,17 @@ def _leaf_batch_writer(key: Key, space: gym.Space, buf: np.ndarray):
 
     def write(select, values, phase: str) -> None:
         array = np.asarray(values)
-        if array.shape != buf.shape or array.dtype.kind not in "biuf" or not np.can_cast(array.dtype, buf.dtype, "same_kind"):
+        if array.shape != buf.shape or array.dtype.kind not in "biuf":
             raise EnvError(
                 None, phase, f"vector observation {key}: expected an array of shape {buf.shape} and dtype {buf.dtype}, "
                 f"got {describe(values)}"
             )
+        if array.dtype != buf.dtype:
+            written = array if select is None else array[select]
+            if cast_problem(written, buf.dtype) is not None:  # name the first env whose values do not fit
+                rows = range(len(array)) if select is None else np.flatnonzero(select).tolist()
+                j = next(j for j in rows if cast_problem(array[j], buf.dtype) is not None)
+                _check_cast(j, key, array[j], buf.dtype, phase)
         if start is not None:
             array = array - start
         if select is None:
@@ -101,15 +116,19 @@ def _coerce(i, key, value, shape, dtype, phase):
         raise EnvError(
             i, phase, f"observation {key}: expected shape {shape} and dtype {dtype}, got {describe(value)}"
         )
-    if array.dtype.kind not in "biuf" or not np.can_cast(array.dtype, dtype, "same_kind"):
-        _raise_dtype(i, key, array, dtype, phase)
+    if array.dtype != dtype:
+        _check_cast(i, key, array, dtype, phase)
     return array
 
 
-def _raise_dtype(i, key, value, dtype, phase):
-    raise EnvError(
-        i, phase, f"observation {key}: expected dtype {dtype} (or one that casts to it), got {describe(value)}"
-    )
+def _check_cast(i, key, value: np.ndarray, dtype: np.dtype, phase: str) -> None:
+    """Raise unless ``value`` (of another dtype) can be stored as ``dtype`` without changing it (see
+    :func:`~.infos.cast_problem`: integers of another width or sign are range-checked)."""
+    problem = cast_problem(value, dtype)
+    if problem is not None:
+        raise EnvError(
+            i, phase, f"observation {key}: expected dtype {dtype} (or one that casts to it), got {describe(value)}: {problem}"
+        )
 
 
 class RowWriter:
@@ -137,7 +156,7 @@ class RowWriter:
         self.fast_observation = None
         if isinstance(observation_space, gym.spaces.Box):
             buf = arrays[("observation",)]
-            self.fast_observation = (buf, buf.shape[1:])
+            self.fast_observation = (buf, buf.shape[1:], buf.dtype)
         self.reward = arrays[("reward",)]
         self.terminated = arrays[("terminated",)]
         self.truncated = arrays[("truncated",)]
@@ -168,13 +187,15 @@ class RowWriter:
         raises an :class:`EnvError` naming the env otherwise.
         """
         if self.fast_observation is not None:
-            buf, shape = self.fast_observation
+            buf, shape, dtype = self.fast_observation
             try:
                 array = np.asarray(observations)
             except (TypeError, ValueError):  # ragged or not array-like: the per-row path says which env
                 array = None
-            if (array is not None and array.shape[1:] == shape and array.dtype.kind in "biuf"
-                    and (array.dtype.kind == buf.dtype.kind or np.can_cast(array.dtype, buf.dtype, "same_kind"))):
+            # same dtype (the common case): no check; another one must store without changing values
+            # (integers of another width or sign are range-checked), or the per-row path names the env
+            if (array is not None and array.shape[1:] == shape
+                    and (array.dtype is dtype or array.dtype == dtype or cast_problem(array, dtype) is None)):
                 buf[index] = array
                 return
         write = self.observation
@@ -211,7 +232,17 @@ class RowWriter:
         self.done[index] = self.terminated[index] | self.truncated[index]
 
     def reset_flags(self, index, seeds: list) -> None:
-        """Clear the done flags of reset rows and record their episode seeds."""
+        """Clear the done flags of reset rows and record their episode seeds.
+
+        ``index`` is a slice or an int array of rows; ``seeds`` has one seed per row.
+        """
+        if isinstance(index, np.ndarray) and len(index) <= 8:
+            # the usual partial reset, a few rows: scalar writes cost a tenth of fancy indexing
+            terminated, truncated, done, seed = self.terminated, self.truncated, self.done, self.seed
+            for i, s in zip(index.tolist(), seeds, strict=True):
+                terminated[i, 0] = truncated[i, 0] = done[i, 0] = False
+                seed[i, 0] = s
+            return
         self.terminated[index] = False
         self.truncated[index] = False
         self.done[index] = False

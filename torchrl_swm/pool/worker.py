@@ -8,6 +8,7 @@ plus the envs' own import time.
 from __future__ import annotations
 
 import traceback
+from multiprocessing.reduction import ForkingPickler
 from multiprocessing.shared_memory import SharedMemory
 
 import cloudpickle
@@ -39,10 +40,18 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
     try:
         while True:
             try:
-                command, args = conn.recv()
+                message = conn.recv_bytes()
             except (EOFError, OSError):  # the pool is gone: exit, never orphan
                 break
             try:
+                # unpickled here, not by recv(): a command that cannot be unpickled (a class
+                # this process cannot import...) is answered with an error, and the loop goes on
+                try:
+                    command, args = ForkingPickler.loads(message)
+                except Exception as err:
+                    raise EnvError(
+                        None, "worker", f"a command cannot be unpickled in the worker: {type(err).__name__}: {err}"
+                    ) from err
                 if command == "step":
                     rows = args
                     local = slice(first, first + len(backend)) if rows is None else first + rows
