@@ -98,6 +98,17 @@ def test_failed_auto_detection_lists_the_available_ones(target):
         make_env(target)
 
 
+def test_auto_pools_a_gymnasium_vector_env():
+    # a VectorEnv is no gym.Env and its step() looks like a transition method: it must not reach the world model
+    venv = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+    env = make_env(venv, seed=0)
+    try:
+        assert isinstance(env, EnvPool) and env.batch_size == (2,)
+        assert env.rollout(3, break_when_any_done=False).batch_size == (2, 3)
+    finally:
+        env.close()
+
+
 def test_env_instances_are_refused_with_an_explanation():
     with pytest.raises(ValueError, match="environment instance"):
         make_env(gym.make("CartPole-v1"))

@@ -308,6 +308,42 @@ def test_imagine_step_with_defaulted_third_parameter_gets_state_and_action():
     assert bound.form == ("state", "action")
 
 
+def test_discovered_methods_count_only_required_parameters():
+    class Stateful(nn.Module):  # keeps its own latent; an optional flag after the action
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+        def step(self, action, deterministic=False):
+            return self.lin(action), deterministic
+
+    bound = discover_transition(Stateful())
+    assert bound.form == ("action",)
+    out, flag = bound(torch.zeros(3, 5), torch.ones(3, 2))  # the env passes (state, action)
+    assert out.shape == (3, 2) and flag is False
+
+    class StateActionOptional:  # a defaulted second parameter named like the action is still the action
+        def step(self, state, action=None):
+            return state, action
+
+    assert discover_transition(StateActionOptional())("s", "a") == ("s", "a")
+    # imagine_step(prev_state, prev_action, nonterm=1.0) still gets (state, action): two required
+    assert discover_transition(RSSMLike()).form == ("state", "action")
+
+
+def test_model_parameter_that_is_not_first_is_an_adapter_error():
+    with pytest.raises(AdapterError, match=r"parameter 'model' looks like the model but is not the first parameter.*"
+                                           r"transition_fn\(model, state, action\); transition_fn\(state, action\)"):
+        bind(lambda state, action, model: None, "transition_fn", ("state", "action"), model=object())
+    with pytest.raises(AdapterError, match=r"parameter 'world_model' looks like the model"):
+        bind(lambda seed, options, world_model: None, "reset_fn", ("seed", "options"), model=object(),
+             prefix_forms=True)
+    # an optional model parameter that receives nothing is left to its default; model-first is unchanged
+    optional = bind(lambda state, action, model=None: None, "transition_fn", ("state", "action"))
+    assert optional.form == ("state", "action")
+    assert bind(lambda model, state, action: None, "transition_fn", ("state", "action")).form[0] == "model"
+
+
 # ---------------------------------------------------------------------------------------------
 # return forms: every form of the seed, lists like tuples, dict states are states
 # ---------------------------------------------------------------------------------------------
@@ -706,7 +742,7 @@ def test_reset_obs_form_uses_initial_state_when_given():
         (None, r"returned NoneType None, which matches no reset return form"),
         ((torch.zeros(2),) * 4, r"returned a 4-tuple, which matches no reset return form"),
         ({"state": torch.zeros(2), "reward": 1.0}, r"a reset has no reward or termination"),
-        (torch.zeros(5, 2), r"observation: expected dtype torch.float32 and shape \(3, 2\)"),
+        (torch.zeros(5, 2), r"observation: expected 3 row\(s\), one per row being reset .* shape=\(5, 2\)\)"),
         (torch.zeros(3, 2, dtype=torch.float16), r"observation: expected dtype torch.float32"),
     ],
 )
@@ -715,6 +751,25 @@ def test_bug_bad_reset_returns_raise_instead_of_a_random_observation(result, mat
     env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, reset_fn=lambda: result, transition_fn=lambda s, a: s)
     with pytest.raises(ReturnFormError, match=match):
         env.reset()
+
+
+def test_a_mapping_with_exactly_the_dict_observation_keys_is_the_observation():
+    keys = frozenset({"observation", "desired_goal"})
+    goal = {"observation": torch.zeros(2), "desired_goal": torch.ones(2)}
+    form, state, obs, info = split_reset(goal, "r", keys)
+    assert state is MISSING and obs is goal and "read as the observation" in form
+    form, state, obs, *_ = split_transition(goal, "t", keys)
+    assert state is goal and obs is goal
+    # other mappings with reserved keys are still the mapping return form
+    form, state, obs, info = split_reset({"observation": goal, "state": torch.zeros(1)}, "r", keys)
+    assert obs is goal and state.shape == (1,)
+    with pytest.raises(ReturnFormError, match="not part of the mapping return form"):
+        split_reset(goal, "r", None)
+    # an RSSM {"deter", "stoch"} state is never the mapping return form, with or without Dict observation keys
+    rssm = {"deter": torch.zeros(3), "stoch": torch.zeros(2)}
+    for obs_keys in (None, keys, frozenset({"deter", "stoch"})):
+        assert split_transition(rssm, "t", obs_keys)[1] is rssm
+        assert split_reset(rssm, "r", obs_keys)[2] is rssm
 
 
 def test_split_reset_two_tuple_with_dict_observation():

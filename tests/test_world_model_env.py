@@ -17,11 +17,11 @@ from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorDictReplayBuffer
 from torchrl.envs import EnvBase, RewardSum, StepCounter, TransformedEnv
 from torchrl.envs.utils import check_env_specs
 from torchrl.testing import rollout_consistency_assertion
-from wm_models import ACT1, OBS3, CountingModel, NoisyModel, PointMass, RSSMLike, counting_env
+from wm_models import ACT1, OBS3, CountingModel, EncoderModel, NoisyModel, PointMass, RSSMLike, counting_env
 
 from torchrl_swm import WorldModelEnv, make_world_model_env
-from torchrl_swm.world_model import ObservationDecoder, RewardAdapter
-from torchrl_swm.world_model.adapters import ReturnFormError
+from torchrl_swm.world_model import ActionAdapter, ObservationDecoder, RewardAdapter
+from torchrl_swm.world_model.adapters import AdapterError, ReturnFormError
 
 BOX2 = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
 BOX4 = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
@@ -717,6 +717,25 @@ def test_adapter_transforms_report_bad_returns():
         TransformedEnv(_plain_env(), RewardAdapter(lambda s, o, a: s)).rollout(2)
 
 
+def test_action_adapter_refuses_a_dict_model_action_space_clearly():
+    dict_actions = gym.spaces.Dict({"a": BOX2, "b": ACT1})
+    with pytest.raises(TypeError, match=r"model's action space must be a single \(non-Dict\) space, got Dict"):
+        make_world_model_env(
+            CountingModel(), OBS3, gym.spaces.Discrete(2), num_envs=2, initial_state=torch.zeros(3),
+            action_transform_fn=lambda a: a, model_action_space=dict_actions,
+        )
+    # the transform on its own, over a base env with Dict actions
+    base = WorldModelEnv(
+        CountingModel(), OBS3, dict_actions, num_envs=2, initial_state=torch.zeros(3),
+        transition_fn=lambda s, a: (s + 1, torch.zeros(2, 1), torch.zeros(2, 1, dtype=torch.bool)),
+    )
+    env = TransformedEnv(base, ActionAdapter(lambda a: a.float(), gym.spaces.Discrete(2)))
+    td = env.reset()
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(TypeError, match=r"Dict model action space with keys \[\('action', 'a'\), \('action', 'b'\)\]"):
+        env.step(td)
+
+
 def _plain_env():
     from torchrl.testing.mocking_classes import ContinuousActionVecMockEnv
 
@@ -949,3 +968,252 @@ def test_adapters_taking_the_generator_are_bound_alike_in_the_probe_and_the_deco
     out = env.step(td)["next"]
     assert out["observation"].tolist() == [[1.0, 0.0], [0.0, 1.0]]
     assert torch.equal(out["pixels"], out["observation"])
+
+
+# ---------------------------------------------------------------------------------------------
+# review fixes: reset sources, state checks, adapters under "_step" masks
+# ---------------------------------------------------------------------------------------------
+
+
+def _nested_dict_transition(state, action):
+    # the observation is the state: it must arrive nested, at every step (reset or not)
+    pos = state["pos"] + action
+    return {"observation": {"pos": pos, "goal": {"xy": state["goal"]["xy"]}}, "terminated": pos[:, :1] > 0.25}
+
+
+@pytest.mark.parametrize("source", ["initial_observation", "start_states", "reset_fn"])
+def test_dict_observation_is_the_state_in_its_nested_form_without_an_encoder(source):
+    start = {"initial_observation": {"pos": torch.zeros(2), "goal": {"xy": torch.ones(2)}}}
+    if source == "start_states":
+        start = {"start_states": TensorDict({"pos": torch.zeros(8, 2), "goal": {"xy": torch.ones(8, 2)}}, [8])}
+    elif source == "reset_fn":
+        start = {"reset_fn": lambda: {"pos": torch.zeros(2), "goal": {"xy": torch.ones(2)}}}
+    env = WorldModelEnv(object(), DICT_SPACE, FORCE, num_envs=3, transition_fn=_nested_dict_transition, seed=0,
+                        **start)
+    env.reset()
+    assert set(env.state) == {"pos", "goal"} and set(env.state["goal"]) == {"xy"}
+    # row 0 finishes every other step: partial resets mix fresh and stepped rows
+    policy = lambda td: td.set("action", torch.tensor([[0.3, 0.0], [0.0, 0.0], [0.0, 0.0]]))  # noqa: E731
+    rollout = env.rollout(6, policy=policy, break_when_any_done=False)
+    assert rollout["next", "done"][0].sum() == 6 and rollout["next", "done"][1:].sum() == 0
+    assert torch.equal(rollout["next", "goal", "xy"], torch.ones(3, 6, 2))
+
+
+def test_encoded_initial_observation_follows_the_model_at_every_reset():
+    model = EncoderModel()
+    x0 = torch.ones(2)
+    env = WorldModelEnv(model, BOX2, BOX2, num_envs=2, initial_observation=x0)
+    env.reset()
+    with torch.no_grad():
+        model.enc.weight.add_(1.0)  # an optimizer step on the world model
+        expected = model.encode(x0)
+    env.reset()
+    assert torch.allclose(env.state, expected.expand(2, 4))
+    env.reset(reset_td(2, [1]))  # a partial reset encodes with the current model too
+    assert torch.allclose(env.state, expected.expand(2, 4))
+
+
+def test_differentiable_encoded_start_backpropagates_at_every_reset():
+    model = EncoderModel()
+    env = WorldModelEnv(model, BOX2, BOX2, num_envs=2, initial_observation=torch.ones(2), differentiable=True)
+    for _ in range(2):  # the second backward needs a fresh graph from a fresh encoding
+        model.zero_grad()
+        env.rollout(2)["next", "observation"].sum().backward()
+        assert model.enc.weight.grad is not None and model.enc.weight.grad.abs().sum() > 0
+
+
+def test_stochastic_encoder_start_is_drawn_at_each_reset_with_the_env_generator():
+    def env(seed=None):
+        return WorldModelEnv(EncoderModel(noise=1.0), BOX2, BOX2, num_envs=3, initial_observation=torch.zeros(2),
+                             seed=seed)
+
+    a, b = env(), env()  # OS-entropy seeds
+    a.set_seed(0), b.set_seed(0)
+    a.reset(), b.reset()
+    assert torch.equal(a.state, b.state)
+    assert not torch.equal(a.state[0], a.state[1])  # one draw per row
+    first = a.state.clone()
+    a.reset()
+    assert not torch.equal(a.state, first)  # one draw per reset
+    # seed= at construction and set_seed give the same episodes (construction uses up no randomness)
+    c = env(seed=0)
+    c.reset()
+    assert torch.equal(c.state, first)
+
+
+def test_learned_initial_state_is_detached_at_reset_unless_differentiable():
+    init = nn.Parameter(torch.zeros(2))
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, initial_state=init, transition_fn=lambda s, a: s + a)
+    td = env.reset()
+    assert not td["observation"].requires_grad and td["observation"].grad_fn is None
+    assert not env.rollout(3)["observation"].requires_grad
+    with torch.no_grad():
+        init.add_(1.0)  # trained: resets start from its current value
+    assert torch.equal(env.reset()["observation"], torch.ones(3, 2))
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, initial_state=init, transition_fn=lambda s, a: s + a,
+                        differentiable=True)
+    for _ in range(2):
+        init.grad = None
+        env.rollout(2)["next", "observation"].sum().backward()
+        assert torch.equal(init.grad, torch.full((2,), 6.0))  # 3 rows x 2 steps
+
+
+def test_reward_and_terminal_adapters_leave_frozen_rows_as_the_base_env_does():
+    calls = []
+
+    def terminal_fn(state, obs, action):
+        calls.append(1)
+        return torch.tensor([False, True, False]) if len(calls) == 1 else torch.ones(3, dtype=torch.bool)
+
+    env = make_world_model_env(object(), BOX2, BOX2, num_envs=3, initial_state=torch.zeros(2),
+                               transition_fn=lambda s, a: {"state": s + a},
+                               reward_fn=lambda s, o, a: torch.ones(s.shape[0]), terminal_fn=terminal_fn)
+    td = env.reset()
+    td["action"] = torch.ones(3, 2)
+    out = env.step(td)["next"]
+    assert out["terminated"].view(-1).tolist() == [False, True, False]
+    td = out.clone()
+    td["action"] = torch.ones(3, 2)
+    td["_step"] = torch.tensor([[True], [False], [False]])
+    out = env.step(td)["next"]
+    assert out["reward"].view(-1).tolist() == [1.0, 0.0, 0.0]
+    assert out["terminated"].view(-1).tolist() == [True, True, False]  # frozen rows keep their previous flag
+    assert out["done"].view(-1).tolist() == [True, True, False]
+    assert out["observation"][:, 0].tolist() == [2.0, 1.0, 1.0]
+    # a reset clears the handed-back flag of the reset rows only
+    td = out.clone()
+    td["_reset"] = torch.tensor([[True], [False], [False]])
+    assert env.base_env._reset(td)["terminated"].view(-1).tolist() == [False, True, False]
+
+
+def test_dict_observation_with_reserved_key_names_is_returned_bare():
+    goal = gym.spaces.Dict({"observation": BOX2, "desired_goal": BOX2, "achieved_goal": BOX2})
+
+    def reset_fn():
+        return {"observation": torch.zeros(2), "desired_goal": torch.ones(2), "achieved_goal": torch.zeros(2)}
+
+    def transition(state, action):  # a bare Dict observation = the next state
+        o = state["observation"] + action
+        return {"observation": o, "desired_goal": state["desired_goal"], "achieved_goal": o}
+
+    env = WorldModelEnv(object(), goal, BOX2, num_envs=2, reset_fn=reset_fn, transition_fn=transition)
+    td = env.reset()
+    assert torch.equal(td["desired_goal"], torch.ones(2, 2))
+    td["action"] = torch.ones(2, 2)
+    out = env.step(td)["next"]
+    assert torch.equal(out["observation"], torch.ones(2, 2)) and torch.equal(out["achieved_goal"], torch.ones(2, 2))
+    # PointMaze's Dict(state=..., target=...) too, and the mapping return form still works around it
+    maze = gym.spaces.Dict({"state": BOX4, "target": BOX2})
+    env = WorldModelEnv(object(), maze, BOX2, num_envs=2,
+                        reset_fn=lambda: {"state": torch.zeros(4), "target": torch.ones(2)},
+                        transition_fn=lambda s, a: {"observation": {"state": s["state"] + 1, "target": s["target"]},
+                                                    "reward": torch.ones(2)})
+    td = env.reset()
+    td["action"] = torch.zeros(2, 2)
+    out = env.step(td)["next"]
+    assert torch.equal(out["state"], torch.ones(2, 4)) and torch.equal(out["reward"], torch.ones(2, 1))
+
+
+def test_reset_state_and_observation_are_batched_or_not_each():
+    def reset_fn(num_envs):
+        return torch.arange(num_envs * 5.0).view(num_envs, 5), torch.zeros(2)  # per-row latents, a shared obs
+
+    def transition(state, action):
+        assert state.shape == (3, 5)
+        return state + 1, state[:, :2], torch.zeros(3)
+
+    # without a known state layout a batched-looking state next to an unbatched obs is ambiguous: an error
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, reset_fn=reset_fn, transition_fn=transition)
+    with pytest.raises(ReturnFormError, match=r"the observation is unbatched but the state's leaves \(3, 5\) already"):
+        env.reset()
+    # initial_state (or state_spec=) gives one row's layout: the state is taken as batched, the obs broadcast
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, reset_fn=reset_fn, transition_fn=transition,
+                        initial_state=torch.zeros(5))
+    td = env.reset()
+    assert torch.equal(env.state, torch.arange(15.0).view(3, 5)) and torch.equal(td["observation"], torch.zeros(3, 2))
+    td["action"] = torch.zeros(3, 2)
+    env.step(td)
+    env.reset(reset_td(3, [1]))  # a partial reset: one row each
+    assert env.state[1].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    # and an unbatched state next to a batched observation is broadcast
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, initial_state=torch.zeros(5), transition_fn=transition,
+                        reset_fn=lambda num_envs: (torch.ones(5), torch.zeros(num_envs, 2)))
+    env.reset()
+    assert torch.equal(env.state, torch.ones(3, 5))
+    # a layout that matches neither is named
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, initial_state=torch.zeros(5), transition_fn=transition,
+                        reset_fn=lambda: (torch.ones(3, 4), torch.zeros(2)))
+    with pytest.raises(ReturnFormError, match=r"state leaves \(3, 4\) are neither one row \(5,\)"):
+        env.reset()
+
+
+def test_a_state_under_state_key_is_checked_against_its_spec():
+    def transition(state, action):
+        return {"state": torch.zeros(state.shape[0], 5, dtype=torch.float64), "observation": action.clone()}
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=2, state_key="latent", initial_state=torch.zeros(3),
+                        initial_observation=torch.zeros(2), transition_fn=transition)
+    with pytest.raises(ReturnFormError, match=r"state \(exposed under state_key='latent'\): expected dtype "
+                                              r"torch.float32, shape \(2, 3\).*got Tensor\(dtype=torch.float64, "
+                                              r"shape=\(2, 5\)\)"):
+        env.rollout(3, break_when_any_done=False)
+    # dict states: each declared leaf; and a reset's state too
+    def reset_fn(num_envs):
+        return {"h": torch.zeros(num_envs, 3), "z": torch.zeros(num_envs, 1, dtype=torch.float64)}, torch.zeros(2)
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=2, state_key="latent", transition_fn=lambda s, a: s,
+                        state_spec={"h": Unbounded((3,)), "z": Unbounded((1,))}, reset_fn=reset_fn)
+    with pytest.raises(ReturnFormError, match=r"state\['z'\] .*expected dtype torch.float32, shape \(2, 1\).*"
+                                              r"got Tensor\(dtype=torch.float64"):
+        env.reset()
+
+
+def test_reset_fn_returning_the_whole_batch_for_a_partial_reset_is_a_clear_error():
+    class Model:
+        def reset(self, seed=None, options=None):
+            return torch.zeros(4, 2)  # always the whole batch
+
+        def step(self, state, action):
+            return {"state": state + action}
+
+    env = WorldModelEnv(Model(), BOX2, BOX2, num_envs=4)
+    assert env.reset()["observation"].shape == (4, 2)
+    with pytest.raises(ReturnFormError, match=r"observation: expected 1 row\(s\), one per row being reset.*"
+                                              r"shape=\(4, 2\)\) \(the whole batch\); declare a num_envs "
+                                              r"parameter .* or mask"):
+        env.reset(reset_td(4, [0]))
+
+
+def test_numpy_leaves_in_a_dict_observation_convert_like_a_box_observation():
+    space = gym.spaces.Dict({"pos": BOX2})
+    env = WorldModelEnv(object(), space, BOX2, num_envs=3, initial_state=torch.zeros(2),
+                        initial_observation={"pos": np.zeros(2, np.float32)},
+                        transition_fn=lambda s, a: ({"pos": np.ones((3, 2), np.float32)}, 0.0, False, False, {}))
+    td = env.reset()
+    td["action"] = torch.zeros(3, 2)
+    out = env.step(td)["next"]
+    assert torch.equal(out["pos"], torch.ones(3, 2)) and torch.equal(env.state["pos"], torch.ones(3, 2))
+
+
+def test_unlocked_reset_fn_receives_the_documented_mask():
+    got = []
+
+    def reset_fn(num_envs, mask):
+        got.append((num_envs, mask))
+        return torch.zeros(num_envs, 2)
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=None, state_key="observation", reset_fn=reset_fn,
+                        transition_fn=lambda s, a: s + a)
+    env.reset(TensorDict({"_reset": torch.tensor([[True], [False], [True]])}, [3]))
+    (n, mask), = got
+    # every row of a batch-unlocked env is started (TorchRL keeps the masked ones): one True flag per row
+    assert n == 3 and isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.tolist() == [True] * 3
+
+
+def test_an_adapter_taking_the_model_last_is_refused():
+    def transition(state, action, model):
+        return state + action
+
+    with pytest.raises(AdapterError, match=r"transition\(state, action, model\): parameter 'model' looks like the "
+                                           r"model but is not the first parameter"):
+        WorldModelEnv(object(), BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2), transition_fn=transition)

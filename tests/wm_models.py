@@ -101,3 +101,28 @@ class PointMass(nn.Module):
 def make_counting_env(num_envs=4):
     """A picklable env factory for multi-process collectors."""
     return counting_env(num_envs, length=torch.tensor([2, 3, 5, 7][:num_envs]))
+
+
+class EncoderModel(nn.Module):
+    """A latent model with a learned encoder: ``encode(obs)`` (2 -> 4), ``step`` and a decoder (4 -> 2).
+
+    With ``noise > 0`` the encoder samples (a posterior draw) from the ``generator`` it is given.
+    """
+
+    def __init__(self, noise=0.0, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.enc = nn.Linear(2, 4)
+        self.dyn = nn.Linear(6, 4)
+        self.dec = nn.Linear(4, 2)
+        self.noise = noise
+
+    def encode(self, obs, generator=None):
+        latent = self.enc(obs)
+        if self.noise:
+            latent = latent + self.noise * torch.randn(latent.shape, generator=generator, dtype=latent.dtype)
+        return latent
+
+    def step(self, state, action):
+        nxt = self.dyn(torch.cat([state, action], -1))
+        return {"state": nxt, "observation": self.dec(nxt)}

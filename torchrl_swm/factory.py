@@ -10,8 +10,8 @@ backend          aliases                             builds
 ``world-model``  ``world_model``, ``model``, ``wm``  :func:`~torchrl_swm.make_world_model_env` ``(target, ...)``
 ===============  ==================================  =========================================================
 
-``backend="auto"`` picks by the target's type: a string (a gymnasium id) or a sequence of env
-factories -> ``gym``; a ``torch.nn.Module``, an object with a transition method (``env_step``,
+``backend="auto"`` picks by the target's type: a string (a gymnasium id), a sequence of env
+factories or a ``gymnasium.vector.VectorEnv`` (pooled as it is) -> ``gym``; a ``torch.nn.Module``, an object with a transition method (``env_step``,
 ``step``, ``predict_step``, ``predict``, ``imagine_step``, ``transition``) or any target given
 with ``transition_fn=`` -> ``world-model``. :func:`register_backend` adds backends that
 ``make_env`` really uses. Errors list the available backends; the backend's own errors
@@ -131,11 +131,14 @@ def _detect(target, kwargs) -> str:
     import gymnasium as gym
     from torchrl.envs import EnvBase
 
+    # before the world-model test: a VectorEnv is no gym.Env, and its step() matches the transition methods
+    if isinstance(target, gym.vector.VectorEnv):
+        return "gym"
     if isinstance(target, (gym.Env, EnvBase)):
         raise ValueError(
             f"make_env: got an environment instance ({type(target).__name__}); the gym backend pools envs from a "
-            "gymnasium id or a sequence of zero-argument factories, so pass one of those instead. Available backends: "
-            f"{_describe()}"
+            "gymnasium id, a sequence of zero-argument factories or a gymnasium VectorEnv, so pass one of those "
+            f"instead. Available backends: {_describe()}"
         )
     if "transition_fn" in kwargs:
         return "world-model"
@@ -145,7 +148,8 @@ def _detect(target, kwargs) -> str:
         return "gym"
     raise ValueError(
         f"make_env: backend='auto' cannot tell which backend builds a {type(target).__name__}: expected a gymnasium id "
-        "(str) or a sequence of env factories (gym), or a world model (an nn.Module, an object with one of the methods "
+        "(str), a sequence of env factories or a gymnasium VectorEnv (gym), or a world model (an nn.Module, an object "
+        "with one of the methods "
         f"{', '.join(TRANSITION_METHODS)}, or transition_fn=...). Pass backend= explicitly; available backends: "
         f"{_describe()}"
     )
@@ -155,7 +159,7 @@ def make_env(target, backend: str = "auto", **kwargs):
     """Build an environment for ``target`` with ``backend``.
 
     Args:
-        target: a gymnasium id (``"CartPole-v1"``) or env factories for ``gym``; the world model
+        target: a gymnasium id (``"CartPole-v1"``), env factories or a ``VectorEnv`` for ``gym``; the world model
             for ``world-model``; whatever a registered backend takes.
         backend: a backend name or alias (see :func:`list_backends`), or ``"auto"``.
         **kwargs: passed to the backend's factory (``num_envs=``, ``seed=``, ``observation_space=``...).

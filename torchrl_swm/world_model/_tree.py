@@ -16,7 +16,16 @@ from tensordict import TensorDictBase
 from ..errors import describe
 from ..masks import row_view
 
-__all__ = ["tree_map", "leaves", "where_rows", "put_rows", "broadcast_rows", "unflatten_rows", "check_batch"]
+__all__ = [
+    "tree_map",
+    "leaves",
+    "shapes",
+    "where_rows",
+    "put_rows",
+    "broadcast_rows",
+    "unflatten_rows",
+    "check_batch",
+]
 
 
 def tree_map(fn, x, *others):
@@ -56,6 +65,34 @@ def leaves(x, prefix: str = "state"):
             out += leaves(v, f"{prefix}[{i}]")
         return out
     raise TypeError(f"{prefix}: expected tensors, tuples, dicts or TensorDicts, found {describe(x)}")
+
+
+def shapes(x, prefix: tuple = ()) -> dict:
+    """``{path: shape}`` for every tensor leaf of ``x``; a path is a tuple of keys / indices.
+
+    Nested dicts and nested TensorDict keys give the same paths, so the layouts of two states
+    compare whatever container holds them.
+    """
+    if x is None:
+        return {}
+    if isinstance(x, torch.Tensor):
+        return {prefix: x.shape}
+    if isinstance(x, TensorDictBase):
+        return {
+            prefix + ((k,) if isinstance(k, str) else tuple(k)): v.shape
+            for k, v in x.items(include_nested=True, leaves_only=True)
+        }
+    if isinstance(x, Mapping):
+        out = {}
+        for k, v in x.items():
+            out.update(shapes(v, prefix + (k,)))
+        return out
+    if isinstance(x, (tuple, list)):
+        out = {}
+        for i, v in enumerate(x):
+            out.update(shapes(v, prefix + (i,)))
+        return out
+    raise TypeError(f"state: expected tensors, tuples, dicts or TensorDicts, found {describe(x)}")
 
 
 def where_rows(mask: torch.Tensor, new, old):

@@ -7,7 +7,8 @@ Two jobs, both done so that the hot path stays short:
   action)``). The signature is read **once**, at construction, and turned into a plain callable
   that the env calls with the role's arguments; no ``inspect`` runs per step. Arguments are
   never cut from the front (the seed design's bug): either the full argument list is passed,
-  with or without the model, or construction fails with the signature in the message.
+  with or without the model, or construction fails with the signature in the message (also
+  when a parameter named like the model is not the first one: ``fn(state, action, model)``).
   Parameters named ``generator``, ``num_envs`` or ``mask`` are *keyword extras*: the env
   passes them by name when the adapter declares them (``generator`` is the env's seeded
   ``torch.Generator``).
@@ -18,6 +19,8 @@ Two jobs, both done so that the hot path stays short:
   A mapping is the *mapping return form* only when it has one of the reserved keys
   (:data:`RESERVED_KEYS`); any other mapping, a ``TensorDict`` without reserved keys, or a
   ``namedtuple`` is a *state* (so an RSSM-style ``{"deter", "stoch"}`` state advances).
+  A mapping whose keys are exactly the keys of a Dict observation is that observation, even
+  when they are reserved names (GoalEnv's ``{"observation", "desired_goal", ...}``).
 """
 
 from __future__ import annotations
@@ -88,7 +91,8 @@ TRANSITION_FORMS = (
     "(state, obs, reward, terminated, truncated, info)",
     "a mapping with state/next_state, observation/obs/image/pixels/next_observation/next_obs, "
     "reward, terminated/done, truncated, info",
-    "a bare state (tensor, dict/TensorDict without reserved keys, namedtuple): obs = state",
+    "a bare state (tensor, dict/TensorDict without reserved keys or with exactly the Dict observation's keys, "
+    "namedtuple): obs = state",
 )
 RESET_FORMS = (
     "obs",
@@ -263,6 +267,15 @@ def bind(
             if exact and not var_positional:
                 candidates = exact
     form = candidates[0]
+    if with_model:
+        # The model goes first or not at all: a later parameter named like the model (``fn(state, action,
+        # model)``) would otherwise receive a role argument while the model lands in the first parameter.
+        late = [p.name for p in positional[1 : len(form)] if p.name in MODEL_NAMES]
+        if late:
+            raise AdapterError(
+                f"{role} {text}: parameter {late[0]!r} looks like the model but is not the first parameter; the model "
+                f"is passed first or not at all: accepted calling conventions: {accepted}"
+            )
     return _make(fn, role, name, str(sig), form, args, model, {k: extras[k] for k in extra_names})
 
 
@@ -286,8 +299,8 @@ def _make(fn, role, name, sig_text, form, args, model, extras) -> Bound:
             def call(*a, _t=target, _n=n, **kw):
                 return _t(*a[:_n], **kw)
 
-    extras_text = "".join(f", {k}=..." for k in (*call_extras, *per_call))
-    description = f"{role} {name}{sig_text} called as {role}({', '.join(form)}{extras_text})"
+    shown = (*form, *(f"{k}=..." for k in (*call_extras, *per_call)))
+    description = f"{role} {name}{sig_text} called as {role}({', '.join(shown)})"
     return Bound(call, form, tuple(per_call), description, fn)
 
 
@@ -303,9 +316,9 @@ def discover_method(model, names: Sequence[str]):
 def discover_transition(model, extras: Mapping[str, Any] | None = None) -> Bound:
     """The model's transition method (the seed's discovery order), bound once.
 
-    Tries :data:`TRANSITION_METHODS` in order, then ``model.__call__``. A method with one
-    positional parameter is called as ``method(action)`` (the model keeps its own state);
-    otherwise as ``method(state, action)``.
+    Tries :data:`TRANSITION_METHODS` in order, then ``model.__call__``. A method with fewer than
+    two required positional parameters is called as ``method(action)`` (the model keeps its own
+    state); otherwise as ``method(state, action)`` (see :func:`_accepts_two`).
 
     Raises:
         AdapterError: when the model has none of them.
@@ -334,7 +347,13 @@ def discover_transition(model, extras: Mapping[str, Any] | None = None) -> Bound
 
 
 def _accepts_two(fn) -> bool:
-    """The seed's rule for model methods: ``(state, action)`` unless it takes <= 1 positional argument."""
+    """Whether a model method is called as ``(state, action)`` rather than ``(action)``.
+
+    ``(state, action)`` when it takes ``*args`` or at least two *required* positional arguments
+    (``imagine_step(prev_state, prev_action, nonterm=1.0)``); an optional parameter is not an
+    argument slot (``step(action, deterministic=False)`` is ``step(action)``), unless it is the
+    second one and is named like the action (``step(state, action=None)``).
+    """
     sig = _signature(fn)
     if sig is None:
         return True
@@ -343,7 +362,13 @@ def _accepts_two(fn) -> bool:
     if any(p.kind is kinds.VAR_POSITIONAL for p in params):
         return True
     positional = [p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 2
+    required = [p for p in positional if p.default is p.empty]
+    if len(required) >= 2:
+        return True
+    return len(positional) >= 2 and positional[1].name in _ACTION_NAMES
+
+
+_ACTION_NAMES = frozenset(("action", "actions", "act", "prev_action"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,6 +412,7 @@ _STEP_TUPLE_FORMS = {
 }
 _FORM_TEXT = {(kind, n): f"a {n}-{kind} {text}" for kind in ("tuple", "list") for n, text in _STEP_TUPLE_FORMS.items()}
 _STATE_FORM = "a mapping without reserved keys, read as the next state (obs = state)"
+_OBS_STATE_FORM = "a mapping with exactly the Dict observation's keys, read as the next state (obs = state)"
 _BARE_FORM = "a bare value, read as the next state (obs = state)"
 _STEP_ALLOWED = RESERVED_KEYS
 _RESET_ALLOWED = RESERVED_KEYS - {"reward", "terminated", "done", "truncated"}
@@ -397,13 +423,17 @@ def mapping_form(keys) -> str:
     return f"a mapping with keys {sorted(map(str, keys))}"
 
 
-def split_transition(result, where: str):
+def split_transition(result, where: str, obs_keys: frozenset | None = None):
     """Split a transition's return into ``(form, state, obs, reward, terminated, truncated, info)``.
 
     Values the form does not carry are :data:`MISSING`. The state of the 4-/5-tuple forms is
     ``info["model_state"]`` when present, else the observation; a mapping without a state
     takes ``info["model_state"]``, else its observation; a bare state is also the observation.
     ``form`` is a short text naming the form, for error messages.
+
+    ``obs_keys``: the observation's keys when it is a mapping (Dict space / Composite spec),
+    else ``None``. A mapping with exactly these keys is a bare state (the observation), even
+    when they are reserved names.
 
     Raises:
         ReturnFormError: the value matches no form (the message names what was received).
@@ -412,6 +442,8 @@ def split_transition(result, where: str):
         keys = result.keys()
         if RESERVED_KEYS.isdisjoint(keys):
             return _STATE_FORM, result, result, MISSING, MISSING, MISSING, {}
+        if obs_keys is not None and set(keys) == obs_keys:
+            return _OBS_STATE_FORM, result, result, MISSING, MISSING, MISSING, {}
         return _split_mapping(result, keys, where, step=True)
     if _is_form_tuple(result):
         n = len(result)
@@ -513,7 +545,8 @@ def split_reset(result, where: str, obs_keys: frozenset | None):
 
     ``obs_keys``: the observation's keys when the observation is a mapping (Dict space /
     Composite spec), else ``None``. It decides the 2-tuple: ``(obs, info)`` when the second
-    item is a mapping that is not an observation, else ``(state, obs)``.
+    item is a mapping that is not an observation, else ``(state, obs)``; and a mapping with
+    exactly these keys is a bare observation, even when they are reserved names.
 
     Raises:
         ReturnFormError: the value matches no form.
@@ -537,7 +570,7 @@ def split_reset(result, where: str, obs_keys: frozenset | None):
         )
     if _is_mapping(result):
         keys = result.keys()
-        if not RESERVED_KEYS.isdisjoint(keys):
+        if not RESERVED_KEYS.isdisjoint(keys) and not (obs_keys is not None and set(keys) == obs_keys):
             return _split_mapping(result, keys, where, step=False)
         return f"a bare {type(result).__name__}, read as the observation", MISSING, result, {}
     if _scalar_like(result):

@@ -146,7 +146,7 @@ class _Runtime:
 class _Shapes:
     """Expected full shapes for one batch shape (cached: no tuple building per step)."""
 
-    __slots__ = ("bs", "bs1", "nb", "obs", "action", "false", "zero_reward")
+    __slots__ = ("bs", "bs1", "nb", "obs", "action", "false", "zero_reward", "state")
 
     def __init__(self, env, bs):
         self.bs = torch.Size(bs)
@@ -156,6 +156,20 @@ class _Shapes:
         self.zero_reward = _Zeros(self.bs1, env._reward_dtype, env._dev)
         self.obs = None if env._obs_leaf is None else torch.Size((*bs, *env._obs_leaf.shape))
         self.action = None if env._action_leaf is None else torch.Size((*bs, *env._action_leaf.shape))
+        # the state exposed under state_key: [(leaf key, full shape, dtype)] (key () for a tensor state)
+        self.state = _state_layout(env._state_spec_unbatched, bs)
+
+
+def _state_layout(spec, bs) -> list | None:
+    """``[(leaf key, (*bs, *shape), dtype)]`` of an unbatched state spec (``None`` without one)."""
+    if spec is None:
+        return None
+    if not isinstance(spec, Composite):
+        return [((), torch.Size((*bs, *spec.shape)), spec.dtype)]
+    return [
+        (_leaf_key(k), torch.Size((*bs, *leaf.shape)), leaf.dtype)
+        for k, leaf in spec.items(include_nested=True, leaves_only=True)
+    ]
 
 
 class _Zeros:
@@ -211,12 +225,18 @@ class WorldModelEnv(EnvBase):
             rows being reset.
         initial_observation: unbatched start observation, broadcast. Without ``initial_state``,
             the start state is ``encode(initial_observation)`` (``encode_fn`` or ``model.encode``),
-            or the observation itself when there is no encoder.
+            encoded at every reset (so it follows the model as it trains, and a sampling encoder
+            draws from the env's generator), or the observation itself when there is no encoder
+            (a Dict observation in its nested form, as steps give it).
         reset_fn: ``reset_fn([model,] seed, options)`` (prefixes such as ``reset_fn(model)`` are
-            accepted). Keyword extras ``num_envs`` (rows being reset), ``mask`` (bool ``(N,)``) and
-            ``generator`` are passed when declared. Returns one of the seed's reset forms (``obs``,
-            ``(obs, info)``, ``(state, obs)``, ``(state, obs, info)``, a mapping), either unbatched
-            (broadcast to the reset rows) or batched with ``num_envs`` rows.
+            accepted). Keyword extras ``num_envs`` (rows being reset), ``mask`` (bool ``(N,)``; in a
+            batch-unlocked env every row is started, so it is all True) and ``generator`` are passed
+            when declared. Returns one of the seed's reset forms (``obs``, ``(obs, info)``,
+            ``(state, obs)``, ``(state, obs, info)``, a mapping), either unbatched (broadcast to the
+            reset rows) or batched with exactly the rows being reset (``num_envs`` of them: not the
+            whole batch on a partial reset). The state may be batched when the observation is not
+            (or the reverse) if the env knows one row's state layout (``initial_state``,
+            ``state_spec`` or, on partial resets, the other rows); otherwise they must agree.
         transition_fn: ``transition_fn([model,] state, action)`` (+ ``generator=`` when declared),
             called once per step for the whole batch. Returns one of the seed's transition forms.
         start_states: real data to start episodes from: a TensorDict ``[M]`` holding the
@@ -232,13 +252,15 @@ class WorldModelEnv(EnvBase):
             "the observation is the state".
         state_spec: unbatched spec of the state under ``state_key``: a spec, a space, or a
             ``{key: spec}`` mapping for dict states (default: inferred from ``initial_state``).
+            The shapes and dtypes of the state's tensor leaves are checked against it at every
+            step and reset.
         reward_spec: unbatched reward spec, shape ``(1,)`` (default float32 Unbounded).
         info_spec: ``{key: spec, space or example tensor}`` (unbatched) for info entries to
             record under ``("info", key)`` with shape ``(N, 1, *shape)``. Other info keys
             trigger a one-time warning (never silently dropped).
         device: the model's device (default: where its parameters are; else CPU).
-        differentiable: keep the autograd graph through steps (Dreamer-style imagination);
-            by default steps run under ``torch.no_grad()``.
+        differentiable: keep the autograd graph through steps and resets (Dreamer-style
+            imagination); by default steps and resets run under ``torch.no_grad()``.
         seed: seed of the env's ``torch.Generator`` (OS entropy when ``None``).
 
     Attributes:
@@ -337,6 +359,8 @@ class WorldModelEnv(EnvBase):
         self._obs_leaves = obs_leaves
         self._obs_leaf = obs_leaves[0] if not self._obs_is_mapping else None
         self._obs_top_keys = frozenset(obs_root.keys())
+        # a mapping with exactly these keys is the observation, even with reserved names (adapters.split_*)
+        self._obs_keys = self._obs_top_keys if self._obs_is_mapping else None
         if isinstance(act_spec, Composite):
             # a Dict action space: one entry per key under "action"; the model receives td["action"] (a TensorDict)
             self._action_leaves = [
@@ -501,8 +525,19 @@ class WorldModelEnv(EnvBase):
         )
         self._constant_full = None
         if self._start_kind == "constant" and locked:
-            # validated now, reused by every reset (a torch.where per leaf, no sampling)
-            self._constant_full = self._constant_start(bs)
+            # Validated now (without grad and without using up the generator's stream). The broadcast start
+            # is cached only when it cannot change: an encoded start depends on the model (trained later,
+            # maybe stochastic: it is encoded at each reset, with the env's generator) and a start that
+            # requires grad (a learned initial state) is rebuilt so that resets see its current value.
+            cacheable = (self._initial_state is not None or self._encode is None) and not any(
+                t.requires_grad for _, t in (*_tree.leaves(self._initial_state), *_tree.leaves(self._initial_obs))
+            )
+            rng = self._generator.get_state()
+            with torch.no_grad():
+                start = self._constant_start(bs)
+            self._generator.set_state(rng)
+            if cacheable:
+                self._constant_full = start  # never handed out: resets clone it or torch.where from it
 
     # -- construction helpers ------------------------------------------------------------------
     def _unbatched(self, space, name) -> TensorSpec:
@@ -805,7 +840,7 @@ class WorldModelEnv(EnvBase):
             finally:
                 torch._C._set_grad_enabled(True)
         where = self._where
-        form, state, obs, reward, terminated, truncated, info = split_transition(result, where)
+        form, state, obs, reward, terminated, truncated, info = split_transition(result, where, self._obs_keys)
         dev = self._dev
         bs = shapes.bs
         bs1 = shapes.bs1
@@ -813,14 +848,20 @@ class WorldModelEnv(EnvBase):
         if self._obs_leaf is None or not _exact(obs, shapes.obs, self._obs_leaf.dtype, dev):
             raw = obs
             obs = self._read_obs(obs, bs, where, form)
-            if state is raw and not self._obs_is_mapping:
-                state = obs  # the observation converted (numpy) is also the state
+            if state is raw:
+                # the observation converted (numpy leaves) is also the state; a Dict one in its nested form
+                if not self._obs_is_mapping:
+                    state = obs
+                elif not isinstance(raw, TensorDictBase):
+                    state = nest(obs)
         if state is not obs and state is not None:
             if type(state) is not torch.Tensor or state.shape[: shapes.nb] != bs:
                 try:
                     _tree.check_batch(state, tuple(bs), "next state")
                 except (ValueError, TypeError) as err:
                     raise ReturnFormError(f"{where} returned {form}: {err}") from None
+        if shapes.state is not None:  # only with state_key (and its own spec): the state is an output
+            self._check_state_spec(state, shapes.state, f"{where} returned {form}")
         rt.reward_from_model = rt.terminated_from_model = True
         if not _exact(reward, bs1, self._reward_dtype, dev):
             reward = self._reward(reward, bs, bs1, where, form)
@@ -899,25 +940,33 @@ class WorldModelEnv(EnvBase):
 
     # -- resets ------------------------------------------------------------------------------------
     def _constant_start(self, bs: tuple):
-        """(state, obs) for ``bs`` rows from initial_state / initial_observation (fresh tensors)."""
+        """(state, obs) for ``bs`` rows from initial_state / initial_observation (fresh tensors).
+
+        Called at every reset unless the start is cached (see ``_constant_full``): an encoded
+        start follows the current model and draws from the env's generator.
+        """
         obs = None
         if self._initial_obs is not None:
             obs = _tree.broadcast_rows(self._initial_obs, bs)
         if self._initial_state is not None:
             state = _tree.broadcast_rows(self._initial_state, bs)
+            self._check_state(state, bs, "initial_state")
         else:
-            state = self._encode_obs(obs, bs, "initial_observation")
+            state = self._encode_obs(obs, bs, "initial_observation")  # checked there
         if obs is None:
             obs = self._read_obs(
                 state, bs, "initial_state (the observation too, since no initial_observation is given)", None
             )
-        else:
-            self._check_state(state, bs, "initial_state")
         return state, obs
 
     def _encode_obs(self, obs, bs, what):
+        """The state for validated observations ``obs`` (rows ``bs``): ``encode(obs)``, or ``obs`` itself.
+
+        Without an encoder a Dict observation is the state in its nested form, as a step returns it
+        (``state["goal"]["xy"]``, never the flat ``state[("goal", "xy")]``).
+        """
         if self._encode is None:
-            return obs
+            return nest(obs) if self._obs_is_mapping else obs
         grad = torch.is_grad_enabled()
         if not self._differentiable:
             torch._C._set_grad_enabled(False)
@@ -936,9 +985,38 @@ class WorldModelEnv(EnvBase):
             _tree.check_batch(state, bs, "state")
         except (ValueError, TypeError) as err:
             raise ReturnFormError(f"{where}: {err}") from None
+        if self._state_spec_unbatched is not None:
+            self._check_state_spec(state, _state_layout(self._state_spec_unbatched, bs), where)
+
+    def _check_state_spec(self, state, layout, where):
+        """Raise unless the state's tensor leaves have the shapes and dtypes of the state spec (state_key)."""
+        dev = self._dev
+        for key, shape, dtype in layout:
+            value = _get_nested(state, key) if key else state
+            if not (
+                isinstance(value, torch.Tensor)
+                and value.shape == shape
+                and value.dtype is dtype
+                and value.device == dev
+            ):
+                name = f"state[{key[0] if len(key) == 1 else key!r}]" if key else "state"
+                if isinstance(value, torch.Tensor) and value.shape == shape and value.dtype is dtype:
+                    got = f"device {value.device}"
+                else:
+                    got = describe(value)
+                raise ReturnFormError(
+                    f"{where}: {name} (exposed under state_key={self._state_key!r}): expected dtype {dtype}, shape "
+                    f"{tuple(shape)} and device {dev} (the state spec), got {got}"
+                )
 
     def _sampled_start(self, k: int, bs: tuple, mask, seed, options):
-        """(state, obs, info) for ``bs`` (= ``(k,)`` when locked) rows from reset_fn / model reset / start data."""
+        """(state, obs, info) for ``bs`` (= ``(k,)`` when locked) rows from reset_fn / model reset / start data.
+
+        Also the start from initial_state / initial_observation when it is not cached (it is encoded).
+        """
+        if self._start_kind == "constant":
+            state, obs = self._constant_start(bs)
+            return state, obs, None
         if self._start_kind == "data":
             n = len(self._start_data)
             if n < 1:
@@ -983,14 +1061,18 @@ class WorldModelEnv(EnvBase):
         finally:
             torch._C._set_grad_enabled(grad)
         where = bound.description
-        obs_keys = frozenset(self._obs_top_keys) if self._obs_is_mapping else None
-        form, state, obs, info = split_reset(result, where, obs_keys)
+        form, state, obs, info = split_reset(result, where, self._obs_keys)
+        # what tells whether the state is batched: the returned observation, the state itself (obs = state),
+        # or nothing (the observation is initial_observation's broadcast)
+        obs_hint = "obs"
         if obs is MISSING:
             if self._initial_obs is not None:
                 obs = _tree.broadcast_rows(self._initial_obs, bs)
                 obs = nest(obs) if self._obs_is_mapping else obs
+                obs_hint = None
             elif state is not MISSING:
                 obs = state
+                obs_hint = "same"
             else:
                 raise ReturnFormError(f"{where} returned {form}: no observation, no state and no initial_observation")
         batched = self._obs_batched(obs)
@@ -1001,9 +1083,8 @@ class WorldModelEnv(EnvBase):
         if not batched:
             obs = self._read_obs(obs, (), where, form)
             obs = _tree.broadcast_rows(obs, bs)
-            if state is not MISSING:
-                state = _tree.broadcast_rows(state, bs)
         else:
+            self._check_reset_rows(obs, bs, bound, where, form)
             obs = self._read_obs(obs, bs, where, form)
         if state is MISSING:
             state = (
@@ -1012,9 +1093,85 @@ class WorldModelEnv(EnvBase):
                 else self._encode_obs(obs, bs, where)
             )
         else:
+            if obs_hint == "same":
+                state_batched = batched
+            else:
+                hint = batched if obs_hint == "obs" else None
+                state_batched = self._reset_state_batched(state, bs, hint, where, form)
+            if not state_batched:
+                state = _tree.broadcast_rows(state, bs)
             self._check_state(state, bs, f"{where} returned {form}")
         info = self._read_info(info, bs, where, form) if info or self._info_leaves else None
         return state, obs, info
+
+    def _check_reset_rows(self, obs, bs, bound, where, form):
+        """A batched reset return must hold one row per reset row: say so clearly (e.g. N rows for k)."""
+        leaf = self._obs_leaves[0]
+        value = _get_nested(obs, leaf.key) if self._obs_is_mapping else obs
+        rows = tuple(value.shape[: len(bs)])
+        if rows == tuple(bs):
+            return
+        hint = ""
+        if "num_envs" not in bound.extras and "mask" not in bound.extras:
+            hint = (
+                "; declare a num_envs parameter to receive the number of rows to return, or mask to receive the "
+                "bool (num_envs,) mask of the rows being reset"
+            )
+        full = " (the whole batch)" if self._locked and rows == tuple(self.batch_size) else ""
+        raise ReturnFormError(
+            f"{where} returned {form}: observation: expected {bs[0] if len(bs) == 1 else tuple(bs)} row(s), one per "
+            f"row being reset (leading dims {tuple(bs)}), or an unbatched observation (broadcast to them); got "
+            f"{describe(value)}{full}{hint}"
+        )
+
+    def _state_reference(self, partial: bool) -> dict | None:
+        """``{path: shape}`` of one row of the state, when known: the state spec, initial_state, or the live state."""
+        if self._state_spec_unbatched is not None:
+            return {key: shape for key, shape, _ in _state_layout(self._state_spec_unbatched, ())}
+        if self._initial_state is not None:
+            return _tree.shapes(self._initial_state)
+        rt = self._rt
+        if partial and rt.has_state and rt.state is not None:
+            # a partial reset: the other rows' state shows one row's layout
+            return {path: shape[1:] for path, shape in _tree.shapes(rt.state).items()}
+        return None
+
+    def _reset_state_batched(self, state, bs, obs_batched, where, form) -> bool:
+        """Whether a reset's state already has the reset rows ``bs``, decided for the state itself.
+
+        With a known layout of one row (:meth:`_state_reference`) the shapes decide. Otherwise the
+        state follows the observation (``obs_batched``; ``None`` when the observation is not the
+        reset's own), and a state that looks batched next to an unbatched observation is an error:
+        broadcasting it again would silently give ``(k, k, ...)``.
+        """
+        try:
+            got = _tree.shapes(state)
+        except TypeError as err:
+            raise ReturnFormError(f"{where} returned {form}: {err}") from None
+        if not got:
+            return True  # no tensors (e.g. None: the model keeps its own state): nothing to broadcast
+        ref = self._state_reference(self._locked and bs[0] < self.batch_size[0])
+        bs = torch.Size(bs)
+        rows = bs[0] if len(bs) == 1 else tuple(bs)
+        if ref is not None:
+            if got.keys() == ref.keys():
+                if all(got[p] == ref[p] for p in ref):
+                    return False
+                if all(got[p] == bs + ref[p] for p in ref):
+                    return True
+            raise ReturnFormError(
+                f"{where} returned {form}: state leaves {_shape_text(got)} are neither one row {_shape_text(ref)} "
+                f"(unbatched, broadcast) nor {rows} rows of it (batched, leading dims {tuple(bs)})"
+            )
+        leading = all(shape[: len(bs)] == bs for shape in got.values())
+        if obs_batched is False and leading:
+            raise ReturnFormError(
+                f"{where} returned {form}: the observation is unbatched but the state's leaves {_shape_text(got)} "
+                f"already have the leading dims {tuple(bs)} of the rows being reset; return the state and the "
+                "observation both batched or both unbatched (or pass initial_state= or state_spec= so that the "
+                "env knows one row's state layout)"
+            )
+        return obs_batched is not False
 
     def _expect_obs(self) -> str:
         if self._obs_is_mapping:
@@ -1040,7 +1197,19 @@ class WorldModelEnv(EnvBase):
 
         Returns ``(obs, state, info)`` for every row (restarted rows new, the others unchanged).
         ``flags_cleared``: the caller resets every done row, so no flag stays True (fast path).
+        Runs without grad unless the env is differentiable (as steps do), so a start state that
+        requires grad (a learned ``initial_state``) reaches the outputs detached.
         """
+        if self._differentiable or not torch.is_grad_enabled():
+            return self._restart(rows, seed, options, flags_cleared)
+        torch._C._set_grad_enabled(False)
+        try:
+            return self._restart(rows, seed, options, flags_cleared)
+        finally:
+            torch._C._set_grad_enabled(True)
+
+    def _restart(self, rows, seed, options, flags_cleared):
+        """:meth:`_reset_state`'s body (grad mode already set)."""
         rt = self._rt
         bs = self._locked_shapes.bs
         if rows is None:
@@ -1098,21 +1267,14 @@ class WorldModelEnv(EnvBase):
             self._set_seed(seed)
         mask = None if tensordict is None else tensordict.get("_reset", None)
         if not self._locked:
-            # any batch shape: start every row (TorchRL merges only the masked ones into the caller's tensordict)
             bs = tuple(tensordict.batch_size) if tensordict is not None else tuple(self.batch_size)
-            if self._start_kind == "constant":
-                state, obs = self._constant_start(bs)
-                info = self._zero_info(bs)
-            else:
-                k = int(np.prod(bs)) if bs else 1
-                state, obs, info = self._sampled_start(k, (k,), None, seed, options)
-                same = obs is state
-                state = _tree.unflatten_rows(state, bs)
-                obs = state if same else _tree.unflatten_rows(obs, bs)
-                info = self._zero_info(bs) if info is None else _tree.unflatten_rows(info, bs)
-            self._rt.state, self._rt.obs, self._rt.has_state = state, obs, True
-            term, trunc, _ = self._false_flags((*bs, 1))
-            return self._reset_output(obs, state, info, term, trunc, bs)
+            if self._differentiable or not torch.is_grad_enabled():
+                return self._reset_unlocked(bs, seed, options)
+            torch._C._set_grad_enabled(False)  # as steps: no graph unless differentiable
+            try:
+                return self._reset_unlocked(bs, seed, options)
+            finally:
+                torch._C._set_grad_enabled(True)
         n = self.batch_size[0]
         rows = None if mask is None else row_mask(mask, n, "_reset")
         if rows is not None and (not self._rt.has_state or bool(rows.all())):
@@ -1122,6 +1284,24 @@ class WorldModelEnv(EnvBase):
         else:
             obs, state, info = self._rt.obs, self._rt.state, self._rt.info
         return self._reset_output(obs, state, info, self._rt.term, self._rt.trunc, tuple(self.batch_size))
+
+    def _reset_unlocked(self, bs, seed, options) -> TensorDictBase:
+        """A batch-unlocked reset: any batch shape ``bs``, every row started (TorchRL merges only the masked ones
+        into the caller's tensordict), so a reset_fn's ``mask`` is all True (one flag per row, flattened)."""
+        if self._start_kind == "constant":
+            state, obs = self._constant_start(bs)
+            info = self._zero_info(bs)
+        else:
+            k = int(np.prod(bs)) if bs else 1
+            mask = torch.ones(k, dtype=torch.bool, device=self._dev)
+            state, obs, info = self._sampled_start(k, (k,), mask, seed, options)
+            same = obs is state
+            state = _tree.unflatten_rows(state, bs)
+            obs = state if same else _tree.unflatten_rows(obs, bs)
+            info = self._zero_info(bs) if info is None else _tree.unflatten_rows(info, bs)
+        self._rt.state, self._rt.obs, self._rt.has_state = state, obs, True
+        term, trunc, _ = self._false_flags((*bs, 1))
+        return self._reset_output(obs, state, info, term, trunc, bs)
 
     def _reset_output(self, obs, state, info, term, trunc, bs) -> TensorDictBase:
         source = self._source(obs, state, info)
@@ -1239,6 +1419,14 @@ class WorldModelEnv(EnvBase):
             f"transition={self._transition.description!r}, "
             f"start={self._start_kind!r}, state_key={self._state_key!r}, differentiable={self._differentiable})"
         )
+
+
+def _shape_text(shapes: dict) -> str:
+    """``{path: shape}`` for messages: ``(3, 5)`` for a tensor state, ``{'deter': (3,), ...}`` otherwise."""
+    if list(shapes) == [()]:
+        return str(tuple(shapes[()]))
+    parts = ", ".join(f"{p[0] if len(p) == 1 else p!r}: {tuple(s)}" for p, s in shapes.items())
+    return "{" + parts + "}"
 
 
 def _composite(mapping: Mapping, device) -> Composite:

@@ -27,6 +27,7 @@ from torchrl.data import Bounded, Composite, TensorSpec, Unbounded
 from torchrl.envs import Compose, StepCounter, Transform, TransformedEnv
 
 from ..errors import describe
+from ..masks import row_mask
 from ..specs import as_spec, batch_spec
 from .adapters import MISSING, Bound, ReturnFormError, bind
 from .env import WorldModelEnv
@@ -111,6 +112,13 @@ class ActionAdapter(_WorldModelTransform):
         with _grad_context(base):
             model_action = bound.call(action)
         leaf = base._action_leaf
+        if leaf is None:
+            raise TypeError(
+                "ActionAdapter: the base env's action spec is a Composite (a Dict model action space with keys "
+                f"{sorted(base.full_action_spec.keys(True, True))}); action_transform_fn returns one tensor, so the "
+                "model's action space must be a single (non-Dict) space. Return a flat action and split it in "
+                "transition_fn."
+            )
         bs = tuple(tensordict.batch_size)
         expected = (*bs, *leaf.shape)
         if (
@@ -137,13 +145,25 @@ class ActionAdapter(_WorldModelTransform):
         return tensordict
 
 
+def _stepped_rows(tensordict: TensorDictBase, n: int) -> torch.Tensor | None:
+    """The ``"_step"`` mask as ``(N, 1)`` when some rows are frozen, else ``None``.
+
+    TorchRL passes ``"_step"`` down to a batch-locked env only when it is partial; the base env
+    freezes the other rows (state, observation and flags kept, reward 0), and so must an adapter.
+    """
+    partial = tensordict.get("_step", None)
+    if partial is None:
+        return None
+    return row_mask(partial, n, "_step").view(n, 1)
+
+
 class RewardAdapter(_WorldModelTransform):
     """``reward_fn([model,] state, obs, action)`` fills in the reward when the transition returned none.
 
     ``state`` is the model state after the step, ``obs`` the next observation (a TensorDict for
     Dict observations) and ``action`` the model's action. Returns a float tensor of shape
     ``(N,)`` or ``(N, 1)`` (checked). When the transition did return a reward, it is kept (the
-    seed design's rule).
+    seed design's rule). Rows frozen by a ``"_step"`` mask report reward 0, as in the base env.
     """
 
     def __init__(self, reward_fn: Callable, *, model: Any = None):
@@ -161,6 +181,9 @@ class RewardAdapter(_WorldModelTransform):
         reward = base._reward(reward, bs, (*bs, 1), bound.description, "a reward")
         if reward is None:
             raise ReturnFormError(f"{bound.description} returned None; expected a float tensor of shape {(*bs, 1)}")
+        rows = _stepped_rows(tensordict, bs[0]) if base._locked else None
+        if rows is not None:
+            reward = torch.where(rows, reward, torch.zeros((), dtype=reward.dtype, device=reward.device))
         next_tensordict.set("reward", reward)
         return next_tensordict
 
@@ -172,7 +195,9 @@ class TerminalAdapter(_WorldModelTransform):
     """``terminal_fn([model,] state, obs, action)`` fills in ``terminated`` when the transition returned none.
 
     Returns a bool tensor of shape ``(N,)`` or ``(N, 1)`` (checked); ``done`` becomes
-    ``terminated | truncated``. When the transition did return a termination, it is kept.
+    ``terminated | truncated``. When the transition did return a termination, it is kept. Rows
+    frozen by a ``"_step"`` mask keep their previous termination, as in the base env: the
+    result is handed back to the base env, which keeps it for frozen rows and clears it on reset.
     """
 
     def __init__(self, terminal_fn: Callable, *, model: Any = None):
@@ -190,6 +215,12 @@ class TerminalAdapter(_WorldModelTransform):
         terminated = base._flag(flag, bs, (*bs, 1), "terminated", bound.description, "a termination flag")
         if terminated is None or flag is MISSING:
             raise ReturnFormError(f"{bound.description} returned nothing; expected a bool tensor of shape {(*bs, 1)}")
+        if base._locked:
+            rows = _stepped_rows(tensordict, bs[0])
+            if rows is not None:
+                # frozen rows: the base env kept their previous flag (this adapter's, handed back below)
+                terminated = torch.where(rows, terminated, next_tensordict.get("terminated"))
+            base._rt.term = terminated
         next_tensordict.set("terminated", terminated)
         next_tensordict.set("done", terminated | next_tensordict.get("truncated"))
         return next_tensordict
@@ -332,6 +363,11 @@ def make_world_model_env(
                 model, action_transform_fn, action_space, device, kwargs.get("differentiable", False)
             )
         )
+        if isinstance(as_spec(inner_space, name="model_action_space"), Composite):
+            raise TypeError(
+                "make_world_model_env: with action_transform_fn=, the model's action space must be a single "
+                f"(non-Dict) space, got {inner_space}; action_transform_fn returns one tensor"
+            )
     elif model_action_space is not None:
         raise TypeError("make_world_model_env: model_action_space= only makes sense with action_transform_fn=")
     base = WorldModelEnv(
