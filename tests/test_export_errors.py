@@ -193,3 +193,52 @@ def test_missing_stable_baselines3_is_a_clear_import_error(monkeypatch):
             sb3.to_sb3_vec_env(EnvPool("CartPole-v1", num_envs=2))
     finally:
         sb3._sb3_class.cache_clear()
+
+
+def test_batched_binary_action_without_per_env_dims_is_a_spec_error():
+    """A Binary action spec of shape (N,) has no per-env dims (its last dim is its event dim): a
+    SpecError that says so, not TorchRL's IndexError from unbatching it."""
+    from torchrl.data import Binary
+
+    spec = Composite(observation=Unbounded((2, 3)), shape=(2,))
+    with pytest.raises(SpecError, match=r"action_spec: a Binary spec of shape \(2,\) has no per-env dims.*\(2, 1\)"):
+        to_gymnasium(_SpecEnv(spec, action_spec=Binary(shape=(2,))))
+    envs = to_gymnasium(_SpecEnv(spec, action_spec=Binary(shape=(2, 1))))
+    assert envs.single_action_space == gym.spaces.MultiBinary(1)
+
+
+def test_binary_observation_without_per_env_dims_is_a_spec_error():
+    from torchrl.data import Binary
+
+    spec = Composite(observation=Unbounded((2, 3)), flag=Binary(shape=(2,)), shape=(2,))
+    with pytest.raises(SpecError, match=r"observation_spec\[\('flag',\)\]: a Binary spec of shape \(2,\)"):
+        to_gymnasium(_SpecEnv(spec))
+
+
+class _StartActions(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+    action_space = gym.spaces.Discrete(3, start=-1)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), action
+        return np.zeros(1, np.float32), float(action), False, False, {}
+
+
+@pytest.mark.parametrize(
+    "action",
+    [np.array([-2, 0, 1]), np.array([-1, 0, 2]), np.array([0, 0, 250], np.uint8), torch.tensor([-1, 2, 0]),
+     torch.tensor([-1, -2, 0], dtype=torch.int8)],
+)
+@pytest.mark.parametrize("categorical", [True, False])
+def test_discrete_actions_with_a_start_are_checked_against_start_and_n(action, categorical):
+    envs = to_gymnasium(EnvPool([_StartActions] * 3, categorical_action_encoding=categorical),
+                        autoreset_mode="disabled", numpy=isinstance(action, np.ndarray))
+    envs.reset(seed=0)
+    with pytest.raises(ValueError, match=r"must lie in Discrete\(3, start=-1\)"):
+        envs.step(action)
+    _, rewards, *_ = envs.step(np.array([-1, 0, 1]) if envs.numpy else torch.tensor([-1, 0, 1]))
+    assert list(rewards.tolist()) == [-1.0, 0.0, 1.0]  # the env got the actions in its own range

@@ -118,3 +118,26 @@ def test_step_before_reset_raises():
     env = to_gymnasium(GymEnv("MountainCar-v0"))
     with pytest.raises(RuntimeError, match=r"before reset\(\)"):
         env.step(0)
+
+
+def test_registered_pool_with_discrete_start_matches_the_env():
+    """gymnasium.make of a registered pool over an env with Discrete(4, start=1) in a nested Dict: the env's
+    own space, its values, check_env passes, and each step equals the gymnasium env's on the same seed."""
+    from envs import DictObsEnv
+
+    env_id = "TorchRLSWMTest/DictObsPool-v0"
+    register_gymnasium_env(env_id, functools.partial(EnvPool, [DictObsEnv]), batched=True, info_keys=[])
+    env, ref = gym.make(env_id), DictObsEnv()
+    assert env.observation_space == ref.observation_space
+    _check_env_without_warnings(env.unwrapped, skip_render_check=True)
+    obs, _ = env.reset(seed=2)
+    obs_ref, _ = ref.reset(seed=2)
+    assert obs["goal"]["kind"] == obs_ref["goal"]["kind"]
+    assert obs["goal"]["kind"] in ref.observation_space["goal"]["kind"]
+    for _ in range(5):
+        action = ref.action_space.sample()
+        obs, *_ = env.step(action)
+        obs_ref, *_ = ref.step(action)
+        assert obs in ref.observation_space
+        assert obs["goal"]["kind"] == obs_ref["goal"]["kind"]
+        np.testing.assert_array_equal(obs["position"], obs_ref["position"])

@@ -19,7 +19,12 @@ def _id(name):
     return f"TorchRLSWMTest/{name}{uuid.uuid4().hex[:6]}-v0"
 
 
-def pool_factory(num_envs, **kwargs):
+def pool_factory(num_envs, seed_every_episode=True, **kwargs):
+    """A batched factory that names seed_every_episode: registration sets it to gymnasium's convention."""
+    return EnvPool("CartPole-v1", num_envs=num_envs, seed_every_episode=seed_every_episode, **kwargs)
+
+
+def kwargs_pool_factory(num_envs, **kwargs):
     return EnvPool("CartPole-v1", num_envs=num_envs, **kwargs)
 
 
@@ -109,3 +114,54 @@ def test_bad_registration_arguments():
         register_gymnasium_env(_id("Bad"), "CartPole-v1")
     with pytest.raises(ValueError, match="autoreset_mode"):
         register_gymnasium_env(_id("Bad"), pool_factory, autoreset_mode="sometimes")
+
+
+def _first_obs_of_episodes(envs, steps=300):
+    """The first observation of every episode of every env of a NEXT_STEP vector env: {env: [obs, ...]}."""
+    obs, _ = envs.reset(seed=0)
+    starts = {i: [obs[i].copy()] for i in range(envs.num_envs)}
+    rng = np.random.default_rng(0)
+    pending = np.zeros(envs.num_envs, bool)
+    for _ in range(steps):
+        obs, _, term, trunc, _ = envs.step(rng.integers(0, 2, envs.num_envs))
+        for i in np.flatnonzero(pending):
+            starts[i].append(obs[i].copy())
+        pending = term | trunc
+    return starts
+
+
+@pytest.mark.parametrize("factory", [functools.partial(EnvPool, "CartPole-v1"), pool_factory])
+def test_make_follows_gymnasium_seeding(factory):
+    """gymnasium.make(id): reset(seed=0) then reset() continues the stream, as gymnasium's own CartPole
+    (it is not reset(seed=1)), and make_vec over such envs gives different episodes in every env."""
+    env_id = _id("Seeding")
+    register_gymnasium_env(env_id, factory)
+    env, ref = gym.make(env_id), gym.make("CartPole-v1")
+    first, again, other = env.reset(seed=0)[0], env.reset()[0], env.reset(seed=1)[0]
+    assert not np.array_equal(again, other)
+    np.testing.assert_array_equal(first, ref.reset(seed=0)[0])
+    np.testing.assert_array_equal(again, ref.reset()[0])
+    np.testing.assert_array_equal(other, ref.reset(seed=1)[0])
+    for mode in ("sync", "vector_entry_point"):
+        envs = gym.make_vec(env_id, num_envs=3, vectorization_mode=mode)
+        ref = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync")
+        starts, starts_ref = _first_obs_of_episodes(envs), _first_obs_of_episodes(ref)
+        every = [o.tobytes() for i in starts for o in starts[i]]
+        assert len(every) > 30 and len(set(every)) == len(every)  # no episode repeats in another env
+        for i in starts:  # and they are gymnasium's own episodes
+            np.testing.assert_array_equal(np.stack(starts[i]), np.stack(starts_ref[i]))
+        envs.close()
+
+
+def test_explicit_seed_every_episode_is_kept_and_other_factories_warn():
+    env_id = _id("Seeding")
+    register_gymnasium_env(env_id, pool_factory, kwargs={"seed_every_episode": True})
+    env = gym.make(env_id)  # the pool's own schedule, as asked: episode k of a one-env pool gets seed s + k
+    env.reset(seed=0)
+    np.testing.assert_array_equal(env.reset()[0], gym.make("CartPole-v1").reset(seed=1)[0])
+    env_id = _id("Seeding")
+    register_gymnasium_env(env_id, kwargs_pool_factory)  # **kwargs only: it cannot be told, and says so
+    with pytest.warns(UserWarning, match="seed_every_episode"):
+        gym.make(env_id)
+    with pytest.warns(UserWarning, match="seed_every_episode"):
+        gym.make_vec(env_id, num_envs=2)

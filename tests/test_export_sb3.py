@@ -51,6 +51,24 @@ def test_matches_dummy_vec_env_step_by_step():
     assert truncations > 5 and terminations > 20
 
 
+def test_per_env_seeds_with_none_match_dummy_vec_env():
+    """VecEnv._seeds may mix ints and None (an env not reseeded): DummyVecEnv passes them per env, and so
+    does the export."""
+    n = 4
+    ours = to_sb3_vec_env(EnvPool("CartPole-v1", num_envs=n), info_keys=[])
+    ref = DummyVecEnv([lambda: PoolSeedSchedule(gym.make("CartPole-v1"), n) for _ in range(n)])
+    ours.seed(3)
+    ref.seed(3)
+    assert_same(ours.reset(), ref.reset(), "reset obs")
+    for t, action in enumerate(action_stream(gym.spaces.MultiDiscrete([2] * n), 40, 3)):
+        assert_same(ours.step(action)[:3], ref.step(action)[:3], f"step {t}")
+        if t % 10 == 9:
+            for venv in (ours, ref):
+                venv._seeds = [7, None, 9, None] if t % 20 == 9 else [None] * n  # what reset() reads
+            assert_same(ours.reset(), ref.reset(), f"step {t}: reset")
+            assert ours.reset_infos == ref.reset_infos
+
+
 def test_infos_that_come_and_go_match_dummy_vec_env():
     """An info key appears in an env's dict only at the steps that env reported it."""
     periods = (1, 2, 3)

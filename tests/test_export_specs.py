@@ -37,10 +37,17 @@ def boxes(draw):
     return gym.spaces.Box(low, high, shape=shape, dtype=dtype)
 
 
+@st.composite
+def multi_discretes(draw, low=2, high=5):
+    nvec = draw(st.lists(st.integers(low, high), min_size=1, max_size=3))
+    start = draw(st.none() | st.lists(st.integers(-2, 2), min_size=len(nvec), max_size=len(nvec)))
+    return gym.spaces.MultiDiscrete(nvec, start=start)
+
+
 leaf_spaces = st.one_of(
     boxes(),
     st.builds(gym.spaces.Discrete, st.integers(1, 6), start=st.integers(-2, 2)),
-    st.lists(st.integers(2, 5), min_size=1, max_size=3).map(gym.spaces.MultiDiscrete),
+    multi_discretes(),
     st.integers(1, 4).map(gym.spaces.MultiBinary),
 )
 spaces = st.recursive(
@@ -101,7 +108,7 @@ class SpaceEnv(gym.Env):
 action_spaces = st.one_of(
     st.builds(gym.spaces.Box, st.just(-1.0), st.just(1.0), shape=_shapes, dtype=st.just(np.float32)),
     st.builds(gym.spaces.Discrete, st.integers(1, 5), start=st.integers(-1, 1)),
-    st.lists(st.integers(2, 4), min_size=1, max_size=3).map(gym.spaces.MultiDiscrete),
+    multi_discretes(2, 4),
     st.integers(1, 3).map(gym.spaces.MultiBinary),
 )
 
@@ -109,24 +116,37 @@ action_spaces = st.one_of(
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(obs_space=spaces, act_space=action_spaces, n=st.integers(1, 4), categorical=st.booleans())
 def test_pool_export_spaces_and_data(obs_space, act_space, n, categorical):
-    """End to end over random spaces and batch sizes: the exported spaces are the env's (as indices),
-    sampled actions step, and every observation lies in the exported space."""
-    import functools
+    """End to end over random spaces and batch sizes, against gymnasium's SyncVectorEnv over the same
+    envs: the exported spaces are the env's own (``Discrete``/``MultiDiscrete`` ``start`` included),
+    observations are identical, and the same sampled actions reach the envs (which check them)."""
+    import copy
+
+    from export_helpers import PoolSeedSchedule, assert_same
 
     # EnvPool(categorical_action_encoding=False) also one-hot encodes discrete *observations*,
     # which its row writer cannot store yet: leave that combination out.
     assume(categorical or not _has_discrete(obs_space))
-    pool = EnvPool([functools.partial(SpaceEnv, obs_space, act_space)] * n, seed=0,
-                   categorical_action_encoding=categorical)
+    def make():  # each env samples from its own copy of the spaces (one RNG per env)
+        return SpaceEnv(copy.deepcopy(obs_space), copy.deepcopy(act_space))
+
+    pool = EnvPool([make] * n, seed=0, categorical_action_encoding=categorical)
     envs = to_gymnasium(pool, autoreset_mode="same_step", info_keys=[])
-    assert envs.single_observation_space == _index_space(obs_space)
-    assert envs.single_action_space == _index_space(act_space)
+    ref = gym.vector.SyncVectorEnv([lambda: PoolSeedSchedule(make(), n) for _ in range(n)],
+                                   autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    assert envs.single_observation_space == obs_space == ref.single_observation_space
+    assert envs.single_action_space == act_space == ref.single_action_space
     obs, _ = envs.reset(seed=1)
+    obs_ref, _ = ref.reset(seed=1)
     assert obs in envs.observation_space
+    assert_same(obs, obs_ref, "reset obs")
     envs.action_space.seed(0)
-    for _ in range(3):
-        obs, rewards, term, trunc, _ = envs.step(envs.action_space.sample())
+    for t in range(3):
+        action = envs.action_space.sample()
+        obs, rewards, term, trunc, _ = envs.step(action)
+        obs_ref, rewards_ref, *_ = ref.step(action)
         assert obs in envs.observation_space and rewards.shape == (n,)
+        assert_same(obs, obs_ref, f"step {t}: obs")
+        np.testing.assert_array_equal(rewards, rewards_ref)
     envs.close()
 
 

@@ -12,7 +12,9 @@ import pytest
 import torch
 from export_helpers import PoolSeedSchedule, action_stream, assert_same, probed, sync_twin, without
 from gymnasium.vector import AutoresetMode
-from torchrl.envs import StepCounter, TransformedEnv
+from tensordict import TensorDict
+from torchrl.data import Categorical, Composite, Unbounded
+from torchrl.envs import EnvBase, StepCounter, TransformedEnv
 
 from envs import CountingEnv, DictObsEnv, InfoEnv, counting, sparse_info
 from torchrl_swm import EnvPool, to_gymnasium
@@ -140,11 +142,14 @@ def test_dict_observation_space_and_nested_keys():
     envs = to_gymnasium(EnvPool([DictObsEnv] * n, seed=0), autoreset_mode="same_step")
     single = envs.single_observation_space
     assert isinstance(single, gym.spaces.Dict) and set(single) == {"position", "goal"}
-    assert single["goal"]["kind"] == gym.spaces.Discrete(4)  # the pool stores Discrete(4, start=1) as indices
+    # the env's own Discrete(4, start=1), as SyncVectorEnv shows it (the pool stores indices 0..3)
+    assert single["goal"]["kind"] == gym.spaces.Discrete(4, start=1)
+    assert single == DictObsEnv().observation_space
     assert envs.observation_space == gym.vector.utils.batch_space(single, n)
     obs, infos = envs.reset(seed=0)
     assert obs in envs.observation_space
     assert obs["goal"]["target"].shape == (n, 2) and obs["goal"]["kind"].dtype == np.int64
+    assert obs["goal"]["kind"].min() >= 1
     assert infos["distance"].dtype == np.float32 and infos["_distance"].all()
     finished = 0
     for action in action_stream(envs.action_space, 30):
@@ -410,18 +415,36 @@ def test_world_model_seed_goes_through_set_seed():
         envs.reset(options={"foo": 1})
 
 
+class _IgnoresStep(EnvBase):
+    """MLPWorldModelEnv's dynamics in a batch-locked TorchRL env of user code that ignores "_step"
+    (composition, not a subclass: a subclass of a package env keeps the package's "_step" contract)."""
+
+    def __init__(self, *args, **kwargs):
+        inner = MLPWorldModelEnv(*args, **kwargs)
+        super().__init__(batch_size=inner.batch_size, device=inner.device)
+        self.inner = inner
+        self.observation_spec = inner.observation_spec.clone()
+        self.action_spec = inner.action_spec.clone()
+        self.reward_spec = inner.reward_spec.clone()
+        self.done_spec = inner.done_spec.clone()
+
+    def _reset(self, tensordict=None, **kwargs):
+        return self.inner._reset(tensordict, **kwargs)
+
+    def _step(self, tensordict):
+        return self.inner._step(tensordict.exclude("_step"))
+
+    def _set_seed(self, seed):
+        self.inner._set_seed(seed)
+
+
 def test_foreign_env_without_partial_steps_next_step():
     """A batch-locked TorchRL env that ignores "_step": finished rows are stepped once more, then reset."""
-    class IgnoresStep(MLPWorldModelEnv):
-        def _step(self, tensordict):
-            tensordict = tensordict.exclude("_step")
-            return super()._step(tensordict)
-
-    IgnoresStep.__module__ = "user_code"  # not an env of this package: no "_step" contract
     b, model = 8, make_model(done_rate_bias=0.0)
-    foreign = to_gymnasium(IgnoresStep(model, b, seed=1), autoreset_mode="next_step")
-    assert not foreign.traits.partial_steps
+    foreign = to_gymnasium(_IgnoresStep(model, b, seed=1), autoreset_mode="next_step")
+    assert not foreign.traits.partial_steps and not foreign.traits.package_env
     ours = to_gymnasium(MLPWorldModelEnv(model, b, seed=1), autoreset_mode="next_step")
+    assert ours.traits.partial_steps
     foreign.reset()
     ours.reset()
     pending = np.zeros(b, bool)
@@ -434,6 +457,252 @@ def test_foreign_env_without_partial_steps_next_step():
         if t == 0:
             assert np.array_equal(o1, o2)
         pending = t1.copy()
+
+
+class BatchLockedCounting(EnvBase):
+    """``CountingEnv``s (gymnasium, fixed lengths) as one batch-locked TorchRL env that ignores
+    ``"_step"``: every step steps every row. The observation ``[t, episode, last_action]``
+    counts resets (``episode``), and so does each sub-env (``resets_called``)."""
+
+    def __init__(self, lengths, truncate=False):
+        n = len(lengths)
+        super().__init__(batch_size=torch.Size([n]))
+        self.envs = [CountingEnv(length=length, truncate=truncate) for length in lengths]
+        self.observation_spec = Composite(observation=Unbounded((n, 3)), shape=(n,))
+        self.action_spec = Categorical(3, shape=(n,))
+        self.reward_spec = Unbounded((n, 1))
+        flag = lambda: Categorical(2, shape=(n, 1), dtype=torch.bool)  # noqa: E731
+        self.done_spec = Composite(done=flag(), terminated=flag(), truncated=flag(), shape=(n,))
+        self.last = np.zeros((n, 3), np.float32)
+
+    def _reset(self, tensordict=None, **kwargs):
+        mask = None if tensordict is None else tensordict.get("_reset", None)
+        rows = range(len(self.envs)) if mask is None else np.flatnonzero(mask.reshape(-1).numpy()).tolist()
+        for i in rows:
+            self.last[i] = self.envs[i].reset()[0]
+        false = torch.zeros(*self.batch_size, 1, dtype=torch.bool)
+        return TensorDict(observation=torch.from_numpy(self.last.copy()), done=false, terminated=false.clone(),
+                          truncated=false.clone(), batch_size=self.batch_size)
+
+    def _step(self, tensordict):
+        out = [env.step(a) for env, a in zip(self.envs, tensordict.get("action").tolist())]
+        self.last = np.stack([o[0] for o in out])
+        term = torch.tensor([[o[2]] for o in out])
+        trunc = torch.tensor([[o[3]] for o in out])
+        return TensorDict(observation=torch.from_numpy(self.last.copy()), reward=torch.tensor([[o[1]] for o in out]),
+                          done=term | trunc, terminated=term, truncated=trunc, batch_size=self.batch_size)
+
+    def _set_seed(self, seed):
+        pass
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+def test_foreign_env_next_step_resets_each_episode_once(truncate):
+    """NEXT_STEP on a batch-locked env without "_step" support against SyncVectorEnv over the same
+    gymnasium envs: identical outputs, and each finished episode is reset exactly once."""
+    lengths = [2, 3, 1, 4]
+    n = len(lengths)
+    ours = to_gymnasium(BatchLockedCounting(lengths, truncate), autoreset_mode="next_step")
+    assert not ours.traits.partial_steps
+    ref = gym.vector.SyncVectorEnv([lambda k=k: CountingEnv(length=k, truncate=truncate) for k in lengths],
+                                   autoreset_mode=AutoresetMode.NEXT_STEP)
+    assert_same(ours.reset()[0], ref.reset()[0], "reset obs")
+    for t, action in enumerate(action_stream(ours.action_space, 40)):
+        out, out_ref = ours.step(action), ref.step(action)
+        for name, a, b in zip(("obs", "rewards", "terminations", "truncations"), out[:4], out_ref[:4]):
+            np.testing.assert_array_equal(a, b, err_msg=f"step {t}: {name}")
+    resets = [env.resets_called for env in ours.env.envs]
+    assert resets == [env.resets_called for env in ref.envs] and min(resets) > 5
+
+
+def test_subclasses_of_package_envs_export_like_the_package_envs():
+    """A user subclass of EnvPool (or WorldModelEnv) is exported exactly like the class it derives from:
+    same traits, same outputs (info shapes included)."""
+
+    class MyPool(EnvPool):
+        pass
+
+    assert MyPool.__module__ != EnvPool.__module__
+    fns = [functools.partial(CountingEnv, length=k) for k in (2, 3, 4)]
+    for mode in MODES:
+        ours, base = to_gymnasium(MyPool(fns, seed=0), autoreset_mode=mode), to_gymnasium(EnvPool(fns, seed=0),
+                                                                                         autoreset_mode=mode)
+        assert ours.traits.partial_steps and ours.traits.package_env and ours.traits.frozen_rows_exact
+        a, b = ours.reset(seed=0), base.reset(seed=0)
+        assert_same(a, b, "reset")
+        assert a[1]["episode_seed"].shape == (3,)
+        for t, action in enumerate(action_stream(ours.action_space, 12)):
+            out, out_ref = ours.step(action), base.step(action)
+            assert_same(out, out_ref, f"{mode} step {t}")
+            done = out[2] | out[3]
+            if mode == "disabled" and done.any():
+                assert_same(ours.reset(options={"reset_mask": done.copy()}),
+                            base.reset(options={"reset_mask": done.copy()}), "masked reset")
+
+    from torchrl_swm import WorldModelEnv
+
+    class MyWM(WorldModelEnv):
+        pass
+
+    def transition(state, action):
+        nxt = state + action
+        return nxt, nxt.sum(-1), nxt[..., 0] > 1.5, torch.zeros_like(nxt[..., 0], dtype=torch.bool), {"x": nxt[..., 1]}
+
+    def world_model(cls):
+        return cls(None, observation_space=gym.spaces.Box(-9, 9, (2,)), action_space=gym.spaces.Box(-1, 1, (2,)),
+                   num_envs=3, initial_state=torch.zeros(2), transition_fn=transition, info_spec={"x": torch.zeros(())})
+
+    ours, base = to_gymnasium(world_model(MyWM)), to_gymnasium(world_model(WorldModelEnv))
+    assert ours.traits == base.traits and ours.traits.partial_steps and ours.traits.package_env
+    assert_same(ours.reset(seed=0), base.reset(seed=0), "reset")
+    for t in range(6):
+        action = np.full((3, 2), 0.5, np.float32)
+        out, out_ref = ours.step(action), base.step(action)
+        assert out[4]["x"].shape == (3,)
+        assert_same(out, out_ref, f"world model step {t}")
+
+
+class _StartEnv(gym.Env):
+    """``Discrete(5, start=10)`` observations, ``Discrete(3, start=-1)`` actions (checked each step)."""
+
+    observation_space = gym.spaces.Discrete(5, start=10)
+    action_space = gym.spaces.Discrete(3, start=-1)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.s = np.int64(10 + self.np_random.integers(5))  # a numpy integer, as Discrete.sample() gives
+        self.t = 0
+        return self.s, {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), action
+        self.s = np.int64(np.clip(self.s + action, 10, 14))
+        self.t += 1
+        return self.s, float(action), self.s == 14, self.t >= 6, {}
+
+
+class _MultiStartEnv(gym.Env):
+    """``MultiDiscrete`` with a ``start``, as observation and action."""
+
+    observation_space = gym.spaces.MultiDiscrete([3, 4], start=[-1, 5])
+    action_space = gym.spaces.MultiDiscrete([2, 3], start=[1, -2])
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self.observation_space.start + self.np_random.integers(0, [3, 4]), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), action
+        self.t += 1
+        obs = self.observation_space.start + (np.abs(action) + self.t) % [3, 4]
+        return obs, float(action.sum()), False, self.t >= 5, {}
+
+
+@pytest.mark.parametrize("env_cls", [_StartEnv, _MultiStartEnv])
+@pytest.mark.parametrize("categorical", [True, False])
+@pytest.mark.parametrize("mode", MODES)
+def test_discrete_start_matches_sync_vector_env(env_cls, categorical, mode):
+    """Discrete/MultiDiscrete spaces with a start: the export shows the env's own spaces, observations in
+    [start, start + n) and takes actions in that range, step by step as gymnasium's SyncVectorEnv."""
+    n = 3
+    pool = EnvPool([env_cls] * n, seed=0, categorical_action_encoding=categorical)
+    ours = to_gymnasium(pool, autoreset_mode=mode)
+    ref = gym.vector.SyncVectorEnv([lambda: PoolSeedSchedule(env_cls(), n) for _ in range(n)],
+                                   autoreset_mode=ours.autoreset_mode)
+    assert ours.single_observation_space == ref.single_observation_space == env_cls.observation_space
+    assert ours.single_action_space == ref.single_action_space == env_cls.action_space
+    assert ours.observation_space == ref.observation_space and ours.action_space == ref.action_space
+    assert _compare_to_sync(ours, ref, 40, seed=4, drop=("episode_seed",)) > 5
+    # actions out of [start, start + n) are refused, in the original range accepted
+    if env_cls is _StartEnv and mode == "same_step":
+        ours.reset(seed=0)
+        with pytest.raises(ValueError, match=r"must lie in Discrete\(3, start=-1\)"):
+            ours.step(np.array([-1, 0, 2]))
+        with pytest.raises(ValueError, match=r"must lie in Discrete\(3, start=-1\)"):
+            ours.step(torch.tensor([-2, 0, 1]))
+        ours.step(torch.tensor([-1, 0, 1]))
+        ours.step(np.array([-1, 0, 1], np.int8))
+    elif env_cls is _MultiStartEnv and mode == "same_step":
+        ours.reset(seed=0)
+        with pytest.raises(ValueError, match=r"must lie in MultiDiscrete"):
+            ours.step(np.array([[1, -2], [2, 0], [0, 0]]))  # [0, 0]: below start [1, -2]
+        with pytest.raises(ValueError, match=r"must lie in MultiDiscrete"):
+            ours.step(np.array([[1, -2], [2, 0], [3, 0]]))  # 3 >= start + nvec = 3
+        ours.step(np.array([[1, -2], [2, 0], [2, 0]], np.int32))
+
+
+def test_discrete_start_through_a_transform_and_numpy_false():
+    """A transform that leaves the leaves alone keeps the pool's spaces; numpy=False gives the same values."""
+    n = 2
+    ours = to_gymnasium(TransformedEnv(EnvPool([_StartEnv] * n, seed=0), StepCounter(4)), numpy=False,
+                        observation_keys="observation", info_keys=[])
+    assert ours.single_observation_space == gym.spaces.Discrete(5, start=10)
+    assert ours.single_action_space == gym.spaces.Discrete(3, start=-1)
+    ref = sync_twin_of(_StartEnv, n, AutoresetMode.NEXT_STEP, max_episode_steps=4)
+    obs, _ = ours.reset(seed=1)
+    obs_ref, _ = ref.reset(seed=1)
+    assert isinstance(obs, torch.Tensor) and obs.tolist() == obs_ref.tolist()
+    for t, action in enumerate(action_stream(ours.action_space, 20)):
+        obs, *_ = ours.step(torch.from_numpy(action))
+        obs_ref, *_ = ref.step(action)
+        assert obs.tolist() == obs_ref.tolist(), t
+
+
+def sync_twin_of(env_cls, n, mode, max_episode_steps=None):
+    def make():
+        env = env_cls()
+        if max_episode_steps is not None:
+            env = gym.wrappers.TimeLimit(env, max_episode_steps)
+        return PoolSeedSchedule(env, n)
+
+    return gym.vector.SyncVectorEnv([make for _ in range(n)], autoreset_mode=mode)
+
+
+@pytest.mark.parametrize("kind", ["pool", "transformed", "foreign"])
+def test_next_step_resets_while_envs_wait_match_sync_vector_env(kind):
+    """NEXT_STEP with masked and full resets at random times, also while some envs wait for their
+    autoreset: envs left out show their final observation, envs reset get exactly one reset,
+    as on SyncVectorEnv (unseeded, seeded, and masked)."""
+    rng = np.random.default_rng(0)
+    n = 5
+    if kind == "foreign":
+        lengths = [2, 3, 1, 4, 2]
+        ours = to_gymnasium(BatchLockedCounting(lengths), autoreset_mode="next_step")
+        ref = gym.vector.SyncVectorEnv([lambda k=k: CountingEnv(length=k) for k in lengths],
+                                       autoreset_mode=AutoresetMode.NEXT_STEP)
+        drop = ()
+    else:
+        env = EnvPool("CartPole-v1", num_envs=n)
+        limit = None
+        if kind == "transformed":
+            limit = 9
+            env = TransformedEnv(env, StepCounter(limit))
+        ours = to_gymnasium(env, autoreset_mode="next_step", observation_keys="observation", info_keys=[])
+        ref = sync_twin("CartPole-v1", n, AutoresetMode.NEXT_STEP, **({"max_episode_steps": limit} if limit else {}))
+        drop = ("episode_seed",)
+    assert_same(ours.reset(seed=0)[0], ref.reset(seed=0)[0], "reset obs")
+    reset_waiting = left_waiting = 0  # resets of an env waiting for its autoreset; resets of others while one waits
+    for t, action in enumerate(action_stream(ours.action_space, 300)):
+        out, out_ref = ours.step(action), ref.step(action)
+        for name, a, b in zip(("obs", "rewards", "terminations", "truncations"), out[:4], out_ref[:4]):
+            np.testing.assert_array_equal(a, b, err_msg=f"step {t}: {name}")
+        done = out[2] | out[3]
+        if rng.random() < (0.6 if done.any() else 0.1):
+            mask = rng.random(n) < 0.5
+            if not mask.any():
+                mask[rng.integers(n)] = True
+            reset_waiting += int((done & mask).any())
+            left_waiting += int((done & ~mask).any())
+            seed = int(rng.integers(100)) if rng.random() < 0.3 else None
+            options = None if rng.random() < 0.2 else {"reset_mask": mask}
+            res, res_ref = ours.reset(seed=seed, options=options), ref.reset(seed=seed, options=options)
+            assert_same(res[0], res_ref[0], f"step {t}: reset obs (mask {options}, seed {seed})")
+            if kind != "foreign":  # BatchLockedCounting reports no infos
+                assert_same(without(res[1], *drop), res_ref[1], f"step {t}: reset infos")
+    assert reset_waiting > 5 and left_waiting > 5
+    if kind == "foreign":
+        assert [e.resets_called for e in ours.env.envs] == [e.resets_called for e in ref.envs]
 
 
 def test_vector_env_is_a_gymnasium_vector_env():
@@ -506,3 +775,115 @@ def test_torchrl_serial_env(mode):
             counts.append(obs[0, 0])
     expected = {"next_step": [1, 2, 3, 0, 1, 2], "same_step": [1, 2, 0, 1, 2, 0], "disabled": [1, 2, 3, 0, 1, 2, 3, 0]}
     assert counts == expected[mode]  # NEXT_STEP: 0 on the reset step, then 1: the frozen worker was not stepped
+
+
+@pytest.mark.parametrize("seed_every_episode", [True, False])
+def test_seed_lists_with_none_match_sync_vector_env(seed_every_episode):
+    """reset(seed=[1, None, 3]): None leaves that env unseeded (it continues its schedule or stream), as
+    SyncVectorEnv's list[int | None]; on the first reset, after steps, and with a reset mask."""
+    n = 3
+    ours = to_gymnasium(EnvPool("CartPole-v1", num_envs=n, seed_every_episode=seed_every_episode), info_keys=[])
+    if seed_every_episode:
+        ref = sync_twin("CartPole-v1", n, AutoresetMode.NEXT_STEP)
+    else:  # gymnasium's own convention: plain SyncVectorEnv
+        ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n)])
+    assert_same(ours.reset(seed=[5, 6, 7]), ref.reset(seed=[5, 6, 7]), "first reset")
+    fresh = to_gymnasium(EnvPool("CartPole-v1", num_envs=n, seed_every_episode=seed_every_episode), info_keys=[])
+    obs, _ = fresh.reset(seed=[1, None, 3])  # the first reset, mixed: seeded rows are seeded
+    assert obs.shape == (n, 4) and np.array_equal(obs[[0, 2]], ours.reset(seed=[1, 2, 3])[0][[0, 2]])
+    ours.reset(seed=0)
+    ref.reset(seed=0)
+    for t, action in enumerate(action_stream(ours.action_space, 60)):
+        out, out_ref = ours.step(action), ref.step(action)
+        np.testing.assert_array_equal(out[1], out_ref[1])  # SyncVectorEnv widens rewards to float64
+        assert_same((out[0], *out[2:4]), (out_ref[0], *out_ref[2:4]), f"step {t}")
+        if t % 10 == 9:
+            seeds = [[1, None, 3], [None, None, None], [None, 7, None], np.array([4, 5, 6])][(t // 10) % 4]
+            options = {"reset_mask": np.array([True, True, False])} if t % 20 == 9 else None
+            assert_same(ours.reset(seed=seeds, options=dict(options) if options else None),
+                        ref.reset(seed=[None if x is None else int(x) for x in seeds],
+                                  options=dict(options) if options else None), f"reset {seeds}")
+    with pytest.raises(TypeError, match="integers or None"):
+        ours.reset(seed=[1, 2.5, None])
+    # other envs are seeded as a whole: all-None lists are fine, mixed ones are refused
+    wm = to_gymnasium(MLPWorldModelEnv(make_model(), 3))
+    wm.reset(seed=[None, None, None])
+    with pytest.raises(ValueError, match="per-env seeds need an EnvPool"):
+        wm.reset(seed=[1, None, 3])
+
+
+def test_transform_leaving_one_leaf_of_a_dict_pool_gives_a_box():
+    """CatTensors over a Dict-observation pool leaves one leaf: a Box, with the values gymnasium's
+    FlattenObservation gives on SyncVectorEnv."""
+    from torchrl.envs import CatTensors
+
+    class TwoBoxes(gym.Env):
+        observation_space = gym.spaces.Dict({"a": gym.spaces.Box(-1, 1, (2,), np.float32),
+                                             "b": gym.spaces.Box(-1, 1, (3,), np.float32)})
+        action_space = gym.spaces.Discrete(2)
+
+        def _obs(self):
+            return {"a": self.np_random.uniform(-1, 1, 2).astype(np.float32),
+                    "b": self.np_random.uniform(-1, 1, 3).astype(np.float32)}
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return self._obs(), {}
+
+        def step(self, action):
+            return self._obs(), 0.0, False, False, {}
+
+    n = 2
+    ours = to_gymnasium(TransformedEnv(EnvPool([TwoBoxes] * n), CatTensors(["a", "b"], "observation")))
+    assert isinstance(ours.single_observation_space, gym.spaces.Box) and ours.single_observation_space.shape == (5,)
+    ref = gym.vector.SyncVectorEnv([lambda: PoolSeedSchedule(gym.wrappers.FlattenObservation(TwoBoxes()), n)
+                                    for _ in range(n)])
+    obs, _ = ours.reset(seed=0)
+    np.testing.assert_array_equal(obs, ref.reset(seed=0)[0])
+    for _ in range(3):
+        np.testing.assert_array_equal(ours.step(np.zeros(n, np.int64))[0], ref.step(np.zeros(n, np.int64))[0])
+    # a pool's own Dict stays a Dict while its entries are the observation (as SyncVectorEnv shows it)
+    kept = to_gymnasium(TransformedEnv(EnvPool([TwoBoxes] * n), StepCounter(5)), info_keys=["step_count"])
+    assert kept.single_observation_space == TwoBoxes.observation_space
+
+
+def test_info_keys_leave_the_default_observation():
+    """A leaf chosen as an info is not also in the default observation (which is every leaf but the infos)."""
+    n = 3
+    env = TransformedEnv(EnvPool("CartPole-v1", num_envs=n), StepCounter(5))
+    ours = to_gymnasium(env, info_keys=["step_count"])
+    assert ours.single_observation_space == gym.make("CartPole-v1").observation_space  # a Box, not a Dict
+    ref = sync_twin("CartPole-v1", n, AutoresetMode.NEXT_STEP, max_episode_steps=5)
+    obs, infos = ours.reset(seed=0)
+    assert_same(obs, ref.reset(seed=0)[0], "reset obs")
+    assert infos["step_count"].tolist() == [0] * n and infos["_step_count"].all()
+    for t in range(4):
+        obs, *_, infos = ours.step(np.ones(n, np.int64))
+        assert_same(obs, ref.step(np.ones(n, np.int64))[0], f"step {t}")
+        assert infos["step_count"].tolist() == [t + 1] * n
+    # naming the leaf in observation_keys too is explicit: both
+    both = to_gymnasium(TransformedEnv(EnvPool("CartPole-v1", num_envs=n), StepCounter(5)),
+                        observation_keys=["observation", "step_count"], info_keys=["step_count"])
+    assert set(both.single_observation_space) == {"observation", "step_count"}
+
+
+def test_info_keys_tuple_is_one_nested_key():
+    """info_keys=("info", "t") names one nested key, as observation_keys does; a list names several."""
+    pool = lambda: EnvPool([functools.partial(CountingEnv, length=2)] * 2, seed=0)  # noqa: E731
+    nested = to_gymnasium(pool(), info_keys=("info", "t")).reset(seed=0)[1]
+    listed = to_gymnasium(pool(), info_keys=[("info", "t")]).reset(seed=0)[1]
+    assert set(nested) == set(listed) == {"t", "_t"}
+    assert_same(nested, listed, "infos")
+    several = to_gymnasium(pool(), info_keys=[("info", "t"), "episode_seed"]).reset(seed=0)[1]
+    assert set(several) == {"t", "_t", "episode_seed", "_episode_seed"}
+    assert set(to_gymnasium(pool(), info_keys=("info",)).reset(seed=0)[1]) == {"t", "_t", "length", "_length"}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an accelerator")
+def test_accelerator_actions_for_a_cpu_env_are_range_checked():
+    envs = to_gymnasium(EnvPool([_StartEnv] * 3, seed=0), numpy=False)
+    envs.reset(seed=0)
+    with pytest.raises(ValueError, match=r"must lie in Discrete\(3, start=-1\)"):
+        envs.step(torch.tensor([-1, 0, 2], device="cuda"))
+    obs, *_ = envs.step(torch.tensor([-1, 0, 1], device="cuda"))
+    assert obs.min() >= 10

@@ -39,12 +39,21 @@ def to_gymnasium(env: EnvBase, *, autoreset_mode="next_step", numpy: bool = True
         numpy: numpy outputs (default), or torch tensors on the env's device
             (``False``; then actions may be torch tensors too and no data leaves
             the device except the done flags).
-        observation_keys: ``None`` (every observation leaf except ``"info"`` and
-            ``"episode_seed"``: a ``Box`` when there is one, else a ``Dict``),
-            one key (a string or a tuple for a nested key: that leaf's space), or
-            a list of keys (a ``Dict``).
-        info_keys: ``None`` (the leaves under ``"info"`` and ``"episode_seed"``) or
-            a list of keys, ``[]`` for none.
+        observation_keys: ``None`` (every observation leaf except the infos: a
+            ``Box`` when there is one, else a ``Dict``; an ``EnvPool`` with a
+            ``Dict`` observation space keeps its ``Dict`` while that leaf is one of
+            its entries, as gymnasium's ``SyncVectorEnv`` does), one key (a string
+            or a tuple for a nested key: that leaf's space), or a list of keys (a
+            ``Dict``).
+        info_keys: ``None`` (the leaves under ``"info"`` and ``"episode_seed"``),
+            one key (a string or a tuple for a nested key), or a list of keys,
+            ``[]`` for none. Leaves chosen here leave the default observation.
+
+    Spaces are what gymnasium's own ``SyncVectorEnv`` over the same envs shows:
+    a leaf or action of an ``EnvPool`` at the base whose spec no transform
+    changed keeps the pool's gymnasium space (``Discrete(n, start)``, with its
+    values ``start..start+n-1``); other leaves get the space of their TorchRL
+    spec (categorical specs hold indices from 0).
 
     Returns:
         a :class:`TorchRLVectorEnv` (batched env) or a :class:`TorchRLGymEnv`.

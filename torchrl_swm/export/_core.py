@@ -5,24 +5,31 @@ hand to a client passes through :class:`Layout` and :func:`to_host`:
 
 * :class:`Layout` reads the env's specs once and decides which leaves are the
   observation (a ``Box`` for a single key, a ``Dict`` otherwise), which are
-  infos, and how actions are encoded. Spaces come from :func:`torchrl_swm.specs.spec_to_space`.
-* :meth:`Layout.encode_action` validates a numpy (or torch) action and returns
-  a tensor on the env's device in the spec's encoding (indices become one-hot
-  vectors for ``OneHot`` specs). Wrong shapes raise; nothing is reshaped.
-* :meth:`Layout.decode` turns a leaf into the space's layout and dtype on the
-  env's device (one-hot back to indices, casts), before any transfer.
+  infos, and how actions are encoded. A leaf (or the action) that an
+  :class:`~torchrl_swm.pool.EnvPool` at the base produces, with its spec left
+  alone by any transform above, gets the pool's own gymnasium space, exactly
+  what gymnasium's ``SyncVectorEnv`` over the same envs shows (``Discrete(n,
+  start)`` included). Other spaces come from :func:`torchrl_swm.specs.spec_to_space`.
+* :meth:`Layout.encode_action` validates a numpy (or torch) action against that
+  space (a discrete one in ``[start, start + n)``) and returns a tensor on the
+  env's device in the spec's encoding (indices from 0, one-hot vectors for
+  ``OneHot`` specs). Wrong shapes raise; nothing is reshaped.
+* :meth:`Leaf.decode` turns a leaf into the space's layout and dtype on the
+  env's device (one-hot back to indices, casts, ``+ start``), before any transfer.
 * :func:`to_host` copies a list of device tensors to fresh numpy arrays: on an
   accelerator, one packed device-to-host transfer; on the CPU, one copy per
   leaf (so nothing handed out aliases a tensor TorchRL keeps using).
 
 Env traits (:func:`traits`) say what the wrapped env supports: per-env seeds
 and options and ``call``/``get_attr``/``set_attr`` (an :class:`~torchrl_swm.pool.EnvPool`
-at the base), and TorchRL's ``"_step"`` partial-step mask (envs of this package,
-``SerialEnv``/``ParallelEnv`` of unbatched envs, and batch-unlocked envs).
+at the base), and TorchRL's ``"_step"`` partial-step mask (envs of this package
+and their subclasses, ``SerialEnv``/``ParallelEnv`` of unbatched envs, and
+batch-unlocked envs).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,7 +37,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torchrl.data import Composite, MultiOneHot, OneHot, TensorSpec
+from torchrl.data import Binary, Composite, MultiOneHot, OneHot, TensorSpec
 from torchrl.envs import EnvBase, TransformedEnv
 from torchrl.envs.batched_envs import BatchedEnvBase
 
@@ -91,12 +98,26 @@ class Traits:
     package_env: bool  # an env of this package: info leaves follow its (N, 1, *v) convention
 
 
+def is_package_env(env: EnvBase) -> bool:
+    """Whether ``env``'s class is, or derives from, an env class of this package.
+
+    A subclass in user code (``class MyPool(EnvPool)``) keeps the contract of
+    the class it derives from, so it is a package env too: what counts is the
+    class hierarchy (an ``isinstance`` test against every env class of the
+    package), never the module the final class happens to live in.
+    """
+    return any(
+        cls.__module__.startswith("torchrl_swm.") and issubclass(cls, EnvBase) and cls is not EnvBase
+        for cls in type(env).__mro__
+    )
+
+
 def traits(env: EnvBase) -> Traits:
     from ..pool import EnvPool
 
     base = base_env(env)
     is_pool = isinstance(base, EnvPool)
-    package = type(base).__module__.startswith("torchrl_swm.")
+    package = is_pool or is_package_env(base)
     # SerialEnv/ParallelEnv honour "_step" when it selects whole workers: one row per worker
     workers = isinstance(base, BatchedEnvBase) and len(base.batch_size) == 1
     partial = is_pool or package or workers or not base.batch_locked
@@ -122,15 +143,19 @@ class Leaf:
     worked out here, once.
     """
 
-    __slots__ = ("key", "path", "spec", "space", "np_dtype", "squeeze", "get_key", "torch_dtype", "_kind", "_split")
+    __slots__ = ("key", "path", "spec", "space", "np_dtype", "squeeze", "get_key", "torch_dtype", "_kind", "_split",
+                 "_start")
 
-    def __init__(self, key: Key, path: Key, spec: TensorSpec, space, np_dtype, squeeze: bool = False):
+    def __init__(self, key: Key, path: Key, spec: TensorSpec, space, np_dtype, squeeze: bool = False,
+                 device: torch.device | None = None):
         self.key, self.path, self.spec, self.space = key, path, spec, space
         self.np_dtype = np.dtype(np_dtype)
         self.squeeze = squeeze
         self.get_key = key[0] if len(key) == 1 else key  # tensordict's string path is the fast one
         self.torch_dtype = torch_dtype(self.np_dtype)
         self._split = None
+        # Discrete(n, start) / MultiDiscrete(nvec, start): the env stores indices from 0
+        self._start = _space_start(space, device)
         if isinstance(spec, MultiOneHot):
             self._kind, self._split = "multi_one_hot", [int(n) for n in spec.nvec]
         elif isinstance(spec, OneHot):
@@ -139,6 +164,8 @@ class Leaf:
             self._kind = "squeeze"
         elif spec.dtype != self.torch_dtype:
             self._kind = "cast"
+        elif self._start is not None:
+            self._kind = "start"
         else:
             self._kind = None
 
@@ -147,6 +174,8 @@ class Leaf:
         kind = self._kind
         if kind is None:
             return value
+        if kind == "start":
+            return value + self._start
         if kind == "multi_one_hot":
             value = torch.stack([p.argmax(-1) for p in value.split(self._split, dim=-1)], -1)
         elif kind == "one_hot":
@@ -155,7 +184,39 @@ class Leaf:
             value = value.squeeze(-len(self.spec.shape) - 1)
         if value.dtype != self.torch_dtype:
             value = value.to(self.torch_dtype)
+        if self._start is not None:
+            value = value + self._start
         return value
+
+
+def _space_start(space, device) -> int | torch.Tensor | None:
+    """The ``start`` of a ``Discrete``/``MultiDiscrete`` space (``None`` when it is 0): an int, or a
+    tensor on ``device`` for ``MultiDiscrete``."""
+    if isinstance(space, gym.spaces.Discrete):
+        start = int(space.start)
+        return start or None
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        start = np.asarray(space.start, dtype=np.int64)
+        return torch.as_tensor(start, device=device) if start.any() else None
+    return None
+
+
+def _unbatch(spec: TensorSpec, ndim: int, what: str) -> TensorSpec:
+    """:func:`unbatch_spec` with the failures of odd specs turned into a :class:`SpecError`."""
+    try:
+        return unbatch_spec(spec, ndim)
+    except (IndexError, RuntimeError, ValueError) as err:
+        shape = tuple(spec.shape)
+        if isinstance(spec, Binary) and len(shape) <= ndim:
+            raise SpecError(
+                f"{what}: a Binary spec of shape {shape} has no per-env dims after the batch dims {shape[:ndim]}, "
+                "so it has no MultiBinary counterpart (a Binary spec's last dim is its event dim); give it "
+                f"shape {(*shape[:ndim], 1)}"
+            ) from err
+        raise SpecError(
+            f"{what}: cannot drop the batch dims {shape[:ndim]} from {type(spec).__name__} of shape {shape}: "
+            f"{type(err).__name__}: {err}"
+        ) from err
 
 
 def _info_leaf(key: Key, spec: TensorSpec, squeeze: bool, name: str) -> Leaf:
@@ -211,12 +272,22 @@ class Layout:
 
     Args:
         env: the TorchRL env, with ``batch_size`` ``[]`` or ``[N]``.
-        observation_keys: ``None`` (default: every observation leaf except infos),
-            one key (the observation is that leaf, a ``Box`` or other leaf space),
-            or a sequence of keys (the observation is a ``Dict``).
+        observation_keys: ``None`` (default: every observation leaf that is not
+            an info leaf; one leaf gives that leaf's space, a ``Box`` for most
+            envs, several a ``Dict``; an ``EnvPool`` with a ``Dict`` observation
+            space keeps its ``Dict`` while the leaf is still one of its entries),
+            one key (a string, or a tuple for one nested key: the observation is
+            that leaf's space), or a list of keys (the observation is a ``Dict``).
         info_keys: ``None`` (default: the leaves under ``"info"`` plus
-            ``"episode_seed"``), or a sequence of keys (``[]`` for none).
+            ``"episode_seed"``), one key (a string or a tuple, as for
+            ``observation_keys``), or a list of keys (``[]`` for none).
         name: used in error messages.
+
+    Spaces: a leaf, or the action, that an ``EnvPool`` at the base produces and
+    whose spec no transform changed gets the pool's own gymnasium space (its
+    ``Discrete``/``MultiDiscrete`` ``start`` included: observations are decoded
+    to ``start + index`` and actions encoded as ``action - start``); any other
+    leaf gets :func:`~torchrl_swm.specs.spec_to_space` of its spec.
 
     Raises:
         SpecError: batch dims beyond one, several action or reward keys, nested
@@ -233,6 +304,7 @@ class Layout:
             )
         self.device = env.device if env.device is not None else torch.device("cpu")
         ndim = len(self.batch_size)
+        self._pool = traits(env).pool
         self._action(env, ndim)
         self._reward_and_done(env, ndim)
         self._observations(env, ndim, observation_keys, info_keys)
@@ -243,12 +315,15 @@ class Layout:
         if len(keys) != 1:
             raise SpecError(f"{self.name}: the env has {len(keys)} action keys {keys}; the export supports exactly one")
         self.action_key = keys[0]
-        spec = unbatch_spec(env.full_action_spec[self.action_key], ndim)
+        batched = env.full_action_spec[self.action_key]
+        spec = _unbatch(batched, ndim, f"{self.name}: action_spec")
         self.action_spec = spec
-        self.single_action_space = spec_to_space(spec, name=f"{self.name}: action_spec")
-        self.action_shape = tuple(self.single_action_space.shape)
+        space = self._pool_space(self.action_key, batched, "action")
+        if space is None:
+            space = spec_to_space(spec, name=f"{self.name}: action_spec")
+        self.single_action_space = space
+        self.action_shape = tuple(space.shape)
         self.action_torch_dtype = spec.dtype
-        space = self.single_action_space
         self._action_int = isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary))
         self._action_high = None
         if isinstance(space, gym.spaces.Discrete):
@@ -257,6 +332,42 @@ class Layout:
             self._action_high = np.asarray(space.nvec)
         elif isinstance(space, gym.spaces.MultiBinary):
             self._action_high = 2
+        # the space's start (Discrete/MultiDiscrete): a host value for numpy actions, and on the
+        # env's device for torch actions that are not checked on the host
+        self._action_start = _space_start(space, None)
+        if isinstance(self._action_start, torch.Tensor):
+            self._action_start_np = self._action_start.numpy()
+            self._action_start_dev = self._action_start.to(self.device)
+        else:
+            self._action_start_np = self._action_start_dev = self._action_start
+
+    # -- the pool's own spaces ------------------------------------------------------
+    def _pool_space(self, key, batched_spec: TensorSpec, what: str) -> gym.Space | None:
+        """The ``EnvPool``'s own gymnasium space for an action or observation leaf ``key``, when the
+        exported env's spec of that leaf is still the pool's (no transform changed it); else ``None``."""
+        pool = self._pool
+        if pool is None:
+            return None
+        key = _key(key)
+        if what == "action":
+            if key != _key(pool.action_key) or batched_spec != pool.full_action_spec[pool.action_key]:
+                return None
+            return copy.deepcopy(pool.single_action_space)
+        spaces = self._pool_observation_spaces()
+        if key not in spaces or key not in pool.observation_spec.keys(True, True):
+            return None
+        if batched_spec != pool.observation_spec[key]:
+            return None
+        return copy.deepcopy(spaces[key])
+
+    def _pool_observation_spaces(self) -> dict[Key, gym.Space]:
+        spaces = getattr(self, "_pool_obs_spaces", None)
+        if spaces is None:
+            from ..pool.rows import observation_leaves  # the pool's own key for each leaf of its space
+
+            spaces = {_key(k): v for k, v in observation_leaves(self._pool.single_observation_space).items()}
+            self._pool_obs_spaces = spaces
+        return spaces
 
     # -- reward and done --------------------------------------------------------
     def _reward_and_done(self, env, ndim):
@@ -266,7 +377,7 @@ class Layout:
                 f"{self.name}: the env has {len(rewards)} reward keys {rewards}; the export supports exactly one"
             )
         self.reward_key = rewards[0]
-        rspec = unbatch_spec(env.full_reward_spec[self.reward_key], ndim)
+        rspec = _unbatch(env.full_reward_spec[self.reward_key], ndim, f"{self.name}: reward_spec")
         if rspec.shape.numel() != 1:
             raise SpecError(
                 f"{self.name}: reward spec has per-env shape {tuple(rspec.shape)}; gymnasium rewards are scalars "
@@ -292,9 +403,14 @@ class Layout:
         if info_keys is None:
             info = auto_info
         else:
-            info = self._select(spec, leaves, [info_keys] if isinstance(info_keys, str) else info_keys, "info_keys")
+            # one key (a string, or a tuple naming one nested key), or a list of keys: as observation_keys
+            wanted = [info_keys] if isinstance(info_keys, (str, tuple)) else list(info_keys)
+            info = self._select(spec, leaves, wanted, "info_keys")
             info = [k for k in info if k[0] != "info_mask"]
-        self.info_leaves = [_info_leaf(k, unbatch_spec(spec[k], ndim), package, self.name) for k in info]
+        self.info_leaves = [
+            _info_leaf(k, _unbatch(spec[k], ndim, f"{self.name}: observation_spec[{k}]"), package, self.name)
+            for k in info
+        ]
         # presence masks: ("info_mask", *path) says where ("info", *path) was reported
         masks = {k[1:]: k for k in leaves if k[0] == "info_mask"}
         self.info_mask_leaves: list[Leaf] = []
@@ -305,14 +421,28 @@ class Layout:
                 self.info_mask_index.append(None)
                 continue
             self.info_mask_index.append(len(self.info_mask_leaves))
-            self.info_mask_leaves.append(_info_leaf(mask_key, unbatch_spec(spec[mask_key], ndim), package, self.name))
+            mask_spec = _unbatch(spec[mask_key], ndim, f"{self.name}: observation_spec[{mask_key}]")
+            self.info_mask_leaves.append(_info_leaf(mask_key, mask_spec, package, self.name))
 
         # single_leaf: the observation is one leaf's space (a Box for most envs), not a Dict
         self.single_leaf = False
+        spaces = {}  # the pool's own spaces of the leaves it produces, as gymnasium's SyncVectorEnv shows them
+        for key in leaves:
+            space = self._pool_space(key, spec[key], "observation")
+            if space is not None:
+                spaces[key] = space
         if observation_keys is None:
-            obs = [k for k in leaves if k[0] not in _INFO_ROOT_KEYS]
-            pool = traits(env).pool
-            dict_space = pool is not None and isinstance(pool.single_observation_space, gym.spaces.Dict)
+            # every observation leaf but the infos (those chosen with info_keys too)
+            chosen = set(info)
+            obs = [k for k in leaves if k[0] not in _INFO_ROOT_KEYS and k not in chosen]
+            # an EnvPool's Dict observation stays a Dict, as on SyncVectorEnv, while its leaf is one of the
+            # pool's Dict entries; a leaf a transform made (CatTensors...) is a Box
+            dict_space = (
+                self._pool is not None
+                and isinstance(self._pool.single_observation_space, gym.spaces.Dict)
+                and len(obs) == 1
+                and obs[0] in spaces
+            )
             self.single_leaf = len(obs) == 1 and not dict_space
         elif isinstance(observation_keys, (str, tuple)):
             obs = self._select(spec, leaves, [observation_keys], "observation_keys")
@@ -328,9 +458,11 @@ class Layout:
             raise SpecError(f"{self.name}: the env has no observation leaf to export (observation_spec keys: {leaves})")
         self.obs_leaves = []
         for key in obs:
-            leaf_spec = unbatch_spec(spec[key], ndim)
-            space = spec_to_space(leaf_spec, name=f"{self.name}: observation_spec[{key}]")
-            self.obs_leaves.append(Leaf(key, key, leaf_spec, space, np.dtype(space.dtype)))
+            leaf_spec = _unbatch(spec[key], ndim, f"{self.name}: observation_spec[{key}]")
+            space = spaces.get(key)
+            if space is None:
+                space = spec_to_space(leaf_spec, name=f"{self.name}: observation_spec[{key}]")
+            self.obs_leaves.append(Leaf(key, key, leaf_spec, space, np.dtype(space.dtype), device=self.device))
         if self.single_leaf:
             self.single_observation_space = self.obs_leaves[0].space
         else:
@@ -394,7 +526,17 @@ class Layout:
     def encode_action(self, action, batch: tuple[int, ...]) -> torch.Tensor:
         """Validate ``action`` (numpy-like or torch) of shape ``(*batch, *single_action_shape)``.
 
-        Returns a tensor on the env's device in the action spec's encoding.
+        Returns a tensor on the env's device in the action spec's encoding
+        (``action - start`` for a ``Discrete``/``MultiDiscrete`` space with a ``start``).
+
+        The discrete range check (``[start, start + n)``) runs on the host: numpy
+        actions and CPU tensors are checked where they are; a torch action on an
+        accelerator for an env on the CPU is first moved to the CPU (the transfer
+        the step makes anyway, done here with a blocking copy so the host reads
+        finished data) and checked there. A torch action already on an env's
+        accelerator is not range-checked here: reading a flag back would add a
+        device-to-host synchronisation to every step, on top of the one the
+        outputs make; the env validates it (an ``EnvPool`` does, on its host copy).
 
         Raises:
             ValueError: a wrong shape, or a discrete action out of range.
@@ -430,13 +572,25 @@ class Layout:
             if not array.flags.c_contiguous or not array.dtype.isnative:
                 array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
             tensor = torch.from_numpy(array)
-        if self._action_high is not None and host and tensor.numel():
-            values = array if array is not None else tensor.numpy()
-            if _out_of_range(values, self._action_high):
-                raise ValueError(
-                    f"action: every value must lie in {self.single_action_space}, got {describe(action)} "
-                    f"with min {values.min()} and max {values.max()}"
-                )
+        elif not host and self._action_high is not None and self.device.type == "cpu":
+            # an accelerator action for a CPU env: make the step's one transfer now, blocking (a
+            # non-blocking device-to-host copy may not have landed when the host reads it), and check it
+            tensor = tensor.to("cpu")
+            host = True
+        if self._action_high is not None and tensor.numel():
+            start = self._action_start_np
+            if host:
+                values = array if array is not None else tensor.numpy()
+                index = values if start is None else values.astype(np.int64) - start
+                if _out_of_range(index, self._action_high):
+                    raise ValueError(
+                        f"action: every value must lie in {self.single_action_space}, got {describe(action)} "
+                        f"with min {values.min()} and max {values.max()}"
+                    )
+                if start is not None:
+                    tensor = torch.from_numpy(index)
+            elif start is not None:
+                tensor = tensor.to(self.device, torch.int64, non_blocking=True) - self._action_start_dev
         spec = self.action_spec
         if isinstance(spec, MultiOneHot):
             tensor = tensor.to(self.device, torch.int64, non_blocking=True)
@@ -448,7 +602,7 @@ class Layout:
 
 
 def _out_of_range(values: np.ndarray, high) -> bool:
-    """Whether some integer in ``values`` is negative or ``>= high`` (an int, or per-position bounds)."""
+    """Whether some integer index in ``values`` is negative or ``>= high`` (an int, or per-position bounds)."""
     if isinstance(high, int) and values.dtype.kind == "i":
         # read as unsigned, negatives become huge: one reduction checks both ends
         return bool(values.view(f"u{values.dtype.itemsize}").max() >= high)

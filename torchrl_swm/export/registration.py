@@ -11,6 +11,16 @@
   ``max_episode_steps`` becomes TorchRL's ``StepCounter`` truncation there,
   since gymnasium's ``TimeLimit`` wraps single envs only.
 
+Seeding follows gymnasium's convention in both: ``reset(seed=s)`` seeds once and
+later episodes continue the env's random stream. A batched factory that takes a
+``seed_every_episode`` parameter (``EnvPool`` itself, a ``functools.partial`` of
+it, or a function naming the parameter) gets ``seed_every_episode=False`` unless
+the registration's or ``make``'s keyword arguments set it. Without that, an
+``EnvPool`` of one env (``gymnasium.make``) would reseed its ``k``-th episode with
+``s + k``, and ``make_vec(..., vectorization_mode="sync")`` over such envs would
+replay the episodes of one env in the next one. A factory that builds an
+``EnvPool`` reseeding every episode without taking the parameter gets a warning.
+
 Both entry points are picklable objects (``make_vec(..., vectorization_mode="async")``
 sends them to worker processes) when the factory is.
 """
@@ -19,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from collections.abc import Callable
 
 import gymnasium as gym
@@ -40,6 +51,46 @@ def _takes_num_envs(factory) -> bool:
     return "num_envs" in params
 
 
+def _parameter(factory, name: str) -> str:
+    """How ``factory`` takes keyword ``name``: ``"bound"`` (a ``functools.partial`` sets it),
+    ``"named"`` (a parameter of that name) or ``"absent"`` (``**kwargs`` does not count)."""
+    while isinstance(factory, functools.partial):
+        if name in factory.keywords:
+            return "bound"
+        factory = factory.func
+    target = factory.__init__ if isinstance(factory, type) else factory
+    try:
+        param = inspect.signature(target).parameters.get(name)
+    except (TypeError, ValueError):
+        return "absent"
+    if param is not None and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY):
+        return "named"
+    return "absent"
+
+
+def _build_batched(factory, num_envs: int, kwargs: dict):
+    """``factory(num_envs=..., **kwargs)`` with gymnasium's seeding convention (see the module docstring)."""
+    how = _parameter(factory, "seed_every_episode")
+    explicit = "seed_every_episode" in kwargs or how == "bound"
+    if not explicit and how == "named":
+        kwargs = {**kwargs, "seed_every_episode": False}
+    env = factory(num_envs=num_envs, **kwargs)
+    if not explicit and how != "named":
+        from ._core import traits
+
+        pool = traits(env).pool
+        if pool is not None and getattr(getattr(pool, "_seeds", None), "every_episode", False):
+            warnings.warn(
+                f"register_gymnasium_env: the factory {factory!r} built an EnvPool that reseeds every episode "
+                "(seed_every_episode=True) and takes no seed_every_episode parameter, so gymnasium.make/make_vec "
+                "cannot give it gymnasium's seeding (seed once, then continue the stream): with "
+                "vectorization_mode='sync'/'async' one env's episodes repeat in the next. Give the factory a "
+                "seed_every_episode parameter, or pass seed_every_episode=False to EnvPool yourself.",
+                stacklevel=3,
+            )
+    return env
+
+
 class _SingleEntryPoint:
     def __init__(self, factory, batched, export_kwargs):
         self.factory, self.batched, self.export_kwargs = factory, batched, export_kwargs
@@ -49,7 +100,7 @@ class _SingleEntryPoint:
 
         kwargs.pop("num_envs", None)
         if self.batched:
-            env = self.factory(num_envs=1, **kwargs)
+            env = _build_batched(self.factory, 1, kwargs)
             return TorchRLGymEnv(env, squeeze_batch=True, **_single_kwargs(self.export_kwargs))
         env = self.factory(**kwargs)
         return TorchRLGymEnv(env, **_single_kwargs(self.export_kwargs))
@@ -63,7 +114,7 @@ class _VectorEntryPoint:
         from ._core import Layout
         from .vector_env import TorchRLVectorEnv
 
-        env = self.factory(num_envs=num_envs, **kwargs)
+        env = _build_batched(self.factory, num_envs, kwargs)
         export_kwargs = dict(self.export_kwargs)
         if max_episode_steps is not None:
             from torchrl.envs import StepCounter, TransformedEnv
@@ -103,7 +154,9 @@ def register_gymnasium_env(
         env_factory: a callable returning a TorchRL env. Unbatched factories
             return ``batch_size == []``; batched ones take ``num_envs`` and return
             ``batch_size == [num_envs]``. Extra ``gymnasium.make`` keyword
-            arguments (and ``kwargs``) are passed to it.
+            arguments (and ``kwargs``) are passed to it. A batched factory with a
+            ``seed_every_episode`` parameter gets ``seed_every_episode=False``
+            (gymnasium's seeding) unless those arguments set it.
 
     Keyword Args:
         batched: whether the factory is batched; by default, whether it has a

@@ -9,7 +9,8 @@ in SAME_STEP mode and reshapes its outputs:
   ``"TimeLimit.truncated"`` (truncated and not terminated); a finished env's dict
   holds its final step's info and ``"terminal_observation"``, and its reset info
   goes to ``reset_infos[i]``, exactly as SB3's ``DummyVecEnv`` does.
-* ``seed(s)`` and ``set_options(...)`` apply at the next ``reset()``.
+* ``seed(s)`` and ``set_options(...)`` apply at the next ``reset()``; per-env seeds
+  may be ``None`` (that env is not reseeded), as on ``DummyVecEnv``.
 * ``env_method``, ``get_attr``, ``set_attr`` and ``env_is_wrapped`` reach the
   sub-envs of an :class:`~torchrl_swm.pool.EnvPool` (``get_attr`` looks through
   gymnasium wrappers like ``DummyVecEnv``); other envs have no sub-envs and raise
@@ -88,9 +89,8 @@ def _sb3_class():
         # -- stepping ------------------------------------------------------------------
         def reset(self):
             seeds = self._seeds
-            seed = None if all(s is None for s in seeds) else seeds
-            if seed is not None and any(s is None for s in seeds):
-                raise ValueError(f"seed: either every env gets a seed or none does, got {seeds}")
+            # per env an int or None (that env is not reseeded), as DummyVecEnv passes them
+            seed = None if all(s is None for s in seeds) else list(seeds)
             options = self._options
             if all(not o for o in options):
                 options = None

@@ -4,10 +4,13 @@
   options through ``env.reset(seed=..., options=...)`` (also through
   ``TransformedEnv``, which forwards reset keyword arguments): an int ``s``
   gives env ``i`` the seed ``s + i``, exactly as gymnasium's vector envs do.
+  A list may hold ``None`` for an env that is not reseeded (gymnasium's
+  ``list[int | None]``): the vector env then resets the seeded and the
+  unseeded envs in two masked resets (:func:`seed_groups`).
 * Any other TorchRL env is seeded with ``env.set_seed(s)`` before the reset;
   a list of seeds is accepted only when it is ``[s, s + 1, ...]`` (TorchRL's own
-  convention for batched envs). Reset options have no TorchRL counterpart there
-  and raise.
+  convention for batched envs) or all ``None``. Reset options have no TorchRL
+  counterpart there and raise.
 """
 
 from __future__ import annotations
@@ -17,31 +20,69 @@ import numbers
 import numpy as np
 import torch
 
-__all__ = ["reset_kwargs"]
+__all__ = ["reset_kwargs", "normalize_seed", "seed_groups"]
 
 
-def _as_seed_list(seed, num_envs: int, what: str) -> list[int]:
+def _is_int(s) -> bool:
+    return isinstance(s, (numbers.Integral, np.integer)) and not isinstance(s, (bool, np.bool_))
+
+
+def normalize_seed(seed, num_envs: int, what: str):
+    """``None``, an ``int``, or a list of ``num_envs`` entries, each an ``int`` or ``None``.
+
+    A list of ``None`` only is ``None`` (no env is reseeded), as on gymnasium's ``SyncVectorEnv``.
+
+    Raises:
+        TypeError: a seed that is neither an integer nor ``None`` (a bool, a float, a string...).
+        ValueError: a list of the wrong length.
+    """
+    if seed is None:
+        return None
+    if isinstance(seed, (bool, np.bool_)):
+        raise TypeError(f"{what}: seed must be an int or a list of ints (or None), got a bool")
+    if _is_int(seed):
+        return int(seed)
+    if isinstance(seed, np.ndarray) and seed.ndim == 0:
+        return normalize_seed(seed[()], num_envs, what)
+    if isinstance(seed, (str, bytes, float)) or not hasattr(seed, "__iter__"):
+        raise TypeError(f"{what}: seed must be an int or a list of ints (or None), got {type(seed).__name__}")
     if isinstance(seed, torch.Tensor):
         seed = seed.tolist()
     seeds = list(seed)
     if len(seeds) != num_envs:
         raise ValueError(f"{what}: expected an int or {num_envs} seeds, got {len(seeds)}")
-    if not all(isinstance(s, (numbers.Integral, np.integer)) and not isinstance(s, bool) for s in seeds):
-        raise TypeError(f"{what}: seeds must be integers, got {seeds!r}")
-    return [int(s) for s in seeds]
+    if not all(s is None or _is_int(s) for s in seeds):
+        raise TypeError(f"{what}: seeds must be integers or None, got {seeds!r}")
+    if all(s is None for s in seeds):
+        return None
+    return [None if s is None else int(s) for s in seeds]
+
+
+def seed_groups(seed, num_envs: int):
+    """Split a normalized per-env seed list holding ``None`` into ``(seeded, seeds, unseeded)``.
+
+    ``seeded``/``unseeded`` are numpy bool masks; ``seeds`` is a full list of ``num_envs`` ints
+    (``0`` in place of ``None``: an ``EnvPool`` reseeds only the rows it resets). ``None`` when
+    ``seed`` needs no split (``None``, an int, or ints only).
+    """
+    if not isinstance(seed, list) or all(s is not None for s in seed):
+        return None
+    unseeded = np.array([s is None for s in seed], dtype=np.bool_)
+    return ~unseeded, [0 if s is None else s for s in seed], unseeded
 
 
 def reset_kwargs(env, traits, seed, options: dict | None, num_envs: int, what: str) -> dict:
-    """Keyword arguments for ``env.reset`` (and seed the env first when it has no per-env seeds)."""
-    if seed is not None and not isinstance(seed, (numbers.Integral, np.integer)):
-        if isinstance(seed, (str, bytes, float)):
-            raise TypeError(f"{what}: seed must be an int or a list of ints, got {type(seed).__name__}")
-        seed = _as_seed_list(seed, num_envs, what)
-    if isinstance(seed, bool):
-        raise TypeError(f"{what}: seed must be an int or a list of ints, got a bool")
+    """Keyword arguments for ``env.reset`` (and seed the env first when it has no per-env seeds).
+
+    ``seed`` is ``None``, an int or a list of ints (:func:`normalize_seed`, and
+    :func:`seed_groups` for lists holding ``None``).
+    """
+    seed = normalize_seed(seed, num_envs, what)
     if traits.pool is not None:
         kwargs = {}
         if seed is not None:
+            if isinstance(seed, list) and any(s is None for s in seed):
+                raise ValueError(f"{what}: split a seed list holding None with seed_groups() first, got {seed}")
             kwargs["seed"] = seed
         if options:
             kwargs["options"] = options
@@ -55,10 +96,10 @@ def reset_kwargs(env, traits, seed, options: dict | None, num_envs: int, what: s
         return {}
     if isinstance(seed, list):
         first = seed[0]
-        if seed != list(range(first, first + num_envs)):
+        if first is None or seed != list(range(first, first + num_envs)):
             raise ValueError(
                 f"{what}: per-env seeds need an EnvPool at the base; {type(env).__name__} is seeded as a whole "
-                f"with env.set_seed(s), which covers seeds [s, s+1, ...] only (got {seed})"
+                f"with env.set_seed(s), which covers seeds [s, s+1, ...] (or all None) only (got {seed})"
             )
         seed = first
     env.set_seed(int(seed))

@@ -18,17 +18,22 @@ Autoreset modes (gymnasium's exact semantics, https://farama.org/Vector-Autorese
   the next step that env's action is ignored and it returns its reset
   observation with reward 0, not terminated, not truncated, and its reset info.
   For envs that honour TorchRL's ``"_step"`` mask (an ``EnvPool``, this
-  package's envs, batch-unlocked envs, and ``TransformedEnv`` of those) the
-  finished rows are reset by ``step_and_maybe_reset`` when they finish and frozen
-  by ``"_step"`` on the next step; for a transformed or foreign env the frozen
-  rows' outputs are then restored from their reset values. Other envs step the
-  finished rows once more (the action is discarded) and reset them afterwards,
-  so they must tolerate a step past the end of an episode.
+  package's envs and their subclasses, batch-unlocked envs, and
+  ``TransformedEnv`` of those) the finished rows are reset by
+  ``step_and_maybe_reset`` when they finish and frozen by ``"_step"`` on the
+  next step; for a transformed or foreign env the frozen rows' outputs are then
+  restored from their reset values. Other envs are stepped without a reset
+  (``env.step``); on the next step the finished rows are stepped once more (the
+  action is discarded), then reset once and report that reset, so they must
+  tolerate a step past the end of an episode.
 * ``DISABLED``: no reset inside ``step``. Stepping an env that finished raises;
   reset finished envs with ``reset(options={"reset_mask": mask})``.
 
 ``reset(options={"reset_mask": mask})`` resets only the masked envs in every
-mode, as gymnasium's own vector envs do; infos then report only those envs.
+mode, as gymnasium's own vector envs do; infos then report only those envs,
+and the others show their last observation (the final one for an env waiting
+for its NEXT_STEP autoreset). Each env is reset exactly once per gymnasium
+reset, whatever the mode and whether or not it was waiting for an autoreset.
 """
 
 from __future__ import annotations
@@ -37,12 +42,12 @@ import gymnasium as gym
 import numpy as np
 import torch
 from gymnasium.vector.utils import batch_space
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
 
 from ._core import Layout, nest, to_host, torch_copies, traits
 from ._core import autoreset_mode as _autoreset_mode
-from .seeding import reset_kwargs
+from .seeding import normalize_seed, reset_kwargs, seed_groups
 
 __all__ = ["TorchRLVectorEnv"]
 
@@ -112,6 +117,7 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         self._reset_key = reset_keys[0]
         self._root: TensorDictBase | None = None
         self._pending: torch.Tensor | None = None  # NEXT_STEP: rows that finished on the last step (device)
+        self._last_next: TensorDictBase | None = None  # NEXT_STEP: the last step's "next" (its observations)
         self._done = np.zeros(self.num_envs, dtype=np.bool_)  # host copy of the last step's done flags
 
     # -- gymnasium API --------------------------------------------------------------
@@ -120,43 +126,82 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
 
         Args:
             seed: ``None``, an int ``s`` (env ``i`` gets ``s + i``, as gymnasium
-                does) or a list of ``N`` ints. Per-env seeds need an ``EnvPool``
-                at the base; other envs take an int (``env.set_seed``) or the
-                consecutive seeds ``[s, s+1, ...]``.
+                does) or a list of ``N`` entries, each an int or ``None`` (that env
+                is reset without a new seed: it continues its seed schedule, as on
+                ``SyncVectorEnv``). Per-env seeds need an ``EnvPool`` at the base;
+                other envs take an int (``env.set_seed``), the consecutive seeds
+                ``[s, s+1, ...]``, or all ``None``.
             options: passed to each sub-env's ``reset`` (``EnvPool`` only). The key
                 ``"reset_mask"`` (numpy bool ``(N,)``) resets only those envs; the
-                others keep their state and observation.
+                others keep their state and report their last observation (for an
+                env waiting for its NEXT_STEP autoreset: its final one), as on
+                ``SyncVectorEnv``.
+
+        Each env is reset once. In NEXT_STEP mode an env whose episode ended on the
+        last step was already reset by the env when it finished (envs that honour
+        ``"_step"``); resetting it again with no seed and no options keeps that reset
+        rather than making a second one, so it starts the same episode as on
+        ``SyncVectorEnv``.
         """
         options = dict(options) if options else {}
         mask = options.pop("reset_mask", None)
         if mask is not None:
             mask = self._check_reset_mask(mask)
-        if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
-            super().reset(seed=int(seed))
-        kwargs = reset_kwargs(self.env, self.traits, seed, options, self.num_envs, "reset")
+        n = self.num_envs
+        seed = normalize_seed(seed, n, "reset")
+        if isinstance(seed, int):
+            super().reset(seed=seed)
+        rows = np.ones(n, np.bool_) if mask is None else mask
+        # NEXT_STEP envs that honour "_step" reset a finished env when it finishes: not again here
+        already = None
+        if self._pending is not None and self.traits.partial_steps and not options:
+            unseeded = np.ones(n, np.bool_) if seed is None else np.array(
+                [False] * n if isinstance(seed, int) else [s is None for s in seed], np.bool_)
+            already = rows & self._done & unseeded
+            if not already.any():
+                already = None
+        groups = seed_groups(seed, n) if self.traits.pool is not None else None
+        if groups is None:
+            calls = [(rows, reset_kwargs(self.env, self.traits, seed, options, n, "reset"))]
+        else:
+            seeded, seeds, unseeded = groups
+            calls = [(rows & seeded, reset_kwargs(self.env, self.traits, seeds, options, n, "reset")),
+                     (rows & unseeded, reset_kwargs(self.env, self.traits, None, options, n, "reset"))]
+        if already is not None:
+            calls = [(part & ~already, kwargs) for part, kwargs in calls]
+        calls = [(part, kwargs) for part, kwargs in calls if part.any()]
         layout = self.layout
         with torch.no_grad():
-            if mask is None:
-                root = self.env.reset(**kwargs)
-                self._done[:] = False
-                self._pending = None
+            if mask is None and already is None and len(calls) == 1:
+                root = self.env.reset(**calls[0][1])
             else:
-                rows = torch.as_tensor(mask, device=self._device)
-                root = self._root.exclude("next")
-                root.set(self._reset_key, rows.unsqueeze(-1))
-                root = self.env.reset(root, select_reset_only=True, **kwargs)
-                self._done[mask] = False
-                if self._pending is not None:
-                    self._pending = self._pending & ~rows
-                    if not self._done.any():
-                        self._pending = None
+                if mask is None and already is None:  # a full reset in parts: start from nothing
+                    root = TensorDict({}, batch_size=self.env.batch_size, device=self.env.device)
+                else:
+                    root = self._root.exclude("next")
+                for part, kwargs in calls:
+                    root.set(self._reset_key, torch.as_tensor(part, device=self._device).unsqueeze(-1))
+                    root = self.env.reset(root, select_reset_only=True, **kwargs)
             root.pop(self._reset_key, None)
-            self._root = root
             values = [*layout.observations(root), *layout.infos(root)]
+            # envs not reset that wait for their NEXT_STEP autoreset show their final observation, as on
+            # SyncVectorEnv (envs that honour "_step" hold their reset state already)
+            final = self._done & ~rows
+            if self.traits.partial_steps and self._last_next is not None and final.any():
+                where = torch.as_tensor(final, device=self._device)
+                values[: len(layout.obs_leaves)] = [
+                    torch.where(where.view(n, *([1] * (cur.ndim - 1))), last, cur)
+                    for cur, last in zip(layout.observations(root), layout.observations(self._last_next))
+                ]
+            self._root = root
+            self._done[rows] = False
+            if mask is None or not self._done.any():
+                self._pending = None
+            elif self._pending is not None:
+                self._pending = self._pending & ~torch.as_tensor(rows, device=self._device)
             values = to_host(values, self._packed()) if self.numpy else torch_copies(values)
         n_obs = len(layout.obs_leaves)
-        reported = np.ones(self.num_envs, np.bool_) if mask is None else mask.copy()
-        return self._observation(values[:n_obs]), self._infos(values[n_obs:], reported)
+        return self._observation(values[:n_obs]), self._infos(values[n_obs:], rows.copy())
 
     def step(self, actions):
         """Step every env with ``actions`` of shape ``(N, *single_action_space.shape)``.
@@ -201,10 +246,21 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
 
     def _step_next(self, root):
         layout, pending, env = self.layout, self._pending, self.env
-        if pending is None:
+        if not self.traits.partial_steps:
+            # The env cannot freeze rows: a finished row is not reset when it finishes; on the next step it
+            # is stepped past the end (its action discarded), then reset once, and reports that reset.
+            td = env.step(root)
+            nxt = td.get("next")
+            root_ = env.step_mdp(td)
+            if pending is not None:
+                root_.set(self._reset_key, pending.unsqueeze(-1))
+                root_ = env.reset(root_, select_reset_only=True)
+                root_.pop(self._reset_key, None)
+                nxt, _ = self._restore_rows(pending, root_, nxt, None)
+        elif pending is None:
             td, root_ = env.step_and_maybe_reset(root)
             nxt = td.get("next")
-        elif self.traits.partial_steps:
+        else:
             # `pending` rows were reset when they finished (step_and_maybe_reset): freeze them now.
             root.set("_step", (~pending).unsqueeze(-1))
             td, root_ = env.step_and_maybe_reset(root)
@@ -213,16 +269,8 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
             nxt = td.get("next")
             if not self.traits.frozen_rows_exact:
                 nxt, root_ = self._restore_rows(pending, root, nxt, root_)
-        else:
-            # The env cannot freeze rows: step the finished ones past the end (action discarded), reset them.
-            td = env.step(root)
-            nxt = td.get("next")
-            root_ = env.step_mdp(td)
-            root_.set(self._reset_key, pending.unsqueeze(-1))
-            root_ = env.reset(root_, select_reset_only=True)
-            root_.pop(self._reset_key, None)
-            nxt, _ = self._restore_rows(pending, root_, nxt, None)
         self._root = root_
+        self._last_next = nxt  # what this step reports (reset() shows it for envs left waiting)
         frozen = None if pending is None or self.traits.frozen_rows_exact else self._done
         return self._emit(layout.observations(nxt), layout.raw_flags(nxt), layout.infos(nxt), frozen=frozen,
                           next_step=True)
