@@ -175,3 +175,114 @@ def test_ctrl_c_during_collect_leaves_a_loadable_dataset(tmp_path):
         ep = ds.episode(k)
         assert ep["step_count"][0].item() == 0 and ep["next", "done"][-1].item()
         assert not ep["next", "done"][:-1].any()
+
+
+def test_bad_arguments_are_usage_errors_with_exit_code_2(tmp_path, capsys):
+    def error(*argv):
+        code = cli.main([str(a) for a in argv])
+        return code, capsys.readouterr().err
+
+    for argv, message in [
+        (("eval", "CartPole-v1", "--max-steps", 0), "--max-steps must be >= 1, got 0"),
+        (("eval", "CartPole-v1", "--seed", -1), "--seed must be >= 0"),
+        (("eval", "CartPole-v1", "--num-envs", 0), "--num-envs must be >= 1"),
+        (("eval", "CartPole-v1", "--image-shape", 0, 8), "--image-shape"),
+        (("eval", "CartPole-v1", "--episodes", -1), "--episodes must be >= 0"),
+        (("collect", "CartPole-v1", "--episodes", 1, "--out", tmp_path / "a", "--max-steps", 0), "--max-steps"),
+        (("collect", "CartPole-v1", "--episodes", 1, "--out", tmp_path / "b", "--seed", -3), "--seed must be >= 0"),
+    ]:
+        code, err = error(*argv, "--no-progress")
+        assert code == 2 and message in err, (argv, err)
+        assert "Traceback" not in err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    out = run("eval", "CartPole-v1", "--seed", -1, "--no-progress")  # the console script too
+    assert out.returncode == 2 and "--seed must be >= 0" in out.stderr
+
+
+@pytest.fixture(scope="module")
+def maze_data(tmp_path_factory):
+    data = tmp_path_factory.mktemp("cli") / "maze"
+    assert cli.main(["collect", "torchrl_swm/PointMaze-v0", "--episodes", "4", "--num-envs", "2", "--out", str(data),
+                     "--image-shape", "16", "16", "--policy", "torchrl_swm.envs:expert_policy", "--no-progress",
+                     "--max-steps", "30"]) == 0
+    return data
+
+
+def test_dataset_flags_that_contradict_are_usage_errors(maze_data, capsys):
+    def error(*argv):
+        code = cli.main([str(a) for a in argv])
+        return code, capsys.readouterr().err
+
+    base = ("eval", "torchrl_swm/PointMaze-v0", "--dataset", maze_data, "--no-progress", "--num-envs", 2)
+    # --max-steps would silently cut episodes (it becomes the env's TimeLimit) while eval-budget is reported
+    code, err = error(*base, "--goal-offset", 2, "--eval-budget", 10, "--max-steps", 2)
+    assert code == 2 and "--max-steps 2 cannot be combined with --dataset" in err and "--eval-budget" in err
+    code, err = error(*base, "--goal-offset", 2, "--eval-budget", 10, "--episodes", 9)
+    assert code == 2 and "--episodes 9: the dataset" in err and "holds only 4 episodes" in err
+    code, err = error(*base, "--goal-offset", -1, "--eval-budget", 10)
+    assert code == 2 and "--goal-offset must be >= 0" in err
+    code, err = error(*base, "--goal-offset", 1, "--eval-budget", 0)
+    assert code == 2 and "--eval-budget must be >= 1" in err
+    code, err = error(*base, "--goal-offset", 1, "--eval-budget", 3, "--start-step", -2)
+    assert code == 2 and "--start-step must be >= 0" in err
+    code, err = error(*base, "--goal-offset", 1, "--eval-budget", 3, "--start-step", 1000)
+    assert code == 2 and "past the end of 4 of the 4 dataset episodes" in err
+    code, err = error("eval", "CartPole-v1", "--episodes", 2, "--start-step", 4, "--no-progress")
+    assert code == 2 and "only used with --dataset" in err
+    # what is valid still runs: the first --episodes dataset episodes, judged within the eval budget
+    assert cli.main([*map(str, base), "--goal-offset", "2", "--eval-budget", "6", "--episodes", "3",
+                     "--start-step", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "3 episodes on 2 envs" in out and "eval_budget=6" in out
+
+
+def test_unwritable_json_path_fails_before_the_evaluation(tmp_path, capsys, monkeypatch):
+    import torchrl_swm.world as world_module
+
+    ran = []
+    original = world_module.World.evaluate
+    monkeypatch.setattr(world_module.World, "evaluate", lambda self, *a, **k: ran.append(1) or original(self, *a, **k))
+    for path, message in [(tmp_path / "no" / "dir" / "r.json", "parent directory"),
+                          (tmp_path, "is a directory")]:
+        code = cli.main(["eval", "CartPole-v1", "--episodes", "2", "--no-progress", "--json", str(path)])
+        err = capsys.readouterr().err
+        assert code == 2 and "--json" in err and message in err, err
+    assert ran == []  # nothing was evaluated, so no result was lost
+    target = tmp_path / "ok.json"
+    assert cli.main(["eval", "CartPole-v1", "--episodes", "2", "--no-progress", "--json", str(target)]) == 0
+    assert ran == [1] and len(json.loads(target.read_text())["episode_returns"]) == 2
+    capsys.readouterr()
+    # the up-front check leaves no stray file behind when the run then fails
+    stray = tmp_path / "stray.json"
+    assert cli.main(["eval", "CartPole-v1", "--no-progress", "--json", str(stray), "--env-kwargs",
+                     '{"no_such_kwarg": 1}']) == 1
+    assert not stray.exists()
+
+
+def test_policy_class_that_is_not_a_factory_is_refused(tmp_path, monkeypatch, capsys):
+    (tmp_path / "class_policies.py").write_text(
+        "import torch\n"
+        "class Pusher:\n"
+        "    def __init__(self, strength=1):\n"
+        "        self.strength = strength\n"
+        "    def __call__(self, td):\n"
+        "        return td.set('action', torch.ones(td.batch_size[0], dtype=torch.int64))\n"
+        "class PusherFactory(Pusher):\n"
+        "    def __init__(self, env):\n"
+        "        super().__init__()\n"
+        "pusher = Pusher()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    base = ["eval", "CartPole-v1", "--episodes", "2", "--no-progress", "--policy"]
+    assert cli.main([*base, "class_policies:Pusher"]) == 2
+    err = capsys.readouterr().err
+    assert "Pusher is a class" in err and "'strength'" in err and "not 'env'" in err
+    assert "policy = Pusher(...)" in err and "def make_policy(env)" in err
+    # the real package's policy class, as the review ran it: refused before any env is built
+    assert cli.main(["eval", "torchrl_swm/PointMaze-v0", "--episodes", "2", "--num-envs", "2", "--no-progress",
+                     "--policy", "torchrl_swm.envs:PointMazeExpert"]) == 2
+    assert "PointMazeExpert is a class" in capsys.readouterr().err
+    # an instance and a class taking env both work
+    assert cli.main([*base, "class_policies:pusher"]) == 0
+    assert cli.main([*base, "class_policies:PusherFactory"]) == 0
+    assert capsys.readouterr().out.count("2 episodes") == 2

@@ -306,6 +306,110 @@ def test_world_max_episode_steps_default_and_gym_timelimit():
     pool.close()
 
 
+def test_reported_step_limit_is_the_effective_one(tmp_path):
+    # World(max_episode_steps=10) from an id makes 10 the env's TimeLimit: a larger max_steps cannot lift it
+    with World("CartPole-v1", num_envs=2, policy=balance, max_episode_steps=10) as world:
+        result = world.evaluate(4, seed=0, max_steps=20, progress=False)
+        assert result["episode_lengths"].tolist() == [10] * 4
+        assert result["max_steps"] == 10 and result["env_time_limit"] == 10
+        assert "(step limit 10)" in result.summary()
+        assert world.evaluate(2, seed=0, max_steps=5, progress=False)["max_steps"] == 5
+        assert world.evaluate(2, seed=0, progress=False)["max_steps"] == 10
+        ds = world.collect(tmp_path / "d", 2, seed=0, max_steps=20, progress=False)
+        assert ds.metadata["max_steps"] == 10 and ds.episode_lengths.tolist() == [10, 10]
+    pool = EnvPool("CartPole-v1", num_envs=2, seed=0)
+    result = World(pool, balance, max_episode_steps=30).evaluate(2, seed=0, progress=False)
+    assert result["max_steps"] == 30 and result["env_time_limit"] == 500
+    assert World(pool, balance).evaluate(2, seed=0, max_steps=600, progress=False)["max_steps"] == 500
+    pool.close()
+    counting_pool = fixed_length_pool([50])  # no gymnasium spec: World's limit is the only one
+    result = World(counting_pool, ones(1)).evaluate(1, seed=0, max_steps=8, progress=False)
+    assert result["max_steps"] == 8 and result["env_time_limit"] is None
+    counting_pool.close()
+
+
+def test_env_spec_and_metadata_are_read_once_not_per_evaluate(monkeypatch):
+    # on a process pool each get_attr is a round trip to a worker
+    pool = EnvPool("CartPole-v1", num_envs=2, backend="process", num_workers=2, seed=0)
+    try:
+        world = World(pool, balance)
+        assert world.env_id == "CartPole-v1" and world._step_limit() == 500
+        calls = []
+        original = pool.get_attr
+        monkeypatch.setattr(pool, "get_attr", lambda *a, **k: calls.append(a) or original(*a, **k))
+        for _ in range(2):
+            world.evaluate(2, seed=0, progress=False)  # the step limit comes from the env's spec
+        assert calls == []
+    finally:
+        pool.close()
+
+
+# -- a VectorEnv pool (it cannot freeze rows) ---------------------------------------------------------------------
+def vector_counting_pool(lengths, **kwargs):
+    factories = [functools.partial(counting, length=n, render_mode="rgb_array") for n in lengths]
+    return EnvPool(gym.vector.SyncVectorEnv(factories), seed=0, **kwargs)
+
+
+def test_vector_env_pool_in_auto_and_wait_mode_never_sends_a_step_mask():
+    lengths = [2, 5, 3]
+    pool = vector_counting_pool(lengths)
+    world = World(pool, ones(3))
+    assert not world.can_freeze_rows
+    assert World(fixed_length_pool(lengths)).can_freeze_rows
+    assert World(TransformedEnv(pool)).can_freeze_rows is False  # found through transforms
+    for mode in ("auto", "wait"):
+        result = world.evaluate(5, seed=0, reset_mode=mode, progress=False)
+        assert result["episode_lengths"].tolist() == [2, 5, 3, 2, 5]
+        assert result["episode_returns"].tolist() == [2.0, 5.0, 3.0, 2.0, 5.0]
+        assert result["env_steps"] == 3 * 10  # every row at each of the 10 World steps (both modes)
+    pool.close()
+
+
+def test_vector_env_pool_videos_show_only_the_episodes(tmp_path):
+    pytest.importorskip("imageio")
+    pytest.importorskip("imageio_ffmpeg")
+    from torchrl_swm.video import VideoRecorder
+
+    class Capture(VideoRecorder):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.grid, self.added = [], []
+
+        def grid_frame(self, frames, active):
+            self.grid.append((frames[..., 0].copy(), active.copy()))  # red channel: CountingEnv's t
+            super().grid_frame(frames, active)
+
+        def add_frame(self, env, frame):
+            self.added.append((env, int(frame[0, 0, 0])))
+            super().add_frame(env, frame)
+
+    lengths = [2, 5, 3]
+    captured = []
+    for name, pool in (("vector", vector_counting_pool(lengths, pixels=True)),
+                       ("single", EnvPool([functools.partial(counting, length=n, render_mode="rgb_array")
+                                           for n in lengths], seed=0, pixels=True))):
+        grid = Capture(tmp_path / name / "grid", layout="grid")
+        episodes = Capture(tmp_path / name / "episodes")
+        world = World(pool, ones(3))
+        world.evaluate(5, seed=0, reset_mode="wait", video=grid, progress=False)
+        result = world.evaluate(5, seed=0, video=episodes, progress=False)
+        assert sorted(episodes.frame_counts.values()) == sorted(n + 1 for n in result["episode_lengths"])
+        captured.append((grid, episodes))
+        pool.close()
+    (vec_grid, vec_eps), (ref_grid, ref_eps) = captured
+    assert vec_eps.added == ref_eps.added  # one frame per step of each episode, none from idle rows
+    assert len(vec_grid.grid) == len(ref_grid.grid) == 12  # two rounds of 5 steps, each with its reset frame
+    last = {}
+    for (frames, active), (ref_frames, ref_active) in zip(vec_grid.grid, ref_grid.grid):
+        assert active.tolist() == ref_active.tolist()
+        for i in range(3):
+            if active[i]:
+                assert np.array_equal(frames[i], ref_frames[i])
+                last[i] = frames[i]
+            elif i in last:  # an idle row keeps its last frame, although the vector env stepped it
+                assert np.array_equal(frames[i], last[i])
+
+
 # -- policies ------------------------------------------------------------------------------------------------
 def test_default_policy_is_random_from_the_action_spec():
     pool = EnvPool([DictObsEnv] * 3, seed=0)

@@ -162,3 +162,56 @@ def test_process_backend_gives_the_same_results(maze_dataset):
     for a, b in zip(*results):
         for key in ("episode_lengths", "episode_returns", "episode_successes", "seeds"):
             assert np.array_equal(a[key], b[key]), key
+
+
+class GoalMutator(GoalSpy):
+    """Records the goal it is handed, then edits it in place (as an in-place normalisation would)."""
+
+    def __call__(self, td):
+        out = super().__call__(td)
+        td["goal", "state"].mul_(0.5)
+        td["goal", "pixels"].zero_()
+        return out
+
+
+def test_a_policy_editing_the_goal_in_place_does_not_change_later_goals(maze_dataset):
+    ds = maze_dataset
+    idx, starts, offset, budget = [3, 1, 4], [0, 1, 0], 6, 10
+    kwargs = dict(dataset=ds, episodes_idx=idx, start_steps=starts, goal_offset=offset, eval_budget=budget,
+                  progress=False)
+    results = []
+    for policy in (GoalMutator(), GoalSpy()):
+        with World("torchrl_swm/PointMaze-v0", num_envs=2, image_shape=(32, 32), policy=policy) as world:
+            results.append(world.evaluate(**kwargs))
+        # every step of every episode saw its dataset goal, unchanged by the policy's earlier edits
+        episode = [0, 1]  # the plan each env is running
+        steps = 0
+        for td in policy.seen:
+            for i in range(2):
+                if td["is_init"][i].item() and steps:
+                    episode[i] += 2
+                m = episode[i]
+                if m >= len(idx):
+                    continue
+                goal = ds.step(idx[m], starts[m] + offset)
+                assert torch.equal(td["goal", "state"][i], goal["state"]), (steps, i)
+                assert torch.equal(td["goal", "pixels"][i], goal["pixels"]), (steps, i)
+            steps += 1
+        assert steps >= 4  # several steps per episode, each checked
+    for key in ("episode_successes", "episode_lengths", "episode_returns"):
+        assert np.array_equal(results[0][key], results[1][key]), key
+
+
+def test_episodes_without_episodes_idx_takes_the_first_dataset_episodes(maze_dataset):
+    ds = maze_dataset
+    with World("torchrl_swm/PointMaze-v0", num_envs=2, image_shape=(32, 32), policy=PointMazeExpert("u")) as w:
+        kwargs = dict(dataset=ds, goal_offset=1, eval_budget=5, progress=False)
+        result = w.evaluate(3, **kwargs)  # no episodes_idx: the first 3 dataset episodes
+        assert result["num_episodes"] == 3 and result["episodes_idx"].tolist() == [0, 1, 2]
+        same = w.evaluate(episodes_idx=[0, 1, 2], **kwargs)
+        assert np.array_equal(result["episode_lengths"], same["episode_lengths"])
+        assert w.evaluate(**kwargs)["episodes_idx"].tolist() == list(range(ds.num_episodes))  # default: all
+        with pytest.raises(ValueError, match=rf"episodes=11 but the dataset holds {ds.num_episodes} episodes"):
+            w.evaluate(11, **kwargs)
+        with pytest.raises(ValueError, match="episodes=3 but episodes_idx has 2 entries"):
+            w.evaluate(3, episodes_idx=[0, 1], **kwargs)

@@ -17,8 +17,13 @@ elsewhere (e.g. ``bench``) only needs its module listed there.
 Policies (``--policy module:attr``): ``attr`` is a TorchRL policy (a
 ``TensorDictModule`` or a callable ``td -> td`` writing ``"action"``), or a
 factory: a function or class whose first parameter is named ``env``, called
-with the World's env and returning a policy. Without ``--policy`` actions are
-uniformly random.
+with the World's env and returning a policy. Any other class is refused (a
+class is not a policy: point at an instance or a factory). Without
+``--policy`` actions are uniformly random.
+
+Contradictory flags are usage errors: ``--max-steps``/``--start-step`` with and
+without ``--dataset`` respectively, ``--episodes`` beyond the dataset's
+episodes. An unwritable ``--json`` path is found before the evaluation runs.
 
 Exit codes: 0 on success, 2 for usage errors (unknown env id, bad paths, bad
 arguments), 1 for other errors (one line; ``--traceback`` shows the whole
@@ -128,10 +133,29 @@ def _is_factory(obj) -> bool:
     return bool(params) and params[0] == "env"
 
 
-def _policy(spec: str | None, world):
+def _check_policy_spec(spec: str | None):
+    """Load ``--policy`` up front (before any env is built); a class must be a factory taking ``env``."""
     if spec is None:
         return None
     obj = _load_object(spec)
+    if inspect.isclass(obj) and not _is_factory(obj):
+        try:
+            params = list(inspect.signature(obj).parameters)
+        except (TypeError, ValueError):
+            params = []
+        first = f"its first parameter is {params[0]!r}" if params else "it takes no parameters"
+        raise CLIError(
+            f"--policy {spec}: {obj.__name__} is a class, and {first}, not 'env': it is neither a policy nor a "
+            f"factory(env). Point --policy at a policy object (e.g. a module-level `policy = {obj.__name__}(...)`) "
+            f"or at a factory `def make_policy(env): return {obj.__name__}(...)`"
+        )
+    return obj
+
+
+def _policy(spec: str | None, world):
+    if spec is None:
+        return None
+    obj = _check_policy_spec(spec)
     if _is_factory(obj):
         obj = obj(env=world.env)
     if not callable(obj):
@@ -153,17 +177,49 @@ def _json_arg(text: str | None, name: str) -> dict:
     return value
 
 
+def _check_output_file(path: str, flag: str) -> None:
+    """Fail before any work when ``path`` cannot be written (the file is created only at the end)."""
+    target = os.path.abspath(path)
+    if os.path.isdir(target):
+        raise CLIError(f"{flag} {path}: is a directory, expected a file path")
+    parent = os.path.dirname(target)
+    if not os.path.isdir(parent):
+        raise CLIError(f"{flag} {path}: parent directory {parent} does not exist")
+    existed = os.path.exists(target)
+    try:
+        with open(target, "a"):
+            pass
+    except OSError as err:
+        raise CLIError(f"{flag} {path}: cannot write it ({err.strerror or err})") from None
+    if not existed:
+        os.remove(target)
+
+
+def _check_env_args(args) -> None:
+    """Usage errors of the shared arguments, before any env is built."""
+    if args.num_envs < 1:
+        raise CLIError(f"--num-envs must be >= 1, got {args.num_envs}")
+    if args.seed < 0:
+        raise CLIError(f"--seed must be >= 0 (gymnasium seeds are non-negative), got {args.seed}")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise CLIError(f"--max-steps must be >= 1, got {args.max_steps}")
+    if args.image_shape is not None and min(args.image_shape) < 1:
+        raise CLIError(f"--image-shape: expected two positive sizes H W, got {' '.join(map(str, args.image_shape))}")
+
+
 def _add_env_arguments(p: argparse.ArgumentParser, default_envs: int) -> None:
     p.add_argument("env", help="a gymnasium id (torchrl_swm/* ids are registered automatically)")
     p.add_argument("--num-envs", type=int, default=default_envs, help=f"parallel envs (default {default_envs})")
     p.add_argument("--seed", type=int, default=0, help="base seed: episode j starts from seed + j (default 0)")
-    p.add_argument("--max-steps", type=int, default=None, help="per-episode step limit (default: the env's TimeLimit)")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="per-episode step limit, also the env's TimeLimit (default: the env's TimeLimit)")
     p.add_argument("--mode", choices=("auto", "wait"), default=None,
                    help="reset mode (default: auto; wait for --dataset evaluation)")
     p.add_argument("--image-shape", type=int, nargs=2, metavar=("H", "W"), default=None, help="record pixels at H x W")
     p.add_argument("--pixels", action="store_true", help="record pixels at the env's render size")
     p.add_argument("--env-kwargs", default=None, help="JSON object of gym.make keyword arguments")
-    p.add_argument("--policy", default=None, help="module:attr of a policy or of a factory(env) (default: random)")
+    p.add_argument("--policy", default=None,
+                   help="module:attr of a policy object, or of a function/class taking env (default: random)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -171,8 +227,7 @@ def _world(args, policy_spec):
     from .world import World
 
     _check_env_id(args.env)
-    if args.num_envs < 1:
-        raise CLIError(f"--num-envs must be >= 1, got {args.num_envs}")
+    _check_env_args(args)
     kwargs = _json_arg(args.env_kwargs, "--env-kwargs")
     if args.image_shape is not None:
         kwargs["image_shape"] = tuple(args.image_shape)
@@ -208,6 +263,8 @@ def _collect(args) -> int:
         raise CLIError(f"--out {args.out}: directory exists and is not empty (pass --overwrite to replace a dataset)")
     if args.episodes < 1:
         raise CLIError(f"--episodes must be >= 1, got {args.episodes}")
+    _check_env_args(args)
+    _check_policy_spec(args.policy)
     world = _world(args, args.policy)
     try:
         try:
@@ -240,15 +297,19 @@ def _configure_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("--video-grid", action="store_true", help="write a single grid video instead")
     p.add_argument("--json", default=None, help="also write the result (per-episode arrays) to this JSON file")
     g = p.add_argument_group("dataset-driven evaluation")
-    g.add_argument("--dataset", default=None, help="start episodes from states of this dataset")
+    g.add_argument("--dataset", default=None,
+                   help="start episodes from states of this dataset (the first --episodes of its episodes; "
+                        "--max-steps does not apply: --eval-budget is the step limit)")
     g.add_argument("--goal-offset", type=int, default=None, help="goal = dataset step start + goal offset")
     g.add_argument("--eval-budget", type=int, default=None, help="steps allowed to reach the goal")
-    g.add_argument("--start-step", type=int, default=0, help="dataset step to start from (default 0)")
+    g.add_argument("--start-step", type=int, default=None, help="dataset step to start from (default 0)")
 
 
 @register_command("eval", help="evaluate a policy; prints the result table", configure=_configure_eval)
 def _eval(args) -> int:
     dataset_kwargs = {}
+    if args.episodes is not None and args.episodes < 0:
+        raise CLIError(f"--episodes must be >= 0, got {args.episodes}")
     if args.dataset is not None:
         from .data import DatasetError, load_dataset
 
@@ -258,17 +319,40 @@ def _eval(args) -> int:
             raise CLIError(f"--dataset: {err}") from None
         if args.goal_offset is None or args.eval_budget is None:
             raise CLIError("--dataset needs --goal-offset and --eval-budget")
+        if args.max_steps is not None:
+            raise CLIError(
+                f"--max-steps {args.max_steps} cannot be combined with --dataset: --eval-budget is the step limit of "
+                "a dataset episode (and --max-steps would also cut episodes as the env's TimeLimit)"
+            )
+        if args.goal_offset < 0:
+            raise CLIError(f"--goal-offset must be >= 0, got {args.goal_offset}")
+        if args.eval_budget < 1:
+            raise CLIError(f"--eval-budget must be >= 1, got {args.eval_budget}")
+        start = 0 if args.start_step is None else args.start_step
+        if start < 0:
+            raise CLIError(f"--start-step must be >= 0, got {start}")
+        count = ds.num_episodes if args.episodes is None else args.episodes
+        if count > ds.num_episodes:
+            raise CLIError(f"--episodes {count}: the dataset {args.dataset} holds only {ds.num_episodes} episodes")
+        lengths = ds.episode_lengths[:count]
+        short = [k for k in range(count) if start + args.goal_offset > int(lengths[k])]
+        if short:
+            raise CLIError(
+                f"--start-step {start} + --goal-offset {args.goal_offset} is past the end of {len(short)} of the "
+                f"{count} dataset episodes (e.g. episode {short[0]}, length {int(lengths[short[0]])})"
+            )
         if args.image_shape is None and not args.pixels and ds.td is not None and "pixels" in ds.td.keys():
             args.image_shape = list(ds.td.get("pixels").shape[1:3])  # render goals and frames alike
-        idx = list(range(ds.num_episodes if args.episodes is None else min(args.episodes, ds.num_episodes)))
-        dataset_kwargs = dict(dataset=ds, episodes_idx=idx, start_steps=args.start_step, goal_offset=args.goal_offset,
-                              eval_budget=args.eval_budget)
-    elif args.goal_offset is not None or args.eval_budget is not None:
-        raise CLIError("--goal-offset/--eval-budget are only used with --dataset")
-    if args.episodes is not None and args.episodes < 0:
-        raise CLIError(f"--episodes must be >= 0, got {args.episodes}")
+        dataset_kwargs = dict(dataset=ds, episodes_idx=list(range(count)), start_steps=start,
+                              goal_offset=args.goal_offset, eval_budget=args.eval_budget)
+    elif args.goal_offset is not None or args.eval_budget is not None or args.start_step is not None:
+        raise CLIError("--goal-offset/--eval-budget/--start-step are only used with --dataset")
     if args.video_grid and not args.video:
         raise CLIError("--video-grid needs --video DIR")
+    if args.json:
+        _check_output_file(args.json, "--json")
+    _check_env_args(args)
+    _check_policy_spec(args.policy)
     if args.video and args.image_shape is None and not args.pixels:
         args.pixels = True
     world = _world(args, args.policy)

@@ -24,6 +24,16 @@ Evaluation protocol (both reset modes):
 Both modes run the same episodes with the same seeds: with a policy that
 depends only on the observation they give identical per-episode results.
 
+An env that cannot freeze rows (an :class:`EnvPool` over a gymnasium
+``VectorEnv``, see :attr:`World.can_freeze_rows`) gets no ``"_step"`` mask:
+every row is stepped, the rows with no episode running (idle rows) are left
+out of every metric, dataset and video, and an idle row that finishes is reset
+(with a seed of its own, outside the plan) without counting as an episode.
+Wait mode is emulated this way: a finished env's extra steps are discarded and
+it restarts from its planned seed at the next round, so with per-env seeds
+(``SyncVectorEnv``/``AsyncVectorEnv``) both modes give the results of a pool
+of single envs.
+
 Success comes from the env's ``("info", "is_success")`` or ``("info",
 "success")`` (or a root ``is_success``/``success``), or from ``success_fn``; an
 episode succeeds if the signal is True at any of its steps. ``terminated`` is
@@ -117,7 +127,10 @@ class EvalResult(Mapping):
       World's step limit), ``seeds`` (int64 seed that started each episode, or
       ``None`` when the env does not report it), ``env_indices`` (int64).
     * run info: ``num_episodes``, ``num_envs``, ``reset_mode``, ``seed``,
-      ``max_steps``, ``env_steps`` (gymnasium steps actually taken),
+      ``max_steps`` (the effective per-episode step limit: World's, or the env's
+      ``TimeLimit`` when smaller), ``env_time_limit`` (the env's ``TimeLimit``, or
+      ``None`` when unknown), ``env_steps`` (gymnasium steps actually taken; on an
+      env that cannot freeze rows, this includes the idle rows' steps),
       ``wall_time`` (s), ``success_source``.
     * dataset evaluation adds ``episodes_idx``, ``start_steps``,
       ``goal_offset``, ``eval_budget``.
@@ -244,6 +257,19 @@ def _find_pool(env):
     return env if isinstance(env, EnvPool) else None
 
 
+def _freezes_rows(env) -> bool:
+    """Whether ``env`` honours a ``"_step"`` mask, i.e. can leave some rows unstepped.
+
+    An :class:`EnvPool` over a gymnasium ``VectorEnv`` cannot (one vector step
+    advances every row); a pool of single envs can, and so can TorchRL's batched
+    envs. Other TorchRL envs are trusted to handle ``"_step"``, as TorchRL does.
+    """
+    from .pool.vector import VectorBackend
+
+    pool = _find_pool(env)
+    return pool is None or not isinstance(getattr(pool, "_backend", None), VectorBackend)
+
+
 def _as_mask(flags: np.ndarray, device) -> torch.Tensor:
     mask = torch.from_numpy(np.array(flags, dtype=bool)).view(-1, 1)
     return mask if device is None or device.type == "cpu" else mask.to(device)
@@ -352,12 +378,12 @@ class World:
         self.num_envs = int(env.batch_size[0])
         self.device = env.device
         self.pool = _find_pool(env)
-        if self.env_id is None and self.pool is not None:
-            try:
-                spec = self.pool.get_attr("spec", indices=[0])[0]
-                self.env_id = getattr(spec, "id", None)
-            except Exception:  # pragma: no cover - exotic backends
-                self.env_id = None
+        self._freezes_rows = _freezes_rows(env)
+        # looked up once: on a process pool each lookup is a round trip to a worker
+        self._env_spec = self._first_env_attr("spec")
+        self._env_metadata = self._first_env_attr("metadata") or {}
+        if self.env_id is None:
+            self.env_id = getattr(self._env_spec, "id", None)
         self.policy = None
         self.set_policy(policy)
 
@@ -371,6 +397,18 @@ class World:
                 f"World.set_policy: expected a TensorDictModule or a callable td -> td, got {type(policy).__name__}"
             )
         self.policy = policy
+
+    @property
+    def can_freeze_rows(self) -> bool:
+        """Whether the env can leave rows unstepped with a ``"_step"`` mask.
+
+        ``False`` for an :class:`EnvPool` over a gymnasium ``VectorEnv``, which
+        steps every row at once. World then steps every row, keeps the rows with
+        no episode running (idle rows) out of every metric, dataset and video,
+        and resets idle rows that finish without counting them as episodes;
+        ``env_steps`` then counts the idle rows' steps too (they were taken).
+        """
+        return self._freezes_rows
 
     # -- small helpers --------------------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -400,24 +438,34 @@ class World:
             kwargs = {"seed": seed, "options": options}
         return self.env.reset(**kwargs)
 
-    def _step_limit(self) -> int | None:
-        if self.max_episode_steps is not None:
-            return self.max_episode_steps
-        if self.pool is not None:
-            try:
-                spec = self.pool.get_attr("spec", indices=[0])[0]
-                return getattr(spec, "max_episode_steps", None)
-            except Exception:  # pragma: no cover
-                return None
-        return None
-
-    def _render_fps(self) -> int | None:
+    def _first_env_attr(self, name: str):
+        """Attribute ``name`` of the pool's env 0 (``None`` without a pool, or for a natively
+        batched vector env, whose rows are not separate envs)."""
         if self.pool is None:
             return None
         try:
-            return self.pool.get_attr("metadata", indices=[0])[0].get("render_fps")
-        except Exception:  # pragma: no cover
+            return self.pool.get_attr(name, indices=[0])[0]
+        except AttributeError:
             return None
+
+    def _step_limit(self) -> int | None:
+        if self.max_episode_steps is not None:
+            return self.max_episode_steps
+        return self._env_time_limit()
+
+    def _env_time_limit(self) -> int | None:
+        """The env's own ``TimeLimit`` (its gymnasium spec's ``max_episode_steps``), or None when unknown."""
+        return getattr(self._env_spec, "max_episode_steps", None)
+
+    def _effective_limit(self, max_steps: int | None) -> int | None:
+        """The most steps an episode can run: World's limit, or the env's TimeLimit when smaller."""
+        env_limit = self._env_time_limit()
+        if env_limit is None or max_steps is None:
+            return max_steps if env_limit is None else env_limit
+        return min(max_steps, env_limit)
+
+    def _render_fps(self) -> int | None:
+        return self._env_metadata.get("render_fps")
 
     def _success_key(self):
         keys = set(self.env.full_observation_spec.keys(True, True))
@@ -473,7 +521,9 @@ class World:
 
         Args:
             episodes: number of episodes (default: one per env). Episode ``j``
-                runs on env ``j % N`` with seed ``seed + j``.
+                runs on env ``j % N`` with seed ``seed + j``. With ``dataset=``:
+                the first ``episodes`` dataset episodes (default: all of them),
+                or, with ``episodes_idx=``, its length.
 
         Keyword Args:
             seed: base seed (default: drawn from OS entropy and reported in the result).
@@ -481,8 +531,10 @@ class World:
                 is forked and seeded with it during the run, so random and
                 stochastic TorchRL policies are reproducible too.
             reset_mode: ``"auto"`` or ``"wait"`` (see the module docstring).
-            max_steps: per-episode step limit (default: ``max_episode_steps``);
-                an episode reaching it ends as truncated.
+            max_steps: per-episode step limit (default: ``max_episode_steps``,
+                else the env's ``TimeLimit``); an episode reaching it ends as
+                truncated. The result's ``max_steps`` is the effective limit: the
+                env's own ``TimeLimit`` (``env_time_limit``) when that is smaller.
             success_fn: ``success_fn(td) -> bool tensor (N,) or (N, 1)``, called
                 after every step with the step tensordict (root = step t,
                 ``"next"`` = step t + 1); replaces the env's success info.
@@ -496,7 +548,8 @@ class World:
         Dataset-driven evaluation (keyword arguments):
             dataset: a :class:`~torchrl_swm.data.WorldDataset` or its path.
             episodes_idx: dataset episodes (storage positions) to start from;
-                default: all. More episodes than envs run in chunks.
+                default: the first ``episodes`` (all when ``episodes`` is not
+                given). More episodes than envs run in chunks.
             start_steps: the step of each episode to start from (int or one per episode; default 0).
             goal_offset: the goal is the dataset step ``start + goal_offset`` (required).
             eval_budget: steps allowed to reach the goal (required); success is judged within it.
@@ -548,6 +601,7 @@ class World:
             check_keys = ()
         if max_steps is None:
             max_steps = self._step_limit()
+        extra = {**extra, "env_time_limit": self._env_time_limit()}
         recorder = self._video(video)
         run = _Run(
             self, plans, reset_mode=reset_mode, max_steps=max_steps, success_fn=success_fn, video=recorder,
@@ -626,9 +680,23 @@ class World:
             raise ValueError(f"eval_budget: expected >= 1, got {eval_budget}")
         if ds.num_episodes == 0:
             raise ValueError(f"evaluate(dataset=...): {ds.path} holds no episodes")
-        idx = list(range(ds.num_episodes)) if episodes_idx is None else [int(i) for i in episodes_idx]
-        if episodes is not None and int(episodes) != len(idx):
-            raise ValueError(f"evaluate: episodes={episodes} but {len(idx)} episodes_idx were given")
+        if episodes_idx is None:  # the first `episodes` dataset episodes (default: all of them)
+            count = ds.num_episodes if episodes is None else int(episodes)
+            if count < 0:
+                raise ValueError(f"episodes: expected a non-negative int, got {episodes}")
+            if count > ds.num_episodes:
+                raise ValueError(
+                    f"evaluate(dataset=...): episodes={count} but the dataset holds {ds.num_episodes} episodes; "
+                    f"pass episodes <= {ds.num_episodes}, or episodes_idx= to choose (or repeat) dataset episodes"
+                )
+            idx = list(range(count))
+        else:
+            idx = [int(i) for i in episodes_idx]
+            if episodes is not None and int(episodes) != len(idx):
+                raise ValueError(
+                    f"evaluate(dataset=...): episodes={episodes} but episodes_idx has {len(idx)} entries; "
+                    "pass only one of them (episodes= alone takes the first dataset episodes)"
+                )
         if start_steps is None:
             starts = [0] * len(idx)
         elif isinstance(start_steps, (int, np.integer)):
@@ -773,7 +841,7 @@ class World:
             "num_envs": self.num_envs,
             "seed": seed,
             "reset_mode": reset_mode,
-            "max_steps": max_steps,
+            "max_steps": self._effective_limit(max_steps),
             "episodes_requested": episodes,
             "policy": repr(used_policy)[:300],
             "excluded_keys": [k if isinstance(k, str) else list(k) for k in exclude_keys],
@@ -828,6 +896,9 @@ class _Run:
         self.success_fn, self.video, self.writer = success_fn, video, writer
         self.goal_key, self.check_keys = goal_key, list(check_keys)
         self.pool = world.pool
+        # False for a VectorEnv pool: every row is stepped, idle rows' outputs are ignored (see World.can_freeze_rows)
+        self.freeze = world.can_freeze_rows
+        self.last_frames: np.ndarray | None = None  # grid video of a VectorEnv pool: idle rows keep their last frame
         if exploration is not None and exploration not in _EXPLORATION:
             raise ValueError(f"exploration: expected one of {sorted(_EXPLORATION)} or None, got {exploration!r}")
         self.exploration = None if exploration is None else _EXPLORATION[exploration]
@@ -886,23 +957,48 @@ class _Run:
             raise KeyError("the policy did not write an 'action' entry into the tensordict")
         return td
 
-    def _start(self, rows: list[int], td: TensorDictBase | None) -> TensorDictBase:
-        """Start the next planned episode of each env in ``rows`` (a masked reset)."""
-        n = self.n
+    def _start(self, rows: list[int], td: TensorDictBase | None, fill: Sequence[int] = ()) -> TensorDictBase:
+        """Start the next planned episode of each env in ``rows`` (a masked reset).
+
+        ``fill``: idle rows reset in the same call without an episode (an env
+        that cannot freeze rows steps them all the same, so they need a state).
+        """
         plans = [self.queues[i].popleft() for i in rows]
+        seeds = {i: plan.seed for i, plan in zip(rows, plans)}
+        options = {i: plan.options for i, plan in zip(rows, plans) if plan.options}
+        for i in fill:
+            seeds[i] = self._fill_seed(i)
+        td = self._reset_rows(seeds, options, td)
+        self._begin(rows, plans, td)
+        self.is_init[list(fill)] = True
+        return td
+
+    def _fill_seed(self, i: int) -> int:
+        # deterministic, and past the generated plan's seeds (seed .. seed + E - 1)
+        return (self.seed or 0) + len(self.plans) + i
+
+    def _refill(self, rows: list[int], td: TensorDictBase) -> TensorDictBase:
+        """Reset idle rows that finished, outside any episode: never counted, recorded or shown."""
+        td = self._reset_rows({i: self._fill_seed(i) for i in rows}, {}, td)
+        self.is_init[rows] = True
+        return td
+
+    def _reset_rows(self, seeds: dict, options: dict, td: TensorDictBase | None) -> TensorDictBase:
+        """Reset the rows in ``seeds`` (``{row: seed}``, with ``{row: reset options}``); the others keep their state."""
+        n = self.n
         kwargs = {}
         if self.pool is not None:
-            seeds = np.zeros(n, dtype=np.int64)
-            for i, plan in zip(rows, plans):
-                seeds[i] = plan.seed
-            kwargs["seed"] = seeds
-            if any(p.options for p in plans):
-                options = [None] * n
-                for i, plan in zip(rows, plans):
-                    options[i] = plan.options
-                kwargs["options"] = options
+            seed_array = np.zeros(n, dtype=np.int64)
+            for i, seed in seeds.items():
+                seed_array[i] = seed
+            kwargs["seed"] = seed_array
+            if options:
+                per_env = [None] * n
+                for i, option in options.items():
+                    per_env[i] = option
+                kwargs["options"] = per_env
         flags = np.zeros(n, dtype=bool)
-        flags[rows] = True
+        flags[list(seeds)] = True
         if flags.all():
             td = self.env.reset(**kwargs)
         else:
@@ -911,7 +1007,6 @@ class _Run:
             td.set("_reset", _as_mask(flags, self.device))
             td = self.env.reset(td, **kwargs)
         td.pop("_reset", None)
-        self._begin(rows, plans, td)
         return td
 
     def _begin(self, rows, plans, td):
@@ -982,7 +1077,9 @@ class _Run:
                 self.env.set_seed(self.seed)  # no per-episode seeds without a pool: seed the env once
             rows = [i for i in range(self.n) if self.queues[i]]
             if rows:
-                td = self._start(rows, None)
+                # an env that cannot freeze rows steps the idle ones too: give them a state first
+                fill = [] if self.freeze else [i for i in range(self.n) if not self.queues[i]]
+                td = self._start(rows, None, fill)
                 self._grid(td, self.active)
             while True:
                 if not self.active.any():
@@ -999,16 +1096,26 @@ class _Run:
 
     def _grid(self, td, active):
         if self.video is not None and self.video.layout == "grid":
-            self.video.grid_frame(td.get("pixels").cpu().numpy(), active)
+            self._grid_frame(td.get("pixels").cpu().numpy(), active)
+
+    def _grid_frame(self, pixels: np.ndarray, active: np.ndarray) -> None:
+        if not self.freeze:  # idle rows of a VectorEnv pool were stepped too: show their last frame
+            if self.last_frames is None:
+                self.last_frames = pixels.copy()
+            else:
+                self.last_frames[active] = pixels[active]
+            pixels = self.last_frames
+        self.video.grid_frame(pixels, active)
 
     def _step(self, td: TensorDictBase) -> TensorDictBase:
         n, active = self.n, self.active
         td.set("is_init", _as_mask(self.is_init, self.device))
         if self.goals is not None:
-            td.set(self.goal_key, self.goals)
+            # a copy per step: a policy that edits the goal in place must not change later steps' goals
+            td.set(self.goal_key, self.goals.clone())
         td = self._act(td)
-        stepped = active.copy()
-        if not stepped.all():
+        stepped = active.copy()  # the rows whose episode advances (all rows are stepped without self.freeze)
+        if self.freeze and not stepped.all():
             td.set("_step", _as_mask(stepped, self.device))
         else:
             td.pop("_step", None)
@@ -1016,7 +1123,7 @@ class _Run:
         td.pop("_step", None)
         nxt = td.get("next")
         rows = np.flatnonzero(stepped)
-        self.env_steps += len(rows)
+        self.env_steps += len(rows) if self.freeze else n
 
         reward = nxt.get("reward").reshape(n, -1).sum(-1).double().cpu().numpy()
         done = nxt.get("done").reshape(n, -1).any(-1).cpu().numpy()
@@ -1048,7 +1155,7 @@ class _Run:
         if self.video is not None:
             pixels = nxt.get("pixels").cpu().numpy()
             if self.video.layout == "grid":
-                self.video.grid_frame(pixels, stepped)
+                self._grid_frame(pixels, stepped)
             else:
                 for i in rows:
                     self.video.add_frame(int(i), pixels[i])
@@ -1058,10 +1165,18 @@ class _Run:
             self._finish(int(i), bool(terminated[i]), bool(cut[i] or (done[i] and not terminated[i])))
         # step_mdp: "next" becomes the root (observations, done flags, transform and recurrent states)
         root = nxt.exclude(*self.reward_keys)
-        if self.mode == "auto":
-            restart = [int(i) for i in np.flatnonzero(finished) if self.queues[i]]
-            if restart:
-                root = self._start(restart, root)
+        restart = [int(i) for i in np.flatnonzero(finished) if self.queues[i]] if self.mode == "auto" else []
+        if not self.freeze:
+            # every row is stepped again: the env's done rows that start no episode now need a reset
+            # (an idle row that finished, a row whose last episode ended, wait mode's finished rows);
+            # a separate reset, so that a natively batched env seeds the restarted rows with their own seeds
+            fill = [int(i) for i in np.flatnonzero(done) if int(i) not in restart]
+            if fill and not self.active.any() and not restart:
+                fill = [i for i in fill if not self.queues[i]]  # wait mode: the next round resets the others
+            if fill and (self.active.any() or restart or any(self.queues)):
+                root = self._refill(fill, root)
+        if restart:
+            root = self._start(restart, root)
         return root
 
     def _success(self, td) -> np.ndarray | None:
@@ -1124,7 +1239,7 @@ class _Run:
             "num_envs": self.n,
             "reset_mode": self.mode,
             "seed": seed,
-            "max_steps": self.max_steps,
+            "max_steps": self.world._effective_limit(self.max_steps),
             "env_steps": self.env_steps,
             "wall_time": self.wall_time,
             "success_source": (
