@@ -887,3 +887,49 @@ def test_accelerator_actions_for_a_cpu_env_are_range_checked():
         envs.step(torch.tensor([-1, 0, 2], device="cuda"))
     obs, *_ = envs.step(torch.tensor([-1, 0, 1], device="cuda"))
     assert obs.min() >= 10
+
+
+# -- pools over a gymnasium VectorEnv (they step every row at once) ------------------------------------
+@pytest.mark.parametrize("inner", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED])
+@pytest.mark.parametrize("mode", ["same_step", "disabled"])
+def test_pool_over_a_sync_vector_env_matches_sync_vector_env(inner, mode):
+    n = 4
+    # an inner SAME_STEP env resets finished rows itself, unseeded: the pool then seeds once, and
+    # both sides continue each env's stream; otherwise both follow the pool's seed schedule
+    seed_once = inner is AutoresetMode.SAME_STEP
+
+    def make():
+        return gym.make("CartPole-v1") if seed_once else PoolSeedSchedule(gym.make("CartPole-v1"), n)
+
+    pool = EnvPool(gym.vector.SyncVectorEnv([make] * n, autoreset_mode=inner), seed_every_episode=not seed_once)
+    ours = to_gymnasium(pool, autoreset_mode=mode)
+    ref = gym.vector.SyncVectorEnv([make] * n, autoreset_mode=AutoresetMode(ours.metadata["autoreset_mode"]))
+    assert _compare_to_sync(ours, ref, 300, seed=3, drop=("episode_seed",)) > 30
+    ours.close()
+    ref.close()
+
+
+def test_pool_over_a_natively_batched_vector_env_exports():
+    venv = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="vector_entry_point")
+    pool = EnvPool(venv, seed=0)
+    env = to_gymnasium(pool, autoreset_mode="same_step")
+    assert env.metadata["render_fps"] == venv.metadata["render_fps"]  # the VectorEnv's own metadata
+    env.reset(seed=0)
+    finished = 0
+    for action in action_stream(env.action_space, 200):
+        obs, _, term, trunc, infos = env.step(action)
+        finished += int((term | trunc).sum())
+        for i in np.flatnonzero(term):  # a terminal observation is past a threshold, never a reset one
+            final = infos["final_obs"][i]
+            assert abs(final[0]) > 2.4 or abs(final[2]) > 12 * 2 * np.pi / 360
+            assert (np.abs(obs[i]) <= 0.05).all()
+    assert finished > 20
+    env.close()
+
+
+def test_next_step_export_of_a_pool_over_a_vector_env_is_refused_clearly():
+    # a VectorEnv steps every row: NEXT_STEP's unstepped env after a done cannot be expressed
+    pool = EnvPool(gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync"), seed=0)
+    with pytest.raises(ValueError, match=r"runs a gymnasium VectorEnv.*autoreset_mode='same_step' or 'disabled'"):
+        to_gymnasium(pool)
+    to_gymnasium(pool, autoreset_mode="same_step").close()

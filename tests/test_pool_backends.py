@@ -503,3 +503,19 @@ def test_fast_reset_merge_equals_torchrl_merge(extra):
     assert_same([fast.reset(only.clone())], [slow.reset(only.clone())])
     fast.close()
     slow.close()
+
+
+@pytest.mark.parametrize("kind", ["serial", "process", "sync_vector", "native_vector"])
+def test_env_spec_metadata_and_render_mode_of_every_backend(kind):
+    if kind in ("serial", "process"):
+        pool = EnvPool("CartPole-v1", num_envs=2, backend=kind, num_workers=2, seed=0, seed_every_episode=False)
+    else:
+        mode = "sync" if kind == "sync_vector" else "vector_entry_point"
+        pool = EnvPool(gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode=mode, render_mode="rgb_array"),
+                       seed=0, seed_every_episode=False)
+    assert pool.env_spec.id == "CartPole-v1"
+    assert pool.env_metadata["render_fps"] == 50
+    assert pool.render_mode == ("rgb_array" if "vector" in kind else None)
+    assert pool.seed_every_episode is False
+    assert pool.freezes_rows is (kind in ("serial", "process"))
+    pool.close()

@@ -261,13 +261,12 @@ def _freezes_rows(env) -> bool:
     """Whether ``env`` honours a ``"_step"`` mask, i.e. can leave some rows unstepped.
 
     An :class:`EnvPool` over a gymnasium ``VectorEnv`` cannot (one vector step
-    advances every row); a pool of single envs can, and so can TorchRL's batched
-    envs. Other TorchRL envs are trusted to handle ``"_step"``, as TorchRL does.
+    advances every row: :attr:`EnvPool.freezes_rows`); a pool of single envs can,
+    and so can TorchRL's batched envs. Other TorchRL envs are trusted to handle
+    ``"_step"``, as TorchRL does.
     """
-    from .pool.vector import VectorBackend
-
     pool = _find_pool(env)
-    return pool is None or not isinstance(getattr(pool, "_backend", None), VectorBackend)
+    return pool is None or pool.freezes_rows
 
 
 def _as_mask(flags: np.ndarray, device) -> torch.Tensor:
@@ -379,9 +378,8 @@ class World:
         self.device = env.device
         self.pool = _find_pool(env)
         self._freezes_rows = _freezes_rows(env)
-        # looked up once: on a process pool each lookup is a round trip to a worker
-        self._env_spec = self._first_env_attr("spec")
-        self._env_metadata = self._first_env_attr("metadata") or {}
+        self._env_spec = None if self.pool is None else self.pool.env_spec
+        self._env_metadata = {} if self.pool is None else self.pool.env_metadata
         if self.env_id is None:
             self.env_id = getattr(self._env_spec, "id", None)
         self.policy = None
@@ -437,16 +435,6 @@ class World:
                 raise TypeError("World.reset: seed=/options= need an EnvPool; use env.set_seed() for other envs")
             kwargs = {"seed": seed, "options": options}
         return self.env.reset(**kwargs)
-
-    def _first_env_attr(self, name: str):
-        """Attribute ``name`` of the pool's env 0 (``None`` without a pool, or for a natively
-        batched vector env, whose rows are not separate envs)."""
-        if self.pool is None:
-            return None
-        try:
-            return self.pool.get_attr(name, indices=[0])[0]
-        except AttributeError:
-            return None
 
     def _step_limit(self) -> int | None:
         if self.max_episode_steps is not None:

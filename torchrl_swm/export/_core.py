@@ -120,7 +120,8 @@ def traits(env: EnvBase) -> Traits:
     package = is_pool or is_package_env(base)
     # SerialEnv/ParallelEnv honour "_step" when it selects whole workers: one row per worker
     workers = isinstance(base, BatchedEnvBase) and len(base.batch_size) == 1
-    partial = is_pool or package or workers or not base.batch_locked
+    # a pool over a gymnasium VectorEnv steps every row at once: it cannot freeze rows
+    partial = base.freezes_rows if is_pool else (package or workers or not base.batch_locked)
     return Traits(
         pool=base if is_pool else None,
         partial_steps=bool(partial),

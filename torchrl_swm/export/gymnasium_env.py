@@ -62,9 +62,9 @@ class TorchRLGymEnv(gym.Env):
         self.render_mode = None
         pool = self.traits.pool
         if pool is not None:
-            sub = pool.get_attr("metadata", indices=[0])[0]
+            sub = pool.env_metadata
             self.metadata = {k: v for k, v in dict(sub).items() if k in ("render_modes", "render_fps")}
-            self.render_mode = pool.get_attr("render_mode", indices=[0])[0]
+            self.render_mode = pool.render_mode
         self._root: TensorDictBase | None = None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):

@@ -79,7 +79,7 @@ def _build_batched(factory, num_envs: int, kwargs: dict):
         from ._core import traits
 
         pool = traits(env).pool
-        if pool is not None and getattr(getattr(pool, "_seeds", None), "every_episode", False):
+        if pool is not None and getattr(pool, "seed_every_episode", False):
             warnings.warn(
                 f"register_gymnasium_env: the factory {factory!r} built an EnvPool that reseeds every episode "
                 "(seed_every_episode=True) and takes no seed_every_episode parameter, so gymnasium.make/make_vec "

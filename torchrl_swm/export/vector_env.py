@@ -97,6 +97,14 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         self.traits = traits(env)
         self.num_envs = int(env.batch_size[0])
         self.autoreset_mode = _autoreset_mode(autoreset_mode)
+        pool = self.traits.pool
+        if self.autoreset_mode is AutoresetMode.NEXT_STEP and pool is not None and not pool.freezes_rows:
+            raise ValueError(
+                "to_gymnasium(autoreset_mode='next_step'): the EnvPool runs a gymnasium VectorEnv, which steps every "
+                "row at once, so the step after an episode ends could not leave that env unstepped (NEXT_STEP) "
+                "without a step past the end or an env one step ahead of what it reported. Use "
+                "autoreset_mode='same_step' or 'disabled', or the VectorEnv itself: it is a gymnasium VectorEnv already."
+            )
         self.numpy = bool(numpy)
         self.single_observation_space = self.layout.single_observation_space
         self.single_action_space = self.layout.single_action_space
@@ -106,9 +114,9 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         metadata = {"render_modes": []}
         pool = self.traits.pool
         if pool is not None:
-            sub = pool.get_attr("metadata", indices=[0])[0]
+            sub = pool.env_metadata
             metadata = {k: v for k, v in dict(sub).items() if k in ("render_modes", "render_fps")}
-            self.render_mode = pool.get_attr("render_mode", indices=[0])[0]
+            self.render_mode = pool.render_mode
         self.metadata = {**metadata, "autoreset_mode": self.autoreset_mode}
         self._device = self.layout.device
         #: one packed device-to-host transfer per step (accelerators); settable so tests run it on CPU

@@ -440,6 +440,36 @@ class EnvPool(EnvBase):
         return not isinstance(self._backend, VectorBackend)
 
     @property
+    def seed_every_episode(self) -> bool:
+        """Whether every episode gets a seed of its own (see the ``seed_every_episode`` argument)."""
+        return self._seeds.every_episode
+
+    @property
+    def env_spec(self):
+        """The sub-envs' gymnasium ``EnvSpec`` (env 0's; the ``VectorEnv``'s own for a vector pool), or ``None``."""
+        return self._first_env_attr("spec")
+
+    @property
+    def env_metadata(self) -> dict:
+        """The sub-envs' gymnasium ``metadata`` (env 0's; the ``VectorEnv``'s own for a vector pool)."""
+        return self._first_env_attr("metadata") or {}
+
+    @property
+    def render_mode(self) -> str | None:
+        """The sub-envs' ``render_mode`` (env 0's; the ``VectorEnv``'s own for a vector pool)."""
+        return self._first_env_attr("render_mode")
+
+    def _first_env_attr(self, name: str):
+        # read once: on a process pool each lookup is a round trip to a worker
+        cache = self.__dict__.setdefault("_env_attrs", {})
+        if name not in cache:
+            if isinstance(self._backend, VectorBackend):
+                cache[name] = getattr(self._backend.venv, name, None)
+            else:
+                cache[name] = self.get_attr(name, indices=[0])[0]
+        return cache[name]
+
+    @property
     def envs(self) -> list[gym.Env]:
         """The sub-envs (serial backend only): ``pool.envs[i].unwrapped`` reaches env i."""
         envs = getattr(self._backend, "envs", None)
