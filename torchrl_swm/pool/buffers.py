@@ -7,7 +7,7 @@ same layout in shared memory). Each step hands TorchRL a *snapshot*: fresh
 tensors, so a tensordict returned by ``step`` never changes when later steps
 run (rollouts stack them).
 
-* On CPU a snapshot is one ``clone`` per leaf.
+* On CPU a snapshot is one copy per leaf (a numpy copy, wrapped by ``torch.from_numpy``).
 * On an accelerator the flat buffer is pinned and a snapshot is **one**
   host-to-device copy of the whole buffer; the leaves are views of the copy.
 """
@@ -116,8 +116,10 @@ class HostBuffers:
         if self.single_copy:
             leaves = self._device_leaves(keys)
         else:
-            tensors = self.tensors
-            leaves = {key: tensors[key].clone() for key in keys}
+            # a numpy copy wrapped without a copy: ~0.3 µs cheaper per leaf than a torch clone
+            # (no dispatch), the same fresh, contiguous tensor
+            arrays, from_numpy = self.arrays, torch.from_numpy
+            leaves = {key: from_numpy(arrays[key].copy()) for key in keys}
         return TensorDict._new_unsafe(nest(leaves), batch_size=batch_size, device=self.device)
 
     def _device_leaves(self, keys) -> dict[Key, torch.Tensor]:
