@@ -308,27 +308,36 @@ def test_imagine_step_with_defaulted_third_parameter_gets_state_and_action():
     assert bound.form == ("state", "action")
 
 
-def test_discovered_methods_count_only_required_parameters():
-    class Stateful(nn.Module):  # keeps its own latent; an optional flag after the action
+def test_discovered_methods_count_parameters_with_defaults_as_the_seed_does():
+    # the seed's rule, so models written for it move over unchanged: one positional parameter is
+    # method(action); two or more, defaults included, is method(state, action)
+    class Stateful(nn.Module):  # keeps its own latent
         def __init__(self):
             super().__init__()
             self.lin = nn.Linear(2, 2)
 
-        def step(self, action, deterministic=False):
-            return self.lin(action), deterministic
+        def step(self, action):
+            return self.lin(action)
 
     bound = discover_transition(Stateful())
     assert bound.form == ("action",)
-    out, flag = bound(torch.zeros(3, 5), torch.ones(3, 2))  # the env passes (state, action)
-    assert out.shape == (3, 2) and flag is False
+    assert bound(torch.zeros(3, 5), torch.ones(3, 2)).shape == (3, 2)  # the env passes (state, action)
 
-    class StateActionOptional:  # a defaulted second parameter named like the action is still the action
-        def step(self, state, action=None):
-            return state, action
+    class OptionalAction(nn.Module):  # forward(s, a=None): worked in the seed as (state, action)
+        def forward(self, s, a=None):
+            return s + a.sum(-1, keepdim=True)
 
-    assert discover_transition(StateActionOptional())("s", "a") == ("s", "a")
-    # imagine_step(prev_state, prev_action, nonterm=1.0) still gets (state, action): two required
+    bound = discover_transition(OptionalAction())
+    assert bound.form == ("state", "action")
+    assert torch.equal(bound(torch.zeros(3, 1), torch.ones(3, 2)), torch.full((3, 1), 2.0))
+    # imagine_step(prev_state, prev_action, nonterm=1.0) gets (state, action)
     assert discover_transition(RSSMLike()).form == ("state", "action")
+
+    class FlagAfterAction:  # as in the seed: (state, action); such a model takes a transition_fn
+        def step(self, action, deterministic=False):
+            return action, deterministic
+
+    assert discover_transition(FlagAfterAction())("s", "a") == ("s", "a")
 
 
 def test_model_parameter_that_is_not_first_is_an_adapter_error():

@@ -1122,10 +1122,20 @@ def test_reset_state_and_observation_are_batched_or_not_each():
         assert state.shape == (3, 5)
         return state + 1, state[:, :2], torch.zeros(3)
 
-    # without a known state layout a batched-looking state next to an unbatched obs is ambiguous: an error
+    # without a known state layout: a reset_fn told how many rows it resets (num_envs=) returns a
+    # per-row state next to a shared obs (never broadcast again into (3, 3, 5))...
     env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, reset_fn=reset_fn, transition_fn=transition)
-    with pytest.raises(ReturnFormError, match=r"the observation is unbatched but the state's leaves \(3, 5\) already"):
+    td = env.reset()
+    assert torch.equal(env.state, torch.arange(15.0).view(3, 5)) and torch.equal(td["observation"], torch.zeros(3, 2))
+    td["action"] = torch.zeros(3, 2)
+    env.step(td)
+    # ...while one that is not told returns one row, broadcast, whatever its leading dim
+    # (a (3,) state for 3 envs, a (1, 8) hidden state for num_envs=1)
+    for n, shape in ((3, (3,)), (1, (1, 8))):
+        env = WorldModelEnv(object(), BOX2, BOX2, num_envs=n, transition_fn=lambda s, a: (s, a, torch.zeros(n)),
+                            reset_fn=lambda seed, options, shape=shape: (torch.ones(shape), torch.zeros(2)))
         env.reset()
+        assert env.state.shape == (n, *shape)
     # initial_state (or state_spec=) gives one row's layout: the state is taken as batched, the obs broadcast
     env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, reset_fn=reset_fn, transition_fn=transition,
                         initial_state=torch.zeros(5))

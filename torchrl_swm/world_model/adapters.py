@@ -316,9 +316,9 @@ def discover_method(model, names: Sequence[str]):
 def discover_transition(model, extras: Mapping[str, Any] | None = None) -> Bound:
     """The model's transition method (the seed's discovery order), bound once.
 
-    Tries :data:`TRANSITION_METHODS` in order, then ``model.__call__``. A method with fewer than
-    two required positional parameters is called as ``method(action)`` (the model keeps its own
-    state); otherwise as ``method(state, action)`` (see :func:`_accepts_two`).
+    Tries :data:`TRANSITION_METHODS` in order, then ``model.__call__``. A method with one
+    positional parameter is called as ``method(action)`` (the model keeps its own state);
+    otherwise as ``method(state, action)`` (see :func:`_accepts_two`).
 
     Raises:
         AdapterError: when the model has none of them.
@@ -347,28 +347,23 @@ def discover_transition(model, extras: Mapping[str, Any] | None = None) -> Bound
 
 
 def _accepts_two(fn) -> bool:
-    """Whether a model method is called as ``(state, action)`` rather than ``(action)``.
+    """The seed design's rule for model methods: ``(state, action)`` unless it takes at most one
+    positional argument (then ``(action)``: the model keeps its own state).
 
-    ``(state, action)`` when it takes ``*args`` or at least two *required* positional arguments
-    (``imagine_step(prev_state, prev_action, nonterm=1.0)``); an optional parameter is not an
-    argument slot (``step(action, deterministic=False)`` is ``step(action)``), unless it is the
-    second one and is named like the action (``step(state, action=None)``).
+    Parameters with defaults count, as in the seed, so code written for it moves over unchanged:
+    ``imagine_step(prev_state, prev_action, nonterm=1.0)`` and ``forward(s, a=None)`` get
+    ``(state, action)``; so does ``step(action, deterministic=False)``, which then needs a
+    ``transition_fn``.
     """
     sig = _signature(fn)
     if sig is None:
         return True
+    params = list(sig.parameters.values())
     kinds = inspect.Parameter
-    params = [p for p in sig.parameters.values() if p.name not in EXTRAS]
     if any(p.kind is kinds.VAR_POSITIONAL for p in params):
         return True
     positional = [p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
-    required = [p for p in positional if p.default is p.empty]
-    if len(required) >= 2:
-        return True
-    return len(positional) >= 2 and positional[1].name in _ACTION_NAMES
-
-
-_ACTION_NAMES = frozenset(("action", "actions", "act", "prev_action"))
+    return len(positional) >= 2
 
 
 # ---------------------------------------------------------------------------------------------

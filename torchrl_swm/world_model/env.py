@@ -1097,7 +1097,8 @@ class WorldModelEnv(EnvBase):
                 state_batched = batched
             else:
                 hint = batched if obs_hint == "obs" else None
-                state_batched = self._reset_state_batched(state, bs, hint, where, form)
+                knows_rows = "num_envs" in bound.extras or "mask" in bound.extras
+                state_batched = self._reset_state_batched(state, bs, hint, where, form, knows_rows)
             if not state_batched:
                 state = _tree.broadcast_rows(state, bs)
             self._check_state(state, bs, f"{where} returned {form}")
@@ -1136,13 +1137,14 @@ class WorldModelEnv(EnvBase):
             return {path: shape[1:] for path, shape in _tree.shapes(rt.state).items()}
         return None
 
-    def _reset_state_batched(self, state, bs, obs_batched, where, form) -> bool:
+    def _reset_state_batched(self, state, bs, obs_batched, where, form, knows_rows: bool = False) -> bool:
         """Whether a reset's state already has the reset rows ``bs``, decided for the state itself.
 
         With a known layout of one row (:meth:`_state_reference`) the shapes decide. Otherwise the
         state follows the observation (``obs_batched``; ``None`` when the observation is not the
-        reset's own), and a state that looks batched next to an unbatched observation is an error:
-        broadcasting it again would silently give ``(k, k, ...)``.
+        reset's own), except next to an unbatched observation from a reset_fn told the number of
+        rows it resets (``knows_rows``: it declares ``num_envs`` or ``mask``): its state is per row
+        when every leaf leads with those rows (never broadcast again into ``(k, k, ...)``).
         """
         try:
             got = _tree.shapes(state)
@@ -1163,15 +1165,11 @@ class WorldModelEnv(EnvBase):
                 f"{where} returned {form}: state leaves {_shape_text(got)} are neither one row {_shape_text(ref)} "
                 f"(unbatched, broadcast) nor {rows} rows of it (batched, leading dims {tuple(bs)})"
             )
-        leading = all(shape[: len(bs)] == bs for shape in got.values())
-        if obs_batched is False and leading:
-            raise ReturnFormError(
-                f"{where} returned {form}: the observation is unbatched but the state's leaves {_shape_text(got)} "
-                f"already have the leading dims {tuple(bs)} of the rows being reset; return the state and the "
-                "observation both batched or both unbatched (or pass initial_state= or state_spec= so that the "
-                "env knows one row's state layout)"
-            )
-        return obs_batched is not False
+        if obs_batched is False and knows_rows:
+            # no known layout, an unbatched observation: a reset_fn told how many rows it resets (num_envs=,
+            # mask=) returns a per-row state when its leaves lead with those rows; otherwise it is one row
+            return all(shape[: len(bs)] == bs for shape in got.values())
+        return obs_batched is not False  # the state follows the observation (unbatched: broadcast)
 
     def _expect_obs(self) -> str:
         if self._obs_is_mapping:
