@@ -214,3 +214,24 @@ def test_sb3_info_rows_match_the_per_env_rule(data, n):
         return type(a) is type(b) and a == b
 
     assert all(same(f, s) for f, s in zip(fast, slow))
+
+
+def test_discrete_spaces_with_a_start_reach_sb3_as_indices():
+    # SB3 ignores Discrete.start (its policies emit 0..n-1, it one-hot encodes n classes): the
+    # SB3 export's spaces start at 0 and carry the pool's indices; the envs still get start + index
+    from envs import ActionRecordingEnv, DictObsEnv
+
+    pool = EnvPool([ActionRecordingEnv] * 2, seed=0)
+    venv = to_sb3_vec_env(pool)
+    assert venv.action_space == gym.spaces.Discrete(5)
+    venv.reset()
+    venv.step_async(np.array([0, 4]))
+    obs, *_ = venv.step_wait()
+    assert obs[:, 0].tolist() == [-2.0, 2.0]  # the envs saw start + index
+    PPO("MlpPolicy", venv, n_steps=16, batch_size=16, n_epochs=1, seed=0, device="cpu").learn(32)
+    venv.close()
+    dict_venv = to_sb3_vec_env(EnvPool([DictObsEnv] * 2, seed=0))
+    assert dict_venv.observation_space["goal"]["kind"] == gym.spaces.Discrete(4)  # DictObsEnv: Discrete(4, start=1)
+    obs = dict_venv.reset()
+    assert set(obs["goal"]["kind"].tolist()) <= {0, 1, 2, 3}
+    dict_venv.close()

@@ -519,3 +519,21 @@ def test_env_spec_metadata_and_render_mode_of_every_backend(kind):
     assert pool.seed_every_episode is False
     assert pool.freezes_rows is (kind in ("serial", "process"))
     pool.close()
+
+
+def test_a_subclass_step_is_honoured_by_the_fast_path():
+    class Shaped(EnvPool):
+        calls = 0
+
+        def _step(self, tensordict):
+            Shaped.calls += 1
+            out = super()._step(tensordict)
+            out["reward"] = out["reward"] * 10  # e.g. reward shaping in a subclass
+            return out
+
+    pool = Shaped([functools.partial(counting, max_length=3)] * 2, seed=0)
+    rollout = pool.rollout(6, break_when_any_done=False)
+    assert Shaped.calls == 6
+    # CountingEnv's reward is its action: every step went through the override
+    assert torch.equal(rollout["next", "reward"][..., 0], 10 * rollout["action"].float())
+    pool.close()

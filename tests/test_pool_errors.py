@@ -372,6 +372,10 @@ def test_process_backend_unpicklable_options_name_the_env_and_leave_the_pool_con
         with pytest.raises(EnvError, match="cannot be unpickled in the worker: ZeroDivisionError"):
             pool.reset(options=[{"length": 6}, {"length": 6}, {"x": Unloadable()}, {"length": 6}])
         assert pool.get_attr("length", indices=[2, 3]) == [5, 5]
+        before = pool._seeds.count.copy()
+        with pytest.raises(EnvError, match="cannot be pickled"):
+            pool.reset(options=options)
+        assert (pool._seeds.count == before).all()  # the failed reset used up no episode seeds
         td = pool.reset(options=[{"length": 7}] * 2 + [{"length": 8}] * 2)
         assert pool.get_attr("length") == [7, 7, 8, 8]
         td["action"] = torch.ones(4, dtype=torch.int64)

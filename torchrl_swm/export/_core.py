@@ -295,8 +295,10 @@ class Layout:
             done keys, an unknown key, or a spec type gymnasium cannot express.
     """
 
-    def __init__(self, env: EnvBase, *, observation_keys=None, info_keys=None, name: str = "to_gymnasium"):
+    def __init__(self, env: EnvBase, *, observation_keys=None, info_keys=None, name: str = "to_gymnasium",
+                 index_spaces: bool = False):
         self.name = name
+        self._index_spaces = index_spaces
         self.batch_size = tuple(env.batch_size)
         if len(self.batch_size) > 1:
             raise SpecError(
@@ -353,13 +355,22 @@ class Layout:
         if what == "action":
             if key != _key(pool.action_key) or batched_spec != pool.full_action_spec[pool.action_key]:
                 return None
-            return copy.deepcopy(pool.single_action_space)
+            return self._client_space(pool.single_action_space)
         spaces = self._pool_observation_spaces()
         if key not in spaces or key not in pool.observation_spec.keys(True, True):
             return None
         if batched_spec != pool.observation_spec[key]:
             return None
-        return copy.deepcopy(spaces[key])
+        return self._client_space(spaces[key])
+
+    def _client_space(self, space: gym.Space) -> gym.Space:
+        """A copy of the pool's ``space``; with ``index_spaces`` (clients that ignore ``start``, as
+        Stable-Baselines3 does) a ``Discrete``/``MultiDiscrete`` one starts at 0: values are the indices."""
+        if self._index_spaces and isinstance(space, gym.spaces.Discrete):
+            return gym.spaces.Discrete(int(space.n), dtype=space.dtype)
+        if self._index_spaces and isinstance(space, gym.spaces.MultiDiscrete):
+            return gym.spaces.MultiDiscrete(space.nvec, dtype=space.dtype)
+        return copy.deepcopy(space)
 
     def _pool_observation_spaces(self) -> dict[Key, gym.Space]:
         spaces = getattr(self, "_pool_obs_spaces", None)

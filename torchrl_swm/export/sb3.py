@@ -75,8 +75,11 @@ def _sb3_class():
                     "to_sb3_vec_env: expected a TorchRL env with batch_size [N], got "
                     + (f"batch_size {list(env.batch_size)}" if isinstance(env, EnvBase) else type(env).__name__)
                 )
+            # SB3 ignores a Discrete space's start (its policies emit 0..n-1, it one-hot encodes n
+            # classes): its spaces start at 0, and values are the indices the pool keeps
             self.venv = TorchRLVectorEnv(
-                env, autoreset_mode="same_step", observation_keys=observation_keys, info_keys=info_keys
+                env, autoreset_mode="same_step", observation_keys=observation_keys, info_keys=info_keys,
+                index_spaces=True,
             )
             self._actions = None
             super().__init__(self.venv.num_envs, self.venv.single_observation_space, self.venv.single_action_space)

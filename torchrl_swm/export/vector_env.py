@@ -32,8 +32,12 @@ Autoreset modes (gymnasium's exact semantics, https://farama.org/Vector-Autorese
 ``reset(options={"reset_mask": mask})`` resets only the masked envs in every
 mode, as gymnasium's own vector envs do; infos then report only those envs,
 and the others show their last observation (the final one for an env waiting
-for its NEXT_STEP autoreset). Each env is reset exactly once per gymnasium
-reset, whatever the mode and whether or not it was waiting for an autoreset.
+for its NEXT_STEP autoreset). An env waiting for its NEXT_STEP autoreset is not
+reset a second time by a gymnasium reset without seed or options (it starts the
+episode ``SyncVectorEnv`` would); with a seed or options it is reset again: an
+env that counts its resets sees one more than on ``SyncVectorEnv``, and with
+options but no seed its random stream has moved on by that extra reset, so its
+episode differs from ``SyncVectorEnv``'s (pass a seed for the same episode).
 """
 
 from __future__ import annotations
@@ -81,7 +85,7 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP, "render_modes": []}
 
     def __init__(self, env: EnvBase, *, autoreset_mode="next_step", numpy=True, observation_keys=None,
-                 info_keys=None):
+                 info_keys=None, index_spaces: bool = False):
         if not isinstance(env, EnvBase):
             raise TypeError(f"to_gymnasium: expected a TorchRL EnvBase, got {type(env).__name__}")
         if len(env.batch_size) != 1:
@@ -93,7 +97,8 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         if len(reset_keys) != 1:
             raise ValueError(f"TorchRLVectorEnv: expected one reset key, the env has {reset_keys}")
         self.env = env
-        self.layout = Layout(env, observation_keys=observation_keys, info_keys=info_keys)
+        # index_spaces: Discrete/MultiDiscrete spaces start at 0 (for Stable-Baselines3, which ignores start)
+        self.layout = Layout(env, observation_keys=observation_keys, info_keys=info_keys, index_spaces=index_spaces)
         self.traits = traits(env)
         self.num_envs = int(env.batch_size[0])
         self.autoreset_mode = _autoreset_mode(autoreset_mode)
@@ -145,11 +150,12 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
                 env waiting for its NEXT_STEP autoreset: its final one), as on
                 ``SyncVectorEnv``.
 
-        Each env is reset once. In NEXT_STEP mode an env whose episode ended on the
-        last step was already reset by the env when it finished (envs that honour
-        ``"_step"``); resetting it again with no seed and no options keeps that reset
-        rather than making a second one, so it starts the same episode as on
-        ``SyncVectorEnv``.
+        In NEXT_STEP mode an env whose episode ended on the last step was already
+        reset when it finished (envs that honour ``"_step"``); resetting it again with
+        no seed and no options keeps that reset rather than making a second one, so it
+        starts the same episode as on ``SyncVectorEnv``. With a seed or options it is
+        reset again (see the module docstring: with options and no seed its episode
+        differs from ``SyncVectorEnv``'s).
         """
         options = dict(options) if options else {}
         mask = options.pop("reset_mask", None)

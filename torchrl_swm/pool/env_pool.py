@@ -177,6 +177,7 @@ class EnvPool(EnvBase):
         super().__init__(batch_size=torch.Size([n]), device=torch.device(device))
         self.num_envs = n
         self._backend = backend
+        self._own_step = type(self)._step is EnvPool._step
         try:
             self._build(categorical_action_encoding, pixels, image_shape, info_keys, info_spec, seed, seed_every_episode)
         except BaseException:
@@ -271,10 +272,19 @@ class EnvPool(EnvBase):
         return self._host.snapshot(self._reset_keys, self.batch_size)
 
     def _reset_rows(self, rows: np.ndarray | None, seed_override=None, options=None) -> None:
-        """Reset ``rows`` (all when ``None``) in the backend, writing the buffers."""
+        """Reset ``rows`` (all when ``None``) in the backend, writing the buffers.
+
+        A reset that raises leaves the seed schedule as it was (a retry draws the same seeds).
+        """
         self._host.wait_for_copy()
-        reset_seeds, episode_seeds = self._seeds.next(rows, seed_override)
-        self._backend.reset(rows, reset_seeds, options, episode_seeds)
+        seeds = self._seeds
+        saved = seeds.base.copy(), seeds.count.copy()
+        reset_seeds, episode_seeds = seeds.next(rows, seed_override)
+        try:
+            self._backend.reset(rows, reset_seeds, options, episode_seeds)
+        except BaseException:
+            seeds.base[:], seeds.count[:] = saved
+            raise
         self._resize_frames(rows)
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
@@ -312,7 +322,8 @@ class EnvPool(EnvBase):
             or (self._subtrees and self._foreign_leaves(tensordict))
         ):
             return super()._step_and_maybe_reset(tensordict)
-        next_td = self._step_rows(tensordict, step_mask)
+        # a subclass's own _step is honoured; the pool's reads the "_step" mask fetched above
+        next_td = self._step_rows(tensordict, step_mask) if self._own_step else self._step(tensordict)
         tensordict._set_str("next", next_td, validated=True, inplace=False, non_blocking=False)
         done_rows = self._done_flags.nonzero()[0]  # cheaper than any() + flatnonzero()
         if not done_rows.size:
