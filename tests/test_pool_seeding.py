@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from envs import CountingEnv, counting
+from tensordict import TensorDict
 
 from torchrl_swm import EnvPool
 
@@ -165,4 +166,22 @@ def test_batch_rng_vector_env_records_the_seed_of_its_stream(every_episode):
     assert venv.unwrapped._np_random_seed == (15 if every_episode else 10)
     # every_episode: the reset reseeded the batch with row 2's next seed, 12 + 3; else: stream 10 continues
     assert seeds_of(td) == ([10, 10, 15] if every_episode else [10, 10, 10])
+    pool.close()
+
+
+@pytest.mark.parametrize("override", [None, [40, 41, 42]])
+@pytest.mark.parametrize("partial", [False, True])
+def test_a_reset_that_raises_leaves_the_seed_schedule_as_it_was(override, partial):
+    from envs import FailingEnv
+
+    from torchrl_swm import EnvError
+
+    pool = EnvPool([functools.partial(counting, length=9)] * 2 + [functools.partial(FailingEnv, in_reset=True)],
+                   seed=10)
+    # the construction probe reset the envs once: the FailingEnv raises from now on
+    before = pool._seeds.base.copy(), pool._seeds.count.copy()
+    td = TensorDict({"_reset": torch.tensor([[False], [True], [True]])}, [3]) if partial else None
+    with pytest.raises(EnvError, match="env 2 .*reset exploded"):
+        pool.reset(td, seed=override)
+    assert (pool._seeds.base == before[0]).all() and (pool._seeds.count == before[1]).all()
     pool.close()

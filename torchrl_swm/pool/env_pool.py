@@ -278,12 +278,12 @@ class EnvPool(EnvBase):
         """
         self._host.wait_for_copy()
         seeds = self._seeds
-        saved = seeds.base.copy(), seeds.count.copy()
+        saved = None if seed_override is None else (seeds.base.copy(), seeds.count.copy())
         reset_seeds, episode_seeds = seeds.next(rows, seed_override)
         try:
             self._backend.reset(rows, reset_seeds, options, episode_seeds)
         except BaseException:
-            seeds.base[:], seeds.count[:] = saved
+            seeds.rewind(rows, saved)
             raise
         self._resize_frames(rows)
 

@@ -106,6 +106,15 @@ class SeedSchedule:
         self.base[:] = broadcast_seeds(seed, self.num_envs)
         self.count[:] = 0
 
+    def rewind(self, rows: np.ndarray | None, saved: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """Undo the last :meth:`next` for ``rows`` (a reset that failed): it advanced each row's
+        counter by one, or, with an override, replaced ``base`` and ``count`` (``saved`` holds
+        their values from before, taken only then: the common reset copies nothing)."""
+        if saved is not None:
+            self.base[:], self.count[:] = saved
+        else:
+            self.count[slice(None) if rows is None else rows] -= 1
+
     def next(self, rows: np.ndarray | None, override: np.ndarray | None = None) -> tuple[list, list[int]]:
         """Seeds for resetting ``rows`` (all when ``None``), advancing their counters.
 
