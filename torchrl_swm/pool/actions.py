@@ -12,7 +12,7 @@ import torch
 
 from ..errors import SpecError, describe
 from ..specs import space_to_spec
-from .infos import cast_problem
+from .infos import first_cast_problem
 from .rows import action_kind, env_action_list
 
 __all__ = ["ActionCodec"]
@@ -163,9 +163,9 @@ class ActionCodec:
                     f"{self.np_dtype}, got {dtype}; casting it would truncate the values. Round or cast the "
                     "action first."
                 )
-            problem = cast_problem(array, target)
-            if problem is not None:
-                bad = np.flatnonzero(np.array([cast_problem(row, target) is not None for row in array]))
+            found = first_cast_problem(array, target)
+            if found is not None:
+                j, problem = found
                 self._bad(f"expected values that fit the Box's dtype {self.np_dtype}, got {dtype}: {problem}",
-                          rows, bad)
+                          rows, [j])
         return array.astype(self.np_dtype, copy=True)

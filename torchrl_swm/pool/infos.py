@@ -49,8 +49,8 @@ from ..errors import EnvError, SpecError, describe
 # torch and torchrl are imported where needed: worker processes write infos
 # with this module and start faster without them.
 
-__all__ = ["InfoSchema", "InfoWriter", "numeric_value", "vector_values", "cast_problem", "flatten_vector_info",
-           "INFO_MASK_KEY"]
+__all__ = ["InfoSchema", "InfoWriter", "numeric_value", "vector_values", "cast_problem", "first_cast_problem",
+           "flatten_vector_info", "INFO_MASK_KEY"]
 
 Key = tuple[str, ...]
 
@@ -115,6 +115,25 @@ def cast_problem(source: np.ndarray, dtype: np.dtype) -> str | None:
     if np.can_cast(src, dtype, "same_kind"):
         return None
     return f"dtype {src} does not cast to {dtype} without changing the values"
+
+
+def first_cast_problem(array: np.ndarray, dtype: np.dtype, rows=None) -> tuple[int, str] | None:
+    """The first row of ``array`` (among ``rows``: a bool mask or indices; all rows when ``None``)
+    whose values cannot be stored as ``dtype`` unchanged, with :func:`cast_problem`'s reason, or
+    ``None`` when every one can. The selected rows are checked at once; the row-by-row search
+    that names the env runs only after a failure."""
+    if cast_problem(array if rows is None else array[rows], dtype) is None:
+        return None
+    if rows is None:
+        order = range(len(array))
+    else:
+        rows = np.asarray(rows)
+        order = (np.flatnonzero(rows) if rows.dtype == np.bool_ else rows).tolist()
+    for j in order:
+        problem = cast_problem(array[j], dtype)
+        if problem is not None:
+            return j, problem
+    return None
 
 
 #: Keys of vector-env infos that are not per-env values (SAME_STEP's terminal data).
@@ -443,15 +462,15 @@ class InfoWriter:
                     f"({len(array)}, {', '.join(map(str, array.shape[2:]))}) and dtype {array.dtype}, got {describe(value)}"
                 )
             rows = select if present is None else select & np.asarray(present, dtype=bool)
-            values = source[rows]
-            if source.dtype != array.dtype and cast_problem(values, array.dtype) is not None:
-                j = next(j for j in np.flatnonzero(rows).tolist() if cast_problem(source[j], array.dtype) is not None)
+            found = None if source.dtype == array.dtype else first_cast_problem(source, array.dtype, rows)
+            if found is not None:
+                j, problem = found
                 raise EnvError(
                     j, phase, f"vector info key {_key_str(key)}: expected dtype {array.dtype}, got {source.dtype} "
-                    f"(value {source[j].tolist()!r}): {cast_problem(source[j], array.dtype)}; storing it would change "
-                    "its value. Declare the key with a wider dtype via info_spec=."
+                    f"(value {source[j].tolist()!r}): {problem}; storing it would change its value. Declare the key "
+                    "with a wider dtype via info_spec=."
                 )
-            array[rows, 0] = values
+            array[rows, 0] = source[rows]
             mask = masks.get(key)
             if mask is not None:
                 mask[rows] = True

@@ -15,7 +15,7 @@ import gymnasium as gym
 import numpy as np
 
 from ..errors import EnvError, SpecError, describe
-from .infos import InfoWriter, cast_problem
+from .infos import InfoWriter, cast_problem, first_cast_problem
 
 __all__ = ["RowWriter", "observation_leaves", "action_kind", "env_action_list", "RESERVED_KEYS"]
 
@@ -85,11 +85,9 @@ def _leaf_batch_writer(key: Key, space: gym.Space, buf: np.ndarray):
                 f"got {describe(values)}"
             )
         if array.dtype != buf.dtype:
-            written = array if select is None else array[select]
-            if cast_problem(written, buf.dtype) is not None:  # name the first env whose values do not fit
-                rows = range(len(array)) if select is None else np.flatnonzero(select).tolist()
-                j = next(j for j in rows if cast_problem(array[j], buf.dtype) is not None)
-                _check_cast(j, key, array[j], buf.dtype, phase)
+            found = first_cast_problem(array, buf.dtype, select)  # names the first env whose values do not fit
+            if found is not None:
+                _check_cast(found[0], key, array[found[0]], buf.dtype, phase)
         if start is not None:
             array = array - start
         if select is None:
