@@ -967,14 +967,7 @@ class WorldModelEnv(EnvBase):
         """
         if self._encode is None:
             return nest(obs) if self._obs_is_mapping else obs
-        grad = torch.is_grad_enabled()
-        if not self._differentiable:
-            torch._C._set_grad_enabled(False)
-        try:
-            model_obs = nest(obs) if self._obs_is_mapping else obs
-            state = self._encode.call(model_obs)
-        finally:
-            torch._C._set_grad_enabled(grad)
+        state = self._encode.call(nest(obs) if self._obs_is_mapping else obs)  # grad mode: the reset's
         if state is None:
             raise ReturnFormError(f"{self._encode.description} returned None for {what}; expected the encoded state")
         self._check_state(state, bs, f"{self._encode.description} (encoding {what})")
@@ -1053,13 +1046,7 @@ class WorldModelEnv(EnvBase):
             kwargs["num_envs"] = k
         if "mask" in bound.extras:
             kwargs["mask"] = mask
-        grad = torch.is_grad_enabled()
-        if not self._differentiable:
-            torch._C._set_grad_enabled(False)
-        try:
-            result = bound.call(seed, options, **kwargs)
-        finally:
-            torch._C._set_grad_enabled(grad)
+        result = bound.call(seed, options, **kwargs)  # grad mode: the reset's (see _graph_free)
         where = bound.description
         form, state, obs, info = split_reset(result, where, self._obs_keys)
         # what tells whether the state is batched: the returned observation, the state itself (obs = state),
@@ -1198,16 +1185,21 @@ class WorldModelEnv(EnvBase):
         Runs without grad unless the env is differentiable (as steps do), so a start state that
         requires grad (a learned ``initial_state``) reaches the outputs detached.
         """
+        return self._graph_free(self._restart, rows, seed, options, flags_cleared)
+
+    def _graph_free(self, fn, *args):
+        """``fn(*args)`` without grad unless the env is differentiable: how every reset runs (steps
+        do the same inline). Encoders and reset functions called inside need no mode of their own."""
         if self._differentiable or not torch.is_grad_enabled():
-            return self._restart(rows, seed, options, flags_cleared)
+            return fn(*args)
         torch._C._set_grad_enabled(False)
         try:
-            return self._restart(rows, seed, options, flags_cleared)
+            return fn(*args)
         finally:
             torch._C._set_grad_enabled(True)
 
     def _restart(self, rows, seed, options, flags_cleared):
-        """:meth:`_reset_state`'s body (grad mode already set)."""
+        """:meth:`_reset_state`'s body (run by :meth:`_graph_free`)."""
         rt = self._rt
         bs = self._locked_shapes.bs
         if rows is None:
@@ -1266,13 +1258,7 @@ class WorldModelEnv(EnvBase):
         mask = None if tensordict is None else tensordict.get("_reset", None)
         if not self._locked:
             bs = tuple(tensordict.batch_size) if tensordict is not None else tuple(self.batch_size)
-            if self._differentiable or not torch.is_grad_enabled():
-                return self._reset_unlocked(bs, seed, options)
-            torch._C._set_grad_enabled(False)  # as steps: no graph unless differentiable
-            try:
-                return self._reset_unlocked(bs, seed, options)
-            finally:
-                torch._C._set_grad_enabled(True)
+            return self._graph_free(self._reset_unlocked, bs, seed, options)
         n = self.batch_size[0]
         rows = None if mask is None else row_mask(mask, n, "_reset")
         if rows is not None and (not self._rt.has_state or bool(rows.all())):
