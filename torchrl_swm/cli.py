@@ -334,12 +334,13 @@ def _eval(args) -> int:
         count = ds.num_episodes if args.episodes is None else args.episodes
         if count > ds.num_episodes:
             raise CLIError(f"--episodes {count}: the dataset {args.dataset} holds only {ds.num_episodes} episodes")
-        lengths = ds.episode_lengths[:count]
-        short = [k for k in range(count) if start + args.goal_offset > int(lengths[k])]
+        from .world import goals_outside_episodes  # World's own rule, checked before any env is built
+
+        short = goals_outside_episodes(ds, range(count), [start] * count, args.goal_offset)
         if short:
             raise CLIError(
                 f"--start-step {start} + --goal-offset {args.goal_offset} is past the end of {len(short)} of the "
-                f"{count} dataset episodes (e.g. episode {short[0]}, length {int(lengths[short[0]])})"
+                f"{count} dataset episodes (e.g. episode {short[0][0]}, length {short[0][2]})"
             )
         if args.image_shape is None and not args.pixels and ds.td is not None and "pixels" in ds.td.keys():
             args.image_shape = list(ds.td.get("pixels").shape[1:3])  # render goals and frames alike

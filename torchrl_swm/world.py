@@ -257,6 +257,13 @@ def _find_pool(env):
     return env if isinstance(env, EnvPool) else None
 
 
+def goals_outside_episodes(ds, episodes_idx, start_steps, goal_offset: int) -> list[tuple[int, int, int]]:
+    """``(episode, start step, length)`` of each dataset episode whose start step is negative or whose
+    goal, ``goal_offset`` steps later, is past its end (dataset-driven evaluation cannot run those)."""
+    lengths = ds.episode_lengths
+    return [(k, s, int(lengths[k])) for k, s in zip(episodes_idx, start_steps) if s < 0 or s + goal_offset > lengths[k]]
+
+
 def _freezes_rows(env) -> bool:
     """Whether ``env`` honours a ``"_step"`` mask, i.e. can leave some rows unstepped.
 
@@ -693,13 +700,10 @@ class World:
             starts = [int(s) for s in start_steps]
             if len(starts) != len(idx):
                 raise ValueError(f"start_steps: expected {len(idx)} values (one per episode), got {len(starts)}")
-        lengths = ds.episode_lengths
-        bad = []
-        for m, (k, s) in enumerate(zip(idx, starts)):
+        for m, k in enumerate(idx):
             if not 0 <= k < ds.num_episodes:
                 raise IndexError(f"episodes_idx[{m}] = {k} is out of range: the dataset has {ds.num_episodes} episodes")
-            if s < 0 or s + goal_offset > lengths[k]:
-                bad.append(f"episode {k} (length {lengths[k]}) from step {s}")
+        bad = [f"episode {k} (length {n}) from step {s}" for k, s, n in goals_outside_episodes(ds, idx, starts, goal_offset)]
         if bad:
             raise ValueError(
                 f"evaluate(dataset=...): start_step + goal_offset ({goal_offset}) must be within the episode for: "
