@@ -888,8 +888,9 @@ class WorldModelEnv(EnvBase):
             rows = row_mask(partial, bs[0], "_step")
             if not bool(rows.all()):
                 # frozen rows keep their state, observation and flags, and report reward 0
+                shared = obs is state and rt.obs is rt.state  # obs = state: one select serves both
                 state = _tree.where_rows(rows, state, rt.state)
-                obs = _tree.where_rows(rows, obs, rt.obs)
+                obs = state if shared else _tree.where_rows(rows, obs, rt.obs)
                 view = rows.view(-1, 1)
                 reward = torch.where(view, reward, torch.zeros((), dtype=reward.dtype, device=reward.device))
                 terminated = torch.where(view, terminated, rt.term)
