@@ -32,7 +32,7 @@ def test_console_script_is_installed_and_lists_commands():
 
 
 def test_collect_info_eval_round_trip(tmp_path, capsys):
-    data = tmp_path / "cartpole"
+    data = tmp_path / "data" / "cartpole"  # a missing parent is created, as World.collect does (README's data/maze)
     out = run("collect", "CartPole-v1", "--episodes", 5, "--num-envs", 2, "--out", data, "--seed", 3)
     assert out.returncode == 0, out.stderr
     assert "5 episodes" in out.stdout and (data / "dataset.json").exists()
@@ -109,8 +109,9 @@ def test_clear_errors_for_unknown_envs_and_bad_paths(tmp_path, capsys):
     (tmp_path / "full" / "x.txt").write_text("x")
     code, err = error("collect", "CartPole-v1", "--episodes", 1, "--out", tmp_path / "full")
     assert code == 2 and "not empty" in err
-    code, err = error("collect", "CartPole-v1", "--episodes", 1, "--out", tmp_path / "no" / "such" / "dir")
-    assert code == 2 and "parent directory" in err
+    (tmp_path / "file").write_text("x")
+    code, err = error("collect", "CartPole-v1", "--episodes", 1, "--out", tmp_path / "file" / "dir")
+    assert code == 2 and "is not a directory" in err
     code, err = error("eval", "CartPole-v1", "--dataset", tmp_path / "plain", "--goal-offset", 1, "--eval-budget", 2)
     assert code == 2 and "--dataset" in err
     code, err = error("eval", "CartPole-v1", "--goal-offset", 1)

@@ -339,3 +339,43 @@ def test_stats_read_success_from_root_keys_as_world_does(tmp_path):
     assert stats["lengths"].tolist() == [3] * 4
     assert stats["successes"] is not None and stats["successes"].all()
     pool.close()
+
+
+# -- review fixes: argument errors before anything is written, excluded keys --------------------------------------
+
+
+def test_bad_collect_arguments_write_nothing_and_the_path_stays_usable(tmp_path):
+    world = World(counting_pool(2))
+    path = tmp_path / "ds"
+    with pytest.raises(ValueError, match="exploration"):
+        world.collect(path, 2, seed=0, max_steps=10, exploration="bogus", progress=False)
+    assert not path.exists()
+    with pytest.raises(TypeError, match="policy: expected a TensorDictModule or a callable"):
+        world.collect(path, 2, seed=0, max_steps=10, policy=42, progress=False)
+    assert not path.exists()
+    ds = world.collect(path, 2, seed=0, max_steps=10, progress=False)  # no FileExistsError from a failed call
+    assert ds.num_episodes == 2 and ds.metadata["complete"]
+
+
+def test_excluding_the_reward_keeps_the_dataset_summarisable(tmp_path):
+    world = World(counting_pool(2))
+    ds = world.collect(tmp_path / "ds", 3, seed=0, max_steps=10, exclude_keys=[("next", "reward")], progress=False)
+    assert ("next", "reward") not in ds.td.keys(True, True)
+    stats = ds.stats()
+    assert stats["returns"] is None and stats["lengths"].tolist() == ds.episode_lengths.tolist()
+    assert "3 episodes" in ds.summary()
+
+
+def test_exclude_keys_are_checked(tmp_path):
+    world = World(counting_pool(2))
+    for key in ("episode", "done", ("next", "terminated")):
+        with pytest.raises(ValueError, match="cannot be excluded: the dataset format needs it"):
+            world.collect(tmp_path / "a", 2, seed=0, max_steps=10, exclude_keys=[key], progress=False)
+    with pytest.raises(TypeError, match="ambiguous"):
+        world.collect(tmp_path / "a", 2, seed=0, max_steps=10, exclude_keys=("info", "t"), progress=False)
+    assert not (tmp_path / "a").exists()
+    # a bare string is one key, not its characters
+    ds = world.collect(tmp_path / "b", 2, seed=0, max_steps=10, exclude_keys="episode_seed", progress=False)
+    keys = set(ds.td.keys(True, True))
+    assert "episode_seed" not in keys and ("next", "episode_seed") not in keys and "is_init" in keys
+    assert ds.metadata["excluded_keys"] == ["episode_seed"]

@@ -602,3 +602,25 @@ def test_progress_bar_runs(capsys):
     World(pool, ones(2)).evaluate(4, seed=0, progress=True)
     assert "evaluate" in capsys.readouterr().err
     pool.close()
+
+
+def _time_limited_counting(length, limit):
+    return gym.wrappers.TimeLimit(CountingEnv(length=length), max_episode_steps=limit)
+
+
+@pytest.mark.parametrize(
+    "length, limit, terminated, truncated",
+    [(4, 4, True, True), (3, 6, True, False), (6, 3, False, True)],  # both flags / terminated / truncated
+)
+def test_episode_flags_are_the_env_flags(length, limit, terminated, truncated):
+    world = World(EnvPool([functools.partial(_time_limited_counting, length, limit)] * 2, seed=0))
+    out = world.evaluate(4, seed=0, progress=False)
+    assert out["episode_lengths"].tolist() == [min(length, limit)] * 4
+    assert out["episode_terminated"].tolist() == [terminated] * 4
+    assert out["episode_truncated"].tolist() == [truncated] * 4
+
+
+def test_video_must_be_a_directory_or_a_recorder():
+    world = World(EnvPool([functools.partial(counting, render_mode="rgb_array")] * 2, pixels=True))
+    with pytest.raises(TypeError, match="video: expected a directory"):
+        world.evaluate(2, video=True, progress=False)

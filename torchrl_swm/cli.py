@@ -246,7 +246,7 @@ def _world(args, policy_spec):
 def _configure_collect(p: argparse.ArgumentParser) -> None:
     _add_env_arguments(p, default_envs=4)
     p.add_argument("--episodes", type=int, required=True, help="episodes to collect")
-    p.add_argument("--out", required=True, help="dataset directory (must not exist, or be empty)")
+    p.add_argument("--out", required=True, help="dataset directory (must not exist, or be empty; missing parents are created)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
 
 
@@ -257,8 +257,8 @@ def _collect(args) -> int:
     if os.path.exists(out) and not os.path.isdir(out):
         raise CLIError(f"--out {args.out}: exists and is not a directory")
     parent = os.path.dirname(out)
-    if not os.path.isdir(parent):
-        raise CLIError(f"--out {args.out}: parent directory {parent} does not exist")
+    if os.path.exists(parent) and not os.path.isdir(parent):
+        raise CLIError(f"--out {args.out}: {parent} exists and is not a directory")
     if os.path.isdir(out) and os.listdir(out) and not args.overwrite:
         raise CLIError(f"--out {args.out}: directory exists and is not empty (pass --overwrite to replace a dataset)")
     if args.episodes < 1:

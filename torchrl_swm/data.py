@@ -449,8 +449,10 @@ class WorldDataset:
         if self.td is None:
             return out
         idx = np.repeat(np.arange(len(lengths)), lengths)
-        reward = self.td.get(("next", "reward")).reshape(self.num_steps, -1).sum(-1).double().numpy()
-        out["returns"] = np.bincount(idx, weights=reward, minlength=len(lengths))
+        reward = self.td.get(("next", "reward"), None)  # None: collected with exclude_keys=["reward"]
+        if reward is not None:
+            reward = reward.reshape(self.num_steps, -1).sum(-1).double().numpy()
+            out["returns"] = np.bincount(idx, weights=reward, minlength=len(lengths))
         from .world import SUCCESS_KEYS
 
         for key in (("next", *k) for k in SUCCESS_KEYS):

@@ -276,6 +276,41 @@ def _freezes_rows(env) -> bool:
     return pool is None or pool.freezes_rows
 
 
+def _check_policy(policy, where: str):
+    if not callable(policy):
+        raise TypeError(f"{where}: expected a TensorDictModule or a callable td -> td, got {type(policy).__name__}")
+    return policy
+
+
+#: what the dataset format is built on: episode ids (the sampler's ``traj_key``) and the episode ends
+_REQUIRED_KEYS = {("episode",), ("done",), ("terminated",), ("truncated",)}
+
+
+def _excluded_keys(keys) -> list[tuple[str, ...]]:
+    """``collect(exclude_keys=...)`` as nested-key tuples; a bare string is one key."""
+    if isinstance(keys, str):
+        keys = [keys]
+    elif isinstance(keys, tuple) and keys and all(isinstance(k, str) for k in keys):
+        raise TypeError(
+            f"exclude_keys={keys!r} is ambiguous: pass a list of keys, e.g. [{keys!r}] for one nested key or "
+            f"{list(keys)!r} for several"
+        )
+    out = []
+    for key in keys:
+        nested = (key,) if isinstance(key, str) else tuple(key)
+        if not nested or not all(isinstance(part, str) for part in nested):
+            raise TypeError(f"exclude_keys: expected str or tuple-of-str keys, got {key!r}")
+        if nested[0] == "next":
+            nested = nested[1:]  # a key is excluded at the root and under "next" alike
+        if nested in _REQUIRED_KEYS:
+            raise ValueError(
+                f"exclude_keys: {key!r} cannot be excluded: the dataset format needs it "
+                f"(required: {sorted(k[0] for k in _REQUIRED_KEYS)})"
+            )
+        out.append(nested)
+    return out
+
+
 def _as_mask(flags: np.ndarray, device) -> torch.Tensor:
     mask = torch.from_numpy(np.array(flags, dtype=bool)).view(-1, 1)
     return mask if device is None or device.type == "cpu" else mask.to(device)
@@ -395,13 +430,7 @@ class World:
     # -- policy -------------------------------------------------------------------------------------
     def set_policy(self, policy) -> None:
         """Use ``policy`` (a TorchRL policy; ``None``: random actions from the action spec)."""
-        if policy is None:
-            policy = RandomPolicy(self.env.action_spec)
-        elif not callable(policy):
-            raise TypeError(
-                f"World.set_policy: expected a TensorDictModule or a callable td -> td, got {type(policy).__name__}"
-            )
-        self.policy = policy
+        self.policy = RandomPolicy(self.env.action_spec) if policy is None else _check_policy(policy, "World.set_policy")
 
     @property
     def can_freeze_rows(self) -> bool:
@@ -597,13 +626,14 @@ class World:
         if max_steps is None:
             max_steps = self._step_limit()
         extra = {**extra, "env_time_limit": self._env_time_limit()}
+        _Run.check_arguments(self, plans, exploration, None)
         recorder = self._video(video)
-        run = _Run(
-            self, plans, reset_mode=reset_mode, max_steps=max_steps, success_fn=success_fn, video=recorder,
-            progress=progress, exploration=exploration, goal_key=goal_key, check_keys=check_keys,
-            desc="evaluate", seed=seed,
-        )
         try:
+            run = _Run(
+                self, plans, reset_mode=reset_mode, max_steps=max_steps, success_fn=success_fn, video=recorder,
+                progress=progress, exploration=exploration, goal_key=goal_key, check_keys=check_keys,
+                desc="evaluate", seed=seed,
+            )
             with _forked_rng(seed):
                 run.run()
         finally:
@@ -622,6 +652,11 @@ class World:
         if video is None or video is False:
             return None
         from .video import VideoRecorder
+
+        if not isinstance(video, (str, os.PathLike, VideoRecorder)):
+            raise TypeError(
+                f"video: expected a directory (str or path) for one MP4 per episode, or a VideoRecorder, got {video!r}"
+            )
 
         if "pixels" not in self.env.full_observation_spec.keys():
             raise ValueError(
@@ -824,6 +859,7 @@ class World:
             )
         plans = self._plans(episodes, seed, options)
         used_policy = self.policy if policy is None else policy
+        exclude_keys = _excluded_keys(exclude_keys)
         metadata = {
             "env": self.env_id or type(self.env).__name__,
             "env_kwargs": {
@@ -836,15 +872,16 @@ class World:
             "max_steps": self._effective_limit(max_steps),
             "episodes_requested": episodes,
             "policy": repr(used_policy)[:300],
-            "excluded_keys": [k if isinstance(k, str) else list(k) for k in exclude_keys],
+            "excluded_keys": [list(k) if len(k) > 1 else k[0] for k in exclude_keys],
         }
+        _Run.check_arguments(self, plans, exploration, used_policy)
         writer = DatasetWriter(path, capacity=episodes * max_steps, metadata=metadata, overwrite=overwrite)
-        run = _Run(
-            self, plans, reset_mode=reset_mode, max_steps=max_steps, success_fn=None, video=None,
-            progress=progress, exploration=exploration, goal_key="goal", check_keys=(), writer=writer,
-            policy=used_policy, desc="collect", seed=seed, exclude_keys=exclude_keys,
-        )
         try:
+            run = _Run(
+                self, plans, reset_mode=reset_mode, max_steps=max_steps, success_fn=None, video=None,
+                progress=progress, exploration=exploration, goal_key="goal", check_keys=(), writer=writer,
+                policy=used_policy, desc="collect", seed=seed, exclude_keys=exclude_keys,
+            )
             with _forked_rng(seed):
                 run.run()
         except BaseException as err:
@@ -891,11 +928,8 @@ class _Run:
         # False for a VectorEnv pool: every row is stepped, idle rows' outputs are ignored (see World.can_freeze_rows)
         self.freeze = world.can_freeze_rows
         self.last_frames: np.ndarray | None = None  # grid video of a VectorEnv pool: idle rows keep their last frame
-        if exploration is not None and exploration not in _EXPLORATION:
-            raise ValueError(f"exploration: expected one of {sorted(_EXPLORATION)} or None, got {exploration!r}")
+        self.check_arguments(world, plans, exploration, policy)
         self.exploration = None if exploration is None else _EXPLORATION[exploration]
-        if any(p.options for p in plans) and self.pool is None:
-            raise TypeError("reset options need an EnvPool (other TorchRL envs take no per-env options)")
         self.queues = [deque() for _ in range(n)]
         for plan in plans:
             self.queues[plan.env].append(plan)
@@ -929,9 +963,19 @@ class _Run:
         self.progress = progress
         self.desc = desc
         self.reward_keys = list(world.env.reward_keys)
-        excluded = [(k,) if isinstance(k, str) else tuple(k) for k in exclude_keys]
+        excluded = _excluded_keys(exclude_keys)
         self.exclude_keys = [*excluded, *[("next", *k) for k in excluded]]
         self.wall_time = 0.0
+
+    @staticmethod
+    def check_arguments(world: World, plans, exploration, policy) -> None:
+        """Raise on a run's bad arguments; called before a run creates anything (a dataset directory, videos)."""
+        if exploration is not None and exploration not in _EXPLORATION:
+            raise ValueError(f"exploration: expected one of {sorted(_EXPLORATION)} or None, got {exploration!r}")
+        if any(p.options for p in plans) and world.pool is None:
+            raise TypeError("reset options need an EnvPool (other TorchRL envs take no per-env options)")
+        if policy is not None:
+            _check_policy(policy, "policy")
 
     # -- policy and env calls -------------------------------------------------------------------------
     def _act(self, td: TensorDictBase) -> TensorDictBase:
@@ -1121,6 +1165,8 @@ class _Run:
         done = nxt.get("done").reshape(n, -1).any(-1).cpu().numpy()
         terminated = nxt.get("terminated", None)
         terminated = done if terminated is None else terminated.reshape(n, -1).any(-1).cpu().numpy()
+        truncated = nxt.get("truncated", None)  # an env may report both flags (terminated at its time limit)
+        truncated = done & ~terminated if truncated is None else truncated.reshape(n, -1).any(-1).cpu().numpy()
         success = self._success(td)
         t_before = self.t.copy()
         self.t[rows] += 1
@@ -1154,7 +1200,7 @@ class _Run:
 
         self.is_init[:] = False
         for i in np.flatnonzero(finished):
-            self._finish(int(i), bool(terminated[i]), bool(cut[i] or (done[i] and not terminated[i])))
+            self._finish(int(i), bool(terminated[i]), bool(cut[i] or truncated[i]))
         # step_mdp: "next" becomes the root (observations, done flags, transform and recurrent states)
         root = nxt.exclude(*self.reward_keys)
         restart = [int(i) for i in np.flatnonzero(finished) if self.queues[i]] if self.mode == "auto" else []
