@@ -537,3 +537,40 @@ def test_a_subclass_step_is_honoured_by_the_fast_path():
     # CountingEnv's reward is its action: every step went through the override
     assert torch.equal(rollout["next", "reward"][..., 0], 10 * rollout["action"].float())
     pool.close()
+
+
+class _OneStepRandomStart(gym.Env):
+    """Every episode lasts one step; the observation is a number drawn at reset (a second reset shows)."""
+
+    observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.start = np.array([self.np_random.random()], np.float32)
+        return self.start, {}
+
+    def step(self, action):
+        return self.start, 1.0, True, False, {}
+
+
+@pytest.mark.parametrize("path", ["fast", "generic"])
+def test_same_step_vector_pool_where_every_row_ends_resets_each_row_once(path):
+    # TorchRL's generic maybe_reset sends an all-True "_reset" mask; the SAME_STEP vector env has
+    # already reset every row inside its step: resetting them again would skip episode starts
+    from torchrl.envs import EnvBase
+
+    def starts(pool, generic):
+        td, out = pool.reset(), []
+        for _ in range(5):
+            td["action"] = torch.zeros(4, dtype=torch.int64)
+            step, td = (EnvBase._step_and_maybe_reset(pool, td) if generic else pool.step_and_maybe_reset(td))
+            out.append(td["observation"].clone())
+        pool.close()
+        return torch.stack(out)
+
+    fns = [_OneStepRandomStart] * 4
+    single = starts(EnvPool(fns, seed=3, seed_every_episode=False), False)
+    vector = EnvPool(gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP), seed=3,
+                     seed_every_episode=False)
+    assert torch.equal(starts(vector, path == "generic"), single)

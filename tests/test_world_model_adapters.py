@@ -208,7 +208,7 @@ def test_reset_fn_keyword_extras_num_envs_mask_generator():
 
     env = WorldModelEnv(object(), BOX2, BOX2, num_envs=5, reset_fn=reset_fn, transition_fn=lambda s, a: s, seed=0)
     env.reset()
-    assert got["num_envs"] == 5 and got["mask"].all() and got["generator"] is env.generator
+    assert got["num_envs"] == 5 and got["mask"].all() and got["generator"] is env.reset_generator
     env._reset(TensorDict({"_reset": torch.tensor([[False], [True], [False], [True], [False]])}, [5]))
     assert got["num_envs"] == 2 and got["mask"].tolist() == [False, True, False, True, False]
 

@@ -217,6 +217,29 @@ def test_mask_isolation_two_same_seed_envs():
     assert dones > 0, "other rows finished and restarted meanwhile (partial resets in both envs)"
 
 
+def test_mask_isolation_with_starts_sampled_from_data(device):
+    """Starts sampled from start_states, a stochastic model: resetting row k in one of two same-seed envs
+    changes neither the model noise nor the later starts of any other row (they restart meanwhile too)."""
+    n, k = 6, 2
+    data = TensorDict({"observation": torch.randn(32, 4, generator=torch.Generator().manual_seed(5))}, [32]).to(device)
+    a, b = (noisy_env(n, seed=7, device=device, start_states=data, initial_state=None) for _ in range(2))
+    ta, tb = a.reset(), b.reset()
+    gen = torch.Generator().manual_seed(0)
+    others = [i for i in range(n) if i != k]
+    restarts = 0
+    for t in range(120):
+        if t in (10, 40):
+            tb = b.reset(tb.update(reset_td(n, [k]).to(device)))
+        action = (torch.rand(n, 2, generator=gen) * 2 - 1).to(device)
+        ta["action"], tb["action"] = action, action.clone()
+        ra, ta = a.step_and_maybe_reset(ta)
+        rb, tb = b.step_and_maybe_reset(tb)
+        assert (ra[others] == rb[others]).all(), f"rows other than {k} diverged at step {t}"
+        restarts += int(ra["next", "done"][others].sum())
+    assert restarts > 0, "other rows restarted from sampled starts meanwhile"
+    assert not torch.equal(a.state[k], b.state[k])
+
+
 def test_outputs_never_change_after_later_steps():
     env = noisy_env(4, seed=1)
     td = env.reset()

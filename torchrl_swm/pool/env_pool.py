@@ -263,6 +263,10 @@ class EnvPool(EnvBase):
             raise TypeError(f"EnvPool.reset: unexpected keyword arguments {sorted(kwargs)}; expected seed= and options=")
         mask = None if tensordict is None else tensordict.get("_reset", None)
         rows = mask_rows(mask, self.num_envs, "_reset")
+        if rows is None and mask is not None:
+            # a mask resets rows, even all of them (TorchRL's maybe_reset when every env is done): a
+            # SAME_STEP vector env has reset them already; a full reset would reset them twice
+            rows = np.arange(self.num_envs)
         override = broadcast_seeds(seed, self.num_envs)
         options = broadcast_options(options, self.num_envs)
         if rows is None or rows.size:

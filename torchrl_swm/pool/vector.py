@@ -217,6 +217,10 @@ class VectorBackend(InProcessBackend):
         """Reset ``rows`` (all when ``None``); see the module docstring for each mode."""
         option = _single_options(options)
         writer = self.writer
+        if rows is not None and len(rows) == self.num_envs and self._masked_reset is None and not (
+            option is None and self.stashed.all() and all(s is None for s in seeds)
+        ):
+            rows = None  # every row, not all reset by the vector env itself: a full reset needs no masked reset
         if rows is None:
             try:
                 obs, info = self.venv.reset(seed=self._seed_arg(seeds), options=option)

@@ -69,6 +69,19 @@ _UNSUPPORTED_KWARGS = {
 }
 
 
+#: offset of the reset generator's seed from the model generator's (any fixed odd 64-bit constant)
+_RESET_STREAM = 0x9E3779B97F4A7C15
+
+
+def _int64(value: int) -> int:
+    return value - 2**64 if value >= 2**63 else value
+
+
+# splitmix64's constants as int64 (torch has no uint64 arithmetic): per-row start_states draws
+_ROW_STRIDE, _COUNT_STRIDE = _int64(0x9E3779B97F4A7C15), _int64(0xD1B54A32D192ED03)
+_MIX1, _MIX2 = _int64(0xBF58476D1CE4E5B9), _int64(0x94D049BB133111EB)
+
+
 def _model_device(model) -> torch.device | None:
     if isinstance(model, torch.nn.Module):
         for tensor in model.parameters():
@@ -226,22 +239,23 @@ class WorldModelEnv(EnvBase):
         initial_observation: unbatched start observation, broadcast. Without ``initial_state``,
             the start state is ``encode(initial_observation)`` (``encode_fn`` or ``model.encode``),
             encoded at every reset (so it follows the model as it trains, and a sampling encoder
-            draws from the env's generator), or the observation itself when there is no encoder
+            draws from the reset generator), or the observation itself when there is no encoder
             (a Dict observation in its nested form, as steps give it).
         reset_fn: ``reset_fn([model,] seed, options)`` (prefixes such as ``reset_fn(model)`` are
             accepted). Keyword extras ``num_envs`` (rows being reset), ``mask`` (bool ``(N,)``; in a
-            batch-unlocked env every row is started, so it is all True) and ``generator`` are passed
-            when declared. Returns one of the seed's reset forms (``obs``, ``(obs, info)``,
+            batch-unlocked env every row is started, so it is all True) and ``generator`` (the
+            env's :attr:`reset_generator`) are passed when declared. Returns one of the seed's reset forms (``obs``, ``(obs, info)``,
             ``(state, obs)``, ``(state, obs, info)``, a mapping), either unbatched (broadcast to the
             reset rows) or batched with exactly the rows being reset (``num_envs`` of them: not the
             whole batch on a partial reset). The state may be batched when the observation is not
             (or the reverse) if the env knows one row's state layout (``initial_state``,
             ``state_spec`` or, on partial resets, the other rows); otherwise they must agree.
-        transition_fn: ``transition_fn([model,] state, action)`` (+ ``generator=`` when declared),
-            called once per step for the whole batch. Returns one of the seed's transition forms.
+        transition_fn: ``transition_fn([model,] state, action)`` (+ ``generator=``, the env's
+            :attr:`generator`, when declared), called once per step for the whole batch. Returns one of the seed's transition forms.
         start_states: real data to start episodes from: a TensorDict ``[M]`` holding the
             observation keys, or a TorchRL replay buffer of them. Each reset row samples one
-            entry with the env's generator; its observation is the reset observation and its
+            entry (row ``r``'s ``c``-th start: a hash of the seed, ``r`` and ``c``, so resetting
+            some rows never changes the others' starts); its observation is the reset observation and its
             state is ``encode(observation)``.
         encode_fn: ``encode_fn([model,] obs)`` -> state for real observations (``start_states``,
             ``initial_observation``). Default: ``model.encode`` when it exists, else identity.
@@ -261,11 +275,14 @@ class WorldModelEnv(EnvBase):
         device: the model's device (default: where its parameters are; else CPU).
         differentiable: keep the autograd graph through steps and resets (Dreamer-style
             imagination); by default steps and resets run under ``torch.no_grad()``.
-        seed: seed of the env's ``torch.Generator`` (OS entropy when ``None``).
+        seed: seed of the env's two ``torch.Generator``s, the model's and the resets' (OS entropy
+            when ``None``).
 
     Attributes:
         state: the current model state of every row.
-        generator: the env's ``torch.Generator``; models that take ``generator=`` receive it.
+        generator: the model's ``torch.Generator``; transitions that take ``generator=`` receive it.
+        reset_generator: the resets' ``torch.Generator`` (start sampling, ``reset_fn``, encoders):
+            a reset of some rows never moves the model's stream.
         reward_from_model / terminated_from_model: whether the last transition returned a
             reward / a termination (the reward and terminal adapter transforms fill them in
             otherwise).
@@ -277,7 +294,7 @@ class WorldModelEnv(EnvBase):
           transition must return new tensors and must not modify its input state in place (an
           in-place update would also change tensors already handed to TorchRL).
         * Random actions (``rollout(policy=None)``, ``rand_action``) come from torch's global RNG,
-          as everywhere in TorchRL; the env's generator drives the model and the resets.
+          as everywhere in TorchRL; the env's generators drive the model and the resets.
 
     Examples:
         >>> env = WorldModelEnv(model, observation_space=Box(-1, 1, (8,)), action_space=Box(-1, 1, (2,)),
@@ -334,7 +351,9 @@ class WorldModelEnv(EnvBase):
         # not registered as a submodule: env.to()/state_dict() must not move or capture a model the caller owns
         self.__dict__["_model"] = model
         self._differentiable = bool(differentiable)
-        self._generator = torch.Generator(device=device)
+        # two streams: a partial reset never moves the model's, so rows that are not reset get the same noise
+        self._generator = torch.Generator(device=device)  # the model's (steps)
+        self._reset_generator = torch.Generator(device=device)  # the resets' (start sampling, reset_fn, encoders)
         self._set_seed(seed)
 
         # -- specs -------------------------------------------------------------------------
@@ -478,7 +497,7 @@ class WorldModelEnv(EnvBase):
             if initial_observation is None
             else self._read_obs(_to_device(initial_observation, device), (), "initial_observation", None)
         )
-        reset_extras = {"num_envs": None, "mask": None, "generator": self._generator}
+        reset_extras = {"num_envs": None, "mask": None, "generator": self._reset_generator}
         self._start_data = None
         self._reset_bound: Bound | None = None
         if start_states is not None:
@@ -532,10 +551,10 @@ class WorldModelEnv(EnvBase):
             cacheable = (self._initial_state is not None or self._encode is None) and not any(
                 t.requires_grad for _, t in (*_tree.leaves(self._initial_state), *_tree.leaves(self._initial_obs))
             )
-            rng = self._generator.get_state()
+            rng = self._reset_generator.get_state()
             with torch.no_grad():
                 start = self._constant_start(bs)
-            self._generator.set_state(rng)
+            self._reset_generator.set_state(rng)
             if cacheable:
                 self._constant_full = start  # never handed out: resets clone it or torch.where from it
 
@@ -571,10 +590,11 @@ class WorldModelEnv(EnvBase):
         if encode_fn is False:
             return None
         if encode_fn is not None and encode_fn is not True:
-            return bind(encode_fn, "encode_fn", ("obs",), model=model, extras={"generator": self._generator})
+            return bind(encode_fn, "encode_fn", ("obs",), model=model, extras={"generator": self._reset_generator})
         method = getattr(model, "encode", None)
         if callable(method):
-            return bind(method, "model.encode", ("obs",), with_model=False, extras={"generator": self._generator})
+            return bind(method, "model.encode", ("obs",), with_model=False,
+                        extras={"generator": self._reset_generator})
         if encode_fn is True:
             raise TypeError("encode_fn=True but the model has no encode method")
         return None
@@ -619,8 +639,17 @@ class WorldModelEnv(EnvBase):
 
     @property
     def generator(self) -> torch.Generator:
-        """The env's ``torch.Generator`` (seeded by ``set_seed`` / ``seed=``)."""
+        """The model's ``torch.Generator``, passed to a transition that takes ``generator=`` (seeded by ``set_seed`` / ``seed=``)."""
         return self._generator
+
+    @property
+    def reset_generator(self) -> torch.Generator:
+        """The resets' ``torch.Generator``: start sampling, ``reset_fn``/encoders that take ``generator=``.
+
+        Separate from :attr:`generator`, so that resetting some rows never changes the noise the
+        model draws for the others (two same-seed envs, one partially reset, agree on every other row).
+        """
+        return self._reset_generator
 
     @property
     def differentiable(self) -> bool:
@@ -944,7 +973,7 @@ class WorldModelEnv(EnvBase):
         """(state, obs) for ``bs`` rows from initial_state / initial_observation (fresh tensors).
 
         Called at every reset unless the start is cached (see ``_constant_full``): an encoded
-        start follows the current model and draws from the env's generator.
+        start follows the current model and draws from the reset generator.
         """
         obs = None
         if self._initial_obs is not None:
@@ -1003,6 +1032,22 @@ class WorldModelEnv(EnvBase):
                     f"{tuple(shape)} and device {dev} (the state spec), got {got}"
                 )
 
+    def _start_indices(self, mask: torch.Tensor, n: int) -> torch.Tensor:
+        """Entries of ``start_states`` (``n`` of them) for the rows in ``mask`` (bool ``(N,)``), one each.
+
+        Row ``r``'s ``c``-th start is a hash of (seed, ``r``, ``c``), never a draw from a shared
+        stream: resetting some rows leaves every other row's later starts unchanged (mask isolation),
+        and the same seed gives the same starts whatever the reset order.
+        """
+        rows = mask.reshape(-1).nonzero().squeeze(-1)
+        count = self._start_counts[rows]
+        self._start_counts[rows] = count + 1
+        x = self._start_key + rows * _ROW_STRIDE + count * _COUNT_STRIDE  # int64, wraps
+        for shift, mult in ((30, _MIX1), (27, _MIX2)):  # splitmix64's finalizer, in int64 arithmetic
+            x = (x ^ ((x >> shift) & ((1 << (64 - shift)) - 1))) * mult
+        x = x ^ ((x >> 31) & ((1 << 33) - 1))
+        return (x & (2**63 - 1)) % n
+
     def _sampled_start(self, k: int, bs: tuple, mask, seed, options):
         """(state, obs, info) for ``bs`` (= ``(k,)`` when locked) rows from reset_fn / model reset / start data.
 
@@ -1015,7 +1060,11 @@ class WorldModelEnv(EnvBase):
             n = len(self._start_data)
             if n < 1:
                 raise ValueError("start_states: the replay buffer is empty; extend it before resetting")
-            index = torch.randint(n, (k,), generator=self._generator, device=self._generator.device)
+            if self._locked:
+                index = self._start_indices(mask, n)
+            else:  # any batch shape: no row identity, so the reset generator
+                gen = self._reset_generator
+                index = torch.randint(n, (k,), generator=gen, device=gen.device)
             data = self._start_data
             rows = data[
                 index.to(data.device) if isinstance(data, TensorDictBase) and data.device is not None else index.cpu()
@@ -1298,8 +1347,16 @@ class WorldModelEnv(EnvBase):
     def _set_seed(self, seed: int | None) -> None:
         if seed is None:
             self._generator.seed()
+            self._reset_generator.seed()
         else:
             self._generator.manual_seed(int(seed))
+            self._reset_generator.manual_seed((int(seed) + _RESET_STREAM) % 2**64)  # a stream of its own
+        # start_states entries: per-row counters from a key drawn from the reset stream (see _start_indices)
+        key = torch.randint(-(2**63), 2**63 - 1, (), generator=self._reset_generator, device=self._reset_generator.device)
+        device = self._reset_generator.device
+        self._start_key = key.to(device)
+        self._start_counts = torch.zeros(self.batch_size.numel() if self._locked else 0, dtype=torch.int64,
+                                         device=device)
 
     # -- fast path: step -> step_mdp -> maybe_reset ---------------------------------------------------
     def _step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
