@@ -150,8 +150,50 @@ def test_world_model_vec_env():
     venv.seed(0)
     obs = venv.reset()
     assert obs.shape == (8, 64)
+    venv.seed(0)  # VecEnv.seed(s) seeds an env without sub-envs as a whole: the same start again
+    assert np.array_equal(venv.reset(), obs)
     obs, rewards, dones, infos = venv.step(np.zeros((8, 6), np.float32))
     assert rewards.shape == (8,) and len(infos) == 8
+
+
+def _monitored_counting(length):
+    return Monitor(CountingEnv(length=length))
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_env_is_wrapped_looks_where_the_envs_live(backend):
+    fns = [functools.partial(_monitored_counting, 3), functools.partial(CountingEnv, length=3)]
+    venv = to_sb3_vec_env(EnvPool(fns, backend=backend, seed=0))
+    try:
+        assert venv.env_is_wrapped(Monitor) == [True, False]
+        assert venv.env_is_wrapped(Monitor, indices=[1]) == [False]
+        assert venv.env_is_wrapped(gym.Wrapper) == [True, False]
+    finally:
+        venv.close()
+
+
+class _BinaryActionEnv(gym.Env):
+    observation_space = gym.spaces.Box(0.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.MultiBinary(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        assert action.dtype.kind in "biu", action.dtype  # the env receives integers, whatever SB3 sent
+        return action.astype(np.float32), float(action.sum()), False, False, {}
+
+
+def test_multibinary_float_actions_from_sb3_policies():
+    venv = to_sb3_vec_env(EnvPool([_BinaryActionEnv] * 2, seed=0))
+    venv.reset()
+    obs, rewards, _, _ = venv.step(np.array([[1.0, 0.0], [1.0, 1.0]], np.float32))  # what PPO's policy sends
+    assert obs.tolist() == [[1.0, 0.0], [1.0, 1.0]] and rewards.tolist() == [1.0, 2.0]
+    with pytest.raises(ValueError, match="must be 0 or 1"):
+        venv.step(np.array([[0.5, 0.0], [1.0, 1.0]], np.float32))
+    model = PPO("MlpPolicy", venv, n_steps=16, batch_size=32, n_epochs=1, seed=0, device="cpu")
+    model.learn(32)  # SB3's own loop, end to end
 
 
 def test_ppo_learns_cartpole_through_the_pool():

@@ -17,7 +17,7 @@ from torchrl.data import Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase, StepCounter, TransformedEnv
 
 from envs import CountingEnv, DictObsEnv, InfoEnv, counting, sparse_info
-from torchrl_swm import EnvPool, to_gymnasium
+from torchrl_swm import EnvError, EnvPool, to_gymnasium
 from torchrl_swm.benchmarks.export import ACT, LAT, MLPWorldModelEnv, make_model, world_model_env
 from torchrl_swm.export import TorchRLVectorEnv
 
@@ -407,10 +407,12 @@ def test_world_model_seed_goes_through_set_seed():
     envs = to_gymnasium(MLPWorldModelEnv(make_model(), 4))
     a, _ = envs.reset(seed=3)
     b, _ = envs.reset(seed=3)
-    c, _ = envs.reset(seed=[3, 4, 5, 6])
-    assert np.array_equal(a, b) and np.array_equal(a, c)
-    with pytest.raises(ValueError, match="per-env seeds need an EnvPool"):
-        envs.reset(seed=[3, 9, 1, 2])
+    c, _ = envs.reset(seed=[None] * 4)  # no seed: the stream continues
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    # the env is seeded as a whole: an explicit per-env list cannot be honoured, so it is refused
+    for seeds in ([3, 4, 5, 6], [3, 9, 1, 2]):
+        with pytest.raises(ValueError, match="per-env seeds need an EnvPool"):
+            envs.reset(seed=seeds)
     with pytest.raises(TypeError, match="reset options"):
         envs.reset(options={"foo": 1})
 
@@ -715,6 +717,21 @@ def test_vector_env_is_a_gymnasium_vector_env():
     assert envs.get_attr("max_length") == (3, 3)
     envs.close()
     assert envs.closed and envs.env.is_closed
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_missing_sub_env_attributes_are_attribute_errors(backend):
+    """As on SyncVectorEnv: ``except AttributeError`` probes work; the pool's error naming the env is chained."""
+    envs = to_gymnasium(EnvPool([counting] * 2, backend=backend, seed=0))
+    try:
+        for probe in (lambda: envs.get_attr("no_such_attribute"), lambda: envs.call("no_such_method")):
+            with pytest.raises(AttributeError, match="no_such") as info:
+                probe()
+            assert isinstance(info.value.__cause__, EnvError) and info.value.__cause__.env_index in (0, 1)
+        with pytest.raises(EnvError, match="TypeError"):  # other errors stay what they are
+            envs.call("step", 1, 2)
+    finally:
+        envs.close()
 
 
 def test_info_env_masks_partial_reset():

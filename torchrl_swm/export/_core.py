@@ -29,6 +29,7 @@ batch-unlocked envs).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -575,8 +576,12 @@ class Layout:
                 "actions are never reshaped"
             )
         if self._action_int:
-            allowed = "biu" if isinstance(self.single_action_space, gym.spaces.MultiBinary) else "iu"
-            if kind not in allowed:
+            binary = isinstance(self.single_action_space, gym.spaces.MultiBinary)
+            if binary and kind == "f":
+                # 0./1. floats, as gymnasium's MultiBinary.contains accepts and SB3's policies send
+                tensor, array = _binary_from_float(tensor, array, action, self.single_action_space)
+                kind = "i"
+            elif kind not in ("biu" if binary else "iu"):
                 raise TypeError(f"action: expected integers for {self.single_action_space}, got {describe(action)}")
         elif kind not in "biuf":
             raise TypeError(f"action: expected real numbers for {self.single_action_space}, got {describe(action)}")
@@ -593,7 +598,7 @@ class Layout:
             start = self._action_start_np
             if host:
                 values = array if array is not None else tensor.numpy()
-                index = values if start is None else values.astype(np.int64) - start
+                index = values if start is None else np.asarray(values.astype(np.int64) - start)  # 0-d stays an array
                 if _out_of_range(index, self._action_high):
                     raise ValueError(
                         f"action: every value must lie in {self.single_action_space}, got {describe(action)} "
@@ -611,6 +616,31 @@ class Layout:
             tensor = tensor.to(self.device, torch.int64, non_blocking=True)
             tensor = F.one_hot(tensor, int(spec.space.n))
         return tensor.to(self.device, self.action_torch_dtype, non_blocking=True)
+
+
+def _binary_from_float(tensor, array, action, space):
+    """A float MultiBinary action as int8, after checking that every value is exactly 0 or 1."""
+    if tensor is not None:
+        ok = bool(((tensor == 0) | (tensor == 1)).all())
+    else:
+        ok = bool(((array == 0) | (array == 1)).all())
+    if not ok:
+        raise ValueError(f"action: every value must be 0 or 1 for {space}, got {describe(action)}")
+    if tensor is not None:
+        return tensor.to(torch.int8), None
+    return None, array.astype(np.int8)
+
+
+@contextlib.contextmanager
+def attribute_errors():
+    """A sub-env's missing attribute reads as ``AttributeError``, as on gymnasium's and SB3's vector envs
+    (``except AttributeError`` probes, SB3's ``has_attr``); the pool's ``EnvError`` naming the env is chained."""
+    try:
+        yield
+    except Exception as err:
+        if isinstance(err.__cause__, AttributeError) and not isinstance(err, AttributeError):
+            raise AttributeError(str(err)) from err
+        raise
 
 
 def _out_of_range(values: np.ndarray, high) -> bool:

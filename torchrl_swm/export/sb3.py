@@ -22,11 +22,12 @@ imported when :func:`to_sb3_vec_env` is first called.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import numpy as np
 from torchrl.envs import EnvBase
+
+from ._core import attribute_errors as _attribute_errors
 
 __all__ = ["to_sb3_vec_env"]
 
@@ -94,6 +95,8 @@ def _sb3_class():
             seeds = self._seeds
             # per env an int or None (that env is not reseeded), as DummyVecEnv passes them
             seed = None if all(s is None for s in seeds) else list(seeds)
+            if seed is not None and self.venv.traits.pool is None and seed == list(range(seed[0], seed[0] + len(seed))):
+                seed = seed[0]  # VecEnv.seed(s)'s [s, s+1, ...] for an env seeded as a whole: env.set_seed(s)
             options = self._options
             if all(not o for o in options):
                 options = None
@@ -154,12 +157,9 @@ def _sb3_class():
         def env_is_wrapped(self, wrapper_class, indices=None) -> list[bool]:
             rows = list(self._get_indices(indices))
             pool = self.venv.traits.pool
-            envs = getattr(pool, "envs", None) if pool is not None else None
-            if not envs:
-                return [False] * len(rows)
-            from stable_baselines3.common.env_util import is_wrapped
-
-            return [is_wrapped(envs[i], wrapper_class) for i in rows]
+            if pool is None:
+                return [False] * len(rows)  # a TorchRL env: no gymnasium sub-envs, so no wrappers
+            return pool.env_is_wrapped(wrapper_class, indices=rows)
 
         def get_images(self):
             return list(self._pool("get_images()").call("render"))
@@ -169,15 +169,6 @@ def _sb3_class():
     return TorchRLSB3VecEnv
 
 
-@contextlib.contextmanager
-def _attribute_errors():
-    """A sub-env's missing attribute reads as ``AttributeError`` (SB3's ``has_attr`` relies on it)."""
-    try:
-        yield
-    except Exception as err:
-        if isinstance(err.__cause__, AttributeError) and not isinstance(err, AttributeError):
-            raise AttributeError(str(err)) from err
-        raise
 
 
 def _indices(indices):

@@ -7,10 +7,10 @@
   A list may hold ``None`` for an env that is not reseeded (gymnasium's
   ``list[int | None]``): the vector env then resets the seeded and the
   unseeded envs in two masked resets (:func:`seed_groups`).
-* Any other TorchRL env is seeded with ``env.set_seed(s)`` before the reset;
-  a list of seeds is accepted only when it is ``[s, s + 1, ...]`` (TorchRL's own
-  convention for batched envs) or all ``None``. Reset options have no TorchRL
-  counterpart there and raise.
+* Any other TorchRL env is seeded as a whole with ``env.set_seed(s)`` before the
+  reset (a TorchRL ``SerialEnv``/``ParallelEnv`` derives each worker's seed from
+  ``s``). Per-env seed lists need an ``EnvPool`` and raise there (all ``None`` is
+  no seed). Reset options have no TorchRL counterpart there and raise.
 """
 
 from __future__ import annotations
@@ -95,12 +95,9 @@ def reset_kwargs(env, traits, seed, options: dict | None, num_envs: int, what: s
     if seed is None:
         return {}
     if isinstance(seed, list):
-        first = seed[0]
-        if first is None or seed != list(range(first, first + num_envs)):
-            raise ValueError(
-                f"{what}: per-env seeds need an EnvPool at the base; {type(env).__name__} is seeded as a whole "
-                f"with env.set_seed(s), which covers seeds [s, s+1, ...] (or all None) only (got {seed})"
-            )
-        seed = first
+        raise ValueError(
+            f"{what}: per-env seeds need an EnvPool at the base; {type(env).__name__} is seeded as a whole "
+            f"with env.set_seed(s): pass one int s (got {seed})"
+        )
     env.set_seed(int(seed))
     return {}

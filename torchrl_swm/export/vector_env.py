@@ -49,7 +49,7 @@ from gymnasium.vector.utils import batch_space
 from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
 
-from ._core import Layout, nest, to_host, torch_copies, traits
+from ._core import Layout, attribute_errors, nest, to_host, torch_copies, traits
 from ._core import autoreset_mode as _autoreset_mode
 from .seeding import normalize_seed, reset_kwargs, seed_groups
 
@@ -142,8 +142,7 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
                 does) or a list of ``N`` entries, each an int or ``None`` (that env
                 is reset without a new seed: it continues its seed schedule, as on
                 ``SyncVectorEnv``). Per-env seeds need an ``EnvPool`` at the base;
-                other envs take an int (``env.set_seed``), the consecutive seeds
-                ``[s, s+1, ...]``, or all ``None``.
+                other envs are seeded as a whole with an int (``env.set_seed(s)``).
             options: passed to each sub-env's ``reset`` (``EnvPool`` only). The key
                 ``"reset_mask"`` (numpy bool ``(N,)``) resets only those envs; the
                 others keep their state and report their last observation (for an
@@ -452,11 +451,13 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
 
     def call(self, name: str, *args, **kwargs) -> tuple:
         """Call method ``name`` of every sub-env (``EnvPool`` only); returns a tuple."""
-        return tuple(self._pool(f"call({name!r})").call(name, *args, **kwargs))
+        with attribute_errors():
+            return tuple(self._pool(f"call({name!r})").call(name, *args, **kwargs))
 
     def get_attr(self, name: str) -> tuple:
         """Attribute ``name`` of every sub-env, looked up through gymnasium wrappers (``EnvPool`` only)."""
-        return tuple(self._pool(f"get_attr({name!r})").call("get_wrapper_attr", name))
+        with attribute_errors():
+            return tuple(self._pool(f"get_attr({name!r})").call("get_wrapper_attr", name))
 
     def set_attr(self, name: str, values) -> None:
         """Set ``name`` on every sub-env: one value for all, or a list/tuple of ``N`` (``EnvPool`` only)."""

@@ -514,6 +514,11 @@ class EnvPool(EnvBase):
         """Attribute ``name`` of each sub-env (gymnasium's ``VectorEnv.get_attr``)."""
         return self._backend.get_attr(self._indices(indices), name)
 
+    def env_is_wrapped(self, wrapper_class: type, indices=None) -> list[bool]:
+        """Whether each sub-env is wrapped, at any depth, in ``wrapper_class`` (SB3's ``VecEnv.env_is_wrapped``);
+        the check runs where the envs live, in the workers of the process backend."""
+        return list(self._backend.is_wrapped(self._indices(indices), wrapper_class))
+
     def set_attr(self, name: str, values, indices=None) -> None:
         """Set attribute ``name`` on each sub-env; ``values`` is one value or one per env."""
         indices = self._indices(indices)

@@ -216,8 +216,10 @@ class ProcessBackend:
                     if status == REPLY_OK:
                         replies[w] = value
                     elif error is None:
-                        index, where, message, trace = value
+                        index, where, message, trace, missing_attribute = value
                         error = EnvError(index, where, f"{message}\n--- worker {w} traceback ---\n{trace}")
+                        if missing_attribute:  # as in the serial backend: callers can tell a missing attribute
+                            error.__cause__ = AttributeError(message)
                 elif item in sentinels:
                     w = sentinels.pop(item)
                     conn = self._conns[w]
@@ -306,6 +308,9 @@ class ProcessBackend:
 
     def get_attr(self, rows, name) -> list:
         return self._per_worker_call(rows, "get_attr", name)
+
+    def is_wrapped(self, rows, wrapper_class) -> list[bool]:
+        return self._per_worker_call(rows, "is_wrapped", wrapper_class)
 
     def set_attr(self, rows, name, values) -> None:
         rows = np.asarray(rows, dtype=np.int64)

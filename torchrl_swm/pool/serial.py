@@ -47,6 +47,15 @@ def call_envs(envs: Sequence[gym.Env], rows: Sequence[int], name: str, args: tup
     return out
 
 
+def env_is_wrapped(env: gym.Env, wrapper_class: type) -> bool:
+    """Whether ``env`` or one of the wrappers inside it is a ``wrapper_class`` (SB3's ``is_wrapped``)."""
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, wrapper_class):
+            return True
+        env = env.env
+    return isinstance(env, wrapper_class)
+
+
 def make_envs(env_fns: Sequence[Callable[[], gym.Env]], first: int = 0, pixels: bool = False) -> list[gym.Env]:
     """Call each factory, check what it returned, and close everything on failure."""
     envs: list[gym.Env] = []
@@ -283,6 +292,10 @@ class SerialBackend(InProcessBackend):
     def get_attr(self, rows: Sequence[int], name: str) -> list:
         """Attribute ``name`` of each local row, looking through gymnasium wrappers."""
         return [self.envs[j].get_wrapper_attr(name) for j in rows]
+
+    def is_wrapped(self, rows: Sequence[int], wrapper_class: type) -> list[bool]:
+        """Whether each local row's env is wrapped, at any depth, in ``wrapper_class``."""
+        return [env_is_wrapped(self.envs[j], wrapper_class) for j in rows]
 
     def set_attr(self, rows: Sequence[int], name: str, values: Sequence) -> None:
         """Set ``name`` where gymnasium's ``set_wrapper_attr`` finds it (the innermost env by default)."""

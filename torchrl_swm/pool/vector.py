@@ -38,7 +38,7 @@ from gymnasium.vector import AutoresetMode
 from ..errors import EnvError, SpecError, describe
 from .infos import flatten_vector_info, numeric_value
 from .rows import RowWriter
-from .serial import InProcessBackend, call_envs
+from .serial import InProcessBackend, call_envs, env_is_wrapped
 
 __all__ = ["VectorBackend", "register_masked_reset"]
 
@@ -362,6 +362,17 @@ class VectorBackend(InProcessBackend):
             return call_envs(inner.envs, rows, name, args, kwargs)
         values = call(name, *args, **kwargs)
         return [values[j] for j in rows]
+
+    def is_wrapped(self, rows, wrapper_class) -> list[bool]:
+        inner = _innermost(self.venv)
+        if isinstance(inner, gym.vector.SyncVectorEnv):
+            return [env_is_wrapped(inner.envs[j], wrapper_class) for j in rows]
+        if isinstance(inner, gym.vector.AsyncVectorEnv):
+            raise NotImplementedError(
+                "EnvPool.env_is_wrapped: an AsyncVectorEnv's sub-envs live in its own worker processes, out of "
+                "reach; use EnvPool(env_fns, backend='process') or a SyncVectorEnv"
+            )
+        return [False] * len(rows)  # natively batched: its rows are not separate, wrappable envs
 
     def get_attr(self, rows, name) -> list:
         values = self._per_env("get_attr")(name)

@@ -76,6 +76,8 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
                     reply = backend.call(*args)
                 elif command == "get_attr":
                     reply = backend.get_attr(*args)
+                elif command == "is_wrapped":
+                    reply = backend.is_wrapped(*args)
                 elif command == "set_attr":
                     reply = backend.set_attr(*args)
                 elif command == "close":
@@ -99,4 +101,5 @@ def _error_payload(err: BaseException) -> tuple:
         getattr(err, "phase", "worker"),
         err.message if isinstance(err, EnvError) else f"{type(err).__name__}: {err}",
         "".join(traceback.format_exception(err)),
+        isinstance(err, AttributeError) or isinstance(err.__cause__, AttributeError),  # a missing attribute
     )
