@@ -184,3 +184,18 @@ class FailingEnv(CountingEnv):
 def counting(length=None, max_length=9, truncate=False, render_mode=None):
     """A picklable factory for :class:`CountingEnv` (use with functools.partial)."""
     return CountingEnv(length=length, max_length=max_length, truncate=truncate, render_mode=render_mode)
+
+
+class StartActionEnv(gym.Env):
+    """``Discrete(3, start=-1)`` actions, checked on every step; the reward is the action received."""
+
+    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+    action_space = gym.spaces.Discrete(3, start=-1)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), action
+        return np.zeros(1, np.float32), float(action), False, False, {}

@@ -4,6 +4,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from envs import StartActionEnv
 from tensordict import TensorDict
 from torchrl.data import Composite, NonTensor, Unbounded
 from torchrl.envs import EnvBase, GymEnv
@@ -215,19 +216,6 @@ def test_binary_observation_without_per_env_dims_is_a_spec_error():
         to_gymnasium(_SpecEnv(spec))
 
 
-class _StartActions(gym.Env):
-    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
-    action_space = gym.spaces.Discrete(3, start=-1)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return np.zeros(1, np.float32), {}
-
-    def step(self, action):
-        assert self.action_space.contains(action), action
-        return np.zeros(1, np.float32), float(action), False, False, {}
-
-
 @pytest.mark.parametrize(
     "action",
     [np.array([-2, 0, 1]), np.array([-1, 0, 2]), np.array([0, 0, 250], np.uint8), torch.tensor([-1, 2, 0]),
@@ -235,7 +223,7 @@ class _StartActions(gym.Env):
 )
 @pytest.mark.parametrize("categorical", [True, False])
 def test_discrete_actions_with_a_start_are_checked_against_start_and_n(action, categorical):
-    envs = to_gymnasium(EnvPool([_StartActions] * 3, categorical_action_encoding=categorical),
+    envs = to_gymnasium(EnvPool([StartActionEnv] * 3, categorical_action_encoding=categorical),
                         autoreset_mode="disabled", numpy=isinstance(action, np.ndarray))
     envs.reset(seed=0)
     with pytest.raises(ValueError, match=r"must lie in Discrete\(3, start=-1\)"):

@@ -7,6 +7,7 @@ import uuid
 import gymnasium as gym
 import numpy as np
 import pytest
+from envs import StartActionEnv
 from gymnasium.vector import AutoresetMode
 from torchrl.envs import GymEnv
 
@@ -167,24 +168,9 @@ def test_explicit_seed_every_episode_is_kept_and_other_factories_warn():
         gym.make_vec(env_id, num_envs=2)
 
 
-class _StartActionEnv(gym.Env):
-    """Discrete(3, start=-1) actions: the reward is the action the env received."""
-
-    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
-    action_space = gym.spaces.Discrete(3, start=-1)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return np.zeros(1, np.float32), {}
-
-    def step(self, action):
-        assert self.action_space.contains(action), action
-        return np.zeros(1, np.float32), float(action), False, False, {}
-
-
 def test_make_of_a_pool_over_discrete_actions_with_a_start():
     env_id = _id("StartActions")
-    register_gymnasium_env(env_id, lambda num_envs=1, **kw: EnvPool([_StartActionEnv] * num_envs, **kw))
+    register_gymnasium_env(env_id, lambda num_envs=1, **kw: EnvPool([StartActionEnv] * num_envs, **kw))
     env = gym.make(env_id)
     env.reset(seed=0)
     for action in (-1, np.int64(1), np.array(0), env.action_space.sample()):  # every form gymnasium users pass

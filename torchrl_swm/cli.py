@@ -246,7 +246,8 @@ def _world(args, policy_spec):
 def _configure_collect(p: argparse.ArgumentParser) -> None:
     _add_env_arguments(p, default_envs=4)
     p.add_argument("--episodes", type=int, required=True, help="episodes to collect")
-    p.add_argument("--out", required=True, help="dataset directory (must not exist, or be empty; missing parents are created)")
+    p.add_argument("--out", required=True,
+                   help="dataset directory (must not exist, or be empty; missing parents are created)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
 
 

@@ -430,7 +430,9 @@ class World:
     # -- policy -------------------------------------------------------------------------------------
     def set_policy(self, policy) -> None:
         """Use ``policy`` (a TorchRL policy; ``None``: random actions from the action spec)."""
-        self.policy = RandomPolicy(self.env.action_spec) if policy is None else _check_policy(policy, "World.set_policy")
+        if policy is None:
+            policy = RandomPolicy(self.env.action_spec)
+        self.policy = _check_policy(policy, "World.set_policy")
 
     @property
     def can_freeze_rows(self) -> bool:

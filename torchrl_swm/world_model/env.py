@@ -244,19 +244,20 @@ class WorldModelEnv(EnvBase):
         reset_fn: ``reset_fn([model,] seed, options)`` (prefixes such as ``reset_fn(model)`` are
             accepted). Keyword extras ``num_envs`` (rows being reset), ``mask`` (bool ``(N,)``; in a
             batch-unlocked env every row is started, so it is all True) and ``generator`` (the
-            env's :attr:`reset_generator`) are passed when declared. Returns one of the seed's reset forms (``obs``, ``(obs, info)``,
-            ``(state, obs)``, ``(state, obs, info)``, a mapping), either unbatched (broadcast to the
-            reset rows) or batched with exactly the rows being reset (``num_envs`` of them: not the
-            whole batch on a partial reset). The state may be batched when the observation is not
+            env's :attr:`reset_generator`) are passed when declared. Returns one of the seed's
+            reset forms (``obs``, ``(obs, info)``, ``(state, obs)``, ``(state, obs, info)``, a
+            mapping), either unbatched (broadcast to the reset rows) or batched with exactly the
+            rows being reset (``num_envs`` of them: not the whole batch on a partial reset). The state may be batched when the observation is not
             (or the reverse) if the env knows one row's state layout (``initial_state``,
             ``state_spec`` or, on partial resets, the other rows); otherwise they must agree.
         transition_fn: ``transition_fn([model,] state, action)`` (+ ``generator=``, the env's
-            :attr:`generator`, when declared), called once per step for the whole batch. Returns one of the seed's transition forms.
+            :attr:`generator`, when declared), called once per step for the whole batch. Returns
+            one of the seed's transition forms.
         start_states: real data to start episodes from: a TensorDict ``[M]`` holding the
             observation keys, or a TorchRL replay buffer of them. Each reset row samples one
             entry (row ``r``'s ``c``-th start: a hash of the seed, ``r`` and ``c``, so resetting
-            some rows never changes the others' starts); its observation is the reset observation and its
-            state is ``encode(observation)``.
+            some rows never changes the others' starts); its observation is the reset observation
+            and its state is ``encode(observation)``.
         encode_fn: ``encode_fn([model,] obs)`` -> state for real observations (``start_states``,
             ``initial_observation``). Default: ``model.encode`` when it exists, else identity.
             ``False`` forces identity.
@@ -639,7 +640,10 @@ class WorldModelEnv(EnvBase):
 
     @property
     def generator(self) -> torch.Generator:
-        """The model's ``torch.Generator``, passed to a transition that takes ``generator=`` (seeded by ``set_seed`` / ``seed=``)."""
+        """The model's ``torch.Generator``, passed to a transition that takes ``generator=``.
+
+        Seeded by ``set_seed`` / ``seed=``, as :attr:`reset_generator`.
+        """
         return self._generator
 
     @property
@@ -1352,9 +1356,8 @@ class WorldModelEnv(EnvBase):
             self._generator.manual_seed(int(seed))
             self._reset_generator.manual_seed((int(seed) + _RESET_STREAM) % 2**64)  # a stream of its own
         # start_states entries: per-row counters from a key drawn from the reset stream (see _start_indices)
-        key = torch.randint(-(2**63), 2**63 - 1, (), generator=self._reset_generator, device=self._reset_generator.device)
         device = self._reset_generator.device
-        self._start_key = key.to(device)
+        self._start_key = torch.randint(-(2**63), 2**63 - 1, (), generator=self._reset_generator, device=device)
         self._start_counts = torch.zeros(self.batch_size.numel() if self._locked else 0, dtype=torch.int64,
                                          device=device)
 
