@@ -247,9 +247,10 @@ class WorldModelEnv(EnvBase):
             env's :attr:`reset_generator`) are passed when declared. Returns one of the seed's
             reset forms (``obs``, ``(obs, info)``, ``(state, obs)``, ``(state, obs, info)``, a
             mapping), either unbatched (broadcast to the reset rows) or batched with exactly the
-            rows being reset (``num_envs`` of them: not the whole batch on a partial reset). The state may be batched when the observation is not
-            (or the reverse) if the env knows one row's state layout (``initial_state``,
-            ``state_spec`` or, on partial resets, the other rows); otherwise they must agree.
+            rows being reset (``num_envs`` of them: not the whole batch on a partial reset). The
+            state may be batched when the observation is not (or the reverse) if the env knows one
+            row's state layout (``initial_state``, ``state_spec`` or, on partial resets, the other
+            rows); otherwise they must agree.
         transition_fn: ``transition_fn([model,] state, action)`` (+ ``generator=``, the env's
             :attr:`generator`, when declared), called once per step for the whole batch. Returns
             one of the seed's transition forms.
