@@ -147,7 +147,8 @@ after = env.reset(td.update({"_reset": mask}))  # TorchRL merges the reset rows 
 print("rows changed by a masked reset:", (after["observation"] != before).any(-1).nonzero().view(-1).tolist())
 
 # Episodes can also start from real observations (DIAMOND/IRIS style): a TensorDict or a TorchRL
-# replay buffer; each reset row samples one entry with the env's generator, encoded by model.encode.
+# replay buffer; each reset row samples one entry (its own hash of the seed, the row and its reset
+# count: resetting some rows never changes the others' starts), encoded by model.encode.
 real = TensorDictReplayBuffer(storage=LazyTensorStorage(1000))
 real.extend(TensorDict({"observation": torch.rand(200, LATENT) * 2 - 1}, [200]))
 from_data = WorldModelEnv(model, latent_space, force_space, num_envs=16, start_states=real, seed=0)
