@@ -199,3 +199,26 @@ class StartActionEnv(gym.Env):
     def step(self, action):
         assert self.action_space.contains(action), action
         return np.zeros(1, np.float32), float(action), False, False, {}
+
+
+class NarrowActionEnv(gym.Env):
+    """An action space of a narrow integer dtype (``Discrete(3, dtype=int8)`` or ``MultiDiscrete([3, 4],
+    dtype=int32)``), checked with ``contains`` on every step, as CartPole does: an int64 action fails it."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+
+    def __init__(self, kind: str = "discrete"):
+        if kind == "discrete":
+            self.action_space = gym.spaces.Discrete(3, start=-1, dtype=np.int8)
+        else:
+            self.action_space = gym.spaces.MultiDiscrete([3, 4], start=[0, -2], dtype=np.int32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), (action, getattr(action, "dtype", type(action)))
+        obs = np.zeros(2, np.float32)
+        obs[: np.size(action)] = action
+        return obs, 0.0, False, False, {}

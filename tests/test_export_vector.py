@@ -150,7 +150,7 @@ def test_dict_observation_space_and_nested_keys():
     assert obs in envs.observation_space
     assert obs["goal"]["target"].shape == (n, 2) and obs["goal"]["kind"].dtype == np.int64
     assert obs["goal"]["kind"].min() >= 1
-    assert infos["distance"].dtype == np.float32 and infos["_distance"].all()
+    assert infos["distance"].dtype == np.float64 and infos["_distance"].all()  # a Python float, as SyncVectorEnv
     finished = 0
     for action in action_stream(envs.action_space, 30):
         obs, _, term, trunc, infos = envs.step(action)

@@ -574,3 +574,52 @@ def test_same_step_vector_pool_where_every_row_ends_resets_each_row_once(path):
     vector = EnvPool(gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP), seed=3,
                      seed_every_episode=False)
     assert torch.equal(starts(vector, path == "generic"), single)
+
+
+@pytest.mark.parametrize("also_reset_row_1", [False, True])
+def test_same_step_vector_pool_reset_mask_mixing_rows_the_env_reset_and_rows_it_did_not(also_reset_row_1):
+    # row 0 ends inside the step (the SAME_STEP vector env resets it itself); row 1 keeps going.
+    # A "_reset" mask holding both (StepCounter truncating row 1) must not reset row 0 a second time
+    venv = gym.vector.SyncVectorEnv([functools.partial(CountingEnv, length=1), functools.partial(CountingEnv, length=50)],
+                                    autoreset_mode=AutoresetMode.SAME_STEP)
+    pool = EnvPool(venv, seed=0, seed_every_episode=False)
+    td = pool.reset()
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    td = pool.step(td)["next"].clone()
+    assert td["done"].view(-1).tolist() == [True, False]
+    episodes_before = [env.episode for env in venv.envs]
+    out = pool.reset(td.set("_reset", torch.tensor([[True], [also_reset_row_1]])))
+    episodes = [env.episode for env in venv.envs]
+    assert episodes[0] == episodes_before[0], "row 0 was reset again (its step's own reset thrown away)"
+    assert episodes[1] == episodes_before[1] + also_reset_row_1
+    assert out["observation"][:, 0].tolist() == [0.0, 0.0 if also_reset_row_1 else 1.0]  # t after the reset
+    assert out["observation"][0, 1] == episodes[0]  # row 0 shows the episode the vector env started
+    pool.close()
+
+
+@pytest.mark.parametrize("kind", ["discrete", "multidiscrete"])
+@pytest.mark.parametrize("backend", ["serial", "serial-one-hot", "process", "vector"])
+def test_actions_reach_the_env_in_the_action_space_dtype(kind, backend):
+    from envs import NarrowActionEnv
+
+    fns = [functools.partial(NarrowActionEnv, kind)] * 2
+    if backend == "vector":
+        pool = EnvPool(gym.vector.SyncVectorEnv(fns), seed=0)
+    else:
+        pool = EnvPool(fns, seed=0, backend="process" if backend == "process" else "serial",
+                       categorical_action_encoding=backend != "serial-one-hot")
+    try:
+        td = pool.reset()
+        torch.manual_seed(0)
+        for _ in range(5):
+            td["action"] = pool.action_spec.rand()
+            out, td = pool.step_and_maybe_reset(td)  # the env asserts action_space.contains(action)
+            index = out["action"].numpy()
+            if backend == "serial-one-hot":  # one-hot / multi-one-hot -> indices
+                parts = [index] if kind == "discrete" else np.split(index, [3], axis=-1)
+                index = np.stack([part.argmax(-1) for part in parts], -1)
+            start = np.array([-1]) if kind == "discrete" else np.array([0, -2])
+            seen = out["next", "observation"].numpy()[:, : len(start)]
+            assert np.array_equal(seen, (index.reshape(2, -1) + start).astype(np.float32))
+    finally:
+        pool.close()

@@ -33,7 +33,7 @@ def test_info_layout_time_dim_and_types():
     pool = info_pool([info] * 3, [[info]] * 3)
     out = step(pool)
     spec = pool.observation_spec["info"]
-    assert out["info", "f"].shape == (3, 1) and out["info", "f"].dtype == torch.float32
+    assert out["info", "f"].shape == (3, 1) and out["info", "f"].dtype == torch.float64  # numpy's, exact
     assert out["info", "i"].dtype == torch.int64 and out["info", "b"].dtype == torch.bool
     assert out["info", "np32"].dtype == torch.float32
     assert out["info", "arr"].shape == (3, 1, 2, 3) and out["info", "arr"].dtype == torch.int16
@@ -202,7 +202,7 @@ def test_inconsistent_shapes_across_envs_fail_at_construction():
 
 def test_dtypes_are_promoted_across_envs():
     pool = info_pool([{"x": 1}, {"x": 2.5}], [[{}]] * 2)
-    assert pool.observation_spec["info", "x"].dtype == torch.float32
+    assert pool.observation_spec["info", "x"].dtype == torch.float64
     assert pool.reset()["info", "x"].view(-1).tolist() == [1.0, 2.5]
     pool.close()
 

@@ -54,10 +54,11 @@ class ActionCodec:
 
     def env_action_layout(self) -> tuple[tuple[int, ...], np.dtype]:
         """Shape and dtype of a batch of env actions (what ``decode(..., batched=True)`` returns)."""
+        # the space's own dtype: gymnasium's contains() refuses an int64 action for an int32/int8 space
         if self.kind == "discrete":
-            return (self.num_envs,), np.dtype(np.int64)
+            return (self.num_envs,), np.dtype(self.space.dtype)
         if self.kind == "multidiscrete":
-            return (self.num_envs, len(self.high)), np.dtype(np.int64)
+            return (self.num_envs, len(self.high)), np.dtype(self.space.dtype)
         return (self.num_envs, *self.space.shape), np.dtype(self.space.dtype)
 
     def decode(self, action: torch.Tensor, rows: np.ndarray | None, batched: bool = False):
@@ -116,7 +117,8 @@ class ActionCodec:
                 self._bad(f"expected an index in [0, {self.high}), got {array[bad[0]]}", rows, bad)
         else:
             values = self._one_hot_to_index(array, dtype, rows)
-        return values + self.start if self.start else values
+        values = values + self.start if self.start else values
+        return values.astype(self.space.dtype, copy=False)  # in range: the cast is exact
 
     def _one_hot_to_index(self, array, dtype, rows):
         if array.dtype.kind not in "biu":
@@ -139,7 +141,7 @@ class ActionCodec:
         bad = np.flatnonzero(((values < 0) | (values >= self.high)).any(-1))
         if bad.size:
             self._bad(f"expected indices below nvec={self.high.tolist()}, got {values[bad[0]].tolist()}", rows, bad)
-        return values.astype(np.int64) + self.start
+        return (values.astype(np.int64) + self.start).astype(self.space.dtype, copy=False)  # in range: exact
 
     def _binary(self, array, dtype, rows):
         if array.dtype.kind not in "biu":

@@ -11,9 +11,10 @@ The rule, applied to every ``info`` dict a sub-env returns from ``reset`` and ``
   ``(batch, time, ...)`` convention with a time dim of 1.
 * The spec is inferred at construction from the reset info **and** the info of
   one step of **every** env; a user can declare keys (``info_spec=``) or
-  restrict them (``info_keys=``). Dtypes follow ``torch.as_tensor``: Python
-  floats are float32, ints int64, bools bool; differing dtypes across envs are
-  promoted with ``torch.promote_types``.
+  restrict them (``info_keys=``). Dtypes follow numpy, as gymnasium's vector
+  infos do, in every backend and process: Python floats are float64 (stored
+  exactly), ints int64, bools bool; numpy and torch values keep their dtype;
+  differing dtypes across envs are promoted with ``torch.promote_types``.
 * At run time a value must have the spec's shape and a dtype that casts to the
   spec's within its kind (int into float is fine, 0.75 into int is an error);
   integers of another width or sign are range-checked (300 into a uint8 key is
@@ -61,17 +62,17 @@ INFO_MASK_KEY = "info_mask"
 def numeric_value(value) -> np.ndarray | None:
     """``value`` as a numpy array when the info rule records it, else ``None``.
 
-    Python scalars get torch's default dtypes (float32, int64, bool).
+    Python scalars get numpy's dtypes (float64, int64, bool), whatever the process
+    (a worker without torch, a main process with another torch default dtype).
     """
     kind = type(value)
     if kind is bool:
         return np.asarray(value, dtype=np.bool_)
     if kind is int:
         return np.asarray(value, dtype=np.int64)
-    torch = sys.modules.get("torch")  # a tensor implies torch is imported
     if kind is float:
-        default = torch.get_default_dtype() if torch is not None else None
-        return np.asarray(value, dtype=np.float64 if default is not None and default.itemsize == 8 else np.float32)
+        return np.asarray(value, dtype=np.float64)
+    torch = sys.modules.get("torch")  # a tensor implies torch is imported
     if isinstance(value, (np.ndarray, np.generic)):
         return np.asarray(value) if value.dtype.kind in "biuf" else None
     if torch is not None and isinstance(value, torch.Tensor):

@@ -235,40 +235,48 @@ class VectorBackend(InProcessBackend):
         else:
             select = np.zeros(self.num_envs, dtype=bool)
             select[rows] = True
-            if option is None and self.stashed[select].all() and (self._masked_reset is None or all(s is None for s in seeds)):
-                # SAME_STEP: the vector env already reset these rows during the step, unseeded
-                # (its stream continues); a seeded episode is reset again below instead
-                if any(s is not None for s in seeds):
+            # SAME_STEP: rows the vector env already reset during the step, unseeded (their stream
+            # continues), take that reset; the others (and a seeded episode) get a masked reset
+            stashed = self.stashed[rows]
+            if option is None:
+                reuse = stashed & np.array([s is None for s in seeds], dtype=bool)
+            else:
+                reuse = np.zeros(len(rows), dtype=bool)
+            if self._masked_reset is None and not reuse.all():
+                if option is None and (stashed & ~reuse).any():
                     raise EnvError(
-                        int(rows[0]), "reset",
+                        int(rows[stashed & ~reuse][0]), "reset",
                         f"{type(_innermost(self.venv)).__name__} (SAME_STEP) reset these rows itself, unseeded, and has "
                         "no masked reset (options['reset_mask']) to reseed them; reset every row to seed it, or pass "
                         "masked_reset=True if it has one.",
                     )
-                obs, stashed_info = self._stash_obs, self._stash_info
-                writer.observations(select, obs, "reset")
-                writer.info.write_batch(stashed_info, select, "reset")
-            else:
-                if self._masked_reset is None:
-                    unstashed = rows[~self.stashed[rows]]
-                    raise EnvError(
-                        int(unstashed[0] if unstashed.size else rows[0]), "reset",
-                        f"{type(_innermost(self.venv)).__name__} (SAME_STEP) can only reset rows it finished itself, "
-                        "without options; it has no masked reset (options['reset_mask']) for the others. Pass "
-                        "masked_reset=True if it has one.",
-                    )
+                raise EnvError(
+                    int(rows[~reuse][0]), "reset",
+                    f"{type(_innermost(self.venv)).__name__} (SAME_STEP) can only reset rows it finished itself, "
+                    "without options; it has no masked reset (options['reset_mask']) for the others. Pass "
+                    "masked_reset=True if it has one.",
+                )
+            if reuse.any():  # first: a masked reset may reuse the vector env's output buffers
+                reused = np.zeros(self.num_envs, dtype=bool)
+                reused[rows[reuse]] = True
+                writer.observations(reused, self._stash_obs, "reset")
+                writer.info.write_batch(self._stash_info, reused, "reset")
+            if not reuse.all():
+                fresh = np.zeros(self.num_envs, dtype=bool)
+                fresh[rows[~reuse]] = True
+                fresh_seeds = [s for s, r in zip(seeds, reuse) if not r]
                 if self.per_env_seeds:
                     seed_arg = [None] * self.num_envs
-                    for j, seed in zip(rows.tolist(), seeds):
+                    for j, seed in zip(rows[~reuse].tolist(), fresh_seeds):
                         seed_arg[j] = seed
                 else:
-                    seed_arg = self._seed_arg(seeds)  # one seed for the batch: the first row's
+                    seed_arg = self._seed_arg(fresh_seeds)  # one seed for the batch: the first row's
                 try:
-                    obs, info = self._masked_reset(select, seed_arg, option)
+                    obs, info = self._masked_reset(fresh, seed_arg, option)
                 except Exception as err:
-                    raise EnvError(int(rows[0]), "reset", f"{type(err).__name__}: {err}") from err
-                writer.observations(select, obs, "reset")
-                writer.info.write_batch(info, select, "reset")
+                    raise EnvError(int(rows[~reuse][0]), "reset", f"{type(err).__name__}: {err}") from err
+                writer.observations(fresh, obs, "reset")
+                writer.info.write_batch(info, fresh, "reset")
             self.pending_done[select] = False
             self.stashed[select] = False
             index = rows
