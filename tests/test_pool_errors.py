@@ -431,3 +431,51 @@ def test_process_backend_reply_that_cannot_be_unpickled_leaves_no_stale_reply():
         assert pool.get_attr("length", indices=[3]) == [5]
     finally:
         pool.close()
+
+
+class _FlagsEnv(gym.Env):
+    """Steps return the given reward and done flags (as an env with a bug would)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, reward=0.0, terminated=False, truncated=False, bad_after=1):
+        self.values, self.bad_after, self.t = (reward, terminated, truncated), bad_after, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        # the probe at construction steps once: the bad values come after it
+        values = self.values if self.t > self.bad_after else (0.0, False, False)
+        return (np.zeros(1, np.float32), *values, {})
+
+
+@pytest.mark.parametrize("name, kwargs", [
+    ("reward", {"reward": None}),
+    ("terminated", {"terminated": "False"}),
+    ("truncated", {"truncated": 0.5}),
+    ("terminated", {"terminated": 2}),
+    ("reward", {"reward": "1"}),
+])
+def test_bad_reward_or_done_flags_name_the_env_never_stored(name, kwargs):
+    fns = [_FlagsEnv, functools.partial(_FlagsEnv, **kwargs)]
+    pool = EnvPool(fns, seed=0)
+    td = pool.reset()
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(EnvError, match=rf"env 1 \(step\): {name}: expected a scalar"):
+        pool.step(td)
+    pool.close()
+
+
+def test_integer_done_flags_of_0_and_1_are_read_as_bools():
+    pool = EnvPool([functools.partial(_FlagsEnv, reward=1, terminated=1, truncated=0)] * 2, seed=0)
+    td = pool.reset()
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    pool.step(td)
+    out = pool.step(td)["next"]
+    assert out["terminated"].view(-1).tolist() == [True, True] and out["truncated"].view(-1).tolist() == [False] * 2
+    assert out["reward"].view(-1).tolist() == [1.0, 1.0]
+    pool.close()

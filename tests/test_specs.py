@@ -83,3 +83,43 @@ def test_box_round_trip(shape, dtype, bounded):
 def test_discrete_round_trips(n, nvec, m):
     for space in (gym.spaces.Discrete(n), gym.spaces.MultiDiscrete(nvec), gym.spaces.MultiBinary(m)):
         assert spec_to_space(space_to_spec(space)) == space
+
+
+class _DtypeEnv(gym.Env):
+    """A Box observation (or an info value) of the given dtype."""
+
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, obs_dtype=np.float32, info_dtype=None):
+        self.observation_space = gym.spaces.Box(0, 100, (2,), obs_dtype)
+        self.info_dtype = info_dtype
+
+    def _info(self):
+        return {} if self.info_dtype is None else {"x": self.info_dtype(7)}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.ones(2, self.observation_space.dtype), self._info()
+
+    def step(self, action):
+        return np.ones(2, self.observation_space.dtype), 0.0, False, False, self._info()
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32, np.uint64])
+def test_unsigned_dtypes_torch_cannot_clone_are_refused_with_a_way_out(dtype):
+    import functools
+
+    from torchrl_swm import EnvPool
+
+    with pytest.raises(SpecError, match=rf"observation_space.*dtype {np.dtype(dtype)} is not supported.*cast it to"):
+        EnvPool([functools.partial(_DtypeEnv, dtype)])
+    with pytest.raises(SpecError, match=rf"info key .*x.*dtype {np.dtype(dtype)} is not supported"):
+        EnvPool([functools.partial(_DtypeEnv, np.float32, dtype)])
+    # the way out the message gives: an exact cast to a wider signed dtype, then everything works
+    if dtype is not np.uint64:
+        wider = np.int32 if dtype is np.uint16 else np.int64
+        pool = EnvPool([lambda: gym.wrappers.DtypeObservation(_DtypeEnv(dtype), wider)] * 2)
+        from torchrl.envs.utils import check_env_specs
+
+        check_env_specs(pool)
+        pool.close()

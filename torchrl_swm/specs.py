@@ -67,6 +67,26 @@ def torch_dtype(dtype) -> torch.dtype:
     return _torch_of_numpy(np.dtype(dtype))
 
 
+#: numpy dtypes torch stores but tensordict cannot clone (no arithmetic kernels): TorchRL's checks,
+#: collectors and replay buffers fail on them, so they are refused with a way out instead
+_UNSTORABLE = {np.dtype(np.uint16): "int32", np.dtype(np.uint32): "int64", np.dtype(np.uint64): None}
+
+
+def check_storable(dtype, what: str) -> None:
+    """Raise a :class:`SpecError` for a dtype the pool's tensordicts cannot hold (uint16/32/64)."""
+    dtype = np.dtype(dtype)
+    if dtype in _UNSTORABLE:
+        wider = _UNSTORABLE[dtype]
+        fix = (
+            f"cast it to {wider} (exact), e.g. gymnasium.wrappers.DtypeObservation(env, np.{wider}) for an "
+            "observation" if wider else "cast it to int64 or float64 if its values allow (not exact in general)"
+        )
+        raise SpecError(
+            f"{what}: dtype {dtype} is not supported: torch has no arithmetic for it, so TorchRL's tensordicts "
+            f"cannot be cloned, checked or collected. Expected bool, int8/16/32/64, uint8 or float; {fix}."
+        )
+
+
 def numpy_dtype(dtype) -> np.dtype:
     """The numpy dtype of a torch dtype (or of a numpy dtype, unchanged)."""
     if isinstance(dtype, torch.dtype):
@@ -110,6 +130,7 @@ def space_to_spec(
         Categorical(...)
     """
     if isinstance(space, gym.spaces.Box):
+        check_storable(space.dtype, name)
         dtype = torch_dtype(space.dtype)
         low = np.broadcast_to(space.low, space.shape)
         high = np.broadcast_to(space.high, space.shape)

@@ -311,10 +311,11 @@ class InfoSchema:
         """The batched ``"info"`` spec (a ``Composite``): each leaf ``(num_envs, 1, *shape)``."""
         from torchrl.data import Composite, Unbounded
 
-        from ..specs import torch_dtype
+        from ..specs import check_storable, torch_dtype
 
         spec = Composite(shape=(num_envs,), device=device)
         for key, leaf in self.leaves.items():
+            check_storable(leaf.dtype, f"info key {_key_str(key)}")
             spec[key] = Unbounded(
                 shape=(num_envs, 1, *leaf.shape), dtype=torch_dtype(leaf.dtype), device=device
             )

@@ -217,15 +217,21 @@ class RowWriter:
         ``index`` selects the same rows in the buffers (a slice or an int array).
         """
         try:
-            self.reward[index, 0] = rewards
-            self.terminated[index, 0] = terminated
-            self.truncated[index, 0] = truncated
+            # as arrays first: numpy would store None as NaN and "False" or 0.5 as True without a word
+            reward, term, trunc = np.asarray(rewards), np.asarray(terminated), np.asarray(truncated)
+            if reward.dtype.kind not in "biuf" or not _is_flag(term) or not _is_flag(trunc):
+                raise TypeError("reward or done flags of an unexpected type")
+            self.reward[index, 0] = reward
+            self.terminated[index, 0] = term
+            self.truncated[index, 0] = trunc
         except (TypeError, ValueError) as err:
             for i, r, te, tr in zip(rows, rewards, terminated, truncated):
-                for name, value, kinds in (("reward", r, "biuf"), ("terminated", te, "b"), ("truncated", tr, "b")):
+                for name, value in (("reward", r), ("terminated", te), ("truncated", tr)):
                     array = np.asarray(value)
-                    if array.shape != () or array.dtype.kind not in kinds:
-                        raise EnvError(int(i), "step", f"{name}: expected a scalar {'float' if name == 'reward' else 'bool'}, got {describe(value)}") from err
+                    ok = array.dtype.kind in "biuf" if name == "reward" else _is_flag(array)
+                    if array.shape != () or not ok:
+                        expected = "a scalar float" if name == "reward" else "a scalar bool"
+                        raise EnvError(int(i), "step", f"{name}: expected {expected}, got {describe(value)}") from err
             raise
         self.done[index] = self.terminated[index] | self.truncated[index]
 
@@ -245,6 +251,12 @@ class RowWriter:
         self.truncated[index] = False
         self.done[index] = False
         self.seed[index, 0] = seeds
+
+
+def _is_flag(array: np.ndarray) -> bool:
+    """Bools, or integers that are all 0 or 1 (older envs return ints): what a done flag may be."""
+    kind = array.dtype.kind
+    return kind == "b" or (kind in "iu" and bool(((array == 0) | (array == 1)).all()))
 
 
 def action_kind(space: gym.Space) -> str:
