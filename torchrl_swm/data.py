@@ -511,6 +511,6 @@ def load_dataset(path: str | os.PathLike) -> WorldDataset:
         >>> ds.num_episodes, len(ds)              # episodes, transitions
         >>> ep = ds.episode(0)                    # TensorDict [L], root = step t, "next" = t + 1
         >>> rb = ds.replay_buffer(num_slices=32, slice_len=8)
-        >>> batch = rb.sample()                   # TensorDict [32, 8]
+        >>> batch = rb.sample().reshape(32, 8)    # TensorDict [32, 8] (TorchRL samples flat: [256])
     """
     return WorldDataset(path)
