@@ -401,3 +401,14 @@ def test_info_keys_can_keep_one_side_of_a_value_dict_conflict():
     assert out["info", "stats", "x"].view(-1).tolist() == [0.0, 2.0]
     assert out["info_mask", "stats", "x"].view(-1).tolist() == [False, True]
     pool.close()
+
+
+@pytest.mark.parametrize("declared, value", [
+    (torch.float16, 100000),             # an int above float16's largest (65504)
+    (torch.float32, np.float64(1e40)),   # a float64 above float32's largest
+])
+def test_a_value_that_would_overflow_a_declared_float_key_is_an_error(declared, value):
+    pool = info_pool([{}] * 2, [[{}], [{"x": value}]], info_spec={"x": Unbounded(shape=(), dtype=declared)})
+    with pytest.raises(EnvError, match=r"env 1 \(step\).*'x'.*overflows"):
+        step(pool)
+    pool.close()

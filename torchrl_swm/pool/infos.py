@@ -39,6 +39,7 @@ The rule, applied to every ``info`` dict a sub-env returns from ``reset`` and ``
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -96,8 +97,8 @@ def cast_problem(source: np.ndarray, dtype: np.dtype) -> str | None:
 
     The pool's rule: any safe cast; integers into a narrower or differently
     signed integer dtype when every value is in its range (checked here);
-    int into float and float into a narrower float (``same_kind``). Float into
-    int, and anything into bool, are refused. Call it only when the dtypes
+    int into float and float into a narrower float (``same_kind``) when no finite
+    value overflows to inf. Float into int, and anything into bool, are refused. Call it only when the dtypes
     differ: the common case (same dtype) needs no check.
     """
     src = source.dtype
@@ -114,6 +115,13 @@ def cast_problem(source: np.ndarray, dtype: np.dtype) -> str | None:
                 return f"value {bad} is out of the range of {dtype} [{limits.min}, {limits.max}]"
         return None
     if np.can_cast(src, dtype, "same_kind"):
+        if dtype.kind == "f" and source.size:  # a finite value must not overflow to inf
+            values = source.astype(np.float64)
+            values = values[np.isfinite(values)]
+            top = float(np.finfo(dtype).max)
+            if values.size and np.abs(values).max() > top:
+                bad = values[np.argmax(np.abs(values))]
+                return f"value {bad} overflows {dtype} (largest {top:g})"
         return None
     return f"dtype {src} does not cast to {dtype} without changing the values"
 
@@ -499,6 +507,15 @@ class InfoWriter:
                         f"which is out of its range; storing it would change its value. Declare the key with a "
                         "wider dtype via info_spec=."
                     ) from err
+                if kind == "f" and vtype is not bool and array.itemsize < 8 and math.isinf(array[i, 0]):
+                    # a float16/32 key: a finite Python number beyond its range became inf
+                    if not math.isinf(value):
+                        array[i, 0] = 0
+                        raise EnvError(
+                            i, phase, f"info key {_key_str(key)}: expected dtype {array.dtype}, shape (), got "
+                            f"{value!r}, which overflows {array.dtype}; storing it would change its value. Declare "
+                            "the key with a wider dtype via info_spec=."
+                        )
                 return
         source = numeric_value(value)
         expected = f"dtype {array.dtype}, shape {array.shape[2:]}"
