@@ -153,8 +153,14 @@ def test_ctrl_c_during_collect_leaves_a_loadable_dataset(tmp_path):
     data = tmp_path / "interrupted"
     command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "torchrl_swm.cli"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([*command, "collect", "CartPole-v1", "--episodes", "20000", "--out", str(data),
-                             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # A test run started in the background (`cmd &`, nohup) ignores SIGINT, and the child would inherit that:
+    # Python then installs no KeyboardInterrupt handler. With a handler here, exec gives the child the default.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([*command, "collect", "CartPole-v1", "--episodes", "20000", "--out", str(data),
+                                 "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         # a cold start (no bytecode cache: PYTHONDONTWRITEBYTECODE) on a loaded CI machine imports torch and
         # torchrl from source first; a SIGINT during those imports would test them, not the collect
