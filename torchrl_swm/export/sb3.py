@@ -95,7 +95,8 @@ def _sb3_class():
             seeds = self._seeds
             # per env an int or None (that env is not reseeded), as DummyVecEnv passes them
             seed = None if all(s is None for s in seeds) else list(seeds)
-            if seed is not None and self.venv.traits.pool is None and seed == list(range(seed[0], seed[0] + len(seed))):
+            if (seed is not None and self.venv.traits.pool is None and None not in seed
+                    and seed == list(range(seed[0], seed[0] + len(seed)))):
                 seed = seed[0]  # VecEnv.seed(s)'s [s, s+1, ...] for an env seeded as a whole: env.set_seed(s)
             options = self._options
             if all(not o for o in options):
