@@ -930,7 +930,6 @@ class _Run:
         # False for a VectorEnv pool: every row is stepped, idle rows' outputs are ignored (see World.can_freeze_rows)
         self.freeze = world.can_freeze_rows
         self.last_frames: np.ndarray | None = None  # grid video of a VectorEnv pool: idle rows keep their last frame
-        self.check_arguments(world, plans, exploration, policy)
         self.exploration = None if exploration is None else _EXPLORATION[exploration]
         self.queues = [deque() for _ in range(n)]
         for plan in plans:
@@ -965,13 +964,13 @@ class _Run:
         self.progress = progress
         self.desc = desc
         self.reward_keys = list(world.env.reward_keys)
-        excluded = _excluded_keys(exclude_keys)
-        self.exclude_keys = [*excluded, *[("next", *k) for k in excluded]]
+        self.exclude_keys = [*exclude_keys, *[("next", *k) for k in exclude_keys]]
         self.wall_time = 0.0
 
     @staticmethod
     def check_arguments(world: World, plans, exploration, policy) -> None:
-        """Raise on a run's bad arguments; called before a run creates anything (a dataset directory, videos)."""
+        """Raise on a run's bad arguments. Callers run it before creating anything (a dataset
+        directory, videos) and before building the run."""
         if exploration is not None and exploration not in _EXPLORATION:
             raise ValueError(f"exploration: expected one of {sorted(_EXPLORATION)} or None, got {exploration!r}")
         if any(p.options for p in plans) and world.pool is None:

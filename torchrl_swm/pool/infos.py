@@ -98,8 +98,8 @@ def cast_problem(source: np.ndarray, dtype: np.dtype) -> str | None:
     The pool's rule: any safe cast; integers into a narrower or differently
     signed integer dtype when every value is in its range (checked here);
     int into float and float into a narrower float (``same_kind``) when no finite
-    value overflows to inf. Float into int, and anything into bool, are refused. Call it only when the dtypes
-    differ: the common case (same dtype) needs no check.
+    value overflows to inf. Float into int, and anything into bool, are refused.
+    Call it only when the dtypes differ: the common case (same dtype) needs no check.
     """
     src = source.dtype
     if src.kind not in "biuf":
@@ -507,16 +507,11 @@ class InfoWriter:
                         f"which is out of its range; storing it would change its value. Declare the key with a "
                         "wider dtype via info_spec=."
                     ) from err
-                if kind == "f" and vtype is not bool and array.itemsize < 8 and math.isinf(array[i, 0]):
-                    # a float16/32 key: a finite Python number beyond its range became inf
-                    if not math.isinf(value):
-                        array[i, 0] = 0
-                        raise EnvError(
-                            i, phase, f"info key {_key_str(key)}: expected dtype {array.dtype}, shape (), got "
-                            f"{value!r}, which overflows {array.dtype}; storing it would change its value. Declare "
-                            "the key with a wider dtype via info_spec=."
-                        )
-                return
+                if not (kind == "f" and vtype is not bool and array.itemsize < 8 and math.isinf(array[i, 0])
+                        and not math.isinf(value)):
+                    return
+                # a finite number became inf in a float16/32 key: undo it, and let cast_problem below name it
+                array[i, 0] = 0
         source = numeric_value(value)
         expected = f"dtype {array.dtype}, shape {array.shape[2:]}"
         if source is None:
