@@ -21,3 +21,11 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 @pytest.fixture(params=DEVICES)
 def device(request):
     return torch.device(request.param)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _sb3_log_dir(tmp_path_factory):
+    # SB3's learn() makes a log folder (tempdir/SB3-<time>) per call unless SB3_LOGDIR names one:
+    # keep them in pytest's tmp tree (subprocesses, e.g. the tutorials, inherit it) instead of /tmp
+    os.environ.setdefault("SB3_LOGDIR", str(tmp_path_factory.mktemp("sb3-logs")))
+    yield

@@ -183,6 +183,23 @@ def test_close_twice_and_double_close_errors_are_reported():
     assert pool.is_closed
 
 
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_a_closed_pool_says_it_is_closed(backend):
+    from torchrl.collectors import Collector
+
+    pool = EnvPool([counting] * 2, seed=0, backend=backend, num_workers=2 if backend == "process" else None)
+    td = pool.reset()
+    collector = Collector(pool, None, frames_per_batch=4, total_frames=8)
+    assert [batch.numel() for batch in collector] == [4, 4]
+    collector.shutdown()  # TorchRL's collector closes the env it was given
+    assert pool.is_closed
+    for use in (pool.reset, lambda: pool.rand_step(td), lambda: pool.rollout(3), lambda: pool.call("render"),
+                lambda: pool.get_attr("length")):
+        with pytest.raises(RuntimeError, match=r"EnvPool is closed .*Build a new EnvPool"):
+            use()
+    pool.close()  # closing again is still harmless
+
+
 def test_env_error_pickles_and_rebuilds_from_its_message():
     import pickle
 

@@ -2,6 +2,7 @@
 
 import functools
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -412,3 +413,44 @@ def test_a_value_that_would_overflow_a_declared_float_key_is_an_error(declared, 
     with pytest.raises(EnvError, match=r"env 1 \(step\).*'x'.*overflows"):
         step(pool)
     pool.close()
+
+
+def test_info_keys_that_become_the_same_string_are_an_error_never_a_dropped_value():
+    # TensorDict keys are strings: 1 and "1" would be one key and one value would be lost
+    with pytest.raises(EnvError, match=r"env 1 \(reset\): info keys 1 and '1' \(at \('n', '1'\)\)") as err:
+        info_pool([{"a": 0.0}, {"a": 0.0, "n": {1: 1.0, "1": 2.0}}], [[{}]] * 2)
+    assert err.value.env_index == 1 and "'1'" in str(err.value) and "lost" in str(err.value)
+    # at a step: the pool names the env and stays usable and closable
+    pool = info_pool([{"x": 0.0}] * 2, [[{"x": 1.0}], [{"x": 1.0}, {"x": 1.0, 7: 2.0, "7": 3.0}]], info_keys=["x"])
+    out = step(pool)
+    with pytest.raises(EnvError, match=r"env 1 \(step\): info keys 7 and '7'"):
+        step(pool, out)
+    assert pool.reset()["info", "x"].view(-1).tolist() == [0.0, 0.0]
+    pool.close()
+    # a non-string key alone is fine: it is recorded under its string
+    pool = info_pool([{3: 1.5}] * 2, [[{3: 2.5}]] * 2)
+    assert step(pool)["info", "3"].view(-1).tolist() == [2.5, 2.5]
+    pool.close()
+
+
+def test_vector_info_keys_that_become_the_same_string_are_an_error():
+    from torchrl_swm.pool.infos import flatten_vector_info
+
+    info = {1: np.zeros(2), "1": np.ones(2), "_1": np.ones(2, bool)}
+    with pytest.raises(EnvError, match=r"info keys 1 and '1'.*lost"):
+        list(flatten_vector_info(info))
+
+
+def test_dict_observation_keys_that_become_the_same_string_are_a_spec_error():
+    class TwoOnes(gym.Env):
+        observation_space = gym.spaces.Dict({1: gym.spaces.Discrete(2), "1": gym.spaces.Discrete(3)})
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            return self.observation_space.sample(), {}
+
+        def step(self, action):
+            return self.observation_space.sample(), 0.0, False, False, {}
+
+    with pytest.raises(SpecError, match=r"Dict keys \[1, '1'\].*same TensorDict key '1'"):
+        EnvPool([TwoOnes] * 2)

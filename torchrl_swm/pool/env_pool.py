@@ -84,6 +84,19 @@ def _nested_composite(leaves: Mapping[Key, object], shape, device) -> Composite:
     return root
 
 
+class _ClosedBackend:
+    """Stands in for the backend once the pool is closed: any use says so (no check on the hot path)."""
+
+    def __getattr__(self, name):
+        raise RuntimeError(
+            "EnvPool is closed (close() was called, perhaps by a Collector's shutdown(), which closes its env); "
+            "its envs are gone. Build a new EnvPool, or pass the Collector a factory of pools instead of a pool."
+        )
+
+    def close(self) -> None:  # closing twice is fine
+        pass
+
+
 class EnvPool(EnvBase):
     """N gymnasium environments as one TorchRL env with batch size ``[N]``.
 
@@ -531,8 +544,8 @@ class EnvPool(EnvBase):
     def close(self, *, raise_if_closed: bool = True) -> None:
         backend = self.__dict__.get("_backend")
         super().close(raise_if_closed=raise_if_closed)
-        if backend is not None:
-            self.__dict__["_backend"] = None
+        if backend is not None and not isinstance(backend, _ClosedBackend):
+            self.__dict__["_backend"] = _ClosedBackend()
             backend.close()
 
     def __repr__(self) -> str:

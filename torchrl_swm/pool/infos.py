@@ -83,11 +83,27 @@ def numeric_value(value) -> np.ndarray | None:
     return None
 
 
-def _flatten(info: Mapping, prefix: Key = ()):
+def _string_key(key, mapping: Mapping, prefix: Key, env_index: int | None, phase: str) -> str:
+    """``key`` as the string a TensorDict key must be; refuses two keys of ``mapping`` that
+    would become the same string (``1`` and ``"1"``), which would silently drop one value."""
+    text = str(key)
+    clash = [k for k in mapping if k is not key and str(k) == text]
+    if clash:
+        raise EnvError(
+            env_index, phase,
+            f"info keys {key!r} and {clash[0]!r} (at {_key_str((*prefix, text))}) both become the TensorDict key "
+            f"{text!r}, so one value would be lost; rename one of them in the env (e.g. a gymnasium wrapper)",
+        )
+    return text
+
+
+def _flatten(info: Mapping, prefix: Key = (), env_index: int | None = None, phase: str = "info"):
     for key, value in info.items():
-        path = (*prefix, str(key))
+        if key.__class__ is not str:  # rare: only non-string keys can collide
+            key = _string_key(key, info, prefix, env_index, phase)
+        path = (*prefix, key)
         if isinstance(value, Mapping):
-            yield from _flatten(value, path)
+            yield from _flatten(value, path, env_index, phase)
         else:
             yield path, value
 
@@ -160,7 +176,8 @@ def flatten_vector_info(info: Mapping, prefix: Key = (), present=None, phase: st
     that reported the key gave numbers (see :func:`vector_values`).
     """
     for key, value in info.items():
-        key = str(key)
+        if key.__class__ is not str:
+            key = _string_key(key, info, prefix, None, phase)
         if (key[:1] == "_" and key[1:] in info) or (not prefix and key in _VECTOR_SPECIAL):
             continue
         mask = info.get("_" + key, present)
@@ -272,7 +289,7 @@ class InfoSchema:
         first_seen: dict[Key, tuple[int, str]] = {}
         reported: dict[Key, int] = {}  # in how many probes
         for env_index, phase, info in probes:
-            for key, value in _flatten(info):
+            for key, value in _flatten(info, (), env_index, phase):
                 array = numeric_value(value)
                 if array is None:
                     continue
@@ -430,7 +447,7 @@ class InfoWriter:
             return
         written = []
         arrays = self.arrays
-        for key, value in _flatten(info):
+        for key, value in _flatten(info, (), i, phase):
             array = arrays.get(key)
             if array is None:
                 if not self.schema.selected and numeric_value(value) is not None:
@@ -530,7 +547,7 @@ class InfoWriter:
         array[i, 0] = source
 
     def _check_unknown(self, i, info, phase):
-        for key, value in _flatten(info):
+        for key, value in _flatten(info, (), i, phase):
             if numeric_value(value) is not None:
                 self._raise_unknown(i, key, value, phase)
 

@@ -37,6 +37,13 @@ def observation_leaves(space: gym.Space, prefix: Key = ()) -> dict[Key, gym.Spac
         return {("observation",): space}
     if isinstance(space, gym.spaces.Dict):
         out = {}
+        names = [str(key) for key in space.spaces]
+        if len(set(names)) < len(names):
+            clash = [key for key in space.spaces if names.count(str(key)) > 1]
+            raise SpecError(
+                f"observation_space: Dict keys {clash} (at {prefix or 'the root'}) become the same TensorDict key "
+                f"{str(clash[0])!r}, so one would be lost; rename them in a gymnasium wrapper."
+            )
         for key, sub in space.spaces.items():
             if not prefix and key in RESERVED_KEYS:
                 raise SpecError(
