@@ -222,3 +222,14 @@ class NarrowActionEnv(gym.Env):
         obs = np.zeros(2, np.float32)
         obs[: np.size(action)] = action
         return obs, 0.0, False, False, {}
+
+
+CLOSED_ENVS: list[int] = []  # ids of ClosingEnv instances closed in this process
+
+
+class ClosingEnv(CountingEnv):
+    """A counting env that records its ``close()`` in :data:`CLOSED_ENVS` (this process only)."""
+
+    def close(self):
+        CLOSED_ENVS.append(id(self))
+        super().close()

@@ -950,3 +950,49 @@ def test_next_step_export_of_a_pool_over_a_vector_env_is_refused_clearly():
     with pytest.raises(ValueError, match=r"runs a gymnasium VectorEnv.*autoreset_mode='same_step' or 'disabled'"):
         to_gymnasium(pool)
     to_gymnasium(pool, autoreset_mode="same_step").close()
+
+
+@pytest.mark.parametrize("kind", ["vector", "single", "sb3", "make", "make_vec"])
+def test_closing_an_export_closes_the_pool_and_its_envs(kind):
+    """TorchRL's EnvBase starts with is_closed=True, so "close unless closed" never closed anything."""
+    from envs import CLOSED_ENVS, ClosingEnv
+
+    from torchrl_swm import register_gymnasium_env, to_sb3_vec_env
+
+    pytest.importorskip("stable_baselines3") if kind == "sb3" else None
+    from torchrl_swm.export import TorchRLGymEnv
+
+    n = 1 if kind in ("single", "make") else 3
+    if kind in ("make", "make_vec"):
+        env_id = f"TestClosing-{kind}-v0"
+        def closing_pool(num_envs, seed_every_episode=True):
+            return EnvPool([ClosingEnv] * num_envs, seed_every_episode=seed_every_episode)
+
+        register_gymnasium_env(env_id, closing_pool)
+        export = gym.make(env_id) if kind == "make" else gym.make_vec(env_id, num_envs=n)
+        pool = export.unwrapped.env
+        gym.registry.pop(env_id)
+    else:
+        pool = EnvPool([ClosingEnv] * n, seed=0)
+        export = {"vector": to_gymnasium, "single": functools.partial(TorchRLGymEnv, squeeze_batch=True),
+                  "sb3": to_sb3_vec_env}[kind](pool)
+    assert isinstance(pool, EnvPool) and pool.num_envs == n and not pool.is_closed
+    export.reset()
+    CLOSED_ENVS.clear()
+    export.close()
+    assert len(CLOSED_ENVS) == n and pool.is_closed
+    with pytest.raises(RuntimeError, match="EnvPool is closed"):
+        pool.reset()
+    export.close()  # a second close does nothing
+    assert len(CLOSED_ENVS) == n
+
+
+def test_closing_an_export_reaps_the_pool_workers():
+    pool = EnvPool([counting] * 2, backend="process", num_workers=2, seed=0)
+    processes = list(pool._backend._processes)
+    export = to_gymnasium(pool)
+    export.reset(seed=0)
+    export.close()
+    for proc in processes:
+        proc.join(timeout=10)
+    assert [proc.is_alive() for proc in processes] == [False, False]

@@ -496,3 +496,18 @@ def test_integer_done_flags_of_0_and_1_are_read_as_bools():
     assert out["terminated"].view(-1).tolist() == [True, True] and out["truncated"].view(-1).tolist() == [False] * 2
     assert out["reward"].view(-1).tolist() == [1.0, 1.0]
     pool.close()
+
+
+def test_an_unclosed_pool_is_closed_when_collected():
+    """TorchRL's EnvBase.__del__ closes envs that say they are open: a pool does (is_closed starts False)."""
+    import gc
+
+    from envs import CLOSED_ENVS, ClosingEnv
+
+    pool = EnvPool([ClosingEnv] * 3, seed=0)
+    assert not pool.is_closed
+    pool.reset()
+    CLOSED_ENVS.clear()
+    del pool
+    gc.collect()
+    assert len(CLOSED_ENVS) == 3

@@ -624,3 +624,20 @@ def test_video_must_be_a_directory_or_a_recorder():
     world = World(EnvPool([functools.partial(counting, render_mode="rgb_array")] * 2, pixels=True))
     with pytest.raises(TypeError, match="video: expected a directory"):
         world.evaluate(2, video=True, progress=False)
+
+
+def test_close_closes_the_pool_world_built_and_reaps_its_workers():
+    # TorchRL's EnvBase starts with is_closed=True, so "close unless closed" used to close nothing
+    world = World("CartPole-v1", num_envs=2, backend="process", num_workers=2)
+    processes = list(world.env._backend._processes)
+    world.evaluate(2, seed=0, progress=False)
+    world.close()
+    for proc in processes:
+        proc.join(timeout=10)
+    assert [proc.is_alive() for proc in processes] == [False, False] and world.env.is_closed
+    world.close()  # a second close does nothing
+    # a pool the caller built stays the caller's
+    pool = EnvPool("CartPole-v1", num_envs=2, seed=0)
+    World(pool).close()
+    assert not pool.is_closed and pool.reset().batch_size == (2,)
+    pool.close()

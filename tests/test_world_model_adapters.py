@@ -648,6 +648,10 @@ def test_bug_garbage_returns_raise(result, match):
             },
             r"both 'terminated' and 'done'",
         ),
+        (  # done = terminated | truncated: never guess terminated on a truncated row
+            {"done": torch.ones(2, dtype=torch.bool), "truncated": torch.tensor([True, False]), "state": torch.zeros(2, 2)},
+            r"'done' together with 'truncated' leaves 'terminated' unknown.*return 'terminated' and 'truncated'",
+        ),
         ({"reward": torch.zeros(2)}, r"neither a state .* nor an observation"),
         ({"state": torch.zeros(2, 2), "reward": "high"}, r"reward: expected a float tensor of shape \(2, 1\), got str"),
     ],
@@ -680,6 +684,15 @@ def test_python_scalars_broadcast_and_numpy_observations_convert():
     out = step_once(env)
     assert out["reward"].view(-1).tolist() == [1.5, 1.5] and out["terminated"].all() and not out["truncated"].any()
     assert torch.equal(out["observation"], torch.ones(2, 2))
+
+
+def test_numpy_flags_convert_like_numpy_observations_and_rewards():
+    flags = np.array([True, False]), np.array([[False], [True]])
+    out = step_once(_env_returning((np.ones((2, 2), np.float32), np.array([1.0, 2.0], np.float32), *flags, {}), n=2))
+    assert out["terminated"].view(-1).tolist() == [True, False] and out["truncated"].view(-1).tolist() == [False, True]
+    assert out["done"].view(-1).tolist() == [True, True]
+    with pytest.raises(ReturnFormError, match=r"terminated: expected a bool tensor .*got Tensor\(dtype=torch.float32"):
+        step_once(_env_returning((np.ones((2, 2), np.float32), 0.0, np.zeros(2, np.float32), False, {}), n=2))
 
 
 def test_bug_float64_observation_for_float32_space_is_an_error():

@@ -589,6 +589,18 @@ FAST_CASES = {
     "state-key": lambda: noisy_env(5, seed=1, state_key="latent", initial_observation=torch.zeros(4)),
     "info": ENVS["info"],
     "all-done": lambda: counting_env(3, length=2),
+    "td-state-dict-start": lambda: WorldModelEnv(
+        object(), BOX2, BOX2, num_envs=4, state_key="s", initial_observation=torch.zeros(2),
+        initial_state={"x": torch.zeros(2)},  # nested dicts here, a TensorDict from the model
+        transition_fn=lambda s, a: (lambda x: {"state": TensorDict({"x": x}, [x.shape[0]]), "observation": x,
+                                              "terminated": x[:, :1].abs() > 1.5})(s["x"] + a),
+    ),
+    "dict-state-td-start": lambda: WorldModelEnv(
+        object(), BOX2, BOX2, num_envs=4, state_key="s", initial_observation=torch.zeros(2),
+        initial_state=TensorDict({"x": torch.zeros(2)}, []),  # a TensorDict here, nested dicts from the model
+        transition_fn=lambda s, a: (lambda x: {"state": {"x": x}, "observation": x,
+                                              "terminated": x[:, :1].abs() > 1.5})(s["x"] + a),
+    ),
     "reset-fn": lambda: WorldModelEnv(
         NoisyModel(),
         BOX4,
@@ -612,6 +624,10 @@ def test_fast_step_and_maybe_reset_equals_torchrl_generic_path(name):
             td.update(action.clone())
             td["policy_out"] = torch.arange(fast.batch_size[0], dtype=torch.float32).unsqueeze(-1) + t
             td["collector"] = TensorDict({"traj_ids": torch.arange(fast.batch_size[0])}, fast.batch_size)
+            for group in [k for k, v in td.items() if isinstance(v, TensorDict) and k not in ("collector", "next")]:
+                # a caller's leaf inside a group the env writes (a Dict observation, a TensorDict state,
+                # "info"): TorchRL zeroes it on the rows a partial reset restarts
+                td[group, "caller_extra"] = torch.full((fast.batch_size[0], 2), float(t + 1))
         if t % 3 == 1:  # freeze some rows with TorchRL's "_step" mask (never all of them)
             mask = torch.rand(fast.batch_size[0], 1) > 0.5
             mask[t % fast.batch_size[0]] = True
@@ -1250,3 +1266,50 @@ def test_an_adapter_taking_the_model_last_is_refused():
     with pytest.raises(AdapterError, match=r"transition\(state, action, model\): parameter 'model' looks like the "
                                            r"model but is not the first parameter"):
         WorldModelEnv(object(), BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2), transition_fn=transition)
+
+
+def test_step_mask_with_state_key_freezes_rows_at_the_state_they_were_given():
+    # with state_key the tensordict holds the state: a frozen row keeps the caller's, not the env's copy
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=2, state_key="observation", initial_state=torch.zeros(2),
+                        transition_fn=lambda s, a: s + a)
+    td = env.reset()
+    td["observation"] = torch.tensor([[5.0, 5.0], [7.0, 7.0]])
+    td["action"] = torch.ones(2, 2)
+    td["_step"] = torch.tensor([[True], [False]])
+    out = env.step(td)["next"]
+    assert out["observation"].tolist() == [[6.0, 6.0], [7.0, 7.0]]
+    assert out["reward"].view(-1).tolist() == [0.0, 0.0]
+
+
+def test_a_separate_state_with_the_observation_as_state_key_is_an_error():
+    # state_key="observation": the next step reads the state back from the observation, so a state
+    # returned apart from it would be silently lost
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=1, state_key="observation", initial_state=torch.zeros(2),
+                        transition_fn=lambda s, a: {"state": s + 1, "observation": s * 0 + 100})
+    with pytest.raises(ReturnFormError, match=r"a state apart from the observation, but state_key='observation'"):
+        env.rollout(2)
+    same = WorldModelEnv(object(), BOX2, BOX2, num_envs=1, state_key="observation", initial_state=torch.zeros(2),
+                         transition_fn=lambda s, a: (lambda n: {"state": n, "observation": n})(s + 1))
+    assert same.rollout(3)["next", "observation"][0, :, 0].tolist() == [1.0, 2.0, 3.0]
+
+
+def test_decoder_of_a_dict_observation_names_its_input_entry():
+    box = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+
+    def make(**kwargs):
+        return make_world_model_env(
+            object(), gym.spaces.Dict({"pos": box, "vel": box}), box, num_envs=2, initial_state=torch.zeros(2),
+            initial_observation={"pos": torch.zeros(2), "vel": torch.zeros(2)},
+            transition_fn=lambda s, a: {"state": s + a, "observation": {"pos": s + a, "vel": s}},
+            decoder=lambda x: x * 2, **kwargs)
+
+    # the default "observation" is not an entry of a Dict observation: say so, never call the decoder with None
+    with pytest.raises(KeyError, match=r"no 'observation' entry to decode; the env has \[.*'pos', .*'vel'\].*decoder_in_key"):
+        make().reset()
+    env = make(decoder_in_key="pos")
+    td = env.reset()
+    td["action"] = torch.ones(2, 2)
+    assert env.step(td)["next", "pixels"].tolist() == [[2.0, 2.0], [2.0, 2.0]]
+    with pytest.raises(TypeError, match="decoder_in_key= only make sense with decoder="):
+        make_world_model_env(object(), box, box, num_envs=1, initial_state=torch.zeros(2),
+                             transition_fn=lambda s, a: s + a, decoder_in_key="pos")

@@ -462,8 +462,9 @@ class World:
 
     def close(self) -> None:
         """Close the env if World built it from a gymnasium id."""
-        if self._owns_env and not self.env.is_closed:
-            self.env.close()
+        if self._owns_env:
+            self._owns_env = False  # once: a second close() does nothing
+            self.env.close(raise_if_closed=False)
 
     def reset(self, seed=None, options=None) -> TensorDictBase:
         """Reset every env (``seed``/``options`` as :meth:`EnvPool.reset`); returns the tensordict."""

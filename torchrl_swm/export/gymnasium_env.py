@@ -52,6 +52,7 @@ class TorchRLGymEnv(gym.Env):
                 + ("" if squeeze_batch else "; use to_gymnasium(env), which returns a VectorEnv for batch_size [N]")
             )
         self.env = env
+        self._closed = False
         self.layout = Layout(env, observation_keys=observation_keys, info_keys=info_keys)
         self.traits = traits(env)
         self.numpy = bool(numpy)
@@ -136,8 +137,9 @@ class TorchRLGymEnv(gym.Env):
         return pool.call("render")[0]
 
     def close(self):
-        if not self.env.is_closed:
-            self.env.close()
+        if not self._closed:  # the wrapped env's is_closed cannot be trusted: a plain EnvBase starts "closed"
+            self._closed = True
+            self.env.close(raise_if_closed=False)
 
     def __repr__(self) -> str:
         name = self.spec.id if self.spec is not None else type(self.env).__name__

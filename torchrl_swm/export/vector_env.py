@@ -468,8 +468,9 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         return tuple(self._pool("render()").call("render"))
 
     def close_extras(self, **kwargs) -> None:
-        if not self.env.is_closed:
-            self.env.close()
+        # called once (VectorEnv.close checks self.closed); the wrapped env's is_closed cannot be
+        # trusted: a plain EnvBase starts "closed"
+        self.env.close(raise_if_closed=False)
 
     def __repr__(self) -> str:
         name = self.spec.id if self.spec is not None else type(self.env).__name__

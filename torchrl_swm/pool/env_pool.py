@@ -196,6 +196,9 @@ class EnvPool(EnvBase):
         except BaseException:
             self._backend.close()
             raise
+        # TorchRL's EnvBase starts with is_closed=True (only its wrappers reset it): an open pool says
+        # so, which is what lets owners (exports, World) and TorchRL's __del__ close it
+        self.is_closed = False
 
     def _build(self, categorical, pixels, image_shape, info_keys, info_spec, seed, seed_every_episode):
         n, device, backend = self.num_envs, self.device, self._backend

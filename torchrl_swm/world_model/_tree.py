@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from ..errors import describe
 from ..masks import row_view
@@ -35,6 +35,9 @@ def tree_map(fn, x, *others):
     if isinstance(x, torch.Tensor):
         return fn(x, *others)
     if isinstance(x, TensorDictBase):
+        # a state may come as nested dicts on one side and a TensorDict on the other
+        # (initial_state vs what the model returns): the same leaves, so match them up
+        others = [o if isinstance(o, TensorDictBase) else TensorDict(o, batch_size=[]) for o in others]
         return x.apply(fn, *others)
     if isinstance(x, Mapping):
         return {k: tree_map(fn, v, *(o[k] for o in others)) for k, v in x.items()}

@@ -528,8 +528,18 @@ def _split_mapping(result, keys, where: str, *, step: bool):
                 f"{where} returned {mapping_form(keys)}: both 'terminated' and 'done'; expected one of them"
             )
         terminated = get("terminated")
+    elif "done" in keys:
+        if "truncated" in keys:
+            # done = terminated | truncated: a row that is both done and truncated may or may not have
+            # terminated, and bootstrapping depends on it (TorchRL refuses to guess too)
+            raise ReturnFormError(
+                f"{where} returned {mapping_form(keys)}: 'done' together with 'truncated' leaves 'terminated' "
+                "unknown on truncated rows; return 'terminated' and 'truncated' instead ('done' alone is read "
+                "as 'terminated')"
+            )
+        terminated = get("done")
     else:
-        terminated = get("done") if "done" in keys else MISSING
+        terminated = MISSING
     reward = get("reward") if "reward" in keys else MISSING
     truncated = get("truncated") if "truncated" in keys else MISSING
     return form, state, obs, reward, terminated, truncated, info

@@ -258,7 +258,10 @@ class WorldModelEnv(EnvBase):
             observation keys, or a TorchRL replay buffer of them. Each reset row samples one
             entry (row ``r``'s ``c``-th start: a hash of the seed, ``r`` and ``c``, so resetting
             some rows never changes the others' starts); its observation is the reset observation
-            and its state is ``encode(observation)``.
+            and its state is ``encode(observation)``. An encoder (or ``reset_fn``) that samples
+            with ``generator=`` draws from :attr:`reset_generator` for all the rows reset together,
+            so its draws, unlike the choice of start, depend on which rows reset when: encode
+            deterministically (e.g. the posterior mean) where rows must not influence each other.
         encode_fn: ``encode_fn([model,] obs)`` -> state for real observations (``start_states``,
             ``initial_observation``). Default: ``model.encode`` when it exists, else identity.
             ``False`` forces identity.
@@ -559,6 +562,7 @@ class WorldModelEnv(EnvBase):
             self._reset_generator.set_state(rng)
             if cacheable:
                 self._constant_full = start  # never handed out: resets clone it or torch.where from it
+        self.is_closed = False  # TorchRL's EnvBase starts closed; only its wrappers say otherwise
 
     # -- construction helpers ------------------------------------------------------------------
     def _unbatched(self, space, name) -> TensorSpec:
@@ -755,6 +759,8 @@ class WorldModelEnv(EnvBase):
             return value
         if isinstance(value, (bool, np.bool_)):
             return torch.full(bs1, bool(value), dtype=torch.bool, device=self.device)
+        if isinstance(value, np.ndarray):  # as observations and rewards: numpy converts, then the same checks
+            return self._flag(torch.as_tensor(value, device=self.device), bs, bs1, name, where, form)
         raise ReturnFormError(
             f"{where} returned {form}: {name}: expected a bool tensor of shape {tuple(bs1)} or a bool, "
             f"got {describe(value)}"
@@ -864,6 +870,7 @@ class WorldModelEnv(EnvBase):
             state = rt.state
         else:
             state = self._current_state(td)
+        state_in = state  # a row frozen by "_step" keeps it (with state_key: the caller's, maybe edited)
         # the model, once for the batch
         if self._differentiable or not torch.is_grad_enabled():
             result = self._transition.call(state, action)
@@ -875,6 +882,8 @@ class WorldModelEnv(EnvBase):
                 torch._C._set_grad_enabled(True)
         where = self._where
         form, state, obs, reward, terminated, truncated, info = split_transition(result, where, self._obs_keys)
+        if self._obs_is_state and state is not obs:
+            self._separate_state(form, where)
         dev = self._dev
         bs = shapes.bs
         bs1 = shapes.bs1
@@ -923,7 +932,7 @@ class WorldModelEnv(EnvBase):
             if not bool(rows.all()):
                 # frozen rows keep their state, observation and flags, and report reward 0
                 shared = obs is state and rt.obs is rt.state  # obs = state: one select serves both
-                state = _tree.where_rows(rows, state, rt.state)
+                state = _tree.where_rows(rows, state, state_in)
                 obs = state if shared else _tree.where_rows(rows, obs, rt.obs)
                 view = rows.view(-1, 1)
                 reward = torch.where(view, reward, torch.zeros((), dtype=reward.dtype, device=reward.device))
@@ -953,6 +962,14 @@ class WorldModelEnv(EnvBase):
             source["truncated"] = truncated
             source["done"] = done
         return TensorDict._new_unsafe(source, batch_size=bs, device=dev)
+
+    def _separate_state(self, form, where):
+        raise ReturnFormError(
+            f"{where} returned {form} with a state apart from the observation, but state_key={self._state_key!r} "
+            "declares that the observation is the state (the next step would read the observation back and lose "
+            "the returned state). Return the state as the observation (one tensor for both), or pass a "
+            "state_key of its own (e.g. state_key='latent', with state_spec=) to keep the state in the tensordict."
+        )
 
     def _bad_action(self, td, action, shapes):
         if action is None:
@@ -1429,7 +1446,13 @@ class WorldModelEnv(EnvBase):
         if self._simple_source:
             root["observation"] = obs
         else:
-            root.update(self._source(obs, state, info))
+            source = self._source(obs, state, info)
+            if not everything:
+                for key, value in source.items():
+                    old = root.get(key)
+                    if isinstance(old, TensorDictBase) and isinstance(value, (Mapping, TensorDictBase)):
+                        source[key] = _merge_reset_group(old, value, rows)
+            root.update(source)
         if not everything:
             # as TorchRL's _update_during_reset: entries the reset does not produce are zeroed on reset rows
             produced = self._reset_produced
@@ -1465,6 +1488,27 @@ class WorldModelEnv(EnvBase):
             f"transition={self._transition.description!r}, "
             f"start={self._start_kind!r}, state_key={self._state_key!r}, differentiable={self._differentiable})"
         )
+
+
+def _merge_reset_group(old: TensorDictBase, new, rows: torch.Tensor) -> dict:
+    """A group the reset produces (a Dict observation's sub-dict, a TensorDict state, ``"info"``) merged
+    for a partial reset: the reset's leaves, plus the caller's other leaves in ``old`` (a policy's
+    ``("goal", "embedding")``) zeroed on the reset ``rows``, as TorchRL's ``_update_during_reset`` does."""
+    merged = {}
+    for key, value in old.items():
+        if key in new.keys():
+            sub = new[key]
+            if isinstance(value, TensorDictBase) and isinstance(sub, (Mapping, TensorDictBase)):
+                sub = _merge_reset_group(value, sub, rows)
+            merged[key] = sub
+        elif isinstance(value, torch.Tensor):
+            merged[key] = value.masked_fill(row_view(rows, value), 0)
+        else:
+            merged[key] = value.where(~rows.view(-1), other=value.empty(), pad=0)
+    for key in new.keys():
+        if key not in merged:
+            merged[key] = new[key]
+    return merged
 
 
 def _shape_text(shapes: dict) -> str:

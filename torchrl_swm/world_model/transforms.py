@@ -276,8 +276,17 @@ class ObservationDecoder(_WorldModelTransform):
         return out
 
     def _call(self, next_tensordict: TensorDictBase) -> TensorDictBase:
-        next_tensordict.set(self.out_keys[0], self._decode(next_tensordict.get(self.in_keys[0])))
+        value = next_tensordict.get(self.in_keys[0], None)
+        if value is None:
+            self._missing_input(next_tensordict.keys(True, True))
+        next_tensordict.set(self.out_keys[0], self._decode(value))
         return next_tensordict
+
+    def _missing_input(self, keys):
+        raise KeyError(
+            f"ObservationDecoder: no {self.in_keys[0]!r} entry to decode; the env has {sorted(map(str, keys))}. "
+            "Pass in_key= (make_world_model_env: decoder_in_key=) naming the entry the decoder reads"
+        )
 
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
         return self._call(tensordict_reset)
@@ -286,6 +295,8 @@ class ObservationDecoder(_WorldModelTransform):
         return self._call(tensordict)
 
     def transform_observation_spec(self, observation_spec: TensorSpec) -> TensorSpec:
+        if self.in_keys[0] not in observation_spec.keys(True):
+            self._missing_input(observation_spec.keys(True, True))
         in_spec = observation_spec[self.in_keys[0]]
         bs = tuple(observation_spec.shape)
         if self._spec is None:
@@ -320,6 +331,7 @@ def make_world_model_env(
     max_episode_steps: int | None = None,
     decoder: Callable | None = None,
     decoder_spec=None,
+    decoder_in_key="observation",
     transforms: Sequence[Transform] = (),
     device: torch.device | str | None = None,
     **kwargs,
@@ -347,6 +359,8 @@ def make_world_model_env(
         action_transform_fn: ``fn([model,] action)`` from the outside action to the model's.
         max_episode_steps: time limit; sets ``truncated`` (TorchRL's ``StepCounter``).
         decoder / decoder_spec: an :class:`ObservationDecoder` writing ``"pixels"``.
+        decoder_in_key: the entry the decoder reads (default ``"observation"``; with a Dict
+            observation, one of its keys, e.g. ``("image", "latent")``).
         transforms: more TorchRL transforms appended to the Compose.
 
     Returns:
@@ -395,9 +409,10 @@ def make_world_model_env(
         chain.append(StepCounter(max_steps=max_episode_steps))
     if decoder is not None:
         differentiable = kwargs.get("differentiable", False)  # as the env: decoded pixels keep the graph too
-        chain.append(ObservationDecoder(decoder, decoder_spec, model=model, differentiable=differentiable))
-    elif decoder_spec is not None:
-        raise TypeError("make_world_model_env: decoder_spec= only makes sense with decoder=")
+        chain.append(ObservationDecoder(decoder, decoder_spec, in_key=decoder_in_key, model=model,
+                                        differentiable=differentiable))
+    elif decoder_spec is not None or decoder_in_key != "observation":
+        raise TypeError("make_world_model_env: decoder_spec= and decoder_in_key= only make sense with decoder=")
     for transform in transforms:
         if not isinstance(transform, Transform):
             raise TypeError(f"make_world_model_env: transforms must be TorchRL Transforms, got {describe(transform)}")
