@@ -233,3 +233,10 @@ class ClosingEnv(CountingEnv):
     def close(self):
         CLOSED_ENVS.append(id(self))
         super().close()
+
+
+class BadCloseEnv(CountingEnv):
+    """A counting env whose ``close()`` raises ``OSError("disk gone")``."""
+
+    def close(self):
+        raise OSError("disk gone")

@@ -539,6 +539,57 @@ def test_a_subclass_step_is_honoured_by_the_fast_path():
     pool.close()
 
 
+class _ScaledObservation(EnvPool):  # a subclass's _step changes what the step returns
+    def _step(self, tensordict):
+        out = super()._step(tensordict)
+        out["observation"] = out["observation"] * 10
+        return out
+
+
+class _TimeLimited(EnvPool):  # ... or its done flags (a time limit of its own)
+    def _step(self, tensordict):
+        out = super()._step(tensordict)
+        out["truncated"] = out["truncated"] | (out["observation"][:, :1] >= 2)
+        out["done"] = out["terminated"] | out["truncated"]
+        return out
+
+
+class _Curriculum(EnvPool):  # a subclass's _reset passes reset options
+    resets = 0
+
+    def _reset(self, tensordict=None, **kwargs):
+        type(self).resets += 1
+        return super()._reset(tensordict, **kwargs, options={"length": 2})
+
+
+@pytest.mark.parametrize("cls", [_ScaledObservation, _TimeLimited, _Curriculum])
+def test_a_subclass_step_or_reset_gives_what_torchrls_generic_path_gives(cls):
+    """The fast step_and_maybe_reset reads the pool's buffers: with a subclass's own _step or _reset
+    it must give exactly TorchRL's generic step -> step_mdp -> maybe_reset."""
+    from torchrl.envs import EnvBase
+
+    fns = [functools.partial(counting, length=n) for n in (3, 4, 5)]  # rows finish at different steps
+    fast, generic = cls(fns, seed=0), cls(fns, seed=0)
+    tf, tg = fast.reset(), generic.reset()
+    resets = 0
+    for t in range(15):
+        action = torch.tensor([t % 3, (t + 1) % 3, 2])
+        tf["action"], tg["action"] = action, action.clone()
+        of, tf = fast.step_and_maybe_reset(tf)
+        og, tg = EnvBase._step_and_maybe_reset(generic, tg)
+        resets += int(of["next", "done"].any())
+        for a, b in ((of, og), (tf, tg)):
+            assert set(a.keys(True, True)) == set(b.keys(True, True))
+            for key in a.keys(True, True):
+                assert torch.equal(a[key], b[key]), (cls.__name__, t, key)
+        assert not tf["done"].any()  # every done row was reset, whoever set its flag
+    assert resets >= 3
+    if cls is _Curriculum:  # the subclass's _reset ran for every partial reset: episodes of 2 steps
+        assert int(of["next", "observation"][:, 0].max()) <= 2
+    fast.close()
+    generic.close()
+
+
 class _OneStepRandomStart(gym.Env):
     """Every episode lasts one step; the observation is a number drawn at reset (a second reset shows)."""
 

@@ -171,14 +171,20 @@ def test_unknown_env_id_and_misused_kwargs():
         EnvPool(CountingEnv())
 
 
-def test_close_twice_and_double_close_errors_are_reported():
-    class BadClose(CountingEnv):
-        def close(self):
-            raise OSError("disk gone")
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_close_twice_and_double_close_errors_are_reported(backend):
+    import time
 
-    pool = EnvPool([CountingEnv, BadClose], seed=0)
-    with pytest.raises(EnvError, match=r"env 1 \(close\): OSError: disk gone"):
+    from envs import BadCloseEnv
+
+    pool = EnvPool([CountingEnv, BadCloseEnv], seed=0, backend=backend, num_workers=2 if backend == "process" else None)
+    processes = list(getattr(pool._backend, "_processes", []))
+    start = time.monotonic()
+    with pytest.raises(EnvError, match=r"env 1 \(close\): OSError: disk gone") as err:
         pool.close()
+    assert err.value.env_index == 1
+    assert time.monotonic() - start < 4  # the worker reports and exits: no wait for a join timeout
+    assert not any(proc.is_alive() for proc in processes)
     pool.close(raise_if_closed=False)  # a second close is harmless
     assert pool.is_closed
 

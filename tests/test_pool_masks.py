@@ -206,3 +206,24 @@ def test_env_instances_are_distinct():
     assert len({id(env) for env in pool.envs}) == 3 and all(isinstance(e, CountingEnv) for e in pool.envs)
     assert isinstance(pool.envs[0], gym.Env)
     pool.close()
+
+
+def test_a_partial_reset_of_a_tensordict_without_done_flags_keeps_the_envs_flags():
+    """As TorchRL's own merge (_reset_check_done): the flags of rows not reset come from the env,
+    with TorchRL's warning, never zero-padded (which would report finished envs as running)."""
+    import warnings
+
+    from tensordict import TensorDict
+
+    pool = EnvPool([functools.partial(counting, length=1)] * 3, seed=0)
+    td = pool.reset()
+    td["action"] = torch.zeros(3, dtype=torch.int64)
+    assert pool.step(td)["next", "done"].all()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = pool.reset(TensorDict({"_reset": torch.tensor([[True], [False], [False]])}, [3]))
+    assert out["done"].view(-1).tolist() == [False, True, True]
+    assert out["terminated"].view(-1).tolist() == [False, True, True]
+    assert out["truncated"].view(-1).tolist() == [False, False, False]
+    assert any("wasn't present in the input tensordict" in str(w.message) for w in caught)
+    pool.close()

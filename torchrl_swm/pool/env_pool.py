@@ -17,6 +17,7 @@ Data path of one step::
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 
 import gymnasium as gym
@@ -190,7 +191,9 @@ class EnvPool(EnvBase):
         super().__init__(batch_size=torch.Size([n]), device=torch.device(device))
         self.num_envs = n
         self._backend = backend
-        self._own_step = type(self)._step is EnvPool._step
+        # the fast step_and_maybe_reset reads the buffers directly: a subclass's own _step or
+        # _reset (shaping, its own done flags, reset options) takes TorchRL's generic path
+        self._own_step_and_reset = type(self)._step is EnvPool._step and type(self)._reset is EnvPool._reset
         try:
             self._build(categorical_action_encoding, pixels, image_shape, info_keys, info_spec, seed, seed_every_episode)
         except BaseException:
@@ -330,11 +333,13 @@ class EnvPool(EnvBase):
         ``"_step"`` mask freezes rows as in :meth:`_step`, and done rows are reset
         whether or not they were stepped, as TorchRL does. Inputs the fast path
         does not cover (an all-False ``"_step"``, a preset ``"next"``, type
-        checks, step-MDP hooks) take TorchRL's generic path.
+        checks, step-MDP hooks, a subclass's own ``_step`` or ``_reset``) take
+        TorchRL's generic path.
         """
         step_mask = tensordict.get("_step", None)
         if (
-            "next" in tensordict.keys()
+            not self._own_step_and_reset
+            or "next" in tensordict.keys()
             or (step_mask is not None and not step_mask.any())  # TorchRL then skips the step entirely
             or self._run_type_checks
             or self._post_step_mdp_hooks is not None
@@ -342,8 +347,7 @@ class EnvPool(EnvBase):
             or (self._subtrees and self._foreign_leaves(tensordict))
         ):
             return super()._step_and_maybe_reset(tensordict)
-        # a subclass's own _step is honoured; the pool's reads the "_step" mask fetched above
-        next_td = self._step_rows(tensordict, step_mask) if self._own_step else self._step(tensordict)
+        next_td = self._step_rows(tensordict, step_mask)
         tensordict._set_str("next", next_td, validated=True, inplace=False, non_blocking=False)
         done_rows = self._done_flags.nonzero()[0]  # cheaper than any() + flatnonzero()
         if not done_rows.size:
@@ -419,6 +423,17 @@ class EnvPool(EnvBase):
             if key in new_keys and key in old_keys:
                 new = tensordict_reset.get(key)
                 value = torch.where(row_view(rows, new), new, tensordict.get(key))
+            elif key in ("done", "terminated", "truncated"):
+                # as TorchRL's _reset_check_done: a done flag the caller left out is taken from the
+                # env (rows not reset may still be done), never zero-padded, with TorchRL's warning
+                value = tensordict_reset.get(key)
+                if value[~row_view(rows, value).expand_as(value)].any():
+                    warnings.warn(
+                        f"A partial `'_reset'` key has been passed to `reset` (_reset), but the corresponding "
+                        f"done_key ({key}) wasn't present in the input tensordict. This is discouraged, since "
+                        "the input tensordict should contain all the data not being reset.",
+                        stacklevel=3,
+                    )
             elif key in new_keys:
                 new = tensordict_reset.get(key)
                 value = new.masked_fill(~row_view(rows, new), 0)

@@ -326,5 +326,19 @@ class ProcessBackend:
         return [proc.pid for proc in self._processes]
 
     def close(self) -> None:
-        """Reap every worker (gracefully, then by force) and free the shared memory."""
-        self._finalizer()
+        """Close the envs (each worker closes its own, then exits), reap every worker (gracefully,
+        then by force) and free the shared memory. As in the serial backend, an env whose
+        ``close()`` raises is reported, after everything is reaped."""
+        error = None
+        if self._finalizer.alive:
+            try:
+                live = [w for w, proc in enumerate(self._processes) if proc.is_alive()]
+                message = bytes(ForkingPickler.dumps(("close", None)))
+                self._gather(self._broadcast([(w, message) for w in live]), "close")
+            except EnvError as err:
+                if err.phase == "close":  # an env's close() raised (a dead worker has nothing to close)
+                    error = err
+            finally:
+                self._finalizer()
+        if error is not None:
+            raise error

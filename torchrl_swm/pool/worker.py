@@ -81,8 +81,12 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
                 elif command == "set_attr":
                     reply = backend.set_attr(*args)
                 elif command == "close":
-                    backend.close()
-                    conn.send((REPLY_OK, None))
+                    try:
+                        backend.close()
+                    except BaseException as err:  # reported, and the worker still exits
+                        conn.send((REPLY_ERROR, _error_payload(err)))
+                    else:
+                        conn.send((REPLY_OK, None))
                     break
                 else:
                     raise ValueError(f"unknown command {command!r}")
