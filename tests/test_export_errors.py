@@ -230,3 +230,113 @@ def test_discrete_actions_with_a_start_are_checked_against_start_and_n(action, c
         envs.step(action)
     _, rewards, *_ = envs.step(np.array([-1, 0, 1]) if envs.numpy else torch.tensor([-1, 0, 1]))
     assert list(rewards.tolist()) == [-1.0, 0.0, 1.0]  # the env got the actions in its own range
+
+
+class _IntBoxAction(gym.Env):
+    observation_space = gym.spaces.Box(-1000, 1000, (2,), np.float32)
+
+    def __init__(self, dtype=np.int64):
+        self.action_space = gym.spaces.Box(0, 5 if dtype == np.int64 else 255, (2,), dtype)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.asarray(action, np.float32), 0.0, False, False, {}
+
+
+def test_integer_box_actions_are_never_truncated_or_wrapped():
+    envs = to_gymnasium(EnvPool([_IntBoxAction] * 2, seed=0))
+    envs.reset(seed=0)
+    with pytest.raises(TypeError, match=r"expected integers for Box\(0, 5, \(2,\), int64\).*truncate"):
+        envs.step(np.array([[2.7, 4.9], [0.5, 1.99]]))
+    assert envs.step(np.array([[2, 4], [0, 1]]))[0].tolist() == [[2, 4], [0, 1]]
+    u8 = to_gymnasium(EnvPool([lambda: _IntBoxAction(np.uint8)] * 2, seed=0))
+    u8.reset(seed=0)
+    for bad in (np.array([[300, -1], [256, 7]]), torch.tensor([[3, 1], [256, 7]])):
+        with pytest.raises(ValueError, match=r"must fit Box\(0, 255, \(2,\), uint8\)'s dtype \(0\.\.255\).*wrap"):
+            u8.step(bad)
+    assert u8.step(np.array([[3, 255], [0, 7]]))[0].tolist() == [[3, 255], [0, 7]]
+    envs.close()
+    u8.close()
+
+
+def test_uint64_actions_past_int64_are_out_of_range_with_a_start():
+    envs = to_gymnasium(EnvPool([StartActionEnv] * 2, seed=0))
+    envs.reset(seed=0)
+    assert envs.single_action_space == gym.spaces.Discrete(3, start=-1)
+    # 2**64 - 1 would become int64 -1, the space's start, if cast before the range check
+    with pytest.raises(ValueError, match=r"every value must lie in Discrete\(3, start=-1\)"):
+        envs.step(np.array([0, 2**64 - 1], dtype=np.uint64))
+    envs.close()
+
+
+def test_shape_free_box_observations_stay_arrays():
+    class ScalarObs(gym.Env):
+        observation_space = gym.spaces.Box(-1, 1, (), np.float32)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.t = 0
+            return np.array(0.5, np.float32), {}
+
+        def step(self, action):
+            self.t += 1
+            return np.array(-0.5, np.float32), 0.0, self.t >= 2, False, {}
+
+    from gymnasium.utils.env_checker import check_env
+
+    from torchrl_swm.export import TorchRLGymEnv
+
+    single = TorchRLGymEnv(EnvPool([ScalarObs], seed=0), squeeze_batch=True)
+    obs, _ = single.reset(seed=0)
+    assert isinstance(obs, np.ndarray) and obs.shape == () and obs in single.observation_space
+    with __import__("warnings").catch_warnings():
+        __import__("warnings").simplefilter("error")  # no "Casting input x to numpy array"
+        check_env(single, skip_render_check=True)
+    envs = to_gymnasium(EnvPool([ScalarObs] * 2, seed=0), autoreset_mode="same_step")
+    ref = gym.vector.SyncVectorEnv([ScalarObs] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs.reset(seed=0), ref.reset(seed=0)
+    for _ in range(2):
+        ours, theirs = envs.step(np.zeros(2, np.int64)), ref.step(np.zeros(2, np.int64))
+    final, final_ref = ours[4]["final_obs"][0], theirs[4]["final_obs"][0]
+    assert type(final) is type(final_ref) is np.ndarray and final.shape == final_ref.shape == ()
+    envs.close()
+
+
+@pytest.mark.parametrize("bad", [3, 1.5, [2, "observation"]])
+def test_observation_and_info_keys_of_the_wrong_type_are_named(bad):
+    for name in ("observation_keys", "info_keys"):
+        with pytest.raises(TypeError, match=rf"to_gymnasium: {name}: expected (a key|keys)"):
+            to_gymnasium(EnvPool("CartPole-v1", num_envs=2), **{name: bad})
+
+
+def test_make_with_num_envs_is_an_error_pointing_to_make_vec():
+    import functools
+
+    from torchrl_swm import register_gymnasium_env
+
+    register_gymnasium_env("TestMakeNumEnvs-v0", functools.partial(EnvPool, "CartPole-v1"))
+    try:
+        with pytest.raises(TypeError, match=r"builds one env, got num_envs=4; use gymnasium.make_vec"):
+            gym.make("TestMakeNumEnvs-v0", num_envs=4)
+        assert gym.make("TestMakeNumEnvs-v0", num_envs=1).reset(seed=0)[0].shape == (4,)
+    finally:
+        gym.registry.pop("TestMakeNumEnvs-v0")
+
+
+@pytest.mark.parametrize("seed, error, match", [
+    (2**63 - 1, ValueError, r"below 2\*\*63 .*got 9223372036854775808 \(seed 9223372036854775807 \+ env index\)"),
+    (2**70, ValueError, r"below 2\*\*63"),
+    ([0, 2**63], ValueError, r"below 2\*\*63"),
+    (True, TypeError, r"expected an integer, got True"),
+    ([0, 1.5], TypeError, r"expected integer seeds, got 1.5"),
+])
+def test_seeds_outside_int64_or_not_integers_are_named(seed, error, match):
+    pool = EnvPool("CartPole-v1", num_envs=2)
+    with pytest.raises(error, match=match):
+        pool.reset(seed=seed)
+    assert pool.reset(seed=2**63 - 2)["episode_seed"].view(-1).tolist() == [2**63 - 2, 2**63 - 1]
+    pool.close()

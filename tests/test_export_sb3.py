@@ -277,3 +277,18 @@ def test_discrete_spaces_with_a_start_reach_sb3_as_indices():
     obs = dict_venv.reset()
     assert set(obs["goal"]["kind"].tolist()) <= {0, 1, 2, 3}
     dict_venv.close()
+
+
+def test_per_env_options_are_refused_when_set_and_never_kept():
+    from envs import counting
+
+    from torchrl_swm import EnvPool, to_sb3_vec_env
+
+    venv = to_sb3_vec_env(EnvPool([counting] * 2, seed=0))
+    with pytest.raises(ValueError, match=r"set_options: expected one options dict for every env"):
+        venv.set_options([{"length": 2}, {"length": 3}])
+    venv.reset()  # the refused options are not waiting for this reset
+    venv.set_options({"length": 7})  # one dict for all: fine
+    venv.reset()
+    assert [info["length"] for info in venv.reset_infos] == [7, 7]
+    venv.close()

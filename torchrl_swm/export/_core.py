@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -329,6 +329,8 @@ class Layout:
         self.action_shape = tuple(space.shape)
         self.action_torch_dtype = spec.dtype
         self._action_int = isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary))
+        # an integer Box takes integers that fit its dtype: a cast would truncate or wrap them
+        self._action_int_box = isinstance(space, gym.spaces.Box) and space.dtype.kind in "iu"
         self._action_high = None
         if isinstance(space, gym.spaces.Discrete):
             self._action_high = int(space.n)
@@ -417,7 +419,7 @@ class Layout:
             info = auto_info
         else:
             # one key (a string, or a tuple naming one nested key), or a list of keys: as observation_keys
-            wanted = [info_keys] if isinstance(info_keys, (str, tuple)) else list(info_keys)
+            wanted = [info_keys] if isinstance(info_keys, (str, tuple)) else info_keys
             info = self._select(spec, leaves, wanted, "info_keys")
             info = [k for k in info if k[0] != "info_mask"]
         self.info_leaves = [
@@ -466,7 +468,7 @@ class Layout:
                 )
             self.single_leaf = True
         else:
-            obs = self._select(spec, leaves, list(observation_keys), "observation_keys")
+            obs = self._select(spec, leaves, observation_keys, "observation_keys")
         if not obs:
             raise SpecError(f"{self.name}: the env has no observation leaf to export (observation_spec keys: {leaves})")
         self.obs_leaves = []
@@ -483,7 +485,14 @@ class Layout:
 
     def _select(self, spec: Composite, leaves: list[Key], wanted, what) -> list[Key]:
         out = []
+        if isinstance(wanted, (str, bytes)) or not isinstance(wanted, Iterable):
+            raise TypeError(f"{self.name}: {what}: expected a key (str or tuple of str) or a list of keys, got {describe(wanted)}")
+        wanted = list(wanted)
         for raw in wanted:
+            if not isinstance(raw, (str, tuple)) or (isinstance(raw, tuple) and not all(isinstance(p, str) for p in raw)):
+                raise TypeError(
+                    f"{self.name}: {what}: expected keys (str or tuple of str), got {describe(raw)} in {wanted!r}"
+                )
             key = _key(raw)
             matches = [k for k in leaves if k[: len(key)] == key]
             if not matches:
@@ -585,6 +594,11 @@ class Layout:
                 raise TypeError(f"action: expected integers for {self.single_action_space}, got {describe(action)}")
         elif kind not in "biuf":
             raise TypeError(f"action: expected real numbers for {self.single_action_space}, got {describe(action)}")
+        elif self._action_int_box and kind == "f":
+            raise TypeError(
+                f"action: expected integers for {self.single_action_space} (an integer Box), got {describe(action)}; "
+                "casting would truncate the values: round or cast the action first"
+            )
         if tensor is None:
             if not array.flags.c_contiguous or not array.dtype.isnative:
                 array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
@@ -599,7 +613,8 @@ class Layout:
             if host:
                 values = array if array is not None else tensor.numpy()
                 index = values if start is None else np.asarray(values.astype(np.int64) - start)  # 0-d stays an array
-                if _out_of_range(index, self._action_high):
+                wraps = values.dtype == np.uint64 and bool((values > np.iinfo(np.int64).max).any())  # astype would wrap
+                if wraps or _out_of_range(index, self._action_high):
                     raise ValueError(
                         f"action: every value must lie in {self.single_action_space}, got {describe(action)} "
                         f"with min {values.min()} and max {values.max()}"
@@ -615,7 +630,14 @@ class Layout:
         elif isinstance(spec, OneHot):
             tensor = tensor.to(self.device, torch.int64, non_blocking=True)
             tensor = F.one_hot(tensor, int(spec.space.n))
-        return tensor.to(self.device, self.action_torch_dtype, non_blocking=True)
+        out = tensor.to(self.device, self.action_torch_dtype, non_blocking=True)
+        if self._action_int_box and tensor.dtype != out.dtype and bool((out.to(tensor.device, tensor.dtype) != tensor).any()):
+            info = torch.iinfo(out.dtype)
+            raise ValueError(
+                f"action: every value must fit {self.single_action_space}'s dtype ({info.min}..{info.max}), got "
+                f"{describe(action)} with min {tensor.min().item()} and max {tensor.max().item()}; casting would wrap them"
+            )
+        return out
 
 
 def _binary_from_float(tensor, array, action, space):

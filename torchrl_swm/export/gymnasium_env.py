@@ -107,15 +107,16 @@ class TorchRLGymEnv(gym.Env):
         truncated = bool(flags[2].reshape(-1)[0])
         return self._observation(leaves[:n_obs]), reward, terminated, truncated, self._info(leaves[n_obs:])
 
-    def _row(self, value):
+    def _row(self, value, keep_array: bool = False):
         if self._squeeze:
-            value = value[0]
-        if isinstance(value, np.ndarray) and value.ndim == 0:
-            return value[()]  # a numpy scalar, as gymnasium's Discrete observations are
+            value = value[0, ...]  # a 0-d array (not a scalar) for a leaf of shape ()
+        if isinstance(value, np.ndarray) and value.ndim == 0 and not keep_array:
+            return value[()]  # a numpy scalar, as gymnasium's Discrete observations are (a Box of shape () gives a 0-d array)
         return value
 
     def _observation(self, values):
-        values = [self._row(v) for v in values]
+        values = [self._row(v, keep_array=isinstance(leaf.space, gym.spaces.Box))
+                  for v, leaf in zip(values, self.layout.obs_leaves)]
         return values[0] if self.layout.single_leaf else nest(self.layout.obs_leaves, values)
 
     def _info(self, values) -> dict:

@@ -98,7 +98,12 @@ class _SingleEntryPoint:
     def __call__(self, **kwargs):
         from .gymnasium_env import TorchRLGymEnv
 
-        kwargs.pop("num_envs", None)
+        num_envs = kwargs.pop("num_envs", 1)  # gymnasium.make builds one env
+        if num_envs != 1:
+            raise TypeError(
+                f"gymnasium.make builds one env, got num_envs={num_envs!r}; use gymnasium.make_vec(id, "
+                f"num_envs={num_envs!r}) for a vector env"
+            )
         if self.batched:
             env = _build_batched(self.factory, 1, kwargs)
             return TorchRLGymEnv(env, squeeze_batch=True, **_single_kwargs(self.export_kwargs))

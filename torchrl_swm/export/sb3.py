@@ -10,7 +10,8 @@ in SAME_STEP mode and reshapes its outputs:
   holds its final step's info and ``"terminal_observation"``, and its reset info
   goes to ``reset_infos[i]``, exactly as SB3's ``DummyVecEnv`` does.
 * ``seed(s)`` and ``set_options(...)`` apply at the next ``reset()``; per-env seeds
-  may be ``None`` (that env is not reseeded), as on ``DummyVecEnv``.
+  may be ``None`` (that env is not reseeded), as on ``DummyVecEnv``. Options are one
+  dict for every env (a list of different dicts is refused by ``set_options``).
 * ``env_method``, ``get_attr``, ``set_attr`` and ``env_is_wrapped`` reach the
   sub-envs of an :class:`~torchrl_swm.pool.EnvPool` (``get_attr`` looks through
   gymnasium wrappers like ``DummyVecEnv``); other envs have no sub-envs and raise
@@ -91,6 +92,18 @@ def _sb3_class():
             return self.venv.env
 
         # -- stepping ------------------------------------------------------------------
+        def set_options(self, options=None) -> None:
+            super().set_options(options)
+            given = self._options
+            from gymnasium.utils.env_checker import data_equivalence  # option values may be arrays
+
+            if any(not data_equivalence(o, given[0], exact=True) for o in given[1:]):
+                self._reset_options()  # refused: nothing is kept for the next reset
+                raise ValueError(
+                    f"set_options: expected one options dict for every env (the export passes one dict to all of "
+                    f"them, as a gymnasium VectorEnv takes it), got different ones per env: {given!r}"
+                )
+
         def reset(self):
             seeds = self._seeds
             # per env an int or None (that env is not reseeded), as DummyVecEnv passes them
@@ -101,8 +114,6 @@ def _sb3_class():
             options = self._options
             if all(not o for o in options):
                 options = None
-            elif not all(o == options[0] for o in options):
-                raise ValueError("set_options: per-env options differ; the export passes one options dict to all envs")
             else:
                 options = dict(options[0])
             obs, infos = self.venv.reset(seed=seed, options=options)

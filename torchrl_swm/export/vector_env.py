@@ -369,13 +369,15 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         infos = self._infos(info, None)
         if final_obs is not None:
             finals = np.full(self.num_envs, None, dtype=object)
+            # one env's row: a Box of shape () gives a 0-d array (a[j, ...]), as the env returned it
+            boxes = [isinstance(leaf.space, gym.spaces.Box) for leaf in layout.obs_leaves]
             if layout.single_leaf:
-                terminal = final_obs[0]
+                terminal, box = final_obs[0], boxes[0]
                 for j, i in enumerate(rows.tolist()):
-                    finals[i] = terminal[j]
+                    finals[i] = terminal[j, ...] if box else terminal[j]
             else:
                 for j, i in enumerate(rows.tolist()):
-                    finals[i] = nest(layout.obs_leaves, [a[j] for a in final_obs])
+                    finals[i] = nest(layout.obs_leaves, [a[j, ...] if box else a[j] for a, box in zip(final_obs, boxes)])
             infos["final_obs"], infos["_final_obs"] = finals, done.copy()
             final_infos: dict = {}
             for (leaf, full, _), (_, finished, mask) in zip(

@@ -27,6 +27,8 @@ import torch
 
 __all__ = ["SeedSchedule", "broadcast_seeds", "broadcast_options"]
 
+_MAX_SEED = 2**63 - 1
+
 
 def broadcast_seeds(seed, num_envs: int) -> np.ndarray | None:
     """``seed`` as ``num_envs`` int64 base seeds: an int ``s`` gives ``s + i``.
@@ -42,22 +44,33 @@ def broadcast_seeds(seed, num_envs: int) -> np.ndarray | None:
         return None
     if isinstance(seed, torch.Tensor):
         seed = seed.detach().cpu().numpy()
+    if isinstance(seed, (bool, np.bool_)):
+        raise TypeError(f"seed: expected an integer, got {seed!r}")
     if isinstance(seed, (numbers.Integral, np.integer)) or (isinstance(seed, np.ndarray) and seed.ndim == 0):
         if isinstance(seed, np.ndarray) and seed.dtype.kind not in "iu":
             raise TypeError(f"seed: expected an integer, got {seed.dtype} array")
-        seeds = int(seed) + np.arange(num_envs, dtype=np.int64)
+        values = [int(seed) + i for i in range(num_envs)]  # Python ints: checked before any int64 wraps
     elif isinstance(seed, (Sequence, np.ndarray)) and not isinstance(seed, (str, bytes)):
-        array = np.asarray(seed)
-        if array.ndim != 1 or len(array) != num_envs:
-            raise ValueError(f"seed: expected an int or {num_envs} seeds (one per env), got shape {array.shape}")
-        if array.dtype.kind not in "iu":
-            raise TypeError(f"seed: expected integer seeds, got dtype {array.dtype}")
-        seeds = array.astype(np.int64)
+        if len(seed) != num_envs or (isinstance(seed, np.ndarray) and seed.ndim != 1):
+            raise ValueError(
+                f"seed: expected an int or {num_envs} seeds (one per env), got shape {np.shape(seed)}"
+            )
+        if isinstance(seed, np.ndarray) and seed.dtype.kind not in "iu":
+            raise TypeError(f"seed: expected integer seeds, got dtype {seed.dtype}")
+        bad = [s for s in seed if isinstance(s, (bool, np.bool_)) or not isinstance(s, (numbers.Integral, np.integer))]
+        if bad:
+            raise TypeError(f"seed: expected integer seeds, got {bad[0]!r} ({type(bad[0]).__name__})")
+        values = [int(s) for s in seed]
     else:
         raise TypeError(f"seed: expected an int or a sequence of {num_envs} ints, got {type(seed).__name__}")
-    if (seeds < 0).any():
-        raise ValueError(f"seed: seeds must be non-negative (gymnasium requires it), got {seeds.min()}")
-    return seeds
+    if min(values) < 0:
+        raise ValueError(f"seed: seeds must be non-negative (gymnasium requires it), got {min(values)}")
+    if max(values) > _MAX_SEED:
+        raise ValueError(
+            f"seed: seeds must be below 2**63 (the pool keeps int64 seeds), got {max(values)}"
+            + (f" (seed {int(seed)} + env index)" if len(values) and not isinstance(seed, (Sequence, np.ndarray)) else "")
+        )
+    return np.array(values, dtype=np.int64)
 
 
 def broadcast_options(options, num_envs: int) -> list:
