@@ -122,6 +122,16 @@ def test_clear_errors_for_unknown_envs_and_bad_paths(tmp_path, capsys):
     assert code == 2 and "invalid JSON" in err
     code, err = error("eval", "CartPole-v1", "--no-progress", "--env-kwargs", '{"no_such_kwarg": 1}')
     assert code == 1 and "no_such_kwarg" in err and "--traceback" in err
+    # a gym.make argument that has a flag of its own here is a usage error naming the flag
+    for kwarg, flag in (("max_episode_steps", "--max-steps"), ("seed", "--seed"), ("num_envs", "--num-envs")):
+        for command in ("eval", "collect"):
+            extra = ["--out", tmp_path / f"ek-{kwarg}"] if command == "collect" else []
+            code, err = error(command, "CartPole-v1", "--episodes", 1, *extra, "--env-kwargs", json.dumps({kwarg: 10}))
+            assert code == 2 and f"{kwarg} has a flag of its own here: use {flag}" in err, (command, err)
+    # bench refuses bad sizes and sections as usage errors, before any work
+    for argv in (["--sections", "nope"], ["--ns", "0"], ["--bs", "x"], ["--seconds", "0"]):
+        code, err = error("bench", *argv)
+        assert code == 2 and argv[0] in err, (argv, err)
 
 
 def test_command_registry_in_process(capsys):

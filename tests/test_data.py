@@ -308,7 +308,20 @@ def test_exclude_keys_are_not_stored(tmp_path):
     assert ("info", "length") not in keys and ("next", "info", "length") not in keys
     assert ("info", "t") in keys and "observation" in keys
     assert ds.metadata["excluded_keys"] == ["pixels", ["info", "length"]]
+    # a key the steps do not have (a typo) is an error, never a silent "excluded" that stored everything
+    with pytest.raises(ValueError, match=r"exclude_keys \['observaton', \('info', 'lenght'\)\] are not keys"):
+        World(pool, max_episode_steps=8).collect(tmp_path / "typo", 3, seed=0, progress=False,
+                                                 exclude_keys=["observaton", ("info", "lenght")])
     pool.close()
+
+
+def test_replay_buffer_slices_and_batch_size_must_agree(collected):
+    _, ds = collected
+    with pytest.raises(ValueError, match=r"batch_size 30 is not num_slices \* slice_len = 4 \* 5 = 20"):
+        ds.replay_buffer(num_slices=4, slice_len=5, batch_size=30)
+    with pytest.raises(ValueError, match="num_slices needs slice_len"):
+        ds.replay_buffer(num_slices=4, batch_size=8)
+    assert ds.replay_buffer(num_slices=4, slice_len=2, batch_size=8).sample().reshape(4, 2).batch_size == (4, 2)
 
 
 

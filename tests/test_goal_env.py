@@ -151,3 +151,14 @@ def test_expert_policy_on_a_process_pool():
     td = policy(pool.reset())
     assert td["action"].shape == (2, 2) and td["action"].abs().max() <= 1
     pool.close()
+
+
+def test_non_finite_velocities_and_foreign_datasets_are_clear_errors():
+    env = PointMazeEnv()
+    env.reset(seed=0)
+    start = env.get_state()
+    with pytest.raises(ValueError, match=r"velocity must be 2 finite numbers"):
+        env.reset(options={"state": [*start[:2], float("nan"), 0.0]})
+    # a dataset of another env (CartPole: no "state" observation) names what the hook needs
+    with pytest.raises(KeyError, match=r"start step has no 'state' observation \(keys: \['observation'\]\)"):
+        env.reset_options_from_dataset({"observation": np.zeros(4)}, {"observation": np.zeros(4)})

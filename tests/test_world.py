@@ -641,3 +641,17 @@ def test_close_closes_the_pool_world_built_and_reaps_its_workers():
     World(pool).close()
     assert not pool.is_closed and pool.reset().batch_size == (2,)
     pool.close()
+
+
+@pytest.mark.parametrize("call", [
+    lambda w: w.evaluate(2.9, seed=0, progress=False),
+    lambda w: w.evaluate(True, seed=0, progress=False),
+    lambda w: w.evaluate(2, seed=0, max_steps=4.9, progress=False),
+    lambda w: w.collect("/nonexistent/never-written", 2.9, seed=0, progress=False),
+    lambda w: World("CartPole-v1", num_envs=2, max_episode_steps=4.9),
+])
+def test_counts_that_int_would_truncate_are_type_errors(call):
+    world = World("CartPole-v1", num_envs=2)
+    with pytest.raises(TypeError, match=r"expected an int, got (2\.9|True|4\.9)"):
+        call(world)
+    world.close()

@@ -229,6 +229,14 @@ def _world(args, policy_spec):
     _check_env_id(args.env)
     _check_env_args(args)
     kwargs = _json_arg(args.env_kwargs, "--env-kwargs")
+    flags = {"max_episode_steps": "--max-steps", "seed": "--seed", "num_envs": "--num-envs",
+             "image_shape": "--image-shape", "pixels": "--pixels"}
+    taken = sorted(k for k in kwargs if k in flags)
+    if taken:
+        raise CLIError(
+            f"--env-kwargs: {', '.join(taken)} has a flag of its own here: use "
+            f"{', '.join(flags[k] for k in taken)} instead"
+        )
     if args.image_shape is not None:
         kwargs["image_shape"] = tuple(args.image_shape)
     elif args.pixels:

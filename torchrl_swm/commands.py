@@ -16,8 +16,13 @@ def _configure_bench(parser):
 @register_command("bench", help="benchmark the pool, the world-model env and the export against their peers",
                   configure=_configure_bench)
 def _bench(args) -> int:
-    from .benchmarks.__main__ import run
+    from .benchmarks.__main__ import check_args, run
+    from .cli import CLIError
 
+    try:
+        check_args(args)
+    except ValueError as err:
+        raise CLIError(str(err)) from None  # a usage error: exit 2
     return run(args)
 
 

@@ -424,11 +424,18 @@ class WorldDataset:
                 raise ValueError("replay_buffer: slice_len needs num_slices (or batch_size = num_slices * slice_len)")
             if batch_size is None:
                 batch_size = int(num_slices) * int(slice_len)
+            elif num_slices is not None and int(batch_size) != int(num_slices) * int(slice_len):
+                raise ValueError(
+                    f"replay_buffer: batch_size {batch_size} is not num_slices * slice_len = {num_slices} * {slice_len} "
+                    f"= {int(num_slices) * int(slice_len)}; pass one of batch_size or num_slices"
+                )
             if batch_size % int(slice_len):
                 raise ValueError(f"replay_buffer: batch_size {batch_size} is not a multiple of slice_len {slice_len}")
             sampler = SliceSampler(
                 slice_len=int(slice_len), traj_key="episode", strict_length=strict_length, cache_values=True
             )
+        elif num_slices is not None:
+            raise ValueError("replay_buffer: num_slices needs slice_len (the steps per slice)")
         return TensorDictReplayBuffer(storage=self.storage(), sampler=sampler, batch_size=batch_size, **kwargs)
 
     # -- summaries ----------------------------------------------------------------------------------------

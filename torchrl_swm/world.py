@@ -379,7 +379,7 @@ class World:
     """
 
     def __init__(self, env, policy=None, *, max_episode_steps: int | None = None, **pool_kwargs):
-        if max_episode_steps is not None and int(max_episode_steps) < 1:
+        if max_episode_steps is not None and World._int(max_episode_steps, "World: max_episode_steps") < 1:
             raise ValueError(f"World: max_episode_steps must be >= 1, got {max_episode_steps}")
         self.max_episode_steps = None if max_episode_steps is None else int(max_episode_steps)
         self.env_id: str | None = None
@@ -502,6 +502,13 @@ class World:
         return None
 
     @staticmethod
+    def _int(value, name: str) -> int:
+        """``value`` as an int, refusing what ``int()`` would silently truncate (2.9, True)."""
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name}: expected an int, got {value!r}")
+        return int(value)
+
+    @staticmethod
     def _seed(seed) -> int:
         if seed is None:
             return int(np.random.SeedSequence().generate_state(1, dtype=np.uint32)[0] >> 1)
@@ -621,7 +628,7 @@ class World:
                                 ("goal_offset", goal_offset), ("eval_budget", eval_budget)):
                 if value is not None:
                     raise ValueError(f"evaluate: {name}= is only used with dataset=")
-            episodes = self.num_envs if episodes is None else int(episodes)
+            episodes = self.num_envs if episodes is None else self._int(episodes, "episodes")
             if episodes < 0:
                 raise ValueError(f"episodes: expected a non-negative int, got {episodes}")
             plans = self._plans(episodes, seed, options)
@@ -647,7 +654,7 @@ class World:
     def _check_limit(self, value, name):
         if value is None:
             return None
-        if int(value) < 1:
+        if self._int(value, name) < 1:
             raise ValueError(f"{name}: expected a positive number of steps, got {value}")
         return int(value)
 
@@ -706,7 +713,7 @@ class World:
         ds = dataset if isinstance(dataset, WorldDataset) else load_dataset(dataset)
         if goal_offset is None or eval_budget is None:
             raise ValueError("evaluate(dataset=...): goal_offset= and eval_budget= are required")
-        goal_offset, eval_budget = int(goal_offset), int(eval_budget)
+        goal_offset, eval_budget = self._int(goal_offset, "goal_offset"), self._int(eval_budget, "eval_budget")
         if goal_offset < 0:
             raise ValueError(f"goal_offset: expected >= 0, got {goal_offset}")
         if eval_budget < 1:
@@ -714,7 +721,7 @@ class World:
         if ds.num_episodes == 0:
             raise ValueError(f"evaluate(dataset=...): {ds.path} holds no episodes")
         if episodes_idx is None:  # the first `episodes` dataset episodes (default: all of them)
-            count = ds.num_episodes if episodes is None else int(episodes)
+            count = ds.num_episodes if episodes is None else self._int(episodes, "episodes")
             if count < 0:
                 raise ValueError(f"episodes: expected a non-negative int, got {episodes}")
             if count > ds.num_episodes:
@@ -724,7 +731,7 @@ class World:
                 )
             idx = list(range(count))
         else:
-            idx = [int(i) for i in episodes_idx]
+            idx = [self._int(i, "episodes_idx") for i in episodes_idx]
             if episodes is not None and int(episodes) != len(idx):
                 raise ValueError(
                     f"evaluate(dataset=...): episodes={episodes} but episodes_idx has {len(idx)} entries; "
@@ -733,9 +740,9 @@ class World:
         if start_steps is None:
             starts = [0] * len(idx)
         elif isinstance(start_steps, (int, np.integer)):
-            starts = [int(start_steps)] * len(idx)
+            starts = [self._int(start_steps, "start_steps")] * len(idx)
         else:
-            starts = [int(s) for s in start_steps]
+            starts = [self._int(s, "start_steps") for s in start_steps]
             if len(starts) != len(idx):
                 raise ValueError(f"start_steps: expected {len(idx)} values (one per episode), got {len(starts)}")
         for m, k in enumerate(idx):
@@ -850,7 +857,7 @@ class World:
 
         if reset_mode not in RESET_MODES:
             raise ValueError(f"reset_mode: expected one of {RESET_MODES}, got {reset_mode!r}")
-        episodes = int(episodes)
+        episodes = self._int(episodes, "collect: episodes")
         if episodes < 1:
             raise ValueError(f"collect: episodes must be >= 1, got {episodes}")
         seed = self._seed(seed)
@@ -966,7 +973,20 @@ class _Run:
         self.desc = desc
         self.reward_keys = list(world.env.reward_keys)
         self.exclude_keys = [*exclude_keys, *[("next", *k) for k in exclude_keys]]
+        self._exclude_unchecked = list(exclude_keys)  # checked against the first recorded step
         self.wall_time = 0.0
+
+    def _check_excluded(self, td: TensorDictBase) -> None:
+        """An excluded key must be one the steps have (a typo would silently store everything)."""
+        keys = {(k,) if isinstance(k, str) else tuple(k) for k in td.keys(True)}
+        missing = [k for k in self._exclude_unchecked if k not in keys and ("next", *k) not in keys]
+        self._exclude_unchecked = []
+        if missing:
+            shown = sorted(".".join(k) for k in keys if k[0] != "next" and not k[-1].startswith("_"))
+            raise ValueError(
+                f"collect: exclude_keys {[k[0] if len(k) == 1 else k for k in missing]} are not keys of the "
+                f"recorded steps (keys: {shown}); nothing was collected"
+            )
 
     @staticmethod
     def check_arguments(world: World, plans, exploration, policy) -> None:
@@ -1190,6 +1210,8 @@ class _Run:
             td.set("episode", self.episode_ids.to(self.device))
             td.set("step_count", torch.as_tensor(t_before).view(n, 1).to(self.device))
             nxt.set("step_count", torch.as_tensor(self.t).view(n, 1).to(self.device))
+            if self._exclude_unchecked:
+                self._check_excluded(td)
             record = td.exclude(*[k for k in td.keys() if k.startswith("_")], self.goal_key, *self.exclude_keys)
             self.recorder.write(record, rows, t_before[rows])
         if self.video is not None:

@@ -105,17 +105,48 @@ def save_plot(rows, path) -> None:
 
 
 def main(argv=None) -> int:
-    return run(build_parser().parse_args(argv))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        check_args(args)
+    except ValueError as err:
+        parser.error(str(err))  # exit 2, as argparse does for a bad argument
+    return run(args)
+
+
+def _sizes(text: str, flag: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"{flag}: expected comma-separated positive integers, got {text!r}")
+    return sizes
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse bad arguments before any work (``ValueError`` naming the flag)."""
+    sections = [s for s in args.sections.split(",") if s]
+    unknown = [s for s in sections if s not in SECTIONS]
+    if not sections or unknown:
+        raise ValueError(f"--sections: unknown {unknown or sections!r}; expected some of {', '.join(SECTIONS)}")
+    _sizes(args.ns, "--ns")
+    _sizes(args.bs, "--bs")
+    if not args.seconds > 0:
+        raise ValueError(f"--seconds: expected a positive number, got {args.seconds}")
+    if args.threads < 1:
+        raise ValueError(f"--threads: expected >= 1, got {args.threads}")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark for parsed arguments (also the ``torchrl-swm bench`` command)."""
     import torch
 
+    check_args(args)
     torch.set_num_threads(args.threads)
     sections = [s for s in args.sections.split(",") if s]
-    ns = [int(x) for x in args.ns.split(",")]
-    bs = [int(x) for x in args.bs.split(",")]
+    ns = _sizes(args.ns, "--ns")
+    bs = _sizes(args.bs, "--bs")
     if args.quick:
         ns, bs, args.seconds = [min(ns)], [min(bs)], min(args.seconds, 0.3)
     print(f"# {machine()}")

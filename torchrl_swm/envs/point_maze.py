@@ -216,6 +216,8 @@ class PointMazeEnv(gym.Env):
         state = np.asarray(state, dtype=np.float64).reshape(-1)
         if state.shape not in ((2,), (4,)):
             raise ValueError(f"PointMaze: state must be [x, y] or [x, y, vx, vy], got shape {state.shape}")
+        if not np.isfinite(state[2:]).all():
+            raise ValueError(f"PointMaze: state velocity must be 2 finite numbers [vx, vy], got {state[2:]!r}")
         self._pos = self._check_position(state[:2], "state position")
         self._vel = np.clip(state[2:], -self.max_speed, self.max_speed) if state.shape == (4,) else np.zeros(2)
         if target is not None:
@@ -230,6 +232,12 @@ class PointMazeEnv(gym.Env):
         arrays, one dataset step each. This is the hook
         :meth:`torchrl_swm.World.evaluate` calls for ``dataset=`` evaluation.
         """
+        for name, step in (("start", start), ("goal", goal)):
+            if "state" not in step:
+                raise KeyError(
+                    f"PointMaze.reset_options_from_dataset: the dataset's {name} step has no 'state' observation "
+                    f"(keys: {sorted(map(str, step))}); evaluate from a dataset collected on a PointMaze env"
+                )
         return {"state": np.asarray(start["state"]).copy(), "target": np.asarray(goal["state"])[:2].copy()}
 
     # -- gymnasium API --------------------------------------------------------------------
