@@ -649,7 +649,8 @@ def test_bug_garbage_returns_raise(result, match):
             r"both 'terminated' and 'done'",
         ),
         (  # done = terminated | truncated: never guess terminated on a truncated row
-            {"done": torch.ones(2, dtype=torch.bool), "truncated": torch.tensor([True, False]), "state": torch.zeros(2, 2)},
+            {"done": torch.ones(2, dtype=torch.bool), "truncated": torch.tensor([True, False]),
+             "state": torch.zeros(2, 2)},
             r"'done' together with 'truncated' leaves 'terminated' unknown.*return 'terminated' and 'truncated'",
         ),
         ({"reward": torch.zeros(2)}, r"neither a state .* nor an observation"),

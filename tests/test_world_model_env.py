@@ -1304,7 +1304,8 @@ def test_decoder_of_a_dict_observation_names_its_input_entry():
             decoder=lambda x: x * 2, **kwargs)
 
     # the default "observation" is not an entry of a Dict observation: say so, never call the decoder with None
-    with pytest.raises(KeyError, match=r"no 'observation' entry to decode; the env has \[.*'pos', .*'vel'\].*decoder_in_key"):
+    missing = r"no 'observation' entry to decode; the env has \[.*'pos', .*'vel'\].*decoder_in_key"
+    with pytest.raises(KeyError, match=missing):
         make().reset()
     env = make(decoder_in_key="pos")
     td = env.reset()

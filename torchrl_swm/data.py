@@ -426,8 +426,8 @@ class WorldDataset:
                 batch_size = int(num_slices) * int(slice_len)
             elif num_slices is not None and int(batch_size) != int(num_slices) * int(slice_len):
                 raise ValueError(
-                    f"replay_buffer: batch_size {batch_size} is not num_slices * slice_len = {num_slices} * {slice_len} "
-                    f"= {int(num_slices) * int(slice_len)}; pass one of batch_size or num_slices"
+                    f"replay_buffer: batch_size {batch_size} is not num_slices * slice_len = {num_slices} * "
+                    f"{slice_len} = {int(num_slices) * int(slice_len)}; pass one of batch_size or num_slices"
                 )
             if batch_size % int(slice_len):
                 raise ValueError(f"replay_buffer: batch_size {batch_size} is not a multiple of slice_len {slice_len}")

@@ -486,10 +486,13 @@ class Layout:
     def _select(self, spec: Composite, leaves: list[Key], wanted, what) -> list[Key]:
         out = []
         if isinstance(wanted, (str, bytes)) or not isinstance(wanted, Iterable):
-            raise TypeError(f"{self.name}: {what}: expected a key (str or tuple of str) or a list of keys, got {describe(wanted)}")
+            raise TypeError(
+                f"{self.name}: {what}: expected a key (str or tuple of str) or a list of keys, got {describe(wanted)}"
+            )
         wanted = list(wanted)
         for raw in wanted:
-            if not isinstance(raw, (str, tuple)) or (isinstance(raw, tuple) and not all(isinstance(p, str) for p in raw)):
+            parts = raw if isinstance(raw, tuple) else (raw,)
+            if not isinstance(raw, (str, tuple)) or not all(isinstance(p, str) for p in parts):
                 raise TypeError(
                     f"{self.name}: {what}: expected keys (str or tuple of str), got {describe(raw)} in {wanted!r}"
                 )
@@ -631,12 +634,14 @@ class Layout:
             tensor = tensor.to(self.device, torch.int64, non_blocking=True)
             tensor = F.one_hot(tensor, int(spec.space.n))
         out = tensor.to(self.device, self.action_torch_dtype, non_blocking=True)
-        if self._action_int_box and tensor.dtype != out.dtype and bool((out.to(tensor.device, tensor.dtype) != tensor).any()):
-            info = torch.iinfo(out.dtype)
-            raise ValueError(
-                f"action: every value must fit {self.single_action_space}'s dtype ({info.min}..{info.max}), got "
-                f"{describe(action)} with min {tensor.min().item()} and max {tensor.max().item()}; casting would wrap them"
-            )
+        if self._action_int_box and tensor.dtype != out.dtype:
+            if bool((out.to(tensor.device, tensor.dtype) != tensor).any()):  # the cast wrapped a value
+                info = torch.iinfo(out.dtype)
+                raise ValueError(
+                    f"action: every value must fit {self.single_action_space}'s dtype ({info.min}..{info.max}), got "
+                    f"{describe(action)} with min {tensor.min().item()} and max {tensor.max().item()}; casting would "
+                    "wrap them"
+                )
         return out
 
 

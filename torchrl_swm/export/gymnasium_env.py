@@ -111,7 +111,7 @@ class TorchRLGymEnv(gym.Env):
         if self._squeeze:
             value = value[0, ...]  # a 0-d array (not a scalar) for a leaf of shape ()
         if isinstance(value, np.ndarray) and value.ndim == 0 and not keep_array:
-            return value[()]  # a numpy scalar, as gymnasium's Discrete observations are (a Box of shape () gives a 0-d array)
+            return value[()]  # a numpy scalar, as gymnasium's Discrete observations are (a Box keeps a 0-d array)
         return value
 
     def _observation(self, values):

@@ -377,7 +377,8 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
                     finals[i] = terminal[j, ...] if box else terminal[j]
             else:
                 for j, i in enumerate(rows.tolist()):
-                    finals[i] = nest(layout.obs_leaves, [a[j, ...] if box else a[j] for a, box in zip(final_obs, boxes)])
+                    values = [a[j, ...] if box else a[j] for a, box in zip(final_obs, boxes)]
+                    finals[i] = nest(layout.obs_leaves, values)
             infos["final_obs"], infos["_final_obs"] = finals, done.copy()
             final_infos: dict = {}
             for (leaf, full, _), (_, finished, mask) in zip(

@@ -66,9 +66,10 @@ def broadcast_seeds(seed, num_envs: int) -> np.ndarray | None:
     if min(values) < 0:
         raise ValueError(f"seed: seeds must be non-negative (gymnasium requires it), got {min(values)}")
     if max(values) > _MAX_SEED:
+        one = not isinstance(seed, (Sequence, np.ndarray))  # an int s: env i's seed is s + i
         raise ValueError(
             f"seed: seeds must be below 2**63 (the pool keeps int64 seeds), got {max(values)}"
-            + (f" (seed {int(seed)} + env index)" if len(values) and not isinstance(seed, (Sequence, np.ndarray)) else "")
+            + (f" (seed {int(seed)} + env index)" if one else "")
         )
     return np.array(values, dtype=np.int64)
 
