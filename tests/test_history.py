@@ -115,8 +115,9 @@ def test_zeros_padding_and_custom_out_keys():
 
 
 def test_argument_errors():
-    with pytest.raises(ValueError, match="length"):
-        History(["observation"], 0)
+    for length in (0, 2.5, True, "3"):  # never truncated or coerced
+        with pytest.raises(ValueError, match=r"length must be an int >= 1, got"):
+            History(["observation"], length)
     with pytest.raises(ValueError, match="padding"):
         History(["observation"], 2, padding="reflect")
     with pytest.raises(ValueError, match="out_keys"):
@@ -180,4 +181,24 @@ def test_property_matches_a_reference_model(length, ops):
             for i in np.flatnonzero(flags):
                 refs[i].reset(float(td["observation"][i, 0]))
         assert hist(td).tolist() == [r.h for r in refs]
+    env.close()
+
+
+def test_a_key_the_env_lacks_is_named_with_the_keys_it_has():
+    env = TransformedEnv(EnvPool([counting] * 2, seed=0), History(["pixels"], 3))
+    for use in (env.reset, lambda: env.observation_spec):
+        # (KeyError's text is quoted, so the pattern matches around the quotes)
+        with pytest.raises(KeyError, match=r"pixels.. entry to keep a history of \(it has \[.*observation.*pixels=True"):
+            use()
+    env.close()
+
+
+def test_an_input_without_history_starts_one_even_when_the_feature_size_equals_the_length():
+    # observation (N, 3) and length 3: a raw observation must not pass for a (N, 3, 3) history
+    pool = EnvPool([functools.partial(counting, length=9)] * 2, seed=0)
+    env = TransformedEnv(pool, History("observation", 3, out_keys=["observation"]))
+    td = pool.reset()  # the raw observation, no history
+    out = env.step(act(td, 2))["next"]
+    assert out["observation"].shape == (2, 3, 3)
+    assert out["observation"][..., 0].tolist() == [[1, 1, 1]] * 2  # a fresh history of the new observation
     env.close()

@@ -674,3 +674,71 @@ def test_actions_reach_the_env_in_the_action_space_dtype(kind, backend):
             assert np.array_equal(seen, (index.reshape(2, -1) + start).astype(np.float32))
     finally:
         pool.close()
+
+
+class MaskedCounter(gym.vector.VectorEnv):
+    """A natively batched DISABLED env that honours ``options["reset_mask"]``: obs = [steps since reset,
+    a start drawn from its one generator]; episodes last 3 steps. ``bad`` returns a malformed field."""
+
+    metadata = {"autoreset_mode": AutoresetMode.DISABLED}
+
+    def __init__(self, n=3, bad=None):
+        self.num_envs, self.bad = n, bad
+        self.single_observation_space = gym.spaces.Box(-10, 10, (2,), np.float32)
+        self.single_action_space = gym.spaces.Discrete(2)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, n)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, n)
+        self.obs = np.zeros((n, 2), np.float32)
+        self.seeds = []
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.seeds.append(seed)
+        mask = (options or {}).get("reset_mask", np.ones(self.num_envs, bool))
+        self.obs[mask, 0] = 0
+        self.obs[mask, 1] = self.np_random.random(int(mask.sum()))
+        return self.obs.copy(), {}
+
+    def step(self, actions):
+        self.obs[:, 0] += 1
+        done = self.obs[:, 0] >= 3
+        reward, terminated = np.ones(self.num_envs), done
+        info = {"t": self.obs[:, 0].copy(), "_t": np.ones(self.num_envs, bool)}
+        if self.bad == "reward":
+            reward = 1.0  # one value for every row
+        elif self.bad == "terminated":
+            terminated = np.array([bool(done[0])])
+        elif self.bad == "mask":
+            info["_t"] = np.ones(1, bool)
+        return self.obs.copy(), reward, terminated, np.zeros(self.num_envs, bool), info
+
+
+def test_batched_vector_env_with_a_masked_reset_gets_one_seed_and_resets_only_masked_rows():
+    venv = MaskedCounter()
+    pool = EnvPool(venv, seed=10)  # seed_every_episode=True (the default): one seed for the batch
+    td = pool.reset()
+    td["action"] = torch.zeros(3, dtype=torch.int64)
+    td = pool.step(td)["next"]
+    before = td["observation"].clone()
+    td["_reset"] = torch.tensor([[False], [True], [False]])
+    out = pool.reset(td)
+    assert out["observation"][:, 0].tolist() == [1.0, 0.0, 1.0]
+    assert torch.equal(out["observation"][[0, 2]], before[[0, 2]])  # the other rows are untouched
+    assert isinstance(venv.seeds[-1], int) and out["episode_seed"].view(-1).tolist()[1] == venv.seeds[-1]
+    rollout = pool.rollout(20, break_when_any_done=False)  # every episode end is a masked reset
+    assert rollout["next", "observation"][0, :, 0].tolist() == [1, 2, 3] * 6 + [1, 2]
+    pool.close()
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("reward", r"MaskedCounter.step returned reward float 1.0; expected shape \(3,\), one per env"),
+    ("terminated", r"returned terminated ndarray\(dtype=bool, shape=\(1,\)\); expected shape \(3,\)"),
+    ("mask", r"vector info key 't': its '_t' mask is ndarray\(dtype=bool, shape=\(1,\)\); expected shape \(3,\)"),
+])
+def test_vector_env_fields_of_the_wrong_shape_are_errors_never_broadcast(bad, match):
+    venv = MaskedCounter(bad=bad)
+    with pytest.raises(EnvError, match=match):  # at the construction probe's step, or the first step
+        pool = EnvPool(venv, seed=0)
+        td = pool.reset()
+        td["action"] = torch.zeros(3, dtype=torch.int64)
+        pool.step(td)

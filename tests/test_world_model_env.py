@@ -1314,3 +1314,31 @@ def test_decoder_of_a_dict_observation_names_its_input_entry():
     with pytest.raises(TypeError, match="decoder_in_key= only make sense with decoder="):
         make_world_model_env(object(), box, box, num_envs=1, initial_state=torch.zeros(2),
                              transition_fn=lambda s, a: s + a, decoder_in_key="pos")
+
+
+def test_adapters_refuse_what_the_model_would_silently_lose():
+    from torchrl.data import Bounded
+
+    from torchrl_swm.errors import SpecError
+
+    box = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    # a decoder output off its declared spec (dtype, shape) or batch is named, on every reset and step
+    env = make_world_model_env(None, box, box, num_envs=3, transition_fn=lambda s, a: s + a,
+                               initial_state=torch.zeros(2), decoder=lambda o: o.repeat(1, 8),
+                               decoder_spec=Bounded(0, 255, shape=(4, 4), dtype=torch.uint8))
+    with pytest.raises(ReturnFormError, match=r"returned Tensor\(dtype=torch.float32, shape=\(3, 16\)\); expected dtype "
+                                              r"torch.uint8, shape \(3, 4, 4\)"):
+        env.rollout(2)
+    short = make_world_model_env(None, box, box, num_envs=3, transition_fn=lambda s, a: s + a,
+                                 initial_state=torch.zeros(2), decoder=lambda o: o[:1])
+    with pytest.raises(ReturnFormError, match=r"expected leading dims \(3,\)"):
+        short.reset()
+    # the model reads "action": an ActionAdapter writing elsewhere would be ignored
+    with pytest.raises(ValueError, match=r"action_key='act', but WorldModelEnv reads its action from 'action'"):
+        ActionAdapter(lambda a: a, box, action_key="act")
+    # a Discrete start would reach the model as 0..n-1
+    for make in (lambda: WorldModelEnv(object(), box, gym.spaces.Discrete(3, start=-1), num_envs=2,
+                                       initial_state=torch.zeros(2), transition_fn=lambda s, a: s),
+                 lambda: ActionAdapter(lambda a: a, gym.spaces.MultiDiscrete([3, 2], start=[1, 0]))):
+        with pytest.raises(SpecError, match=r"has a nonzero start"):
+            make()

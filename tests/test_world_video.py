@@ -84,3 +84,18 @@ def test_video_needs_pixels_and_imageio(tmp_path, monkeypatch):
         monkeypatch.undo()
         VideoRecorder(tmp_path, layout="mosaic")
     pool.close()
+
+
+@pytest.mark.parametrize("layout", ["episodes", "grid"])
+def test_frames_that_are_not_uint8_rgb_are_refused_in_both_layouts(tmp_path, layout):
+    import numpy as np
+
+    recorder = VideoRecorder(tmp_path / layout, layout=layout)
+    recorder.bind(2, 10)
+    frames = np.full((2, 8, 8, 3), 0.5, np.float32)  # float in [0, 1]: cast to uint8 it would be black
+    with pytest.raises(TypeError, match=r"expected uint8 RGB frames .*got ndarray\(dtype=float32"):
+        if layout == "grid":
+            recorder.grid_frame(frames, np.ones(2, bool))
+        else:
+            recorder.start_episode(0, 0, frames[0])
+    recorder.close()

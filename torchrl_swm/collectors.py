@@ -4,8 +4,8 @@ TorchRL 0.14.1's ``MultiSyncCollector``/``MultiAsyncCollector`` check their work
 processes while they wait for data, so a worker whose env raised usually ends the
 collection with "At least one process failed". ``MultiAsyncCollector`` has a gap: when
 the surviving workers reach ``total_frames`` before the failed worker's process has
-exited, iteration ends normally, every batch came from the other workers, and the
-failure is only in the log. :func:`raise_on_worker_failure` closes that gap.
+exited, iteration ends normally, the batches after the failure came from the other
+workers, and the failure is only in the log. :func:`raise_on_worker_failure` closes that gap.
 
 Example:
     >>> import functools
@@ -63,6 +63,7 @@ def _raise_if_any_failed(procs: list, *, when: str) -> None:
     if failed:
         workers = ", ".join(f"worker {i} (exit code {code})" for i, code in failed)
         raise RuntimeError(
-            f"collector {workers} failed {when}; batches so far came from the other workers only. "
+            f"collector {workers} failed {when}; its data stops at the failure (later batches came from the "
+            "other workers only). "
             "The worker's traceback is in its stderr (an EnvPool names the env index that raised)."
         )

@@ -78,8 +78,8 @@ class History(Transform):
             out_keys = [unravel_key(k) for k in out_keys]
             if len(out_keys) != len(in_keys):
                 raise ValueError(f"History: {len(in_keys)} keys but {len(out_keys)} out_keys")
-        if int(length) < 1:
-            raise ValueError(f"History: length must be >= 1, got {length}")
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise ValueError(f"History: length must be an int >= 1, got {length!r}")
         if padding not in ("same", "zeros"):
             raise ValueError(f"History: padding must be 'same' or 'zeros', got {padding!r}")
         super().__init__(in_keys=in_keys, out_keys=out_keys)
@@ -103,6 +103,19 @@ class History(Transform):
         mask = mask.reshape(*batch_shape, -1).any(-1) if mask.shape != batch_shape else mask
         return None if bool(mask.all()) else mask
 
+    def _input(self, tensordict: TensorDictBase, key) -> torch.Tensor:
+        value = tensordict.get(key, None)
+        if value is None:
+            self._missing(key, tensordict.keys(True, True))
+        return value
+
+    @staticmethod
+    def _missing(key, keys):
+        raise KeyError(
+            f"History: the env has no {key!r} entry to keep a history of (it has {sorted(map(str, keys))}); "
+            "pass keys the env outputs (e.g. 'pixels' needs EnvPool(..., pixels=True))"
+        )
+
     @staticmethod
     def _where(mask: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
         view = mask.reshape(*mask.shape, *([1] * (new.ndim - mask.ndim)))
@@ -115,7 +128,7 @@ class History(Transform):
         if tensordict is not None:
             reset = self._rows(tensordict.get("_reset", None), tensordict_reset.batch_size)
         for in_key, out_key in zip(self.in_keys, self.out_keys):
-            obs = tensordict_reset.get(in_key)
+            obs = self._input(tensordict_reset, in_key)
             fresh = self._fresh(obs, nb)
             if reset is not None and tensordict is not None:
                 # rows that were not reset keep their history (when the caller passed it in)
@@ -129,9 +142,9 @@ class History(Transform):
         nb = next_tensordict.batch_dims
         stepped = self._rows(tensordict.get("_step", None), next_tensordict.batch_size)
         for in_key, out_key in zip(self.in_keys, self.out_keys):
-            obs = next_tensordict.get(in_key)
+            obs = self._input(next_tensordict, in_key)
             old = tensordict.get(out_key, None)
-            if old is None or old.shape[nb] != self.length:
+            if old is None or old.shape != (*obs.shape[:nb], self.length, *obs.shape[nb:]):
                 # no history in the input (a tensordict built by hand): start one
                 new = self._fresh(obs, nb)
             else:
@@ -144,6 +157,8 @@ class History(Transform):
     def transform_observation_spec(self, observation_spec):
         nb = len(observation_spec.shape)
         for in_key, out_key in zip(self.in_keys, self.out_keys):
+            if in_key not in observation_spec.keys(True):
+                self._missing(in_key, observation_spec.keys(True, True))
             spec = observation_spec[in_key]
             batch, rest = spec.shape[:nb], spec.shape[nb:]
             observation_spec[out_key] = spec.clone().unsqueeze(nb).expand(*batch, self.length, *rest)

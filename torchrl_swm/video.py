@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import describe
+
 __all__ = ["VideoRecorder", "require_imageio", "count_frames"]
 
 
@@ -39,6 +41,16 @@ def require_imageio():
             "`pip install \"torchrl-swm[video]\"` (or `pip install imageio imageio-ffmpeg`)"
         ) from err
     return imageio
+
+
+def _check_frames(frames: np.ndarray, ndim: int) -> None:
+    """Frames are uint8 RGB: anything else would be cast (a float frame in [0, 1] turns black)."""
+    if not isinstance(frames, np.ndarray) or frames.dtype != np.uint8 or frames.ndim != ndim or frames.shape[-1] != 3:
+        expected = "(H, W, 3)" if ndim == 3 else "(N, H, W, 3)"
+        raise TypeError(
+            f"video: expected uint8 RGB frames {expected}, got {describe(frames)}; make the pixels uint8 (e.g. a "
+            "decoder returning (x * 255).to(torch.uint8))"
+        )
 
 
 def _even(frame: np.ndarray) -> np.ndarray:
@@ -118,6 +130,7 @@ class VideoRecorder:
         entry = self._writers.get(env)
         if entry is None:
             return
+        _check_frames(frame, 3)
         goal = entry[3]
         if goal is not None:
             frame = np.concatenate([frame, goal], axis=1)
@@ -137,6 +150,7 @@ class VideoRecorder:
         """One grid frame: ``frames`` (N, H, W, 3) uint8, frozen envs (``~active``) dimmed."""
         if self.layout != "grid":
             return
+        _check_frames(frames, 4)
         n, h, w, _ = frames.shape
         cols = math.ceil(math.sqrt(n))
         rows = math.ceil(n / cols)

@@ -52,7 +52,7 @@ from ..errors import EnvError, SpecError, describe
 # with this module and start faster without them.
 
 __all__ = ["InfoSchema", "InfoWriter", "numeric_value", "vector_values", "cast_problem", "first_cast_problem",
-           "flatten_vector_info", "INFO_MASK_KEY"]
+           "flatten_vector_info", "check_vector_mask", "INFO_MASK_KEY"]
 
 Key = tuple[str, ...]
 
@@ -188,6 +188,15 @@ def flatten_vector_info(info: Mapping, prefix: Key = (), present=None, phase: st
             if value.__class__ is np.ndarray and value.dtype.kind == "O":
                 value = vector_values(value, mask, path, phase)
             yield path, value, mask
+
+
+def check_vector_mask(key: Key, present, num_envs: int, phase: str) -> None:
+    """A vector info's ``"_key"`` mask must hold one flag per env (numpy would broadcast one)."""
+    if present is not None and np.shape(present) != (num_envs,):
+        raise EnvError(
+            None, phase, f"vector info key {_key_str(key)}: its '_{key[-1]}' mask is {describe(present)}; expected "
+            f"shape ({num_envs},), one flag per env",
+        )
 
 
 def vector_values(value: np.ndarray, present=None, key: Key = ("?",), phase: str = "info"):
@@ -488,6 +497,7 @@ class InfoWriter:
                     None, phase, f"vector info key {_key_str(key)}: expected an array of shape "
                     f"({len(array)}, {', '.join(map(str, array.shape[2:]))}) and dtype {array.dtype}, got {describe(value)}"
                 )
+            check_vector_mask(key, present, len(select), phase)
             rows = select if present is None else select & np.asarray(present, dtype=bool)
             found = None if source.dtype == array.dtype else first_cast_problem(source, array.dtype, rows)
             if found is not None:

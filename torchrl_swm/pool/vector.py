@@ -36,7 +36,7 @@ from gymnasium.utils.env_checker import data_equivalence
 from gymnasium.vector import AutoresetMode
 
 from ..errors import EnvError, SpecError, describe
-from .infos import flatten_vector_info, numeric_value
+from .infos import check_vector_mask, flatten_vector_info, numeric_value
 from .rows import RowWriter
 from .serial import InProcessBackend, call_envs, env_is_wrapped
 
@@ -157,7 +157,7 @@ class VectorBackend(InProcessBackend):
         return None  # SAME_STEP without masked reset: only done rows can be reset
 
     def _native_masked_reset(self, mask, seed, options):
-        seeds = None if seed is None else list(seed)
+        seeds = seed if seed is None or isinstance(seed, int) else list(seed)  # one int for a batched env
         return self.venv.reset(seed=seeds, options={**(options or {}), "reset_mask": mask})
 
     def __len__(self) -> int:
@@ -314,6 +314,12 @@ class VectorBackend(InProcessBackend):
             obs, reward, terminated, truncated, info = self.venv.step(actions)
         except Exception as err:
             raise EnvError(None, "step", f"{type(err).__name__}: {err}") from err
+        for name, value in (("reward", reward), ("terminated", terminated), ("truncated", truncated)):
+            if np.shape(value) != (self.num_envs,):  # numpy would broadcast one value to every row
+                raise EnvError(
+                    None, "step", f"{type(self.venv).__name__}.step returned {name} {describe(value)}; expected "
+                    f"shape ({self.num_envs},), one per env",
+                )
         done = np.logical_or(terminated, truncated)
         writer = self.writer
         everyone = self._everyone
@@ -419,6 +425,7 @@ def _split_vector_info(info, num_envs) -> list[dict]:
     """Per-env numeric infos of a vector info dict (for spec inference)."""
     out = [dict() for _ in range(num_envs)]
     for key, value, present in flatten_vector_info(info):
+        check_vector_mask(key, present, num_envs, "reset")
         array = numeric_value(value)
         if array is None or array.ndim == 0 or len(array) != num_envs:
             continue

@@ -367,6 +367,7 @@ class WorldModelEnv(EnvBase):
                 "WorldModelEnv: observation_space= and action_space= are required (gymnasium spaces or TorchRL specs)"
             )
         obs_spec = self._unbatched(observation_space, "observation_space")
+        _refuse_start(action_space)
         act_spec = self._unbatched(action_space, "action_space")
         self._obs_is_mapping = isinstance(obs_spec, Composite)
         if self._obs_is_mapping:
@@ -1509,6 +1510,23 @@ def _merge_reset_group(old: TensorDictBase, new, rows: torch.Tensor) -> dict:
         if key not in merged:
             merged[key] = new[key]
     return merged
+
+
+def _refuse_start(space) -> None:
+    """Refuse a Discrete/MultiDiscrete ``start``: TorchRL's specs are 0-based, and unlike the pool
+    (which adds ``start`` back for the gymnasium env) nothing would add it for a model."""
+    import gymnasium as gym
+
+    spaces = space.spaces.values() if isinstance(space, gym.spaces.Dict) else [space]
+    for sub in spaces:
+        if isinstance(sub, gym.spaces.Dict):
+            _refuse_start(sub)
+        elif isinstance(sub, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) and np.any(sub.start != 0):
+            raise SpecError(
+                f"WorldModelEnv: action_space {sub} has a nonzero start, which TorchRL's 0-based specs cannot "
+                "carry: the model would get indices 0..n-1. Declare it without start and shift in transition_fn "
+                "(or use an ActionAdapter)"
+            )
 
 
 def _shape_text(shapes: dict) -> str:

@@ -30,7 +30,7 @@ from ..errors import describe
 from ..masks import row_mask
 from ..specs import as_spec, batch_spec
 from .adapters import MISSING, Bound, ReturnFormError, bind
-from .env import WorldModelEnv
+from .env import WorldModelEnv, _refuse_start
 
 __all__ = [
     "ActionAdapter",
@@ -91,15 +91,22 @@ class ActionAdapter(_WorldModelTransform):
 
     Keyword Args:
         model: passed first to ``fn`` when it takes the model (default: the base env's model).
-        action_key: the action entry (default ``"action"``).
+        action_key: the action entry: ``"action"``, where :class:`WorldModelEnv` reads it
+            (another key is refused: the model would never see the adapted action).
 
     The outside spec replaces the base env's action spec, so ``rand_action``, collectors and
     ``check_env_specs`` see the outside space; the base env receives the model's action.
     """
 
     def __init__(self, action_transform_fn: Callable, action_space, *, model: Any = None, action_key: str = "action"):
+        if action_key != "action":
+            raise ValueError(
+                f"ActionAdapter: action_key={action_key!r}, but WorldModelEnv reads its action from 'action' (the "
+                "model's action replaces the outside one there); keep the default"
+            )
         super().__init__(in_keys=[], out_keys=[], in_keys_inv=[action_key], out_keys_inv=[action_key], model=model)
         self.__dict__["_fn"] = action_transform_fn
+        _refuse_start(action_space)
         self._outer = as_spec(action_space, name="action_space")
         if isinstance(self._outer, Composite):
             raise TypeError("ActionAdapter: the outside action space must be a single (non-Dict) space")
@@ -279,7 +286,18 @@ class ObservationDecoder(_WorldModelTransform):
         value = next_tensordict.get(self.in_keys[0], None)
         if value is None:
             self._missing_input(next_tensordict.keys(True, True))
-        next_tensordict.set(self.out_keys[0], self._decode(value))
+        out = self._decode(value)
+        bs = tuple(next_tensordict.batch_size)
+        spec = self._spec
+        if tuple(out.shape[: len(bs)]) != bs or (
+            spec is not None and (tuple(out.shape[len(bs):]) != tuple(spec.shape) or out.dtype != spec.dtype)
+        ):
+            expected = f"dtype {spec.dtype}, shape {(*bs, *spec.shape)}" if spec is not None else f"leading dims {bs}"
+            raise ReturnFormError(
+                f"{self._bound.description} returned {describe(out)}; expected {expected} "
+                f"(the {self.out_keys[0]!r} spec, for a batch of {bs})"
+            )
+        next_tensordict.set(self.out_keys[0], out)
         return next_tensordict
 
     def _missing_input(self, keys):
