@@ -7,10 +7,14 @@ a gymnasium vector env through ``envs.single_observation_space``,
 ``envs.step(action.cpu().numpy())``. The only line that differs from CleanRL is the
 one that builds ``envs``: instead of ``gym.vector.SyncVectorEnv([...])`` it is
 
-    envs = to_gymnasium(EnvPool("CartPole-v1", num_envs=args.num_envs, seed=args.seed))
+    envs = to_gymnasium(EnvPool("CartPole-v1", num_envs=args.num_envs, seed=args.seed),
+                        autoreset_mode="same_step")
 
-a batched TorchRL env exported as a gymnasium ``VectorEnv`` (NEXT_STEP autoreset,
-as gymnasium's own vector envs). Episode statistics come from gymnasium's vector
+a batched TorchRL env exported as a gymnasium ``VectorEnv``. SAME_STEP autoreset, because
+CleanRL's loop was written for gymnasium's pre-1.0 vector envs, which reset an env in the
+step it finishes: under NEXT_STEP (gymnasium 1.x's default) the step after each episode
+end is the reset, and this loop would store it as a transition (reward 0, its action
+ignored) and train on it. Episode statistics come from gymnasium's vector
 ``RecordEpisodeStatistics`` wrapper.
 
 ``--env-id world-model`` runs the same loop on a learned world model (the package's
@@ -77,9 +81,9 @@ def make_envs(args):
         env = world_model_env(make_model(seed=args.seed), num_envs=args.num_envs, seed=args.seed)
         if env is None:  # torchrl_swm.world_model not available: the hand-written stand-in
             env = MLPWorldModelEnv(make_model(seed=args.seed), args.num_envs, seed=args.seed)
-        envs = to_gymnasium(env)
+        envs = to_gymnasium(env, autoreset_mode="same_step")
     else:
-        envs = to_gymnasium(EnvPool(args.env_id, num_envs=args.num_envs, seed=args.seed))
+        envs = to_gymnasium(EnvPool(args.env_id, num_envs=args.num_envs, seed=args.seed), autoreset_mode="same_step")
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)
 
 
