@@ -1277,7 +1277,7 @@ class _Run:
         self.active[i] = False
         self.done_episodes += 1
         self.bar.update(1)
-        if self.has_success and self.done_episodes % 8 == 0:
+        if self.has_success and (self.done_episodes % 8 == 0 or self.done_episodes == len(self.plans)):
             self.bar.set_postfix(success=f"{self.r_success.sum()}/{self.done_episodes}", refresh=False)
 
     # -- results ------------------------------------------------------------------------------------------------
