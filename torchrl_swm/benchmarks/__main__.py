@@ -139,10 +139,10 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark for parsed arguments (also the ``torchrl-swm bench`` command)."""
+    """Run the benchmark for arguments that passed :func:`check_args` (``main`` and the
+    ``torchrl-swm bench`` command check them first)."""
     import torch
 
-    check_args(args)
     torch.set_num_threads(args.threads)
     sections = [s for s in args.sections.split(",") if s]
     ns = _sizes(args.ns, "--ns")

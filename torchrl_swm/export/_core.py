@@ -478,6 +478,8 @@ class Layout:
             if space is None:
                 space = spec_to_space(leaf_spec, name=f"{self.name}: observation_spec[{key}]")
             self.obs_leaves.append(Leaf(key, key, leaf_spec, space, np.dtype(space.dtype), device=self.device))
+        # one env's row of a Box leaf of shape () is a 0-d array, as gymnasium envs return it (a Discrete's a scalar)
+        self.obs_is_box = [isinstance(leaf.space, gym.spaces.Box) for leaf in self.obs_leaves]
         if self.single_leaf:
             self.single_observation_space = self.obs_leaves[0].space
         else:
@@ -616,7 +618,8 @@ class Layout:
             if host:
                 values = array if array is not None else tensor.numpy()
                 index = values if start is None else np.asarray(values.astype(np.int64) - start)  # 0-d stays an array
-                wraps = values.dtype == np.uint64 and bool((values > np.iinfo(np.int64).max).any())  # astype would wrap
+                # with a start, astype(int64) would wrap uint64 values past int64 into range
+                wraps = start is not None and values.dtype == np.uint64 and bool((values > 2**63 - 1).any())
                 if wraps or _out_of_range(index, self._action_high):
                     raise ValueError(
                         f"action: every value must lie in {self.single_action_space}, got {describe(action)} "

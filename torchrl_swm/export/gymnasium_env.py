@@ -115,8 +115,7 @@ class TorchRLGymEnv(gym.Env):
         return value
 
     def _observation(self, values):
-        values = [self._row(v, keep_array=isinstance(leaf.space, gym.spaces.Box))
-                  for v, leaf in zip(values, self.layout.obs_leaves)]
+        values = [self._row(v, keep_array=box) for v, box in zip(values, self.layout.obs_is_box)]
         return values[0] if self.layout.single_leaf else nest(self.layout.obs_leaves, values)
 
     def _info(self, values) -> dict:

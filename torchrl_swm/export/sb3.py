@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+from gymnasium.utils.env_checker import data_equivalence  # option values may be arrays
 from torchrl.envs import EnvBase
 
 from ._core import attribute_errors as _attribute_errors
@@ -95,8 +96,6 @@ def _sb3_class():
         def set_options(self, options=None) -> None:
             super().set_options(options)
             given = self._options
-            from gymnasium.utils.env_checker import data_equivalence  # option values may be arrays
-
             if any(not data_equivalence(o, given[0], exact=True) for o in given[1:]):
                 self._reset_options()  # refused: nothing is kept for the next reset
                 raise ValueError(

@@ -369,8 +369,7 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         infos = self._infos(info, None)
         if final_obs is not None:
             finals = np.full(self.num_envs, None, dtype=object)
-            # one env's row: a Box of shape () gives a 0-d array (a[j, ...]), as the env returned it
-            boxes = [isinstance(leaf.space, gym.spaces.Box) for leaf in layout.obs_leaves]
+            boxes = layout.obs_is_box  # a Box leaf's row stays an array (a[j, ...]), 0-d for shape ()
             if layout.single_leaf:
                 terminal, box = final_obs[0], boxes[0]
                 for j, i in enumerate(rows.tolist()):

@@ -180,7 +180,8 @@ class VectorBackend(InProcessBackend):
             raise EnvError(None, phase, f"{type(err).__name__}: {err} (while probing the vector env at construction)") from err
         infos = []
         for phase, info in (("reset", reset_info), ("step", step_info)):
-            infos.extend((i, phase, per_env) for i, per_env in enumerate(_split_vector_info(info, self.num_envs)))
+            per_env = _split_vector_info(info, self.num_envs, phase)
+            infos.extend((i, phase, env_info) for i, env_info in enumerate(per_env))
         return {"infos": infos, "frame_shape": frame_shape}
 
     def attach(self, layout, arrays, info_schema, frame_key) -> None:
@@ -421,11 +422,11 @@ def _single_options(options):
     return dict(given[0])
 
 
-def _split_vector_info(info, num_envs) -> list[dict]:
+def _split_vector_info(info, num_envs, phase: str = "reset") -> list[dict]:
     """Per-env numeric infos of a vector info dict (for spec inference)."""
     out = [dict() for _ in range(num_envs)]
     for key, value, present in flatten_vector_info(info):
-        check_vector_mask(key, present, num_envs, "reset")
+        check_vector_mask(key, present, num_envs, phase)
         array = numeric_value(value)
         if array is None or array.ndim == 0 or len(array) != num_envs:
             continue

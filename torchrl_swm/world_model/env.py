@@ -26,6 +26,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -1457,16 +1458,9 @@ class WorldModelEnv(EnvBase):
         if not everything:
             # as TorchRL's _update_during_reset: entries the reset does not produce are zeroed on reset rows
             produced = self._reset_produced
-            keep = None
             for key, value in root.items():
-                if key in produced:
-                    continue
-                if isinstance(value, torch.Tensor):
-                    root[key] = value.masked_fill(row_view(rows, value), 0)
-                else:
-                    if keep is None:
-                        keep = ~rows.view(-1)
-                    root[key] = value.where(keep, other=value.empty(), pad=0)
+                if key not in produced:
+                    root[key] = _zeroed(value, rows)
         root["terminated"] = rt.term
         root["truncated"] = rt.trunc
         root["done"] = rt.done_after_reset
@@ -1502,31 +1496,34 @@ def _merge_reset_group(old: TensorDictBase, new, rows: torch.Tensor) -> dict:
             if isinstance(value, TensorDictBase) and isinstance(sub, (Mapping, TensorDictBase)):
                 sub = _merge_reset_group(value, sub, rows)
             merged[key] = sub
-        elif isinstance(value, torch.Tensor):
-            merged[key] = value.masked_fill(row_view(rows, value), 0)
         else:
-            merged[key] = value.where(~rows.view(-1), other=value.empty(), pad=0)
+            merged[key] = _zeroed(value, rows)
     for key in new.keys():
         if key not in merged:
             merged[key] = new[key]
     return merged
 
 
+def _zeroed(value, rows: torch.Tensor):
+    """``value`` (a caller's tensor or TensorDict that the reset does not write) zeroed on the reset
+    ``rows`` (``(N, 1)`` bool), as TorchRL's ``_update_during_reset`` pads it."""
+    if isinstance(value, torch.Tensor):
+        return value.masked_fill(row_view(rows, value), 0)
+    return value.where(~rows.view(-1), other=value.empty(), pad=0)
+
+
 def _refuse_start(space) -> None:
     """Refuse a Discrete/MultiDiscrete ``start``: TorchRL's specs are 0-based, and unlike the pool
     (which adds ``start`` back for the gymnasium env) nothing would add it for a model."""
-    import gymnasium as gym
-
-    spaces = space.spaces.values() if isinstance(space, gym.spaces.Dict) else [space]
-    for sub in spaces:
-        if isinstance(sub, gym.spaces.Dict):
+    if isinstance(space, gym.spaces.Dict):
+        for sub in space.spaces.values():
             _refuse_start(sub)
-        elif isinstance(sub, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) and np.any(sub.start != 0):
-            raise SpecError(
-                f"WorldModelEnv: action_space {sub} has a nonzero start, which TorchRL's 0-based specs cannot "
-                "carry: the model would get indices 0..n-1. Declare it without start and shift in transition_fn "
-                "(or use an ActionAdapter)"
-            )
+    elif isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) and np.any(space.start != 0):
+        raise SpecError(
+            f"WorldModelEnv: action_space {space} has a nonzero start, which TorchRL's 0-based specs cannot "
+            "carry: the model would get indices 0..n-1. Declare it without start and shift in transition_fn "
+            "(or use an ActionAdapter)"
+        )
 
 
 def _shape_text(shapes: dict) -> str:
