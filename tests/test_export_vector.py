@@ -96,6 +96,43 @@ def test_infos_that_come_and_go_match_sync_vector_env(mode):
     ref.close()
 
 
+class _NestedInfoEnv(gym.Env):
+    """info {"stats": {"always": t}}, plus {"stats": {"sometimes": t}} every ``period`` steps."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, period):
+        self.period, self.t = period, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(1, np.float32), {"stats": {"always": 0}}
+
+    def step(self, action):
+        self.t += 1
+        info = {"stats": {"always": self.t}}
+        if self.t % self.period == 0:
+            info["stats"]["sometimes"] = float(self.t)
+        return np.full(1, self.t, np.float32), 0.0, False, self.t >= 5, info
+
+
+def test_nested_info_group_mask_is_the_union_of_its_leaves_masks():
+    # as gymnasium's VectorEnv._add_info: "_stats" is set where any leaf of "stats" is present
+    fns = [lambda: _NestedInfoEnv(2), lambda: _NestedInfoEnv(3)]
+    ours = to_gymnasium(EnvPool(fns, seed_every_episode=False, info_spec={("stats", "sometimes"): 0.0}))
+    ref = gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode(ours.metadata["autoreset_mode"]))
+    assert _compare_to_sync(ours, ref, 12, seed=0, drop=("episode_seed",)) == 4
+    ours.reset(seed=0)
+    infos = [ours.step(np.zeros(2, np.int64))[4] for _ in range(3)]
+    assert "sometimes" not in infos[0]["stats"]  # no env reported it yet
+    assert [info["stats"]["_sometimes"].tolist() for info in infos[1:]] == [[True, False], [False, True]]
+    assert all(info["_stats"].tolist() == [True, True] for info in infos)
+    ours.close()
+    ref.close()
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_transformed_pool_matches_sync_vector_env(mode):
     """TransformedEnv(EnvPool, StepCounter(10)) against gymnasium's TimeLimit(10): the export's own
@@ -400,7 +437,10 @@ def test_seeding_reproduces_and_lists_of_seeds():
     envs = to_gymnasium(EnvPool("CartPole-v1", num_envs=3))
     obs_list, _ = envs.reset(seed=[7, 8, 9])
     assert np.array_equal(obs_list, a[0])
-    assert envs.np_random_seed == -1 or envs.np_random is not None
+    # an int seed also seeds the VectorEnv's own np_random, as gymnasium's VectorEnv.reset does
+    envs.reset(seed=7)
+    assert envs.np_random_seed == 7
+    assert np.array_equal(envs.np_random.random(4), gym.utils.seeding.np_random(7)[0].random(4))
 
 
 def test_world_model_seed_goes_through_set_seed():

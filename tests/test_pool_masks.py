@@ -190,6 +190,22 @@ def test_bad_step_mask_shape():
     pool.close()
 
 
+def test_masks_with_extra_dims_select_a_row_when_any_of_its_entries_is_true():
+    pool = counting_pool(3, length=50)
+    td = pool.reset()
+    steps, resets = [env.steps_called for env in pool.envs], [env.resets_called for env in pool.envs]
+    td["action"] = torch.ones(3, dtype=torch.int64)
+    td["_step"] = torch.tensor([[True, False], [False, False], [True, True]])  # rows 0 and 2
+    td = pool.step(td)["next"].clone()
+    assert td["observation"][:, 0].tolist() == [1.0, 0.0, 1.0]
+    assert [env.steps_called - s for env, s in zip(pool.envs, steps)] == [1, 0, 1]
+    td["_reset"] = torch.tensor([[False, False], [False, True], [True, False]])  # rows 1 and 2
+    out = pool.reset(td)
+    assert [env.resets_called - r for env, r in zip(pool.envs, resets)] == [0, 1, 1]
+    assert out["observation"][:, 0].tolist() == [1.0, 0.0, 0.0]
+    pool.close()
+
+
 def test_gymnasium_env_untouched_by_other_rows_reset():
     pool = EnvPool("CartPole-v1", num_envs=3, seed=1)
     pool.reset()

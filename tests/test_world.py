@@ -238,6 +238,18 @@ def test_success_comes_from_info_not_terminated():
     pool.close()
 
 
+@pytest.mark.parametrize("success, expected", [(None, (0.1876, 0.8124)), (False, (0.0, 0.3903)),
+                                               (True, (0.6097, 1.0))])
+def test_success_ci_is_the_wilson_score_interval(success, expected):
+    # reference Wilson 95% intervals for 3/6, 0/6 and 6/6 (with the z^2/(4n^2) term of the half-width)
+    pool = EnvPool([TerminatesOnFailure] * 2, seed=0)
+    success_fn = None if success is None else (lambda td: torch.full((2,), success))
+    result = World(pool).evaluate(6, seed=0, success_fn=success_fn, progress=False)
+    assert int(result["episode_successes"].sum()) == {None: 3, False: 0, True: 6}[success]
+    assert result["success_ci"] == pytest.approx(expected, abs=1e-4)
+    pool.close()
+
+
 def test_success_fn_overrides_and_reports_steps_to_success():
     pool = EnvPool([functools.partial(counting, max_length=9)] * 3, seed=0)
     result = World(pool, ones(3)).evaluate(9, seed=5, success_fn=lambda td: td["next", "observation"][:, 0] >= 4,

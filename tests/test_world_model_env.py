@@ -678,7 +678,7 @@ def test_make_world_model_env_is_a_transformed_env_of_adapter_transforms():
     env = full_factory_env(3)
     assert isinstance(env, TransformedEnv) and isinstance(env.base_env, WorldModelEnv)
     names = [type(t).__name__ for t in env.transform]
-    assert names == ["ActionAdapter", "RewardAdapter", "TerminalAdapter", "StepCounter", "ObservationDecoder"]
+    assert names == ["ActionAdapter", "RewardAdapter", "TerminalAdapter", "RowStepCounter", "ObservationDecoder"]
     assert env.action_spec.shape == (3,) and env.action_spec.dtype == torch.int64  # the outside (Discrete) spec
     assert env.base_env.action_spec.shape == (3, 3)  # the model's one-hot actions (probed)
     assert env.observation_spec["pixels"].dtype == torch.uint8
@@ -979,6 +979,32 @@ def test_start_states_with_declared_info_start_at_zero_and_survive_partial_reset
     out = env.reset(td)
     assert torch.equal(out["info", "u"][:, 0, 0], torch.tensor([0.0, 2.0, 2.0]))
     check_env_specs(env)
+
+
+def test_constant_start_with_declared_info_zeroes_the_info_of_reset_rows_only():
+    def transition(state, action):
+        nxt = state + 1
+        return {"observation": nxt, "reward": torch.ones(state.shape[0], 1), "terminated": nxt[:, :1] >= 3,
+                "info": {"score": nxt[:, :1] * 10}}
+
+    env = WorldModelEnv(object(), BOX2, gym.spaces.Box(-1, 1, (1,)), num_envs=3, initial_state=torch.zeros(2),
+                        info_spec={"score": torch.zeros(1)}, transition_fn=transition, seed=0)
+    td = env.reset()
+    for _ in range(2):
+        td["action"] = torch.zeros(3, 1)
+        td = env.step(td)["next"]
+    assert td["info", "score"].view(-1).tolist() == [20.0, 20.0, 20.0]
+    out = env.reset(td.set("_reset", torch.tensor([[True], [False], [False]])))
+    assert out["observation"][:, 0].tolist() == [0.0, 2.0, 2.0]
+    assert out["info", "score"].view(-1).tolist() == [0.0, 20.0, 20.0]
+    # the fast path: rows that ended at step 3 restart from the constant start with zero info
+    td = env.reset()
+    for _ in range(3):
+        td["action"] = torch.zeros(3, 1)
+        step, td = env.step_and_maybe_reset(td)
+    assert step["next", "done"].all() and step["next", "info", "score"].view(-1).tolist() == [30.0, 30.0, 30.0]
+    assert td["observation"][:, 0].tolist() == [0.0, 0.0, 0.0]
+    assert td["info", "score"].view(-1).tolist() == [0.0, 0.0, 0.0]
 
 
 def test_a_tensordict_info_is_read_like_a_dict():

@@ -420,6 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name, cmd in COMMANDS.items():
         p = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        # also after the command, where the error hint's reader appends it (SUPPRESS: the top-level one stands)
+        p.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         cmd.configure(p)
         p.set_defaults(_command=cmd)
     return parser

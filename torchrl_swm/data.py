@@ -257,11 +257,34 @@ class DatasetWriter:
         self.episode_lengths = [self.episode_lengths[k] for k in order]
 
 
+def _copy_on_write(td: TensorDictBase) -> TensorDictBase:
+    """``td``'s memory-mapped leaves mapped again privately (copy-on-write, read lazily): tensordict
+    maps writable files shared, so an in-place write would silently change the dataset on disk."""
+
+    from tensordict import MemoryMappedTensor
+
+    def remap(leaf: torch.Tensor) -> torch.Tensor:
+        filename = getattr(leaf, "filename", None)
+        if filename is None or leaf.numel() == 0 or getattr(leaf, "index", None) is not None:
+            return leaf
+        private = torch.from_file(str(filename), shared=False, size=leaf.numel(), dtype=leaf.dtype)
+        # a MemoryMappedTensor still (as tensordict's own from_filename builds one), only not shared
+        out = MemoryMappedTensor(private.view(leaf.shape))
+        out.filename, out._handler, out.index, out.parent_shape = filename, None, None, leaf.shape
+        return out
+
+    return td.apply(remap)
+
+
 class WorldDataset:
     """A dataset written by :meth:`torchrl_swm.World.collect`, opened lazily.
 
     Nothing is read at open time but ``dataset.json``; the data stays in
-    memory-mapped files and is read when indexed.
+    memory-mapped files and is read when indexed. The files are mapped
+    copy-on-write: writing into :attr:`td`, an episode or the replay buffer
+    (``rb.extend`` overwrites the full storage's oldest rows) changes the data
+    in memory only, never the dataset on disk. To add online data, copy it into
+    a storage of its own (``LazyMemmapStorage(size)``, then ``rb.extend(ds.td)``).
 
     Attributes:
         path: the dataset directory.
@@ -298,7 +321,7 @@ class WorldDataset:
             storage = self.path / "storage"
             if not storage.is_dir():
                 raise DatasetError(f"{str(self.path)!r}: the storage directory is missing")
-            full = TensorDict.load_memmap(storage)
+            full = _copy_on_write(TensorDict.load_memmap(storage))
             if full.batch_size[0] < self.num_steps:
                 raise DatasetError(
                     f"{str(self.path)!r}: storage has {full.batch_size[0]} rows, dataset.json says {self.num_steps}"
@@ -417,6 +440,9 @@ class WorldDataset:
         """
         from torchrl.data import SliceSampler, TensorDictReplayBuffer
 
+        for name, value in (("slice_len", slice_len), ("num_slices", num_slices), ("batch_size", batch_size)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
+                raise ValueError(f"replay_buffer: {name} must be a positive int, got {value!r}")
         if slice_len is not None:
             if sampler is not None:
                 raise ValueError("replay_buffer: pass either slice_len/num_slices or sampler, not both")

@@ -161,7 +161,8 @@ def make_env(target, backend: str = "auto", **kwargs):
     Args:
         target: a gymnasium id (``"CartPole-v1"``), env factories or a ``VectorEnv`` for ``gym``; the world model
             for ``world-model``; whatever a registered backend takes.
-        backend: a backend name or alias (see :func:`list_backends`), or ``"auto"``.
+        backend: a backend name or alias (see :func:`list_backends`), or ``"auto"``; ``"serial"`` and
+            ``"process"`` (unless registered) are the ``gym`` backend with ``EnvPool(backend=...)``.
         **kwargs: passed to the backend's factory (``num_envs=``, ``seed=``, ``observation_space=``...).
 
     Raises:
@@ -170,6 +171,7 @@ def make_env(target, backend: str = "auto", **kwargs):
 
     Examples:
         >>> pool = make_env("CartPole-v1", num_envs=8, seed=0)              # EnvPool
+        >>> pool = make_env("CartPole-v1", backend="process", num_envs=8, num_workers=2)
         >>> env = make_env(model, backend="wm", observation_space=..., action_space=..., num_envs=64)
     """
     name = _normalize(backend)
@@ -177,6 +179,8 @@ def make_env(target, backend: str = "auto", **kwargs):
         name = _detect(target, kwargs)
     with _LOCK:
         canonical = _ALIASES.get(name)
+        if canonical is None and name in ("serial", "process"):  # EnvPool's own backend= choice
+            canonical, kwargs = "gym", {**kwargs, "backend": name}
         factory = _FACTORIES.get(canonical) if canonical is not None else None
     if factory is None:
         raise ValueError(f"make_env: unknown backend {backend!r}; available backends: {_describe()}")

@@ -819,10 +819,22 @@ def parse_args(argv: Sequence[str] | None = None) -> QuickstartConfig:
     p.add_argument("--threads", type=int, metavar="N",
                    help=f"torch intra-op threads, 0 for torch's default (default: {d.threads})")
     args = p.parse_args(argv)
+    for name in _SIZE_FLAGS:  # usage errors before any work (a bad size would fail minutes in)
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name.replace('_', '-')}: expected a positive integer, got {value}")
+    if args.seed < 0:
+        p.error(f"--seed: expected a non-negative integer, got {args.seed}")
+    if args.threads is not None and args.threads < 0:
+        p.error(f"--threads: expected 0 (torch's default) or a positive integer, got {args.threads}")
     overrides = {k: v for k, v in vars(args).items()
                  if v is not None and k not in ("tiny", "no_video", "no_plot", "no_progress")}
     overrides.update(video=not args.no_video, plot=not args.no_plot, progress=not args.no_progress)
-    return QuickstartConfig.tiny(**overrides) if args.tiny else QuickstartConfig(**overrides)
+    cfg = QuickstartConfig.tiny(**overrides) if args.tiny else QuickstartConfig(**overrides)
+    if cfg.top_k > cfg.candidates:
+        p.error(f"--top-k {cfg.top_k}: the planner keeps top-k of its --candidates ({cfg.candidates}); "
+                "expected top-k <= candidates")
+    return cfg
 
 
 def main(argv: Sequence[str] | None = None) -> int:

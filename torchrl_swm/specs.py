@@ -10,8 +10,8 @@ default):
 =======================  =======================================================
 gymnasium space          TorchRL spec (unbatched)
 =======================  =======================================================
-``Box``                  ``Bounded`` (``Unbounded`` when every bound is infinite),
-                         the space's shape and dtype
+``Box``                  ``Bounded`` (``Unbounded`` when every bound is infinite
+                         or at the float dtype's extremes), the space's shape and dtype
 ``Discrete(n, start)``   ``Categorical(n)`` int64, shape ``()``; or ``OneHot(n)``
                          int64 with ``categorical=False``. Values are indices
                          ``0..n-1``; the pool adds ``start`` for the env.
@@ -72,15 +72,26 @@ def torch_dtype(dtype) -> torch.dtype:
 _UNSTORABLE = {np.dtype(np.uint16): "int32", np.dtype(np.uint32): "int64", np.dtype(np.uint64): None}
 
 
-def check_storable(dtype, what: str) -> None:
-    """Raise a :class:`SpecError` for a dtype the pool's tensordicts cannot hold (uint16/32/64)."""
+def check_storable(dtype, what: str, info_key: str | None = None) -> None:
+    """Raise a :class:`SpecError` for a dtype the pool's tensordicts cannot hold (uint16/32/64).
+
+    ``info_key``: the error is about this info key, which ``info_spec=`` can declare wider.
+    """
     dtype = np.dtype(dtype)
     if dtype in _UNSTORABLE:
         wider = _UNSTORABLE[dtype]
-        fix = (
-            f"cast it to {wider} (exact), e.g. gymnasium.wrappers.DtypeObservation(env, np.{wider}) for an "
-            "observation" if wider else "cast it to int64 or float64 if its values allow (not exact in general)"
-        )
+        if info_key is not None:
+            fix = (
+                f"declare it {wider or 'int64'} with info_spec={{{info_key}: np.{wider or 'int64'}(0)}} (each value "
+                "is range-checked when stored: one that does not fit is an error, never wrapped)"
+            )
+        elif wider:
+            fix = (
+                f"cast it to {wider} (exact), e.g. gymnasium.wrappers.DtypeObservation(env, np.{wider}) for an "
+                "observation"
+            )
+        else:
+            fix = "cast it to int64 or float64 if its values allow (not exact in general)"
         raise SpecError(
             f"{what}: dtype {dtype} is not supported: torch has no arithmetic for it, so TorchRL's tensordicts "
             f"cannot be cloned, checked or collected. Expected bool, int8/16/32/64, uint8 or float; {fix}."
@@ -103,6 +114,17 @@ def _torch_of_numpy(dtype: np.dtype) -> torch.dtype:
 @functools.cache
 def _numpy_of_torch(dtype: torch.dtype) -> np.dtype:
     return torch.zeros((), dtype=dtype).numpy().dtype
+
+
+def _unbounded(low: np.ndarray, high: np.ndarray) -> bool:
+    """Every bound infinite, or at the float dtype's finite extremes (``Box(finfo.min, finfo.max)``, a
+    common spelling of "unbounded", as TorchRL's ``GymWrapper`` reads it): a ``Bounded`` spec over that
+    width would draw ``rand()`` values of inf or the extreme itself."""
+    if low.dtype.kind != "f":
+        return bool(np.all(np.isinf(low)) and np.all(np.isinf(high)))
+    top = np.finfo(low.dtype).max
+    near = top * (1 - 1e-6)
+    return bool(np.all(np.isinf(low) | (low <= -near)) and np.all(np.isinf(high) | (high >= near)))
 
 
 def space_to_spec(
@@ -134,7 +156,7 @@ def space_to_spec(
         dtype = torch_dtype(space.dtype)
         low = np.broadcast_to(space.low, space.shape)
         high = np.broadcast_to(space.high, space.shape)
-        if np.all(np.isinf(low)) and np.all(np.isinf(high)):
+        if _unbounded(low, high):
             return Unbounded(shape=space.shape, dtype=dtype, device=device)
         return Bounded(
             low=torch.as_tensor(np.array(low), dtype=dtype),

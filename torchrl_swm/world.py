@@ -341,6 +341,18 @@ class _EpisodeBuffer:
         return self.buf[i, :length]
 
 
+def _check_keys(env: EnvBase) -> None:
+    """World reads TorchRL's default keys: the reward at ``"reward"``, the done flag at ``"done"``."""
+    reward_keys = [k if isinstance(k, str) else tuple(k) for k in env.reward_keys]
+    done_keys = [k if isinstance(k, str) else tuple(k) for k in env.done_keys]
+    if "reward" not in reward_keys or "done" not in done_keys:
+        raise ValueError(
+            "World: expected the env's reward at 'reward' and its done flag at 'done' (TorchRL's default keys, "
+            f"which its metrics and datasets use); this env has reward keys {reward_keys} and done keys "
+            f"{done_keys}. Rename them back (e.g. drop the RenameTransform for them) before wrapping it in World."
+        )
+
+
 class World:
     """Evaluate policies and collect datasets on a batched TorchRL env.
 
@@ -415,6 +427,7 @@ class World:
                 f"World: expected a batched env with batch_size [N], got {list(env.batch_size)}; "
                 "use torchrl_swm.EnvPool, or a SerialEnv/ParallelEnv of single envs"
             )
+        _check_keys(env)
         self.env = env
         self.num_envs = int(env.batch_size[0])
         self.device = env.device
@@ -514,6 +527,10 @@ class World:
             return int(np.random.SeedSequence().generate_state(1, dtype=np.uint32)[0] >> 1)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or int(seed) < 0:
             raise ValueError(f"seed: expected a non-negative int, got {seed!r}")
+        if int(seed) >= 2**62:  # episode j uses seed + j, an int64 (room left for 2**62 episodes)
+            raise ValueError(
+                f"seed: expected an int below 2**62 (episode j uses the seed seed + j, an int64), got {seed}"
+            )
         return int(seed)
 
     def _plans(self, episodes: int, seed: int, options) -> list[EpisodePlan]:

@@ -43,8 +43,10 @@ args = None  # parsed in main
 
 
 # --- The envs: picklable pool factories, one per worker, each with its own seeds ---------------
+# A pool seeded s starts its episodes from the seeds s, s+1, s+2... (one per episode), so workers
+# 1000 apart would replay each other's episodes after 1000 of them: space them 2**32 apart.
 def pool_factories(workers):
-    return [EnvPool.factory("CartPole-v1", num_envs=args.envs_per_worker, seed=args.seed + 1000 * w)
+    return [EnvPool.factory("CartPole-v1", num_envs=args.envs_per_worker, seed=args.seed + w * 2**32)
             for w in range(workers)]
 
 

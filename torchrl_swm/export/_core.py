@@ -97,6 +97,7 @@ class Traits:
     partial_steps: bool  # honours TorchRL's "_step" mask
     frozen_rows_exact: bool  # a frozen row reports its current (reset) outputs itself: untransformed package env
     package_env: bool  # an env of this package: info leaves follow its (N, 1, *v) convention
+    world_model: bool = False  # a WorldModelEnv at the base: reset(seed=, options=) reach its reset_fn
 
 
 def is_package_env(env: EnvBase) -> bool:
@@ -115,6 +116,7 @@ def is_package_env(env: EnvBase) -> bool:
 
 def traits(env: EnvBase) -> Traits:
     from ..pool import EnvPool
+    from ..world_model import WorldModelEnv
 
     base = base_env(env)
     is_pool = isinstance(base, EnvPool)
@@ -128,6 +130,7 @@ def traits(env: EnvBase) -> Traits:
         partial_steps=bool(partial),
         frozen_rows_exact=(is_pool or package) and env is base,
         package_env=package,
+        world_model=isinstance(base, WorldModelEnv),
     )
 
 
@@ -248,7 +251,8 @@ def _nest_space(leaves: Sequence[Leaf]) -> gym.spaces.Dict:
         node[leaf.path[-1]] = leaf.space
 
     def build(node):
-        return gym.spaces.Dict({k: build(v) if isinstance(v, dict) else v for k, v in node.items()})
+        # the env's key order (gymnasium would sort a plain dict's keys: flattening would change layout)
+        return gym.spaces.Dict({k: build(v) if isinstance(v, dict) else v for k, v in node.items()}, sort_keys=False)
 
     return build(tree)
 

@@ -86,6 +86,8 @@ def _sb3_class():
             )
             self._actions = None
             super().__init__(self.venv.num_envs, self.venv.single_observation_space, self.venv.single_action_space)
+            if "render_fps" in self.venv.metadata:  # VecVideoRecorder's frame rate (SB3 keeps render_modes only)
+                self.metadata = {**self.metadata, "render_fps": self.venv.metadata["render_fps"]}
 
         @property
         def env(self) -> EnvBase:

@@ -7,6 +7,9 @@
   A list may hold ``None`` for an env that is not reseeded (gymnasium's
   ``list[int | None]``): the vector env then resets the seeded and the
   unseeded envs in two masked resets (:func:`seed_groups`).
+* A :class:`~torchrl_swm.world_model.WorldModelEnv` at the base takes one int seed
+  and the options through ``env.reset(seed=..., options=...)``: it seeds its
+  generators and passes both to its ``reset_fn``, as its own ``reset`` does.
 * Any other TorchRL env is seeded as a whole with ``env.set_seed(s)`` before the
   reset (a TorchRL ``SerialEnv``/``ParallelEnv`` derives each worker's seed from
   ``s``). Per-env seed lists need an ``EnvPool`` and raise there (all ``None`` is
@@ -16,11 +19,14 @@
 from __future__ import annotations
 
 import numbers
+from collections.abc import Mapping
 
 import numpy as np
 import torch
 
-__all__ = ["reset_kwargs", "normalize_seed", "seed_groups"]
+from ..errors import describe
+
+__all__ = ["reset_kwargs", "normalize_seed", "seed_groups", "check_options"]
 
 
 def _is_int(s) -> bool:
@@ -71,6 +77,18 @@ def seed_groups(seed, num_envs: int):
     return ~unseeded, [0 if s is None else s for s in seed], unseeded
 
 
+def check_options(options, what: str) -> dict:
+    """gymnasium's ``options``: ``None`` or one dict (a copy), else a clear TypeError."""
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise TypeError(
+            f"{what}: options must be a dict (one for every env, as gymnasium's reset takes it; 'reset_mask' in it "
+            f"selects the envs a vector env resets), got {describe(options)}"
+        )
+    return dict(options)
+
+
 def reset_kwargs(env, traits, seed, options: dict | None, num_envs: int, what: str) -> dict:
     """Keyword arguments for ``env.reset`` (and seed the env first when it has no per-env seeds).
 
@@ -78,12 +96,23 @@ def reset_kwargs(env, traits, seed, options: dict | None, num_envs: int, what: s
     :func:`seed_groups` for lists holding ``None``).
     """
     seed = normalize_seed(seed, num_envs, what)
+    options = check_options(options, what)
     if traits.pool is not None:
         kwargs = {}
         if seed is not None:
             if isinstance(seed, list) and any(s is None for s in seed):
                 raise ValueError(f"{what}: split a seed list holding None with seed_groups() first, got {seed}")
             kwargs["seed"] = seed
+        if options:
+            kwargs["options"] = options
+        return kwargs
+    if traits.world_model:
+        if isinstance(seed, list):
+            raise ValueError(
+                f"{what}: a WorldModelEnv is seeded as a whole (its generators, and its reset_fn's seed): pass "
+                f"one int (got {seed})"
+            )
+        kwargs = {} if seed is None else {"seed": seed}
         if options:
             kwargs["options"] = options
         return kwargs

@@ -22,7 +22,12 @@ Autoreset modes (gymnasium's exact semantics, https://farama.org/Vector-Autorese
   ``TransformedEnv`` of those) the finished rows are reset by
   ``step_and_maybe_reset`` when they finish and frozen by ``"_step"`` on the
   next step; for a transformed or foreign env the frozen rows' outputs are then
-  restored from their reset values. Other envs are stepped without a reset
+  restored from their reset values. With a render mode (a pool of envs made
+  with ``render_mode=...``) the finished rows are reset at the next step
+  instead, before the others step, so ``render()`` (and vector ``RecordVideo``),
+  ``call()`` and ``get_attr()`` see their terminal state in between, as on
+  ``SyncVectorEnv``; without one only ``call()``/``get_attr()`` could tell, and
+  the reset at finish saves a reset round trip per step. Other envs are stepped without a reset
   (``env.step``); on the next step the finished rows are stepped once more (the
   action is discarded), then reset once and report that reset, so they must
   tolerate a step past the end of an episode.
@@ -51,7 +56,7 @@ from torchrl.envs import EnvBase
 
 from ._core import Layout, attribute_errors, nest, to_host, torch_copies, traits
 from ._core import autoreset_mode as _autoreset_mode
-from .seeding import normalize_seed, reset_kwargs, seed_groups
+from .seeding import check_options, normalize_seed, reset_kwargs, seed_groups
 
 __all__ = ["TorchRLVectorEnv"]
 
@@ -123,6 +128,13 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
             metadata = {k: v for k, v in dict(sub).items() if k in ("render_modes", "render_fps")}
             self.render_mode = pool.render_mode
         self.metadata = {**metadata, "autoreset_mode": self.autoreset_mode}
+        # NEXT_STEP with a render mode: finished envs are reset at the next step, not when they finish, so
+        # frames (and call()/get_attr()) in between show the terminal state, as on SyncVectorEnv
+        self._defer_resets = (
+            self.autoreset_mode is AutoresetMode.NEXT_STEP
+            and self.traits.partial_steps
+            and self.render_mode is not None
+        )
         self._device = self.layout.device
         #: one packed device-to-host transfer per step (accelerators); settable so tests run it on CPU
         self.packed_transfer = self._device.type != "cpu"
@@ -156,7 +168,7 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         reset again (see the module docstring: with options and no seed its episode
         differs from ``SyncVectorEnv``'s).
         """
-        options = dict(options) if options else {}
+        options = check_options(options, "reset")
         mask = options.pop("reset_mask", None)
         if mask is not None:
             mask = self._check_reset_mask(mask)
@@ -167,7 +179,7 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         rows = np.ones(n, np.bool_) if mask is None else mask
         # NEXT_STEP envs that honour "_step" reset a finished env when it finishes: not again here
         already = None
-        if self._pending is not None and self.traits.partial_steps and not options:
+        if self._pending is not None and self.traits.partial_steps and not self._defer_resets and not options:
             unseeded = np.ones(n, np.bool_) if seed is None else np.array(
                 [False] * n if isinstance(seed, int) else [s is None for s in seed], np.bool_)
             already = rows & self._done & unseeded
@@ -270,6 +282,21 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
                 root_ = env.reset(root_, select_reset_only=True)
                 root_.pop(self._reset_key, None)
                 nxt, _ = self._restore_rows(pending, root_, nxt, None)
+        elif self._defer_resets:
+            # A render mode: the finished rows stay in their terminal state until this step (as on
+            # SyncVectorEnv, so render(), vector RecordVideo, call() and get_attr() see it), then are
+            # reset and frozen by "_step" while the others step.
+            if pending is not None:
+                root.set(self._reset_key, pending.unsqueeze(-1))
+                root = env.reset(root)
+                root.pop(self._reset_key, None)
+                root.set("_step", (~pending).unsqueeze(-1))
+            td = env.step(root)
+            td.pop("_step", None)
+            nxt = td.get("next")
+            root_ = env.step_mdp(td)
+            if pending is not None and not self.traits.frozen_rows_exact:
+                nxt, root_ = self._restore_rows(pending, root, nxt, root_)
         elif pending is None:
             td, root_ = env.step_and_maybe_reset(root)
             nxt = td.get("next")

@@ -1,9 +1,10 @@
 """Actions out: a batched TorchRL action turned into what each gymnasium env expects.
 
 :class:`ActionCodec` validates the action (shape; dtype; the range of discrete and
-binary actions and of integer Box actions: an error names the env; float Box actions
-are passed as they are, as TorchRL's ``GymWrapper`` does) and converts it once per
-step, for all envs, to the action space's dtype.
+binary actions, and for integer Box actions that each value fits the space's dtype:
+an error names the env; Box actions are not clipped to the Box's bounds, as TorchRL's
+``GymWrapper`` does not) and converts it once per step, for all envs, to the action
+space's dtype.
 """
 
 from __future__ import annotations

@@ -15,51 +15,13 @@ run (rollouts stack them).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 from tensordict import TensorDict
 
-from ..specs import numpy_dtype
+from .layout import BufferLayout, Key
 
 __all__ = ["BufferLayout", "HostBuffers"]
-
-Key = tuple[str, ...]
-_ALIGN = 64
-
-
-@dataclass(frozen=True)
-class LeafSlot:
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    offset: int
-    nbytes: int
-
-
-class BufferLayout:
-    """Where each leaf lives in the flat buffer. Picklable, so workers can attach to it.
-
-    Args:
-        leaves: ``{nested key tuple: (shape, dtype)}`` with the batch dim first.
-    """
-
-    def __init__(self, leaves: Mapping[Key, tuple[tuple[int, ...], np.dtype]]):
-        self.slots: dict[Key, LeafSlot] = {}
-        offset = 0
-        for key, (shape, dtype) in leaves.items():
-            dtype = numpy_dtype(dtype)
-            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            self.slots[key] = LeafSlot(tuple(int(s) for s in shape), dtype, offset, nbytes)
-            offset += -(-nbytes // _ALIGN) * _ALIGN
-        self.nbytes = max(offset, _ALIGN)
-
-    def views(self, flat: np.ndarray) -> dict[Key, np.ndarray]:
-        """Numpy views of every leaf inside ``flat`` (a uint8 array of ``nbytes``)."""
-        return {
-            key: flat[s.offset : s.offset + s.nbytes].view(s.dtype).reshape(s.shape)
-            for key, s in self.slots.items()
-        }
 
 
 def nest(flat: Mapping[Key, object]) -> dict:

@@ -28,6 +28,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
+from .._meta import NoAutoResetMeta
 from ..masks import mask_rows, row_mask, row_view
 from ..specs import batch_spec, space_to_spec
 from .buffers import BufferLayout, HostBuffers
@@ -98,7 +99,7 @@ class _ClosedBackend:
         pass
 
 
-class EnvPool(EnvBase):
+class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
     """N gymnasium environments as one TorchRL env with batch size ``[N]``.
 
     Args:
@@ -214,6 +215,9 @@ class EnvPool(EnvBase):
         probe = backend.probe(self._seeds.next(None)[1])
         self._seeds.count[:] = 0  # the probe does not use up the first seeds
         self._info_schema = InfoSchema.infer(probe["infos"], info_keys, info_spec)
+        for key, error in probe.get("batch_wide", {}).items():  # a VectorEnv's scalar for the whole batch
+            if not self._info_schema.selected or key in self._info_schema.leaves:
+                raise error
 
         obs_specs = {
             key: batch_spec(
@@ -336,6 +340,8 @@ class EnvPool(EnvBase):
         checks, step-MDP hooks, a subclass's own ``_step`` or ``_reset``) take
         TorchRL's generic path.
         """
+        if tensordict.device != self.device:
+            tensordict = tensordict.to(self.device)  # as TorchRL's generic path does first
         step_mask = tensordict.get("_step", None)
         if (
             not self._own_step_and_reset
@@ -473,8 +479,9 @@ class EnvPool(EnvBase):
 
         Examples:
             >>> from torchrl.collectors import MultiSyncCollector
-            >>> make = EnvPool.factory("CartPole-v1", num_envs=8, seed=0)
-            >>> collector = MultiSyncCollector([make, make], None, frames_per_batch=256, total_frames=1024)
+            >>> # one factory per worker, seeds far apart (a pool uses one seed per episode: s, s+1, ...)
+            >>> make = [EnvPool.factory("CartPole-v1", num_envs=8, seed=w * 2**32) for w in range(2)]
+            >>> collector = MultiSyncCollector(make, None, frames_per_batch=256, total_frames=1024)
         """
         return PoolFactory(cls, args, kwargs)
 

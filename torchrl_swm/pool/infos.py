@@ -3,10 +3,14 @@
 The rule, applied to every ``info`` dict a sub-env returns from ``reset`` and ``step``:
 
 * **Recorded**: bools, Python and numpy integer/float scalars, numpy arrays and
-  torch tensors of bool/integer/float dtype. A nested dict becomes a nested key:
+  torch tensors of bool/integer/float dtype (bfloat16 and float8 tensors as
+  float32, which holds them exactly). A nested dict becomes a nested key:
   ``info["a"]["b"]`` is stored under ``("info", "a", "b")``.
 * **Skipped**: every other value (strings, ``None``, lists, tuples, objects,
-  complex numbers). Skipped values are never an error.
+  complex numbers). A key skipped in every env is never an error; a key must
+  be numeric in every env that reports it or in none (a mix, such as a number
+  in one env and ``None`` in another, is an error at construction naming both
+  envs: the pool cannot tell "absent" from a value).
 * Each recorded key has a spec with shape ``(N, 1, *value_shape)``: the seed's
   ``(batch, time, ...)`` convention with a time dim of 1.
 * The spec is inferred at construction from the reset info **and** the info of
@@ -51,13 +55,26 @@ from ..errors import EnvError, SpecError, describe
 # torch and torchrl are imported where needed: worker processes write infos
 # with this module and start faster without them.
 
-__all__ = ["InfoSchema", "InfoWriter", "numeric_value", "vector_values", "cast_problem", "first_cast_problem",
-           "flatten_vector_info", "check_vector_mask", "INFO_MASK_KEY"]
+__all__ = ["InfoSchema", "InfoWriter", "SkippedValue", "numeric_value", "vector_values", "cast_problem",
+           "first_cast_problem",
+           "flatten_vector_info", "check_vector_mask", "batch_wide_error", "INFO_MASK_KEY"]
 
 Key = tuple[str, ...]
 
 #: Root key of the presence masks of optional info keys.
 INFO_MASK_KEY = "info_mask"
+
+
+class SkippedValue:
+    """Stands for an info value the rule skips, in the picklable probe infos (see ``numeric_only``)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __reduce__(self):
+        return SkippedValue, (self.text,)
 
 
 def numeric_value(value) -> np.ndarray | None:
@@ -79,7 +96,13 @@ def numeric_value(value) -> np.ndarray | None:
     if torch is not None and isinstance(value, torch.Tensor):
         if value.dtype.is_complex:
             return None
-        return value.detach().cpu().numpy()
+        tensor = value.detach().cpu()
+        try:
+            return tensor.numpy()
+        except TypeError:  # bfloat16, float8: numpy has no such dtype, and float32 holds their values exactly
+            if tensor.dtype.is_floating_point:
+                return tensor.float().numpy()
+            raise
     return None
 
 
@@ -243,6 +266,17 @@ def vector_values(value: np.ndarray, present=None, key: Key = ("?",), phase: str
     return out
 
 
+def batch_wide_error(key: Key, value, num_envs: int, phase: str) -> EnvError:
+    """The error for a vector info value that is not one entry per env (a scalar for the whole batch)."""
+    return EnvError(
+        None, phase,
+        f"vector info key {_key_str(key)} is {describe(value)}: one value for the whole batch, not one per env. A "
+        f"VectorEnv's info values have a leading dim of num_envs={num_envs} (gymnasium's convention), so the pool "
+        "cannot record it per env. Report it per env in the vector env (e.g. np.full(num_envs, value)), or leave "
+        "it out with info_keys=[...].",
+    )
+
+
 def _key_str(key: Key) -> str:
     return repr(key[0]) if len(key) == 1 else repr(key)
 
@@ -297,10 +331,12 @@ class InfoSchema:
         leaves: dict[Key, InfoLeaf] = {}
         first_seen: dict[Key, tuple[int, str]] = {}
         reported: dict[Key, int] = {}  # in how many probes
+        skipped: dict[Key, tuple[int, str, object]] = {}  # a non-numeric value's first probe
         for env_index, phase, info in probes:
             for key, value in _flatten(info, (), env_index, phase):
                 array = numeric_value(value)
                 if array is None:
+                    skipped.setdefault(key, (env_index, phase, value))
                     continue
                 reported[key] = reported.get(key, 0) + 1
                 seen = leaves.get(key)
@@ -321,6 +357,21 @@ class InfoSchema:
                 if promoted != seen.dtype:
                     leaves[key] = InfoLeaf(seen.shape, promoted)
         declared = _declared(info_spec)
+        chosen_keys = None if info_keys is None else [(k,) if isinstance(k, str) else tuple(k) for k in info_keys]
+        for key, (env_index, phase, value) in skipped.items():
+            if key not in leaves and key not in declared:
+                continue
+            if chosen_keys is not None and not any(key[: len(k)] == k for k in chosen_keys):
+                continue
+            origin = "its info_spec= declaration" if key in declared else "env {} at {}".format(*first_seen[key])
+            text = value.text if isinstance(value, SkippedValue) else describe(value)
+            raise EnvError(
+                env_index, phase,
+                f"info key {_key_str(key)} is {text} here, but a number in {origin}. An info key must "
+                "be numeric in every env that reports it (a placeholder such as None is not a value): leave the "
+                "key out of the info where there is no value (declare it with info_spec= to record "
+                f"({INFO_MASK_KEY!r}, ...) = False there), or skip it with info_keys=[...].",
+            )
         leaves.update(declared)
         first_seen.update((key, None) for key in declared)
         masked = {key for key in leaves if key in declared or reported.get(key, 0) < len(probes)}
@@ -349,7 +400,7 @@ class InfoSchema:
 
         spec = Composite(shape=(num_envs,), device=device)
         for key, leaf in self.leaves.items():
-            check_storable(leaf.dtype, f"info key {_key_str(key)}")
+            check_storable(leaf.dtype, f"info key {_key_str(key)}", info_key=_key_str(key))
             spec[key] = Unbounded(
                 shape=(num_envs, 1, *leaf.shape), dtype=torch_dtype(leaf.dtype), device=device
             )
@@ -412,6 +463,12 @@ def _declared(info_spec) -> dict[Key, InfoLeaf]:
     from ..specs import numpy_dtype
 
     if isinstance(info_spec, Composite):
+        if info_spec.shape:
+            raise SpecError(
+                f"info_spec: expected per-env value shapes, got a Composite with batch shape {tuple(info_spec.shape)} "
+                "(a pool's observation_spec['info'] has shape (N, 1, *value_shape)). Declare each key without the "
+                "batch and time dims, e.g. info_spec={'x': Unbounded((), dtype=torch.float32)}."
+            )
         items = [(k if isinstance(k, tuple) else (k,), v) for k, v in info_spec.items(True, True)]
     elif isinstance(info_spec, Mapping):
         items = [((k,) if isinstance(k, str) else tuple(k), v) for k, v in info_spec.items()]
@@ -420,7 +477,14 @@ def _declared(info_spec) -> dict[Key, InfoLeaf]:
     out = {}
     for key, spec in items:
         if isinstance(spec, TensorSpec):
-            out[key] = InfoLeaf(tuple(spec.shape), numpy_dtype(spec.dtype))
+            try:
+                dtype = numpy_dtype(spec.dtype)
+            except TypeError as err:
+                raise SpecError(
+                    f"info_spec[{_key_str(key)}]: dtype {spec.dtype} has no numpy equivalent, and the pool's info "
+                    "buffers are numpy arrays; declare torch.float32 (which holds bfloat16 and float8 values exactly)"
+                ) from err
+            out[key] = InfoLeaf(tuple(spec.shape), dtype)
             continue
         array = numeric_value(spec)
         if array is None:
@@ -450,6 +514,8 @@ class InfoWriter:
 
     def write(self, i: int, info: Mapping, phase: str) -> None:
         """Record ``info`` for env ``i``; a masked key it lacks reads as zero, masked False."""
+        if info.__class__ is not dict and not isinstance(info, Mapping):
+            raise EnvError(i, phase, f"expected the env's info to be a dict, got {describe(info)}")
         if not self.count:
             if info and not self.schema.selected:
                 self._check_unknown(i, info, phase)
@@ -482,17 +548,23 @@ class InfoWriter:
         Values have a leading ``N`` dim; ``"_key"`` masks say which envs
         reported them. Rows that did not report a masked key read as zero.
         """
+        if not isinstance(info, Mapping):
+            raise EnvError(None, phase, f"expected the vector env's info to be a dict, got {describe(info)}")
         written = set()
         masks = self.masks
         for key, value, present in flatten_vector_info(info, phase=phase):
             array = self.arrays.get(key)
+            if array is None and self.schema.selected:
+                continue
             source = numeric_value(value)
+            if source is not None and (source.ndim == 0 or len(source) != len(select)):
+                raise batch_wide_error(key, value, len(select), phase)
             if array is None:
-                if not self.schema.selected and source is not None:
+                if source is not None:
                     rows = np.flatnonzero(select if present is None else select & present)
                     self._raise_unknown(int(rows[0]) if rows.size else None, key, value, phase)
                 continue
-            if source is None or source.shape[1:] != array.shape[2:] or len(source) != len(array):
+            if source is None or source.shape[1:] != array.shape[2:]:
                 raise EnvError(
                     None, phase, f"vector info key {_key_str(key)}: expected an array of shape "
                     f"({len(array)}, {', '.join(map(str, array.shape[2:]))}) and dtype {array.dtype}, got {describe(value)}"

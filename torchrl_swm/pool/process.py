@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from multiprocessing import connection
@@ -33,6 +34,8 @@ from .rows import action_kind
 from .worker import REPLY_OK, worker_main
 
 __all__ = ["ProcessBackend"]
+
+_CLOSE_TIMEOUT = 5.0  # seconds for the workers to close their envs before they are terminated
 
 def _split(n: int, k: int) -> list[range]:
     """``k`` contiguous, near-equal slices of ``range(n)``."""
@@ -93,6 +96,7 @@ class ProcessBackend:
             raise ValueError(f"num_workers: expected 1 <= num_workers <= num_envs={n}, got {num_workers}")
         self.num_envs = n
         self.slices = _split(n, num_workers)
+        self._owed: dict[int, int] = {}  # worker -> replies still owed to an interrupted command
         self._shm = None
         self._action_buf = None
         ctx = mp.get_context(start_method)
@@ -135,17 +139,25 @@ class ProcessBackend:
     # -- plumbing ------------------------------------------------------------------------
     # Every command is pickled for all its workers before any is sent, and a failed send
     # waits for the replies of the workers already sent to: a worker's reply is always
-    # read by the command that asked for it, never by the next one.
+    # read by the command that asked for it, never by the next one. A wait interrupted by
+    # the user (KeyboardInterrupt) leaves the unread replies owed; the next command reads
+    # and drops them first.
     def _encode(self, w: int, command: str, args=None, rows=None, items=None, what: str = "the arguments"):
-        """``(command, args)`` pickled for worker ``w`` (what ``Connection.send`` does), or an
-        :class:`EnvError` naming the first of ``rows`` whose item of ``items`` does not pickle."""
+        """``(command, args)`` pickled for worker ``w``, or an :class:`EnvError` naming the first
+        of ``rows`` whose item of ``items`` does not pickle.
+
+        Steps (the hot path: rows only) use the standard pickler; every other command uses
+        cloudpickle, as the factories do, so objects of classes defined in the user's script
+        (options, attribute values, wrapper classes) reach the worker as the same classes the
+        envs were built with, and come back as the caller's own classes."""
+        dumps = ForkingPickler.dumps if command == "step" else cloudpickle.dumps
         try:
-            return ForkingPickler.dumps((command, args))
+            return dumps((command, args))
         except Exception as err:
             index = None
             for i, item in zip(() if rows is None else rows, () if items is None else items):
                 try:
-                    ForkingPickler.dumps(item)
+                    dumps(item)
                 except Exception:
                     index = int(i)
                     break
@@ -162,6 +174,7 @@ class ProcessBackend:
 
         If a send fails (a dead worker), the replies of the workers already sent to are
         read and dropped before the error is raised, so no reply is left for a later command."""
+        self._drain_owed()
         sent = []
         try:
             for w, message in messages:
@@ -178,6 +191,17 @@ class ProcessBackend:
             raise
         return sent
 
+    def _drain_owed(self) -> None:
+        """Read and drop the replies an interrupted command left unread (see ``_gather``)."""
+        for w in list(self._owed):
+            while self._owed.get(w):
+                self._owed[w] -= 1  # counted again by _gather if this wait is interrupted too
+                try:
+                    self._gather([w], "drain")
+                except EnvError:
+                    pass  # the interrupted command's own error, or a dead worker (the next command sees it)
+            self._owed.pop(w, None)
+
     def _dead(self, w: int) -> EnvError:
         proc = self._processes[w]
         proc.join(timeout=0.1)
@@ -187,13 +211,40 @@ class ProcessBackend:
             f"worker {w} (envs {rows.start}..{rows.stop - 1}, pid {proc.pid}) died with exit code {proc.exitcode}",
         )
 
-    def _gather(self, workers, phase: str) -> list:
-        """Wait for one reply from each of ``workers``; raise the first error after all replied."""
+    def _gather(self, workers, phase: str, timeout: float | None = None) -> list:
+        """Wait for one reply from each of ``workers``; after all replied, raise the error of the
+        lowest worker that reported one (the env the serial backend would name).
+
+        ``timeout``: seconds to wait in all; workers still silent then are an error."""
         pending = {self._conns[w]: w for w in workers}
         sentinels = {self._processes[w].sentinel: w for w in workers}
-        replies, error = {}, None
+        replies, errors = {}, {}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            self._wait_replies(pending, sentinels, replies, errors, phase, deadline)
+        except BaseException:
+            for w in pending.values():  # interrupted: their replies will come, for no one
+                self._owed[w] = self._owed.get(w, 0) + 1
+            raise
+        if errors:
+            raise errors[min(errors)]
+        return [replies[w] for w in workers]
+
+    def _wait_replies(self, pending, sentinels, replies, errors, phase, deadline) -> None:
         while pending:
-            ready = connection.wait(list(pending) + list(sentinels))
+            left = None if deadline is None else deadline - time.monotonic()
+            ready = connection.wait(list(pending) + list(sentinels), timeout=left)
+            if not ready and deadline is not None and time.monotonic() >= deadline:
+                for w in sorted(pending.values()):
+                    rows = self.slices[w]
+                    errors.setdefault(w, EnvError(
+                        rows.start, f"{phase} (timed out)", f"worker {w} (envs {rows.start}..{rows.stop - 1}) did not "
+                        "answer within the time limit (an env call that never returns?)",
+                    ))
+                for w in pending.values():
+                    self._owed[w] = self._owed.get(w, 0) + 1
+                pending.clear()
+                return
             for item in ready:
                 if item in pending:
                     w = pending.pop(item)
@@ -201,35 +252,33 @@ class ProcessBackend:
                     try:
                         message = item.recv_bytes()
                     except (EOFError, OSError):
-                        error = error or self._dead(w)
+                        errors.setdefault(w, self._dead(w))
                         continue
                     try:
                         status, value = ForkingPickler.loads(message)
                     except Exception as err:  # the whole reply was read: the pipe stays in step
-                        if error is None:
-                            error = EnvError(
-                                self.slices[w].start, phase,
-                                f"the reply of worker {w} cannot be unpickled here: {type(err).__name__}: {err}",
-                            )
-                            error.__cause__ = err
+                        error = EnvError(
+                            self.slices[w].start, phase,
+                            f"the reply of worker {w} cannot be unpickled here: {type(err).__name__}: {err}",
+                        )
+                        error.__cause__ = err
+                        errors.setdefault(w, error)
                         continue
                     if status == REPLY_OK:
                         replies[w] = value
-                    elif error is None:
+                    else:
                         index, where, message, trace, missing_attribute = value
                         error = EnvError(index, where, f"{message}\n--- worker {w} traceback ---\n{trace}")
                         if missing_attribute:  # as in the serial backend: callers can tell a missing attribute
                             error.__cause__ = AttributeError(message)
+                        errors.setdefault(w, error)
                 elif item in sentinels:
                     w = sentinels.pop(item)
                     conn = self._conns[w]
                     if conn in pending and conn.poll():
                         continue  # it replied before exiting: read the reply first
                     pending.pop(conn, None)
-                    error = error or self._dead(w)
-        if error is not None:
-            raise error
-        return [replies[w] for w in workers]
+                    errors.setdefault(w, self._dead(w))
 
     def _by_worker(self, rows: np.ndarray):
         """``[(worker, local rows, positions in rows)]`` for the workers that own some of ``rows``."""
@@ -246,9 +295,12 @@ class ProcessBackend:
             [(w, self._encode(w, "probe", list(seeds[span.start : span.stop]))) for w, span in enumerate(self.slices)]
         )
         results = self._gather(workers, "probe")
-        shapes = {r["frame_shape"] for r in results}
-        if len(shapes) > 1:
-            raise EnvError(None, "render", f"workers report different frame shapes {sorted(map(str, shapes))}")
+        for w, result in enumerate(results[1:], 1):
+            if result["frame_shape"] != results[0]["frame_shape"]:
+                raise EnvError(
+                    self.slices[w].start, "render",
+                    f"frame shape {result['frame_shape']} differs from env 0's {results[0]['frame_shape']}",
+                )
         return {"infos": [item for r in results for item in r["infos"]], "frame_shape": results[0]["frame_shape"]}
 
     def allocate(self, layout) -> torch.Tensor:
@@ -283,6 +335,7 @@ class ProcessBackend:
         self._gather(self._broadcast(messages), "reset")
 
     def step(self, actions: np.ndarray, rows) -> None:
+        self._drain_owed()  # an interrupted step's workers may still read the action buffer
         if rows is None:
             self._action_buf[...] = actions
             targets = [(w, None) for w in range(len(self.slices))]
@@ -334,11 +387,18 @@ class ProcessBackend:
             try:
                 live = [w for w, proc in enumerate(self._processes) if proc.is_alive()]
                 message = bytes(ForkingPickler.dumps(("close", None)))
-                self._gather(self._broadcast([(w, message) for w in live]), "close")
+                # replies an interrupted command still owes are not waited for: a worker sends them
+                # before its close reply, and a worker stuck in an env call is terminated below
+                self._owed.clear()
+                sent = self._broadcast([(w, message) for w in live])
+                self._gather(sent, "close", timeout=_CLOSE_TIMEOUT)
             except EnvError as err:
                 if err.phase == "close":  # an env's close() raised (a dead worker has nothing to close)
                     error = err
             finally:
+                for w in self._owed:  # silent past the deadline: stuck in an env call
+                    self._processes[w].terminate()
+                self._owed.clear()
                 self._finalizer()
         if error is not None:
             raise error

@@ -195,7 +195,8 @@ class RowWriter:
             buf, shape, dtype = self.fast_observation
             try:
                 array = np.asarray(observations)
-            except (TypeError, ValueError):  # ragged or not array-like: the per-row path says which env
+            except (TypeError, ValueError, RuntimeError):
+                # ragged, not array-like, a tensor that requires grad: the per-row path says which env
                 array = None
             # same dtype (the common case): no check; another one must store without changing values
             # (integers of another width or sign are range-checked), or the per-row path names the env

@@ -4,7 +4,11 @@ Env ``i`` keeps a base seed ``b_i`` and an episode counter ``k_i``; its next
 reset uses ``b_i + k_i * N`` (``N`` envs), then ``k_i`` grows by one. So:
 
 * ``set_seed(s)`` gives env ``i`` the seed ``s + i`` at its next reset, then
-  ``s + i + N``, ``s + i + 2N``...: unique across envs and episodes;
+  ``s + i + N``, ``s + i + 2N``...: unique across the pool's envs and episodes. A
+  pool seeded ``s`` uses the seeds ``s, s+1, s+2...``, one per episode, so pools
+  that run side by side (collector workers) need seeds further apart than the
+  episodes they will run (e.g. ``w * 2**32`` for worker ``w``), or they replay
+  each other's episodes;
 * each env's schedule depends only on its own resets: resetting env ``k``
   never changes the seeds of the others (mask isolation holds for seeds too);
 * ``reset(seed=[s_0, ..., s_{N-1}])`` sets ``b_i = s_i`` for the reset rows.

@@ -15,23 +15,39 @@ import gymnasium as gym
 import numpy as np
 
 from ..errors import EnvError, describe
-from .infos import InfoWriter, numeric_value
+from .infos import InfoWriter, SkippedValue, numeric_value
 from .rows import RowWriter
 
-__all__ = ["SerialBackend", "InProcessBackend", "call_envs", "make_envs", "numeric_only"]
+__all__ = ["SerialBackend", "InProcessBackend", "call_envs", "make_envs", "numeric_only", "probe_action"]
 
 
 def numeric_only(info: Mapping) -> dict:
-    """The part of ``info`` the info rule records (numeric leaves, nested dicts): picklable."""
+    """``info`` for spec inference, picklable: numeric leaves as arrays, nested dicts, and a
+    :class:`SkippedValue` for every other value (inference must see a key that is numeric in
+    one env and ``None`` in another)."""
+    if not isinstance(info, Mapping):
+        raise TypeError(f"expected the env's info to be a dict, got {describe(info)}")
     out = {}
     for key, value in info.items():
         if isinstance(value, Mapping):
             out[key] = numeric_only(value)
         else:
             array = numeric_value(value)
-            if array is not None:
-                out[key] = array
+            out[key] = SkippedValue(describe(value)) if array is None else array
     return out
+
+
+def probe_action(space: gym.Space, seed: int):
+    """A seeded sample of ``space`` for the construction probe's step; the zero action (clipped into
+    the bounds) for a Box gymnasium cannot sample (float64 bounds at the dtype's extremes overflow)."""
+    space = copy.deepcopy(space)
+    space.seed(seed)
+    try:
+        return space.sample()
+    except OverflowError:
+        if not isinstance(space, gym.spaces.Box):
+            raise
+        return np.clip(np.zeros(space.shape, space.dtype), space.low, space.high)
 
 
 def call_envs(envs: Sequence[gym.Env], rows: Sequence[int], name: str, args: tuple, kwargs: dict, first: int = 0) -> list:
@@ -171,9 +187,7 @@ class SerialBackend(InProcessBackend):
                         raise EnvError(i, "render", f"frame shape {shape} differs from env {self.first}'s {frame_shape}")
                     frame_shape = shape
                 phase = "step"
-                space = copy.deepcopy(env.action_space)
-                space.seed(int(seeds[j]))
-                result = env.step(space.sample())
+                result = env.step(probe_action(env.action_space, int(seeds[j])))
                 if not isinstance(result, tuple) or len(result) != 5:
                     raise _bad_step_result(i, result)
                 info = result[4]

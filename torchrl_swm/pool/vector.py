@@ -25,8 +25,7 @@ use a pool of single envs to freeze rows.
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -36,9 +35,9 @@ from gymnasium.utils.env_checker import data_equivalence
 from gymnasium.vector import AutoresetMode
 
 from ..errors import EnvError, SpecError, describe
-from .infos import check_vector_mask, flatten_vector_info, numeric_value
+from .infos import batch_wide_error, check_vector_mask, flatten_vector_info, numeric_value
 from .rows import RowWriter
-from .serial import InProcessBackend, call_envs, env_is_wrapped
+from .serial import InProcessBackend, call_envs, env_is_wrapped, probe_action
 
 __all__ = ["VectorBackend", "register_masked_reset"]
 
@@ -171,18 +170,16 @@ class VectorBackend(InProcessBackend):
             _, reset_info = self.venv.reset(seed=self._seed_arg(seeds))
             frame_shape = self._render().shape[1:] if self.pixels else None
             phase = "step"
-            space = copy.deepcopy(self.venv.action_space)
-            space.seed(int(seeds[0]))
-            step_info = self.venv.step(space.sample())[4]
+            step_info = self.venv.step(probe_action(self.venv.action_space, int(seeds[0])))[4]
         except EnvError:
             raise
         except Exception as err:
             raise EnvError(None, phase, f"{type(err).__name__}: {err} (while probing the vector env at construction)") from err
-        infos = []
+        infos, batch_wide = [], {}
         for phase, info in (("reset", reset_info), ("step", step_info)):
-            per_env = _split_vector_info(info, self.num_envs, phase)
+            per_env = _split_vector_info(info, self.num_envs, phase, batch_wide)
             infos.extend((i, phase, env_info) for i, env_info in enumerate(per_env))
-        return {"infos": infos, "frame_shape": frame_shape}
+        return {"infos": infos, "frame_shape": frame_shape, "batch_wide": batch_wide}
 
     def attach(self, layout, arrays, info_schema, frame_key) -> None:
         super().attach(layout, arrays, info_schema, frame_key)
@@ -422,13 +419,23 @@ def _single_options(options):
     return dict(given[0])
 
 
-def _split_vector_info(info, num_envs, phase: str = "reset") -> list[dict]:
-    """Per-env numeric infos of a vector info dict (for spec inference)."""
+def _split_vector_info(info, num_envs, phase: str = "reset", batch_wide: dict | None = None) -> list[dict]:
+    """Per-env numeric infos of a vector info dict (for spec inference).
+
+    Numeric values that are not one entry per env go to ``batch_wide`` (``{key: error}``):
+    they are an error unless ``info_keys=`` leaves them out.
+    """
+    if not isinstance(info, Mapping):
+        raise EnvError(None, phase, f"expected the vector env's info to be a dict, got {describe(info)}")
     out = [dict() for _ in range(num_envs)]
-    for key, value, present in flatten_vector_info(info):
+    for key, value, present in flatten_vector_info(info, phase=phase):
         check_vector_mask(key, present, num_envs, phase)
         array = numeric_value(value)
-        if array is None or array.ndim == 0 or len(array) != num_envs:
+        if array is None:
+            continue
+        if array.ndim == 0 or len(array) != num_envs:
+            if batch_wide is not None:
+                batch_wide.setdefault(key, batch_wide_error(key, value, num_envs, phase))
             continue
         for i in range(num_envs):
             if present is None or present[i]:

@@ -21,6 +21,16 @@ __all__ = ["worker_main", "REPLY_OK", "REPLY_ERROR"]
 
 REPLY_OK = "ok"
 REPLY_ERROR = "error"
+_OK_NONE = bytes(ForkingPickler.dumps((REPLY_OK, None)))  # the reply to every step and reset
+
+
+def _reply(conn, status: str, value) -> None:
+    # cloudpickle, as the commands: objects of classes defined in the user's script come back as
+    # the caller's own classes (the standard pickler refers to them by a name the parent cannot use)
+    if status is REPLY_OK and value is None:
+        conn.send_bytes(_OK_NONE)
+    else:
+        conn.send_bytes(cloudpickle.dumps((status, value)))
 
 
 def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
@@ -33,9 +43,9 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
     try:
         env_fns = cloudpickle.loads(payload)
         backend = SerialBackend(env_fns, first=first, pixels=pixels)
-        conn.send((REPLY_OK, (backend.observation_space, backend.action_space)))
+        _reply(conn, REPLY_OK, (backend.observation_space, backend.action_space))
     except BaseException as err:  # report, then exit: the pool raises in the main process
-        conn.send((REPLY_ERROR, _error_payload(err)))
+        _reply(conn, REPLY_ERROR, _error_payload(err))
         return
     try:
         while True:
@@ -84,15 +94,15 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
                     try:
                         backend.close()
                     except BaseException as err:  # reported, and the worker still exits
-                        conn.send((REPLY_ERROR, _error_payload(err)))
+                        _reply(conn, REPLY_ERROR, _error_payload(err))
                     else:
-                        conn.send((REPLY_OK, None))
+                        _reply(conn, REPLY_OK, None)
                     break
                 else:
                     raise ValueError(f"unknown command {command!r}")
-                conn.send((REPLY_OK, reply))
+                _reply(conn, REPLY_OK, reply)
             except BaseException as err:
-                conn.send((REPLY_ERROR, _error_payload(err)))
+                _reply(conn, REPLY_ERROR, _error_payload(err))
     finally:
         action_view = backend = None
         if shm is not None:

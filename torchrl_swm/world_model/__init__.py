@@ -3,13 +3,21 @@
 * :class:`WorldModelEnv`: the env (``batch_size=[num_envs]``, one model call per step).
 * :func:`make_world_model_env`: the env plus the adapter transforms, as a ``TransformedEnv``.
 * :mod:`.transforms`: :class:`ActionAdapter`, :class:`RewardAdapter`, :class:`TerminalAdapter`,
-  :class:`ObservationDecoder` (the time limit is TorchRL's ``StepCounter``).
+  :class:`ObservationDecoder`, :class:`RowStepCounter` (the time limit: TorchRL's ``StepCounter``,
+  with rows frozen by ``"_step"`` keeping their count).
 * :mod:`.adapters`: calling conventions and return forms.
 """
 
 from .adapters import AdapterError, ReturnFormError
 from .env import WorldModelEnv
-from .transforms import ActionAdapter, ObservationDecoder, RewardAdapter, TerminalAdapter, make_world_model_env
+from .transforms import (
+    ActionAdapter,
+    ObservationDecoder,
+    RewardAdapter,
+    RowStepCounter,
+    TerminalAdapter,
+    make_world_model_env,
+)
 
 __all__ = [
     "WorldModelEnv",
@@ -18,6 +26,7 @@ __all__ = [
     "RewardAdapter",
     "TerminalAdapter",
     "ObservationDecoder",
+    "RowStepCounter",
     "AdapterError",
     "ReturnFormError",
 ]

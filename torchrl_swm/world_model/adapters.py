@@ -333,27 +333,28 @@ def discover_transition(model, extras: Mapping[str, Any] | None = None) -> Bound
         name, method = "__call__", model
     bound = (
         bind(method, f"model.{name}", ("state", "action"), with_model=False, extras=extras, prefix_forms=False)
-        if _accepts_two(method)
+        if _accepts_two(method, extras or ())
         else None
     )
     if bound is None:
         single = bind(method, f"model.{name}", ("action",), with_model=False, extras=extras)
 
-        def call(state, action, _f=single.call):
-            return _f(action)
+        def call(state, action, _f=single.call, **kwargs):
+            return _f(action, **kwargs)
 
         bound = Bound(call, ("action",), single.extras, single.description, method)
     return bound
 
 
-def _accepts_two(fn) -> bool:
+def _accepts_two(fn, extras=()) -> bool:
     """The seed design's rule for model methods: ``(state, action)`` unless it takes at most one
     positional argument (then ``(action)``: the model keeps its own state).
 
     Parameters with defaults count, as in the seed, so code written for it moves over unchanged:
     ``imagine_step(prev_state, prev_action, nonterm=1.0)`` and ``forward(s, a=None)`` get
     ``(state, action)``; so does ``step(action, deterministic=False)``, which then needs a
-    ``transition_fn``.
+    ``transition_fn``. Keyword extras (``generator``, ``mask``) do not count:
+    ``step(action, mask=None)`` is ``(action)``.
     """
     sig = _signature(fn)
     if sig is None:
@@ -362,7 +363,10 @@ def _accepts_two(fn) -> bool:
     kinds = inspect.Parameter
     if any(p.kind is kinds.VAR_POSITIONAL for p in params):
         return True
-    positional = [p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
+    positional = [
+        p for p in params
+        if p.kind is kinds.POSITIONAL_ONLY or (p.kind is kinds.POSITIONAL_OR_KEYWORD and p.name not in extras)
+    ]
     return len(positional) >= 2
 
 

@@ -33,6 +33,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Categorical, Composite, TensorSpec, Unbounded
 from torchrl.envs import EnvBase
 
+from .._meta import NoAutoResetMeta
 from ..errors import SpecError, describe
 from ..masks import row_mask, row_view
 from ..pool.buffers import nest
@@ -57,7 +58,7 @@ _FLOAT_TYPES = (int, float, np.integer, np.floating)
 
 # Seed-design keyword arguments that are transforms here: explain instead of a bare TypeError.
 _TRANSFORM_KWARGS = {
-    "max_episode_steps": "the time limit is TorchRL's StepCounter(max_steps=...)",
+    "max_episode_steps": "the time limit is a transform: make_world_model_env(max_episode_steps=...) (RowStepCounter)",
     "reward_fn": "reward_fn is the RewardAdapter transform",
     "terminal_fn": "terminal_fn is the TerminalAdapter transform",
     "action_transform_fn": "action_transform_fn is the ActionAdapter (inverse) transform",
@@ -217,7 +218,7 @@ class _Leaf:
         self.key, self.shape, self.dtype, self.name = key, tuple(shape), dtype, name
 
 
-class WorldModelEnv(EnvBase):
+class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
     """A learned world model as a batched TorchRL env: ``batch_size=[num_envs]``, one model call per step.
 
     Args:
@@ -247,14 +248,17 @@ class WorldModelEnv(EnvBase):
             batch-unlocked env every row is started, so it is all True) and ``generator`` (the
             env's :attr:`reset_generator`) are passed when declared. Returns one of the seed's
             reset forms (``obs``, ``(obs, info)``, ``(state, obs)``, ``(state, obs, info)``, a
-            mapping), either unbatched (broadcast to the reset rows) or batched with exactly the
+            mapping), either unbatched (broadcast to the reset rows, info values included) or batched with exactly the
             rows being reset (``num_envs`` of them: not the whole batch on a partial reset). The
             state may be batched when the observation is not (or the reverse) if the env knows one
             row's state layout (``initial_state``, ``state_spec`` or, on partial resets, the other
             rows); otherwise they must agree.
         transition_fn: ``transition_fn([model,] state, action)`` (+ ``generator=``, the env's
-            :attr:`generator`, when declared), called once per step for the whole batch. Returns
-            one of the seed's transition forms.
+            :attr:`generator`, and ``mask=``, a bool tensor of the batch shape, True for the rows
+            stepped (all but those a ``"_step"`` mask freezes), when declared), called once per
+            step for the whole batch. Returns one of the seed's transition forms. The env puts
+            back the frozen rows' outputs; a model that keeps a state of its own (a discovered
+            ``model.step(action)``) needs ``mask=`` to leave those rows' state as it was.
         start_states: real data to start episodes from: a TensorDict ``[M]`` holding the
             observation keys, or a TorchRL replay buffer of them. Each reset row samples one
             entry (row ``r``'s ``c``-th start: a hash of the seed, ``r`` and ``c``, so resetting
@@ -490,7 +494,7 @@ class WorldModelEnv(EnvBase):
         self._mdp_excluded = frozenset(("next", "_reset", "reward", *_DONE_KEYS))
 
         # -- adapters (bound once) ------------------------------------------------------------
-        gen_extra = {"generator": self._generator}
+        gen_extra = {"generator": self._generator, "mask": None}
         if transition_fn is not None:
             self._transition: Bound = bind(
                 transition_fn, "transition_fn", ("state", "action"), model=model, extras=gen_extra
@@ -535,6 +539,7 @@ class WorldModelEnv(EnvBase):
         self._rt = _Runtime()
         self._dev = device
         self._where = self._transition.description
+        self._transition_takes_mask = "mask" in self._transition.extras
         self._shape_cache: dict = {}
         self._locked_shapes = self._shapes(batch_size) if locked else None
         self._simple_source = (
@@ -788,7 +793,9 @@ class WorldModelEnv(EnvBase):
             f"{where} returned {form}: reward: expected a float tensor of shape {tuple(bs1)}, got {describe(value)}"
         )
 
-    def _read_info(self, info, bs, where, form) -> dict | None:
+    def _read_info(self, info, bs, where, form, broadcast: bool = False) -> dict | None:
+        """The declared info leaves, ``(*bs, 1, *shape)``; ``broadcast``: a reset's unbatched return, whose
+        one-row values (shaped like the leaf) are repeated over the rows, as its observation is."""
         if not info and not self._info_leaves:
             return None
         keys = set(info.keys()) if info else set()
@@ -798,6 +805,10 @@ class WorldModelEnv(EnvBase):
             full = (*bs, 1, *leaf.shape)
             if name in keys:
                 value = info.get(name)
+                if broadcast and isinstance(value, (torch.Tensor, np.ndarray, np.generic, int, float)):
+                    one = torch.as_tensor(value, device=self.device)
+                    if one.shape == leaf.shape:
+                        value = one.expand(*bs, *leaf.shape).clone()
                 if isinstance(value, torch.Tensor) and value.shape == (*bs, *leaf.shape):
                     value = value.unsqueeze(len(bs))
                 out[name] = self._tensor(value, full, leaf.dtype, f"info[{name!r}]", where, form)
@@ -857,6 +868,12 @@ class WorldModelEnv(EnvBase):
             return self._advance(tensordict, self._locked_shapes, partial)
         return self._advance(tensordict, self._shapes(tensordict.batch_size), None)
 
+    def _step_mask(self, partial, bs) -> dict:
+        """The transition's ``mask=`` extra: the rows stepped (all True without a partial ``"_step"``)."""
+        if partial is None:
+            return {"mask": torch.ones(bs, dtype=torch.bool, device=self._dev)}
+        return {"mask": row_mask(partial, bs[0], "_step").clone()}
+
     def _advance(self, td, shapes: _Shapes, partial) -> TensorDict:
         """One step for the whole batch: the model is called once; returns the ``"next"`` TensorDict."""
         rt = self._rt
@@ -874,12 +891,13 @@ class WorldModelEnv(EnvBase):
             state = self._current_state(td)
         state_in = state  # a row frozen by "_step" keeps it (with state_key: the caller's, maybe edited)
         # the model, once for the batch
+        kwargs = self._step_mask(partial, shapes.bs) if self._transition_takes_mask else {}
         if self._differentiable or not torch.is_grad_enabled():
-            result = self._transition.call(state, action)
+            result = self._transition.call(state, action, **kwargs)
         else:
             torch._C._set_grad_enabled(False)
             try:
-                result = self._transition.call(state, action)
+                result = self._transition.call(state, action, **kwargs)
             finally:
                 torch._C._set_grad_enabled(True)
         where = self._where
@@ -932,7 +950,7 @@ class WorldModelEnv(EnvBase):
         if partial is not None:
             rows = row_mask(partial, bs[0], "_step")
             if not bool(rows.all()):
-                # frozen rows keep their state, observation and flags, and report reward 0
+                # frozen rows keep their state, observation, flags and info, and report reward 0
                 shared = obs is state and rt.obs is rt.state  # obs = state: one select serves both
                 state = _tree.where_rows(rows, state, state_in)
                 obs = state if shared else _tree.where_rows(rows, obs, rt.obs)
@@ -942,7 +960,9 @@ class WorldModelEnv(EnvBase):
                 truncated = torch.where(view, truncated, rt.trunc)
                 done = terminated | truncated
                 if info is not None:
-                    info = {k: _tree.where_rows(rows, v, torch.zeros_like(v)) for k, v in info.items()}
+                    last = rt.info or {}
+                    info = {k: _tree.where_rows(rows, v, last[k] if k in last else torch.zeros_like(v))
+                            for k, v in info.items()}
         rt.state = state
         rt.obs = obs
         rt.term = terminated
@@ -1163,7 +1183,7 @@ class WorldModelEnv(EnvBase):
             if not state_batched:
                 state = _tree.broadcast_rows(state, bs)
             self._check_state(state, bs, f"{where} returned {form}")
-        info = self._read_info(info, bs, where, form) if info or self._info_leaves else None
+        info = self._read_info(info, bs, where, form, broadcast=not batched) if info or self._info_leaves else None
         return state, obs, info
 
     def _check_reset_rows(self, obs, bs, bound, where, form):

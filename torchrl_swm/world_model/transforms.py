@@ -10,7 +10,8 @@ or swap them like any other transform:
 * :class:`RewardAdapter` / :class:`TerminalAdapter`: ``reward_fn`` / ``terminal_fn`` fill in the
   reward / termination when the model's transition did not return one.
 * :class:`ObservationDecoder`: an optional decoder (latent to pixels) writing a new key.
-* the time limit is TorchRL's own :class:`~torchrl.envs.StepCounter`.
+* the time limit is :class:`RowStepCounter`: TorchRL's :class:`~torchrl.envs.StepCounter`, except
+  that rows frozen by a ``"_step"`` mask keep their count, as they keep their state.
 
 :func:`make_world_model_env` composes them into a :class:`~torchrl.envs.TransformedEnv`.
 """
@@ -37,6 +38,7 @@ __all__ = [
     "RewardAdapter",
     "TerminalAdapter",
     "ObservationDecoder",
+    "RowStepCounter",
     "make_world_model_env",
 ]
 
@@ -236,6 +238,37 @@ class TerminalAdapter(_WorldModelTransform):
         return tensordict
 
 
+class RowStepCounter(StepCounter):
+    """TorchRL's :class:`~torchrl.envs.StepCounter` for a batch-locked env that freezes rows.
+
+    TorchRL's counter advances every row at every step; here a row frozen by a ``"_step"`` mask
+    (not stepped: state, observation and flags kept) keeps its count and its truncation, so
+    ``max_steps`` counts the steps a row really took, as a gymnasium ``TimeLimit`` does.
+    """
+
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        bs = tensordict.batch_size
+        rows = _stepped_rows(tensordict, bs[0]) if len(bs) == 1 else None
+        if rows is None:
+            return super()._step(tensordict, next_tensordict)
+        # the base env's own flags for frozen rows (kept from their last step), before the limit is applied
+        flags = {key: next_tensordict.get(key, None) for key in (*self.truncated_keys, *self.done_keys)}
+        next_tensordict = super()._step(tensordict, next_tensordict)
+        for count_key, truncated_key, done_key in zip(self.step_count_keys, self.truncated_keys, self.done_keys):
+            kept = tensordict.get(count_key)
+            next_tensordict.set(count_key, torch.where(rows, next_tensordict.get(count_key), kept))
+            if self.max_steps is None:
+                continue
+            truncated = kept >= self.max_steps
+            if flags[truncated_key] is not None:
+                truncated = truncated | flags[truncated_key]
+            next_tensordict.set(truncated_key, torch.where(rows, next_tensordict.get(truncated_key), truncated))
+            if self.update_done:
+                done = truncated if flags[done_key] is None else truncated | flags[done_key]
+                next_tensordict.set(done_key, torch.where(rows, next_tensordict.get(done_key), done))
+        return next_tensordict
+
+
 class ObservationDecoder(_WorldModelTransform):
     """Decode an observation (e.g. a latent) into a new entry (e.g. ``"pixels"``) at reset and step.
 
@@ -360,7 +393,7 @@ def make_world_model_env(
     ``terminal_fn``, ``action_transform_fn``, ``max_episode_steps``, ``device``...) and
     returns ``TransformedEnv(WorldModelEnv(...), Compose(...))`` where the Compose holds, in
     order and only when asked for: :class:`ActionAdapter`, :class:`RewardAdapter`,
-    :class:`TerminalAdapter`, ``StepCounter(max_episode_steps)``, :class:`ObservationDecoder`,
+    :class:`TerminalAdapter`, :class:`RowStepCounter` ``(max_episode_steps)``, :class:`ObservationDecoder`,
     then ``transforms``.
 
     Args:
@@ -375,7 +408,7 @@ def make_world_model_env(
             other keyword: see :class:`WorldModelEnv`.
         reward_fn / terminal_fn: fill in a missing reward / termination (else 0 / False).
         action_transform_fn: ``fn([model,] action)`` from the outside action to the model's.
-        max_episode_steps: time limit; sets ``truncated`` (TorchRL's ``StepCounter``).
+        max_episode_steps: time limit; sets ``truncated`` (:class:`RowStepCounter`).
         decoder / decoder_spec: an :class:`ObservationDecoder` writing ``"pixels"``.
         decoder_in_key: the entry the decoder reads (default ``"observation"``; with a Dict
             observation, one of its keys, e.g. ``("image", "latent")``).
@@ -424,7 +457,7 @@ def make_world_model_env(
     if max_episode_steps is not None:
         if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int) or max_episode_steps < 1:
             raise ValueError(f"make_world_model_env: expected max_episode_steps >= 1, got {max_episode_steps!r}")
-        chain.append(StepCounter(max_steps=max_episode_steps))
+        chain.append(RowStepCounter(max_steps=max_episode_steps))
     if decoder is not None:
         differentiable = kwargs.get("differentiable", False)  # as the env: decoded pixels keep the graph too
         chain.append(ObservationDecoder(decoder, decoder_spec, in_key=decoder_in_key, model=model,

@@ -1,0 +1,566 @@
+"""Fixes from a review round: infos a pool cannot record are refused at construction with a clear error,
+edge-case observations/spaces/kwargs, the fast step path's device, and the process backend's faults."""
+
+import contextlib
+import functools
+import os
+import signal
+import sys
+import threading
+import time
+
+import cloudpickle
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium.vector import AutoresetMode, VectorEnv
+from torchrl.data import Bounded, Unbounded
+from wm_models import counting_env
+
+from torchrl_swm import EnvError, EnvPool, SpecError
+from torchrl_swm.specs import space_to_spec
+
+BOX2 = gym.spaces.Box(-1, 1, (2,), np.float32)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _pickle_this_module_by_value():
+    # The process backend's workers then get this module's classes by value, as they get the classes of
+    # a user's script (__main__), and never import this module (nor, through it, torch).
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield
+    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+# -- 1. a VectorEnv info value for the whole batch -------------------------------------------------
+class BatchWideInfoVectorEnv(VectorEnv):
+    """A natively batched env (3 envs): ``info["good"]`` is per env (``10 * t + i``), ``info["step_count"]``
+    is ``batch_wide``: one value for the whole batch."""
+
+    metadata = {"autoreset_mode": AutoresetMode.DISABLED}
+
+    def __init__(self, batch_wide, n=3):
+        self.num_envs = n
+        self.batch_wide = batch_wide
+        self.single_observation_space = BOX2
+        self.single_action_space = gym.spaces.Discrete(2)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, n)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, n)
+        self.t = 0
+
+    def _out(self):
+        info = {"step_count": self.batch_wide, "good": 10.0 * self.t + np.arange(self.num_envs)}
+        return np.zeros((self.num_envs, 2), np.float32), info
+
+    def reset(self, seed=None, options=None):
+        self.t = 0
+        return self._out()
+
+    def step(self, actions):
+        self.t += 1
+        obs, info = self._out()
+        z = np.zeros(self.num_envs)
+        return obs, z, z.astype(bool), z.astype(bool), info
+
+
+@pytest.mark.parametrize("batch_wide", [0, np.array(1.5), np.zeros(2)], ids=["int", "0-d array", "wrong length"])
+def test_vector_info_with_one_value_for_the_batch_is_refused_at_construction_unless_left_out(batch_wide):
+    with pytest.raises(EnvError, match=r"vector info key 'step_count' is .*: one value for the whole batch"):
+        EnvPool(BatchWideInfoVectorEnv(batch_wide), seed=0)
+    with pytest.raises(EnvError, match=r"'step_count' is .*one value for the whole batch"):
+        EnvPool(BatchWideInfoVectorEnv(batch_wide), seed=0, info_spec={"step_count": 0})
+    # left out with info_keys=: the pool records the other keys
+    pool = EnvPool(BatchWideInfoVectorEnv(batch_wide), seed=0, info_keys=["good"])
+    assert list(pool.observation_spec["info"].keys()) == ["good"]
+    td = pool.reset()
+    assert td["info", "good"].view(-1).tolist() == [0.0, 1.0, 2.0]
+    td["action"] = torch.zeros(3, dtype=torch.int64)
+    assert pool.step(td)["next", "info", "good"].view(-1).tolist() == [10.0, 11.0, 12.0]
+    pool.close()
+
+
+# -- 2. a key numeric in one env and None in another ----------------------------------------------
+class MixedInfoEnv(gym.Env):
+    """``info["lives"]`` is 3 in env 1 and None in env 0 (``at`` reset, or at each step, or never);
+    ``info["name"]`` is a string everywhere."""
+
+    observation_space = BOX2
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, idx, at="reset"):
+        self.idx, self.at = idx, at
+
+    def _info(self, phase):
+        info = {"name": f"env{self.idx}"}
+        if phase == self.at:
+            info["lives"] = 3 if self.idx == 1 else None
+        return info
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), self._info("reset")
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, self._info("step")
+
+
+@pytest.mark.parametrize("at", ["reset", "step"])
+def test_info_key_numeric_in_one_env_and_none_in_another_is_refused_at_construction(at):
+    fns = [functools.partial(MixedInfoEnv, 0, at), functools.partial(MixedInfoEnv, 1, at)]
+    with pytest.raises(EnvError, match=rf"env 0 \({at}\): info key 'lives' is NoneType None here, "
+                                      rf"but a number in env 1 at {at}") as err:
+        EnvPool(fns, seed=0)
+    assert err.value.env_index == 0
+    # a key that is non-numeric in every env (the string "name", here without "lives") is still skipped, silently
+    pool = EnvPool([functools.partial(MixedInfoEnv, i, "never") for i in range(2)], seed=0)
+    assert "info" not in pool.observation_spec.keys()
+    td = pool.reset()
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    pool.step(td)
+    pool.close()
+
+
+# -- 3. observations as torch tensors that require grad --------------------------------------------
+class GradObsEnv(gym.Env):
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return torch.tensor([0.0, 0.5], requires_grad=True), {}
+
+    def step(self, action):
+        self.t += 1
+        return torch.tensor([float(self.t), 0.5], requires_grad=True), 0.0, False, False, {}
+
+
+def test_observations_that_require_grad_are_recorded_at_reset_and_step():
+    pool = EnvPool([GradObsEnv] * 2, seed=0)
+    td = pool.reset()
+    assert td["observation"].tolist() == [[0.0, 0.5]] * 2
+    for t in (1, 2):
+        td["action"] = torch.zeros(2, dtype=torch.int64)
+        td = pool.step_and_maybe_reset(td)[1]
+        assert td["observation"].tolist() == [[float(t), 0.5]] * 2
+        assert not td["observation"].requires_grad
+    pool.close()
+
+
+# -- 4. a Box at the float dtype's finite extremes -------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_box_at_the_float_extremes_converts_to_unbounded(dtype):
+    big = np.finfo(dtype).max
+    spec = space_to_spec(gym.spaces.Box(-big, big, (3,), dtype))
+    assert isinstance(spec, Unbounded) and not isinstance(spec, Bounded)
+    assert spec.shape == (3,) and spec.dtype == (torch.float32 if dtype is np.float32 else torch.float64)
+    assert torch.isfinite(spec.rand()).all()
+    for space in (gym.spaces.Box(-1, 1, (3,), dtype), gym.spaces.Box(-big, 1, (3,), dtype)):
+        bounded = space_to_spec(space)  # a normal (or half-open) Box stays Bounded
+        assert isinstance(bounded, Bounded) and bounded.space.high.tolist() == [1.0] * 3
+
+
+def test_pool_with_a_box_at_the_float_extremes_draws_finite_varied_random_actions():
+    dtype = np.float32  # (gymnasium's Box.sample, used by the construction probe, overflows for float64)
+    big = np.finfo(dtype).max
+
+    class ExtremeBoxEnv(gym.Env):
+        observation_space = gym.spaces.Box(-big, big, (2,), dtype)
+        action_space = gym.spaces.Box(-big, big, (3,), dtype)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return np.zeros(2, dtype), {}
+
+        def step(self, action):
+            return np.zeros(2, dtype), 0.0, False, False, {}
+
+    pool = EnvPool([ExtremeBoxEnv] * 2, seed=0)
+    assert isinstance(pool.action_spec, Unbounded) and isinstance(pool.observation_spec["observation"], Unbounded)
+    actions = pool.action_spec.rand()
+    assert actions.shape == (2, 3) and torch.isfinite(actions).all()
+    assert actions.abs().max() < 1e6 and actions.unique().numel() > 1
+    pool.close()
+
+
+# -- 5. a non-dict info --------------------------------------------------------------------------
+class ListInfoEnv(gym.Env):
+    """Reset and first-step infos are ``first``; later steps return a list of pairs."""
+
+    observation_space = BOX2
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, first):
+        self.first = first
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), dict(self.first)
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(2, np.float32), 0.0, False, False, (dict(self.first) if self.t == 1 else [("x", 3.0)])
+
+
+@pytest.mark.parametrize("first", [{"x": 1.0}, {}], ids=["recorded key", "no info keys"])
+def test_step_info_that_is_not_a_dict_is_named(first):
+    pool = EnvPool([functools.partial(ListInfoEnv, first)] * 2, seed=0)
+    td = pool.reset()
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    td = pool.step_and_maybe_reset(td)[1]
+    with pytest.raises(EnvError, match=r"env 0 \(step\): expected the env's info to be a dict, got list") as err:
+        pool.step(td)
+    assert err.value.env_index == 0
+    pool.close()
+
+
+# -- 6. bfloat16 infos and info_spec= --------------------------------------------------------------
+class Bf16InfoEnv(gym.Env):
+    observation_space = BOX2
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, idx=0):
+        self.idx = idx
+
+    def _info(self, t):
+        return {"logit": torch.tensor(1 / 3 + self.idx + t, dtype=torch.bfloat16)}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), self._info(0)
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(2, np.float32), 0.0, False, False, self._info(self.t)
+
+
+def _bf16(x):
+    return torch.tensor(x, dtype=torch.bfloat16).float().item()
+
+
+@pytest.mark.parametrize("backend", ["serial", "sync_vector"])
+def test_bfloat16_infos_are_recorded_as_float32_exactly(backend):
+    fns = [functools.partial(Bf16InfoEnv, i) for i in range(2)]
+    pool = EnvPool(gym.vector.SyncVectorEnv(fns) if backend == "sync_vector" else fns, seed=0)
+    assert pool.observation_spec["info", "logit"].dtype == torch.float32
+    td = pool.reset()
+    assert td["info", "logit"].view(-1).tolist() == [_bf16(1 / 3), _bf16(1 / 3 + 1)]
+    assert _bf16(1 / 3) != 1 / 3  # the recorded values are the bfloat16 ones
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    assert pool.step(td)["next", "info", "logit"].view(-1).tolist() == [_bf16(1 / 3 + 1), _bf16(1 / 3 + 2)]
+    pool.close()
+
+
+def test_info_spec_of_bfloat16_or_with_a_batch_shape_is_a_spec_error():
+    fns = [functools.partial(ListInfoEnv, {"x": 1.0})] * 2
+    with pytest.raises(SpecError, match=r"info_spec\['x'\]: dtype torch.bfloat16 has no numpy equivalent"):
+        EnvPool(fns, seed=0, info_spec={"x": Unbounded((), dtype=torch.bfloat16)})
+    other = EnvPool(fns, seed=0)
+    batched = other.observation_spec["info"]
+    other.close()
+    with pytest.raises(SpecError, match=r"info_spec: expected per-env value shapes, got a Composite with batch shape"):
+        EnvPool(fns, seed=0, info_spec=batched)
+
+
+# -- 7. uint32 infos -----------------------------------------------------------------------------
+class Uint32InfoEnv(gym.Env):
+    observation_space = BOX2
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {"rng_state": np.uint32(7)}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, {"rng_state": np.uint32(4_000_000_000)}
+
+
+def test_uint32_info_error_suggests_info_spec_with_int64():
+    with pytest.raises(SpecError, match=r"info key 'rng_state': dtype uint32 is not supported.*"
+                                        r"declare it int64 with info_spec=\{'rng_state': np\.int64\(0\)\}"):
+        EnvPool([Uint32InfoEnv] * 2, seed=0)
+    pool = EnvPool([Uint32InfoEnv] * 2, seed=0, info_spec={"rng_state": np.int64(0)})  # the advice works
+    out = pool.rollout(2)
+    assert out["next", "info", "rng_state"].view(-1).tolist() == [4_000_000_000] * 4
+    pool.close()
+
+
+# -- 8. auto_reset= ------------------------------------------------------------------------------
+def test_auto_reset_true_is_refused_for_pools_and_world_model_envs():
+    with pytest.raises(TypeError, match=r"EnvPool\(auto_reset=True\).*Drop auto_reset="):
+        EnvPool("CartPole-v1", 2, seed=0, auto_reset=True)
+    with pytest.raises(TypeError, match=r"WorldModelEnv\(auto_reset=True\)"):
+        counting_env(num_envs=2, auto_reset=True)
+    pool = EnvPool("CartPole-v1", 2, seed=0, auto_reset=False)
+    assert type(pool) is EnvPool and pool.rollout(3).shape == (2, 3)
+    pool.close()
+    env = counting_env(num_envs=2, auto_reset=False)
+    assert type(env).__name__ == "WorldModelEnv" and env.rollout(3).shape == (2, 3)
+
+
+# -- 9. the fast step_and_maybe_reset's device -----------------------------------------------------
+def test_fast_step_and_maybe_reset_moves_a_deviceless_input_to_the_pool_device(device):
+    pool = EnvPool("CartPole-v1", 3, seed=0, device=device)
+    td = pool.reset().clear_device_()  # as a policy that builds its tensordict without a device
+    td["action"] = torch.zeros(3, dtype=torch.int64)
+    out, nxt = pool.step_and_maybe_reset(td)
+    assert (out.device, out["next"].device, nxt.device) == (pool.device,) * 3
+    assert all(v.device == pool.device for v in nxt.values(True, True))
+    assert nxt["observation"].shape == (3, 4)
+    pool.close()
+
+
+# -- 10. the process backend ---------------------------------------------------------------------
+class SlowEnv(gym.Env):
+    """obs = ``[steps since reset]``; each step after the construction probe sleeps ``delay`` seconds."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, delay=0.0):
+        self.delay = delay
+        self.t = 0
+        self.probing = True
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0], np.float32), {}
+
+    def step(self, action):
+        if not self.probing:
+            time.sleep(self.delay)
+        self.probing = False
+        self.t += 1
+        return np.array([self.t], np.float32), 0.0, False, False, {}
+
+    def modules(self):
+        return sorted(m for m in ("torch", "torchrl", "tensordict") if m in sys.modules)
+
+
+class CloseHung(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _interrupt_after(seconds, error=KeyboardInterrupt):
+    """``error`` raised in the main thread after ``seconds`` (by SIGUSR1: pytest-timeout owns SIGALRM)."""
+
+    def handler(*_):
+        raise error
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGUSR1))
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def _workers(pool):
+    return list(getattr(pool._backend, "_processes", []))
+
+
+def _reap(processes):
+    for proc in processes:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(5)
+
+
+def test_process_backend_interrupted_step_does_not_desync_the_replies():
+    pool = EnvPool([functools.partial(SlowEnv, 0.5)] * 2, backend="process", num_workers=2, seed=0)
+    processes = _workers(pool)
+    try:
+        td = pool.reset()
+        td["action"] = torch.zeros(2, dtype=torch.int64)
+        with pytest.raises(KeyboardInterrupt), _interrupt_after(0.15):
+            pool.step(td)  # interrupted while the workers sleep in step 1
+        assert pool.get_attr("t") == [1, 1]  # its own reply, not the interrupted step's
+        assert pool.step(td)["next", "observation"].view(-1).tolist() == [2.0, 2.0]
+        assert pool.get_attr("t") == [2, 2]
+    finally:
+        pool.close()
+        _reap(processes)
+
+
+class MyWrapper(gym.Wrapper):
+    pass
+
+
+class Goal:
+    def __init__(self, x):
+        self.x = x
+
+
+class GoalEnv(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self):
+        self.goal = Goal(0)
+        self.option_goal = None
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if options and "goal" in options:
+            self.option_goal = (type(options["goal"]) is Goal, options["goal"].x)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+    def goal_is_goal(self):
+        return type(self.goal) is Goal, self.goal.x
+
+
+def _wrapped_goal_env():
+    return MyWrapper(GoalEnv())
+
+
+def _goal_results(pool):
+    out = {"env_is_wrapped": pool.env_is_wrapped(MyWrapper)}
+    goals = pool.get_attr("goal")
+    out["get_attr"] = [(type(g) is Goal, g.x) for g in goals]
+    pool.set_attr("goal", Goal(1))
+    out["set_attr"] = pool.call("goal_is_goal")
+    pool.reset(options={"goal": Goal(2)})
+    out["reset options"] = pool.get_attr("option_goal")
+    return out
+
+
+def test_process_backend_passes_objects_of_classes_pickled_by_value_as_serial_does():
+    # this module's classes travel by value (see the fixture above), as a user script's classes do
+    results = {}
+    for backend in ("serial", "process"):
+        pool = EnvPool([_wrapped_goal_env] * 2, backend=backend, num_workers=2, seed=0)
+        processes = _workers(pool)
+        try:
+            results[backend] = _goal_results(pool)
+        finally:
+            pool.close()
+            _reap(processes)
+    assert results["serial"] == {
+        "env_is_wrapped": [True, True], "get_attr": [(True, 0)] * 2, "set_attr": [(True, 1)] * 2,
+        "reset options": [(True, 2)] * 2,
+    }
+    assert results["process"] == results["serial"]
+
+
+def test_process_backend_close_after_an_interrupted_hung_step_terminates_the_worker():
+    pool = EnvPool([functools.partial(SlowEnv, 3600.0)] * 2, backend="process", num_workers=2, seed=0)
+    processes = _workers(pool)
+    try:
+        td = pool.reset()
+        td["action"] = torch.zeros(2, dtype=torch.int64)
+        with pytest.raises(KeyboardInterrupt), _interrupt_after(0.3):
+            pool.step(td)  # the envs hang; the user interrupts
+        start = time.monotonic()
+        with _interrupt_after(20.0, CloseHung):  # a guard: the bug is a close() that never returns
+            pool.close()
+        assert time.monotonic() - start < 15
+        for proc in processes:
+            proc.join(5)
+        assert not any(proc.is_alive() for proc in processes)
+    finally:
+        _reap(processes)
+
+
+def test_process_backend_workers_do_not_import_torch():
+    pool = EnvPool([SlowEnv] * 2, backend="process", num_workers=2, seed=0)
+    processes = _workers(pool)
+    try:
+        assert pool.call("modules") == [[], []]
+        pool.reset()
+        assert pool.call("modules") == [[], []]
+    finally:
+        pool.close()
+        _reap(processes)
+
+
+class FrameEnv(SlowEnv):
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
+
+    def __init__(self, size=4):
+        super().__init__(0.0)
+        self.size = size
+        self.render_mode = "rgb_array"
+
+    def render(self):
+        return np.zeros((self.size, self.size, 3), np.uint8)
+
+
+def test_process_backend_frame_shape_mismatch_names_the_first_env_of_the_worker_as_serial():
+    fns = [FrameEnv, FrameEnv] + [functools.partial(FrameEnv, 5)] * 2
+    errors = {}
+    for backend in ("serial", "process"):
+        with pytest.raises(EnvError) as err:
+            EnvPool(fns, backend=backend, num_workers=2, pixels=True)
+        errors[backend] = (err.value.env_index, str(err.value).splitlines()[0])
+    assert errors["process"] == errors["serial"] == (
+        2, "env 2 (render): frame shape (5, 5, 3) differs from env 0's (4, 4, 3)"
+    )
+
+
+class FailStepEnv(SlowEnv):
+    """Each step after the probe sleeps ``fail_delay`` seconds then raises (``fail=True``)."""
+
+    def __init__(self, fail_delay=0.0, fail=True):
+        super().__init__(0.0)
+        self.fail_delay, self.fail = fail_delay, fail
+
+    def step(self, action):
+        if self.fail and not self.probing:
+            time.sleep(self.fail_delay)
+            raise RuntimeError(f"fail after {self.fail_delay}s")
+        return super().step(action)
+
+
+def test_process_backend_failures_in_two_workers_name_the_lowest_env_as_serial():
+    ok = functools.partial(FailStepEnv, fail=False)
+    # env 3 (worker 1) fails first; env 1 (worker 0) half a second later
+    fns = [ok, functools.partial(FailStepEnv, 0.5), ok, functools.partial(FailStepEnv, 0.0)]
+    errors = {}
+    for backend in ("serial", "process"):
+        pool = EnvPool(fns, backend=backend, num_workers=2, seed=0)
+        processes = _workers(pool)
+        try:
+            td = pool.reset()
+            td["action"] = torch.zeros(4, dtype=torch.int64)
+            with pytest.raises(EnvError) as err:
+                pool.step(td)
+            errors[backend] = (err.value.env_index, str(err.value).splitlines()[0])
+        finally:
+            pool.close()
+            _reap(processes)
+    assert errors["process"] == errors["serial"] == (1, "env 1 (step): RuntimeError: fail after 0.5s")
+
+
+def test_a_float64_box_action_space_at_the_dtype_extremes_builds_a_pool():
+    """gymnasium's Box.sample() overflows for float64 bounds at finfo.min/max; the construction probe
+    steps with the zero action then, and the pool's Unbounded spec samples finite actions."""
+    big = np.finfo(np.float64).max
+
+    class WideAction(gym.Env):
+        observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+        action_space = gym.spaces.Box(-big, big, (3,), np.float64)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return np.zeros(2, np.float32), {}
+
+        def step(self, action):
+            return np.zeros(2, np.float32), float(np.abs(action).sum()), False, False, {}
+
+    pool = EnvPool([WideAction, WideAction], seed=0)
+    action = pool.action_spec.rand()
+    assert action.dtype == torch.float64 and torch.isfinite(action).all() and action.std() > 0
+    td = pool.reset()
+    td["action"] = action
+    assert torch.isfinite(pool.step(td)["next", "reward"]).all()
+    pool.close()

@@ -1,0 +1,423 @@
+"""Review fixes: WorldModelEnv (export reset arguments, frozen rows' infos and step counts, the transition's
+``mask=`` extra, unbatched reset infos) and the exports (Dict key order, list options, SB3 render_fps)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium.wrappers.vector import FlattenObservation
+from torchrl.envs import StepCounter
+
+from torchrl_swm import EnvPool, WorldModelEnv, make_world_model_env, to_gymnasium, to_sb3_vec_env
+from torchrl_swm.export import TorchRLGymEnv
+
+BOX1 = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+BOX2 = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+BOX3 = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+ACT1 = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+ACT3 = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+
+
+def _seeded_obs(seed):
+    return torch.randn(3, generator=torch.Generator().manual_seed(0 if seed is None else seed))
+
+
+def _recording_reset_fn(seen):
+    def reset_fn(model, seed, options):
+        seen.append((seed, options))
+        return _seeded_obs(seed)
+
+    return reset_fn
+
+
+def _frozen(flags):
+    """A ``"_step"`` mask ``(N, 1)``: True for the rows stepped."""
+    return torch.tensor([[f] for f in flags])
+
+
+# -- 1. the export's reset(seed=, options=) reach the WorldModelEnv's reset_fn ---------------------------------------
+
+
+@pytest.mark.parametrize("transformed", [False, True], ids=["WorldModelEnv", "make_world_model_env"])
+def test_vector_export_passes_seed_and_options_to_reset_fn(transformed):
+    """to_gymnasium(world model).reset(seed=3, options=...) calls reset_fn(model, 3, options), as the env's own
+    reset does (the seed used to arrive as None, options raised); a per-env seed list is refused."""
+    seen = []
+    make = make_world_model_env if transformed else WorldModelEnv
+    env = make(None, BOX3, ACT3, num_envs=2, reset_fn=_recording_reset_fn(seen), transition_fn=lambda s, a: s + a)
+    envs = to_gymnasium(env)
+    obs, _ = envs.reset(seed=3)
+    assert seen[-1] == (3, None)
+    np.testing.assert_allclose(obs, np.stack([_seeded_obs(3).numpy()] * 2))
+    obs, _ = envs.reset(seed=3, options={"level": 1})
+    assert seen[-1] == (3, {"level": 1})
+    np.testing.assert_allclose(obs[0], _seeded_obs(3).numpy())
+    obs, _ = envs.reset(seed=5)
+    assert seen[-1] == (5, None)
+    np.testing.assert_allclose(obs[1], _seeded_obs(5).numpy())
+    calls = len(seen)
+    with pytest.raises(ValueError, match=r"WorldModelEnv.*one int.*\[1, 2\]"):
+        envs.reset(seed=[1, 2])
+    assert len(seen) == calls  # refused before any reset
+    envs.close()
+
+
+def test_single_export_passes_seed_and_options_to_reset_fn():
+    """An unbatched world model (num_envs=None) exported as a gymnasium.Env: reset(seed=, options=) reach
+    reset_fn and the observation is the seeded one."""
+    seen = []
+    env = WorldModelEnv(None, BOX3, ACT3, num_envs=None, state_key="observation", reset_fn=_recording_reset_fn(seen),
+                        transition_fn=lambda s, a: s + a)
+    genv = to_gymnasium(env)
+    assert isinstance(genv, TorchRLGymEnv)
+    obs, _ = genv.reset(seed=3)
+    assert seen[-1] == (3, None)
+    np.testing.assert_allclose(obs, _seeded_obs(3).numpy())
+    obs, _ = genv.reset(seed=7, options={"level": 2})
+    assert seen[-1] == (7, {"level": 2})
+    np.testing.assert_allclose(obs, _seeded_obs(7).numpy())
+    genv.close()
+
+
+# -- 2. a frozen row keeps its info --------------------------------------------------------------------------------
+
+
+def test_frozen_row_keeps_its_last_info_as_envpool_does():
+    """A row frozen by "_step" keeps its observation and its last info values (reward 0), as EnvPool's rows do;
+    it used to report info 0."""
+
+    def trans(state, action):
+        nxt = state + 1
+        flag = torch.zeros(state.shape[0], 1, dtype=torch.bool)
+        return nxt, torch.ones(state.shape[0], 1), flag, flag.clone(), {"t": nxt[:, 0] * 10}
+
+    env = WorldModelEnv(None, BOX1, ACT1, num_envs=2, initial_state=torch.zeros(1), transition_fn=trans,
+                        info_spec={"t": torch.zeros(())})
+    td = env.reset()
+    td["action"] = torch.zeros(2, 1)
+    nxt = env.step(td)["next"]
+    assert nxt["info", "t"].flatten().tolist() == [10.0, 10.0]
+    for _ in range(2):  # frozen twice in a row: still the last stepped value
+        td = nxt.clone()
+        td["action"] = torch.zeros(2, 1)
+        td["_step"] = _frozen([False, True])
+        nxt = env.step(td)["next"]
+    assert nxt["observation"].flatten().tolist() == [1.0, 3.0]
+    assert nxt["reward"].flatten().tolist() == [0.0, 1.0]
+    assert nxt["info", "t"].flatten().tolist() == [10.0, 30.0]
+    td = nxt.clone()
+    td["action"] = torch.zeros(2, 1)
+    td["_step"] = _frozen([True, False])  # row 0 steps again: its new info; row 1 now keeps 30
+    nxt = env.step(td)["next"]
+    assert nxt["info", "t"].flatten().tolist() == [20.0, 30.0]
+
+
+# -- 3. make_world_model_env(max_episode_steps=): frozen rows keep their step count -----------------------------------
+
+
+def _limited_env(max_steps, transition_fn=None):
+    return make_world_model_env(
+        None, BOX1, ACT1, num_envs=2, initial_state=torch.zeros(1), max_episode_steps=max_steps,
+        transition_fn=transition_fn or (lambda s, a: {"state": s + 1, "reward": torch.ones(s.shape[0], 1)}),
+    )
+
+
+def test_time_limit_counts_only_the_steps_a_row_took():
+    """Rows frozen by "_step" keep their step_count and are not truncated before max_episode_steps real steps;
+    the transform is RowStepCounter, a StepCounter."""
+    from torchrl_swm.world_model import RowStepCounter
+
+    env = _limited_env(5)
+    counters = [t for t in env.transform if isinstance(t, StepCounter)]
+    assert len(counters) == 1 and isinstance(counters[0], RowStepCounter)
+    td = env.reset()
+    for t in range(5):
+        td["action"] = torch.zeros(2, 1)
+        td["_step"] = _frozen([not (1 <= t <= 3), True])  # row 0 frozen at t = 1, 2, 3
+        nxt = env.step(td)["next"]
+        td = nxt.clone()
+    assert nxt["observation"].flatten().tolist() == [2.0, 5.0]
+    assert nxt["step_count"].flatten().tolist() == [2, 5]
+    assert nxt["truncated"].flatten().tolist() == [False, True]
+    assert nxt["done"].flatten().tolist() == [False, True]
+    for _ in range(3):  # row 0's three remaining steps: truncated at its fifth
+        td["action"] = torch.zeros(2, 1)
+        td["_step"] = _frozen([True, False])
+        nxt = env.step(td)["next"]
+        td = nxt.clone()
+    assert nxt["observation"][0].item() == 5.0
+    assert nxt["step_count"].flatten().tolist() == [5, 5]
+    assert nxt["truncated"].flatten().tolist() == [True, True]
+
+
+def test_time_limit_truncated_row_stays_truncated_while_frozen():
+    """A row truncated by the limit, then frozen (not reset), keeps its count and stays truncated and done."""
+    env = _limited_env(2)
+    td = env.reset()
+    for t in range(4):
+        td["action"] = torch.zeros(2, 1)
+        td["_step"] = _frozen([t < 2, True])  # row 0 truncated at t = 1, then frozen
+        nxt = env.step(td)["next"]
+        td = nxt.clone()
+    assert nxt["observation"][0].item() == 2.0
+    assert nxt["step_count"][0].item() == 2
+    assert nxt["truncated"][0].item() and nxt["done"][0].item()
+    assert not nxt["terminated"][0].item()
+
+
+def test_time_limit_keeps_a_model_truncation_of_a_frozen_row():
+    """A row the model itself truncated (before the limit) stays truncated while frozen, with its count kept."""
+
+    def trans(state, action):
+        nxt = state + 1
+        return {"state": nxt, "reward": torch.ones(state.shape[0], 1), "truncated": nxt >= 2}
+
+    env = _limited_env(10, trans)
+    td = env.reset()
+    for t in range(4):
+        td["action"] = torch.zeros(2, 1)
+        td["_step"] = _frozen([t < 2, False])  # row 0: truncated by the model at t = 1, then frozen
+        nxt = env.step(td)["next"]
+        td = nxt.clone()
+    assert nxt["step_count"].flatten().tolist() == [2, 0]
+    assert nxt["truncated"].flatten().tolist() == [True, False]
+    assert nxt["done"].flatten().tolist() == [True, False]
+
+
+# -- 4. transitions that declare mask= -----------------------------------------------------------------------------
+
+
+def test_transition_fn_receives_the_stepped_rows_as_mask():
+    """transition_fn(state, action, mask): a bool tensor of the batch shape, all True without a partial "_step",
+    True for the stepped rows with one."""
+    seen = []
+
+    def trans(state, action, mask=None):
+        seen.append(mask)
+        return state + 1
+
+    env = WorldModelEnv(None, BOX1, ACT1, num_envs=3, initial_state=torch.zeros(1), transition_fn=trans)
+    td = env.reset()
+    td["action"] = torch.zeros(3, 1)
+    env.step(td)
+    td["_step"] = _frozen([True, False, True])
+    env.step(td)
+    assert all(isinstance(m, torch.Tensor) for m in seen), seen
+    assert [m.dtype for m in seen] == [torch.bool, torch.bool]
+    assert [tuple(m.shape) for m in seen] == [(3,), (3,)]
+    assert seen[0].tolist() == [True, True, True]
+    assert seen[1].tolist() == [True, False, True]
+
+
+def test_transition_fn_with_model_and_required_mask():
+    """transition_fn(model, state, action, mask) with a required mask: called with the mask, the model first."""
+    seen = []
+
+    class Model:
+        pass
+
+    model = Model()
+
+    def trans(m, state, action, mask):
+        seen.append((m, mask.tolist()))
+        return state + 1
+
+    env = WorldModelEnv(model, BOX1, ACT1, num_envs=2, initial_state=torch.zeros(1), transition_fn=trans)
+    td = env.reset()
+    td["action"] = torch.zeros(2, 1)
+    td["_step"] = _frozen([False, True])
+    nxt = env.step(td)["next"]
+    assert seen == [(model, [False, True])]
+    assert nxt["observation"].flatten().tolist() == [0.0, 1.0]
+
+
+class _Stateful:
+    """A model that keeps its own state ``h`` and honours the mask it is given."""
+
+    def __init__(self, n):
+        self.h = torch.zeros(n, 1)
+        self.masks = []
+
+    def reset(self, num_envs=None, mask=None):
+        self.h = torch.where(mask.view(-1, 1), torch.zeros_like(self.h), self.h)
+        return torch.zeros(num_envs, 1)
+
+    def step(self, action, mask=None):
+        self.masks.append(mask)
+        self.h = torch.where(mask.view(-1, 1), self.h + 1, self.h)
+        return {"observation": self.h.clone(), "reward": torch.ones(self.h.shape[0], 1)}
+
+
+class _StatefulKwOnly(_Stateful):
+    def step(self, action, *, mask=None):
+        return super().step(action, mask=mask)
+
+
+@pytest.mark.parametrize("model_cls", [_Stateful, _StatefulKwOnly], ids=["mask=None", "keyword-only mask"])
+def test_discovered_step_with_mask_keeps_frozen_rows_state(model_cls):
+    """A discovered model.step(action, mask=None) is the one-argument (action) form with the mask extra, so a
+    model keeping its own state leaves a frozen row's state as it was."""
+    model = model_cls(2)
+    env = WorldModelEnv(model, BOX1, ACT1, num_envs=2)
+    td = env.reset()
+    obs = []
+    for t in range(3):
+        td["action"] = torch.full((2, 1), 0.5)
+        td["_step"] = _frozen([t != 1, True])  # row 0 frozen at t = 1
+        td = env.step(td)["next"].clone()
+        obs.append(td["observation"][:, 0].tolist())
+    assert [o[0] for o in obs] == [1.0, 1.0, 2.0]
+    assert [o[1] for o in obs] == [1.0, 2.0, 3.0]
+    assert model.h.flatten().tolist() == [2.0, 3.0]
+    assert [m.tolist() for m in model.masks] == [[True, True], [False, True], [True, True]]
+    rollout = env.rollout(4)  # resets (the model clears h), then no "_step": every row steps
+    assert rollout["next", "observation"][:, -1, 0].tolist() == [4.0, 4.0]
+
+
+# -- 5. an unbatched reset return broadcasts its info ---------------------------------------------------------------
+
+
+def test_unbatched_reset_info_is_broadcast_and_batched_info_is_per_row():
+    """reset_fn returning one row's (obs, info): the declared info leaves are repeated over the reset rows, as the
+    observation is (it used to be refused); a batched (obs, info) is still read row by row."""
+
+    def trans(s, a):
+        flag = torch.zeros(s.shape[0], 1, dtype=torch.bool)
+        return s + a, s + a, torch.zeros(s.shape[0], 1), flag, flag.clone(), {"t": torch.ones(s.shape[0])}
+
+    env = WorldModelEnv(None, BOX2, gym.spaces.Box(-1, 1, (2,), np.float32), num_envs=3,
+                        reset_fn=lambda seed, options: (torch.zeros(2), {"t": torch.tensor(5.0)}),
+                        transition_fn=trans, info_spec={"t": torch.zeros(())})
+    td = env.reset()
+    assert td["info", "t"].shape == (3, 1)
+    assert td["info", "t"].flatten().tolist() == [5.0, 5.0, 5.0]
+    td["action"] = torch.zeros(3, 2)
+    nxt = env.step(td)["next"]
+    assert nxt["info", "t"].flatten().tolist() == [1.0, 1.0, 1.0]
+    nxt["_reset"] = _frozen([False, True, False])
+    out = env.reset(nxt)  # a partial reset: the broadcast fills only the reset row
+    assert out["info", "t"].flatten().tolist() == [1.0, 5.0, 1.0]
+
+    def batched_reset(seed, options, num_envs=None):
+        return torch.zeros(num_envs, 2), {"t": torch.arange(num_envs, dtype=torch.float32) + 7}
+
+    env = WorldModelEnv(None, BOX2, gym.spaces.Box(-1, 1, (2,), np.float32), num_envs=3, reset_fn=batched_reset,
+                        transition_fn=trans, info_spec={"t": torch.zeros(())})
+    td = env.reset()
+    assert td["info", "t"].flatten().tolist() == [7.0, 8.0, 9.0]
+    td["action"] = torch.zeros(3, 2)
+    nxt = env.step(td)["next"]
+    nxt["_reset"] = _frozen([True, False, True])  # two rows reset: the batched return's two rows, in order
+    assert env.reset(nxt)["info", "t"].flatten().tolist() == [7.0, 1.0, 8.0]
+
+
+# -- 6. a Dict observation space keeps the env's key order ---------------------------------------------------------
+
+
+class _OrderedDictEnv(gym.Env):
+    """A Dict observation whose key order is not sorted (nested too), as goal envs build them."""
+
+    observation_space = gym.spaces.Dict(OrderedDict([
+        ("z", gym.spaces.Box(-5, 5, (2,), np.float32)),
+        ("m", gym.spaces.Dict(OrderedDict([("y", gym.spaces.Box(-5, 5, (1,), np.float32)),
+                                           ("b", gym.spaces.Box(-5, 5, (1,), np.float32))]))),
+        ("a", gym.spaces.Box(-5, 5, (1,), np.float32)),
+    ]))
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        obs = OrderedDict(z=np.array([1, 2], np.float32), m=OrderedDict(y=np.array([3], np.float32),
+                                                                        b=np.array([4], np.float32)),
+                          a=np.array([5], np.float32))
+        return obs, {}
+
+    def step(self, action):
+        return self.reset()[0], 0.0, False, False, {}
+
+
+def test_dict_observation_keeps_the_env_key_order_like_sync_vector_env():
+    """The exported single_observation_space has the env's key order (not sorted), equal to SyncVectorEnv's, so
+    FlattenObservation gives the same vector."""
+    sync = gym.vector.SyncVectorEnv([_OrderedDictEnv, _OrderedDictEnv])
+    envs = to_gymnasium(EnvPool([_OrderedDictEnv, _OrderedDictEnv]))
+    space = envs.single_observation_space
+    assert list(space.keys()) == ["z", "m", "a"] == list(sync.single_observation_space.keys())
+    assert list(space["m"].keys()) == ["y", "b"]
+    assert space == sync.single_observation_space
+    flat_sync = FlattenObservation(sync).reset(seed=0)[0]
+    flat = FlattenObservation(envs).reset(seed=0)[0]
+    np.testing.assert_array_equal(flat_sync, [[1, 2, 3, 4, 5]] * 2)
+    np.testing.assert_array_equal(flat, flat_sync)
+    sync.close()
+    envs.close()
+
+
+# -- 7. reset(options=[...]) is refused -----------------------------------------------------------------------------
+
+
+class _OptEnv(gym.Env):
+    observation_space = gym.spaces.Box(-100, 100, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.seen = options
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+_LIST_OPTIONS = r"options must be a dict.*got list"
+
+
+def test_vector_export_refuses_a_list_of_options():
+    """A list of per-env option dicts is a TypeError naming the expected dict and the list received (it used to be
+    turned into a dict of the first dict's keys, or a cryptic ValueError)."""
+    envs = to_gymnasium(EnvPool([_OptEnv, _OptEnv]))
+    envs.reset(seed=0)
+    for options in ([{"x": 1, "y": 2}, {"x": 3, "y": 4}], [{"x": 1}, {"x": 3}]):
+        with pytest.raises(TypeError, match=_LIST_OPTIONS):
+            envs.reset(options=options)
+    assert envs.get_attr("seen") == (None, None)  # the envs were not reset with garbage options
+    obs, _ = envs.reset(options={"x": 1})  # one dict still goes to every env
+    assert envs.get_attr("seen") == ({"x": 1}, {"x": 1})
+    envs.close()
+
+
+def test_single_exports_refuse_a_list_of_options():
+    """The single-env export (a one-env pool, an unbatched world model) refuses a list of options the same way."""
+    genv = TorchRLGymEnv(EnvPool([_OptEnv]), squeeze_batch=True)
+    genv.reset(seed=0)
+    with pytest.raises(TypeError, match=_LIST_OPTIONS):
+        genv.reset(options=[{"x": 1}])
+    assert genv.env.get_attr("seen") == [None]
+    genv.close()
+    wm = WorldModelEnv(None, BOX3, ACT3, num_envs=None, state_key="observation",
+                       reset_fn=lambda seed, options: torch.zeros(3), transition_fn=lambda s, a: s + a)
+    genv = to_gymnasium(wm)
+    with pytest.raises(TypeError, match=_LIST_OPTIONS):
+        genv.reset(options=[{"x": 1}, {"x": 2}])
+    genv.close()
+
+
+# -- 8. SB3 metadata: render_fps --------------------------------------------------------------------------------------
+
+
+def test_sb3_vec_env_metadata_has_the_envs_render_fps():
+    """to_sb3_vec_env(EnvPool("CartPole-v1")).metadata["render_fps"] is CartPole's (50), as DummyVecEnv's is
+    (VecVideoRecorder reads its frame rate there)."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    fps = gym.make("CartPole-v1").metadata["render_fps"]
+    assert fps == 50
+    dummy = DummyVecEnv([lambda: gym.make("CartPole-v1")] * 2)
+    venv = to_sb3_vec_env(EnvPool("CartPole-v1", num_envs=2))
+    assert venv.metadata.get("render_fps") == dummy.metadata["render_fps"] == fps
+    venv.close()
+    dummy.close()
