@@ -429,6 +429,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``torchrl-swm`` command; returns the exit code."""
+    # modules named by --policy module:attr or an env id module:Env-v0 may live in the current directory,
+    # as with `python -m torchrl_swm.cli` (a console script's sys.path starts at its bin directory instead)
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # only commands that hand their arguments on (quickstart) take unknown ones

@@ -7,7 +7,10 @@ Layout on disk (``DIR``)::
     DIR/dataset.json          what was collected, and how (format, counts, env, seeds, keys)
     DIR/storage/              the TorchRL storage: a memory-mapped TensorDict (one file per key)
     DIR/storage/storage_metadata.json, DIR/writer/, DIR/sampler/, DIR/buffer_metadata.json
-                              written by ``ReplayBuffer.dumps``, so ``rb.loads(DIR)`` works
+                              written by ``ReplayBuffer.dumps``: a plain TorchRL buffer whose storage
+                              holds exactly the dataset's rows (``LazyMemmapStorage(num_steps)``) can
+                              ``rb.loads(DIR)`` (its batch size is reset: pass one to ``sample``);
+                              :meth:`WorldDataset.replay_buffer` builds one for you
 
 Data layout: TorchRL's own episode layout, one row per transition, episodes
 stored contiguously. Row ``t`` of an episode of length ``L`` holds step ``t`` at
@@ -44,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 
 __all__ = ["load_dataset", "WorldDataset", "DatasetWriter", "DatasetError", "FORMAT", "FORMAT_VERSION"]
 
@@ -261,19 +264,37 @@ def _copy_on_write(td: TensorDictBase) -> TensorDictBase:
     """``td``'s memory-mapped leaves mapped again privately (copy-on-write, read lazily): tensordict
     maps writable files shared, so an in-place write would silently change the dataset on disk."""
 
-    from tensordict import MemoryMappedTensor
-
     def remap(leaf: torch.Tensor) -> torch.Tensor:
         filename = getattr(leaf, "filename", None)
         if filename is None or leaf.numel() == 0 or getattr(leaf, "index", None) is not None:
             return leaf
-        private = torch.from_file(str(filename), shared=False, size=leaf.numel(), dtype=leaf.dtype)
-        # a MemoryMappedTensor still (as tensordict's own from_filename builds one), only not shared
-        out = MemoryMappedTensor(private.view(leaf.shape))
-        out.filename, out._handler, out.index, out.parent_shape = filename, None, None, leaf.shape
-        return out
+        return _PrivateMemmap.from_filename(filename, leaf.dtype, leaf.shape)
 
     return td.apply(remap)
+
+
+class _PrivateMemmap(MemoryMappedTensor):
+    """A ``MemoryMappedTensor`` mapped copy-on-write: writes stay in this process's memory. Pickled (to a
+    worker process, a Ray actor), it maps the file privately again: in-memory edits are not carried over."""
+
+    @classmethod
+    def from_filename(cls, filename, dtype, shape, index=None):
+        shape = torch.Size(shape)
+        private = torch.from_file(str(filename), shared=False, size=shape.numel(), dtype=dtype).view(shape)
+        out = cls(private if index is None else private[index])
+        # the attributes tensordict's own from_filename sets (its __reduce__ reopens through this method)
+        out.filename, out._handler, out.index, out.parent_shape = filename, None, index, shape
+        return out
+
+    def _index_wrap(self, tensor, item, check=False):
+        # tensordict's wraps an indexed view (ds.td[k], an episode) as a plain MemoryMappedTensor, which
+        # would map the file shared again when pickled: keep the class
+        if check and tensor.untyped_storage().data_ptr() != self.untyped_storage().data_ptr():
+            return tensor
+        out = type(self)(tensor)
+        out.filename, out._handler, out.index = getattr(self, "_filename", None), None, item
+        out.parent_shape = getattr(self, "parent_shape", None)
+        return out
 
 
 class WorldDataset:
@@ -283,8 +304,10 @@ class WorldDataset:
     memory-mapped files and is read when indexed. The files are mapped
     copy-on-write: writing into :attr:`td`, an episode or the replay buffer
     (``rb.extend`` overwrites the full storage's oldest rows) changes the data
-    in memory only, never the dataset on disk. To add online data, copy it into
-    a storage of its own (``LazyMemmapStorage(size)``, then ``rb.extend(ds.td)``).
+    in memory only, never the dataset on disk (a pickled copy, sent to a worker
+    process, maps the files privately again, without this process's edits). To
+    add online data, copy it into a storage of its own (``LazyMemmapStorage(size)``,
+    then ``rb.extend(ds.td)``).
 
     Attributes:
         path: the dataset directory.

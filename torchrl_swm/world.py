@@ -56,6 +56,8 @@ from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
+from .introspect import step_counter_limit
+
 __all__ = ["World", "EvalResult", "RandomPolicy", "EpisodePlan", "RESET_MODES", "SUCCESS_KEYS"]
 
 RESET_MODES = ("auto", "wait")
@@ -128,8 +130,8 @@ class EvalResult(Mapping):
       ``None`` when the env does not report it), ``env_indices`` (int64).
     * run info: ``num_episodes``, ``num_envs``, ``reset_mode``, ``seed``,
       ``max_steps`` (the effective per-episode step limit: World's, or the env's
-      ``TimeLimit`` when smaller), ``env_time_limit`` (the env's ``TimeLimit``, or
-      ``None`` when unknown), ``env_steps`` (gymnasium steps actually taken; on an
+      when smaller), ``env_time_limit`` (the env's ``TimeLimit`` or ``StepCounter``
+      limit, or ``None`` when unknown), ``env_steps`` (gymnasium steps actually taken; on an
       env that cannot freeze rows, this includes the idle rows' steps),
       ``wall_time`` (s), ``success_source``.
     * dataset evaluation adds ``episodes_idx``, ``start_steps``,
@@ -494,11 +496,14 @@ class World:
         return self._env_time_limit()
 
     def _env_time_limit(self) -> int | None:
-        """The env's own ``TimeLimit`` (its gymnasium spec's ``max_episode_steps``), or None when unknown."""
-        return getattr(self._env_spec, "max_episode_steps", None)
+        """The env's own limit: its gymnasium spec's ``max_episode_steps`` (``TimeLimit``) or a TorchRL
+        ``StepCounter(max_steps=...)`` transform's, the smaller; None when neither is known."""
+        limits = [getattr(self._env_spec, "max_episode_steps", None), step_counter_limit(self.env)]
+        limits = [int(limit) for limit in limits if limit is not None]
+        return min(limits) if limits else None
 
     def _effective_limit(self, max_steps: int | None) -> int | None:
-        """The most steps an episode can run: World's limit, or the env's TimeLimit when smaller."""
+        """The most steps an episode can run: World's limit, or the env's own when smaller."""
         env_limit = self._env_time_limit()
         if env_limit is None or max_steps is None:
             return max_steps if env_limit is None else env_limit

@@ -39,8 +39,9 @@ def to_gymnasium(env: EnvBase, *, autoreset_mode="next_step", numpy: bool = True
         numpy: numpy outputs (default), or torch tensors on the env's device
             (``False``; then actions may be torch tensors too and no data leaves
             the device except the done flags).
-        observation_keys: ``None`` (every observation leaf except the infos: a
-            ``Box`` when there is one, else a ``Dict``; an ``EnvPool`` with a
+        observation_keys: ``None`` (every observation leaf except the infos and
+            the bookkeeping of ``StepCounter``, ``RewardSum`` and ``InitTracker``
+            transforms: a ``Box`` when there is one, else a ``Dict``; an ``EnvPool`` with a
             ``Dict`` observation space keeps its ``Dict`` while that leaf is one of
             its entries, as gymnasium's ``SyncVectorEnv`` does), one key (a string
             or a tuple for a nested key: that leaf's space), or a list of keys (a

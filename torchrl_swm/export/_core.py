@@ -43,6 +43,7 @@ from torchrl.envs import EnvBase, TransformedEnv
 from torchrl.envs.batched_envs import BatchedEnvBase
 
 from ..errors import SpecError, describe
+from ..introspect import bookkeeping_keys
 from ..specs import numpy_dtype, spec_to_space, torch_dtype, unbatch_spec
 
 __all__ = ["Layout", "Traits", "traits", "base_env", "to_host", "AUTORESET_MODES"]
@@ -279,7 +280,8 @@ class Layout:
     Args:
         env: the TorchRL env, with ``batch_size`` ``[]`` or ``[N]``.
         observation_keys: ``None`` (default: every observation leaf that is not
-            an info leaf; one leaf gives that leaf's space, a ``Box`` for most
+            an info leaf nor written by a bookkeeping transform, see
+            :func:`~torchrl_swm.introspect.bookkeeping_keys`; one leaf gives that leaf's space, a ``Box`` for most
             envs, several a ``Dict``; an ``EnvPool`` with a ``Dict`` observation
             space keeps its ``Dict`` while the leaf is still one of its entries),
             one key (a string, or a tuple for one nested key: the observation is
@@ -451,8 +453,9 @@ class Layout:
             if space is not None:
                 spaces[key] = space
         if observation_keys is None:
-            # every observation leaf but the infos (those chosen with info_keys too)
-            chosen = set(info)
+            # every observation leaf but the infos (those chosen with info_keys too) and the bookkeeping of
+            # transforms (a StepCounter's "step_count"...: gymnasium's TimeLimit never changes the observation)
+            chosen = set(info) | bookkeeping_keys(env)
             obs = [k for k in leaves if k[0] not in _INFO_ROOT_KEYS and k not in chosen]
             # an EnvPool's Dict observation stays a Dict, as on SyncVectorEnv, while its leaf is one of the
             # pool's Dict entries; a leaf a transform made (CatTensors...) is a Box

@@ -116,19 +116,13 @@ class _VectorEntryPoint:
         self.factory, self.export_kwargs = factory, export_kwargs
 
     def __call__(self, num_envs: int, max_episode_steps: int | None = None, **kwargs):
-        from ._core import Layout
         from .vector_env import TorchRLVectorEnv
 
         env = _build_batched(self.factory, num_envs, kwargs)
         export_kwargs = dict(self.export_kwargs)
-        if max_episode_steps is not None:
+        if max_episode_steps is not None:  # the export leaves its "step_count" out of the observation
             from torchrl.envs import StepCounter, TransformedEnv
 
-            if export_kwargs.get("observation_keys") is None:
-                # keep the observation the env had: StepCounter adds "step_count"
-                layout = Layout(env, info_keys=export_kwargs.get("info_keys"))
-                keys = [leaf.key for leaf in layout.obs_leaves]
-                export_kwargs["observation_keys"] = keys[0] if layout.single_leaf else keys
             env = TransformedEnv(env, StepCounter(max_steps=int(max_episode_steps)))
         return TorchRLVectorEnv(env, **export_kwargs)
 

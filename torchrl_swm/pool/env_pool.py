@@ -124,7 +124,8 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             ``env.render()`` (``render_mode="rgb_array"``).
         image_shape: ``(H, W)`` to resize ``"pixels"`` to (bilinear, antialiased,
             with torch). Implies ``pixels=True``.
-        info_keys: record only these info keys (nested keys as tuples).
+        info_keys: record only these info keys: one key (a string, or a tuple for a nested key, as
+            TorchRL reads keys) or a list of them.
         info_spec: declared info specs ``{key: spec or example value}`` (value
             shape, no batch or time dim); they override inferred ones, and
             declared keys get an ``("info_mask", key)`` presence mask.
@@ -214,10 +215,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         self._seeds = SeedSchedule(n, seed, every_episode=seed_every_episode)
         probe = backend.probe(self._seeds.next(None)[1])
         self._seeds.count[:] = 0  # the probe does not use up the first seeds
-        self._info_schema = InfoSchema.infer(probe["infos"], info_keys, info_spec)
-        for key, error in probe.get("batch_wide", {}).items():  # a VectorEnv's scalar for the whole batch
-            if not self._info_schema.selected or key in self._info_schema.leaves:
-                raise error
+        self._info_schema = InfoSchema.infer(probe["infos"], info_keys, info_spec, probe.get("batch_wide"))
 
         obs_specs = {
             key: batch_spec(

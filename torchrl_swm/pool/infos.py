@@ -320,14 +320,20 @@ class InfoSchema:
         probes: Sequence[tuple[int, str, Mapping]],
         info_keys: Sequence | None = None,
         info_spec=None,
+        batch_wide: Mapping[Key, EnvError] | None = None,
     ) -> InfoSchema:
         """Infer the schema from ``(env_index, phase, info)`` probes of every env.
 
         ``info_spec`` entries (TorchRL specs with the value shape, no batch dim,
         or example values) override inferred ones. ``info_keys`` keeps only the
         listed keys; each must be declared or seen in a probe. Keys missing
-        from some probe, and declared keys, get a presence mask.
+        from some probe, and declared keys, get a presence mask. ``batch_wide``: a vector env's
+        values that are not one per env (``{key: error}``), an error unless ``info_keys`` leaves them out.
         """
+        if isinstance(info_keys, str) or (
+            isinstance(info_keys, tuple) and info_keys and all(isinstance(k, str) for k in info_keys)
+        ):
+            info_keys = [info_keys]  # one key ("a", or ("a", "b") nested), as TorchRL and the exports read it
         leaves: dict[Key, InfoLeaf] = {}
         first_seen: dict[Key, tuple[int, str]] = {}
         reported: dict[Key, int] = {}  # in how many probes
@@ -358,6 +364,9 @@ class InfoSchema:
                     leaves[key] = InfoLeaf(seen.shape, promoted)
         declared = _declared(info_spec)
         chosen_keys = None if info_keys is None else [(k,) if isinstance(k, str) else tuple(k) for k in info_keys]
+        for key, error in (batch_wide or {}).items():
+            if chosen_keys is None or key in declared or any(key[: len(k)] == k for k in chosen_keys):
+                raise error
         for key, (env_index, phase, value) in skipped.items():
             if key not in leaves and key not in declared:
                 continue
@@ -471,7 +480,15 @@ def _declared(info_spec) -> dict[Key, InfoLeaf]:
             )
         items = [(k if isinstance(k, tuple) else (k,), v) for k, v in info_spec.items(True, True)]
     elif isinstance(info_spec, Mapping):
-        items = [((k,) if isinstance(k, str) else tuple(k), v) for k, v in info_spec.items()]
+        def flat(mapping, prefix):  # {"episode": {"r": 0.0}} is ("episode", "r"), as the info nests it
+            for k, v in mapping.items():
+                key = (*prefix, *((k,) if isinstance(k, str) else tuple(k)))
+                if isinstance(v, Mapping) and not isinstance(v, Composite):
+                    yield from flat(v, key)
+                else:
+                    yield key, v
+
+        items = list(flat(info_spec, ()))
     else:
         raise SpecError(f"info_spec: expected a Composite or a mapping of key -> spec, got {type(info_spec).__name__}")
     out = {}

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -36,6 +38,29 @@ from .worker import REPLY_OK, worker_main
 __all__ = ["ProcessBackend"]
 
 _CLOSE_TIMEOUT = 5.0  # seconds for the workers to close their envs before they are terminated
+
+def _hold_interrupts():
+    """Hold Ctrl-C back while a message is half sent or half read: a KeyboardInterrupt there would leave
+    the pipe mid-message (the worker waits for the rest; the next reply reads as garbage). Returns what
+    :func:`_release_interrupts` needs to restore the handler and deliver a Ctrl-C that came meanwhile."""
+    if threading.current_thread() is not threading.main_thread():
+        return None  # only the main thread runs signal handlers, and may set them
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    return previous, caught
+
+
+def _release_interrupts(held) -> None:
+    if held is None:
+        return
+    previous, caught = held
+    signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+    if caught:
+        if callable(previous):
+            previous(signal.SIGINT, caught[0])  # Python's default handler raises KeyboardInterrupt here
+        elif previous == signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGINT)
+
 
 def _split(n: int, k: int) -> list[range]:
     """``k`` contiguous, near-equal slices of ``range(n)``."""
@@ -177,12 +202,16 @@ class ProcessBackend:
         self._drain_owed()
         sent = []
         try:
-            for w, message in messages:
-                try:
-                    self._conns[w].send_bytes(message)
-                except (OSError, BrokenPipeError) as err:
-                    raise self._dead(w) from err
-                sent.append(w)
+            held = _hold_interrupts()  # each message is sent whole, and counted as sent, or not at all
+            try:
+                for w, message in messages:
+                    try:
+                        self._conns[w].send_bytes(message)
+                    except (OSError, BrokenPipeError) as err:
+                        raise self._dead(w) from err
+                    sent.append(w)
+            finally:
+                _release_interrupts(held)
         except BaseException:
             try:
                 self._gather(sent, "drain")
@@ -245,40 +274,48 @@ class ProcessBackend:
                     self._owed[w] = self._owed.get(w, 0) + 1
                 pending.clear()
                 return
-            for item in ready:
-                if item in pending:
+            held = _hold_interrupts()  # each reply is read whole, and counted as read, or not at all
+            try:
+                self._read_ready(ready, pending, sentinels, replies, errors, phase)
+            finally:
+                _release_interrupts(held)
+
+    def _read_ready(self, ready, pending, sentinels, replies, errors, phase) -> None:
+        for item in ready:
+            if item in pending:
+                try:
+                    message = item.recv_bytes()
+                except (EOFError, OSError):
                     w = pending.pop(item)
-                    sentinels.pop(self._processes[w].sentinel, None)
-                    try:
-                        message = item.recv_bytes()
-                    except (EOFError, OSError):
-                        errors.setdefault(w, self._dead(w))
-                        continue
-                    try:
-                        status, value = ForkingPickler.loads(message)
-                    except Exception as err:  # the whole reply was read: the pipe stays in step
-                        error = EnvError(
-                            self.slices[w].start, phase,
-                            f"the reply of worker {w} cannot be unpickled here: {type(err).__name__}: {err}",
-                        )
-                        error.__cause__ = err
-                        errors.setdefault(w, error)
-                        continue
-                    if status == REPLY_OK:
-                        replies[w] = value
-                    else:
-                        index, where, message, trace, missing_attribute = value
-                        error = EnvError(index, where, f"{message}\n--- worker {w} traceback ---\n{trace}")
-                        if missing_attribute:  # as in the serial backend: callers can tell a missing attribute
-                            error.__cause__ = AttributeError(message)
-                        errors.setdefault(w, error)
-                elif item in sentinels:
-                    w = sentinels.pop(item)
-                    conn = self._conns[w]
-                    if conn in pending and conn.poll():
-                        continue  # it replied before exiting: read the reply first
-                    pending.pop(conn, None)
                     errors.setdefault(w, self._dead(w))
+                    continue
+                w = pending.pop(item)
+                sentinels.pop(self._processes[w].sentinel, None)
+                try:
+                    status, value = ForkingPickler.loads(message)
+                except Exception as err:  # the whole reply was read: the pipe stays in step
+                    error = EnvError(
+                        self.slices[w].start, phase,
+                        f"the reply of worker {w} cannot be unpickled here: {type(err).__name__}: {err}",
+                    )
+                    error.__cause__ = err
+                    errors.setdefault(w, error)
+                    continue
+                if status == REPLY_OK:
+                    replies[w] = value
+                else:
+                    index, where, message, trace, missing_attribute = value
+                    error = EnvError(index, where, f"{message}\n--- worker {w} traceback ---\n{trace}")
+                    if missing_attribute:  # as in the serial backend: callers can tell a missing attribute
+                        error.__cause__ = AttributeError(message)
+                    errors.setdefault(w, error)
+            elif item in sentinels:
+                w = sentinels.pop(item)
+                conn = self._conns[w]
+                if conn in pending and conn.poll():
+                    continue  # it replied before exiting: read the reply first
+                pending.pop(conn, None)
+                errors.setdefault(w, self._dead(w))
 
     def _by_worker(self, rows: np.ndarray):
         """``[(worker, local rows, positions in rows)]`` for the workers that own some of ``rows``."""

@@ -33,6 +33,24 @@ def _reply(conn, status: str, value) -> None:
         conn.send_bytes(cloudpickle.dumps((status, value)))
 
 
+def _unpicklable_reply(command: str, args, reply, first: int, err: Exception) -> EnvError:
+    """The error for a ``call``/``get_attr`` value that cannot travel back: it names the env that returned it."""
+    index = None
+    rows = args[0] if isinstance(args, tuple) and args and isinstance(args[0], list) else None
+    if rows is not None and isinstance(reply, list):
+        for j, value in zip(rows, reply):
+            try:
+                cloudpickle.dumps(value)
+            except Exception:
+                index = first + j
+                break
+    return EnvError(
+        index, command,
+        f"the value it returned cannot be pickled to send back to the pool ({type(err).__name__}: {err}); the "
+        "process backend needs picklable attribute and call() values (the serial backend does not)",
+    )
+
+
 def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
     """Worker main loop: build the envs, then serve commands until "close" or EOF."""
     from .serial import SerialBackend
@@ -100,7 +118,14 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
                     break
                 else:
                     raise ValueError(f"unknown command {command!r}")
-                _reply(conn, REPLY_OK, reply)
+                if reply is not None:
+                    try:
+                        payload = cloudpickle.dumps((REPLY_OK, reply))
+                    except Exception as err:
+                        raise _unpicklable_reply(command, args, reply, first, err) from err
+                    conn.send_bytes(payload)
+                else:
+                    conn.send_bytes(_OK_NONE)
             except BaseException as err:
                 _reply(conn, REPLY_ERROR, _error_payload(err))
     finally:

@@ -260,8 +260,9 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             back the frozen rows' outputs; a model that keeps a state of its own (a discovered
             ``model.step(action)``) needs ``mask=`` to leave those rows' state as it was.
         start_states: real data to start episodes from: a TensorDict ``[M]`` holding the
-            observation keys, or a TorchRL replay buffer of them. Each reset row samples one
-            entry (row ``r``'s ``c``-th start: a hash of the seed, ``r`` and ``c``, so resetting
+            observation keys, a TorchRL replay buffer of them, or a dataset of
+            :meth:`~torchrl_swm.World.collect` (:func:`~torchrl_swm.load_dataset`; its rows'
+            observations). Each reset row samples one entry (row ``r``'s ``c``-th start: a hash of the seed, ``r`` and ``c``, so resetting
             some rows never changes the others' starts); its observation is the reset observation
             and its state is ``encode(observation)``. An encoder (or ``reset_fn``) that samples
             with ``generator=`` draws from :attr:`reset_generator` for all the rows reset together,
@@ -613,6 +614,12 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         return None
 
     def _check_start_data(self, data):
+        from ..data import WorldDataset
+
+        if isinstance(data, WorldDataset):  # a dataset of World.collect: its transitions' observations
+            if data.td is None:
+                raise ValueError(f"start_states: the dataset at {str(data.path)!r} holds no episodes")
+            data = data.td
         if isinstance(data, TensorDictBase):
             if data.batch_dims < 1 or data.batch_size[0] < 1:
                 raise ValueError(
@@ -627,7 +634,10 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             return data
         if hasattr(data, "storage") and hasattr(data, "__getitem__") and hasattr(data, "__len__"):
             return data  # a TorchRL replay buffer
-        raise TypeError(f"start_states: expected a TensorDict or a TorchRL replay buffer, got {describe(data)}")
+        raise TypeError(
+            "start_states: expected a TensorDict, a TorchRL replay buffer or a dataset of World.collect "
+            f"(load_dataset), got {describe(data)}"
+        )
 
     # -- public read-only views -----------------------------------------------------------------
     @property

@@ -1,16 +1,22 @@
-"""Review fixes in World, its datasets, make_env, the quickstart's and the CLI's arguments, and pool seeds."""
+"""Edge cases of World, its datasets, make_env, the quickstart's and the CLI's arguments, and pool seeds."""
 
 import functools
+import pickle
+import sys
 import time
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from envs import counting
-from tensordict import TensorDict
-from torchrl.envs import RenameTransform, TransformedEnv
+from tensordict import MemoryMappedTensor, TensorDict
+from torch import nn
+from torchrl.envs import RenameTransform, StepCounter, TransformedEnv
 
 import torchrl_swm
-from torchrl_swm import EnvPool, World, cli, load_dataset
+from torchrl_swm import EnvPool, World, WorldModelEnv, cli, load_dataset, make_world_model_env
+from torchrl_swm.data import DatasetWriter
 from torchrl_swm.errors import EnvError
 from torchrl_swm.quickstart import parse_args
 
@@ -184,3 +190,137 @@ def test_equal_length_episodes_use_exactly_the_seeds_s_to_s_plus_e_minus_1():
         episodes = n * (steps // length)  # the rollout's reset, then a new one after each but the last episode
         assert seeds[s] == set(range(s, s + episodes))
     assert not seeds[0] & seeds[2**32]
+
+
+# -- 8. a pickled loaded dataset stays copy-on-write ------------------------------------------------------------
+def test_pickled_loaded_dataset_reads_the_files_and_writes_into_the_copy_never_reach_them(tmp_path):
+    path = collect_cartpole(tmp_path / "ds", episodes=2)
+    ds = load_dataset(path)
+    stored_obs = ds.td["observation"].clone()
+    stored_reward = ds.td["next", "reward"].clone()
+    start, length = int(ds.episode_starts[1]), int(ds.episode_lengths[1])
+    for part, rows in [(ds.td, slice(None)), (ds.episode(0), slice(0, int(ds.episode_lengths[0]))),
+                       (ds.episode(1), slice(start, start + length)), (ds.td[:5], slice(0, 5))]:
+        copy_ = pickle.loads(pickle.dumps(part))  # what a spawn worker / a Ray actor receives
+        assert copy_.batch_size == part.batch_size
+        assert isinstance(copy_["observation"], MemoryMappedTensor)
+        assert isinstance(copy_["next", "reward"], MemoryMappedTensor)
+        assert torch.equal(copy_["observation"], stored_obs[rows])  # reads give the stored data
+        assert torch.equal(copy_["next", "reward"], stored_reward[rows])
+        copy_["observation"].add_(1000.0)  # the worker edits its copy
+        copy_["next", "reward"].mul_(0.0)
+        reopened = load_dataset(path)
+        assert torch.equal(reopened.td["observation"], stored_obs), "a write into the unpickled copy hit the files"
+        assert torch.equal(reopened.td["next", "reward"], stored_reward)
+        assert torch.equal(TensorDict.load_memmap(path / "storage")["observation"][:ds.num_steps], stored_obs)
+    assert torch.equal(ds.td["observation"], stored_obs)  # nor this process's mapping
+
+
+def test_pickled_loaded_dataset_does_not_carry_the_in_memory_edits(tmp_path):
+    ds = load_dataset(collect_cartpole(tmp_path / "ds", episodes=2))
+    stored = ds.td["observation"].clone()
+    ds.td["observation"].mul_(0.0)  # an edit of this process's copy (memory only, as documented)
+    assert not ds.td["observation"].any()
+    copy_ = pickle.loads(pickle.dumps(ds.td))
+    assert isinstance(copy_["observation"], MemoryMappedTensor)
+    assert torch.equal(copy_["observation"], stored)  # the files, mapped privately again
+    copy_["observation"].add_(1.0)
+    assert not ds.td["observation"].any()  # and the copies stay apart
+    assert torch.equal(load_dataset(ds.path).td["observation"], stored)
+
+
+# -- 9. World reads a TorchRL StepCounter(max_steps=...) time limit ---------------------------------------------
+def keep_up(td):
+    """A decent CartPole controller: its episodes outlast a 20-step limit."""
+    td["action"] = (td["observation"][..., 2] + 0.3 * td["observation"][..., 3] > 0).long()
+    return td
+
+
+def test_world_reports_a_step_counter_limit_and_episodes_are_truncated_at_it():
+    env = TransformedEnv(EnvPool("CartPole-v1", num_envs=2), StepCounter(max_steps=20))
+    try:
+        result = World(env, keep_up).evaluate(4, seed=0, progress=False)
+    finally:
+        env.close()
+    assert result["max_steps"] == 20 and result["env_time_limit"] == 20  # not CartPole's TimeLimit (500)
+    lengths, truncated = result["episode_lengths"], result["episode_truncated"]
+    assert len(lengths) == 4 and all(1 <= n <= 20 for n in lengths.tolist())
+    assert truncated.any()
+    assert all(n == 20 for n, t in zip(lengths.tolist(), truncated.tolist()) if t)
+    assert "step limit 20" in result.summary()
+
+
+class _Drift(nn.Module):
+    def forward(self, s, a):
+        return {"state": s + 0.01 * a, "reward": torch.zeros(s.shape[0], 1)}
+
+
+def test_world_collects_a_world_model_env_with_max_episode_steps_without_max_steps(tmp_path):
+    box = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    env = make_world_model_env(_Drift(), observation_space=box, action_space=box, num_envs=2,
+                               initial_state=torch.zeros(2), max_episode_steps=7)
+    world = World(env)
+    result = world.evaluate(2, seed=0, progress=False)
+    assert result["max_steps"] == 7 and result["env_time_limit"] == 7
+    world.collect(tmp_path / "wm", episodes=3, seed=0, progress=False)  # used to need max_steps=
+    ds = load_dataset(tmp_path / "wm")
+    assert ds.num_episodes == 3 and ds.episode_lengths.tolist() == [7, 7, 7]
+    assert ds.td["observation"].shape == (21, 2)
+
+
+# -- 10. the CLI finds a --policy module in the current directory ------------------------------------------------
+def test_cli_policy_module_in_the_cwd_loads_when_the_cwd_is_not_on_sys_path(tmp_path, monkeypatch, capsys):
+    (tmp_path / "my_policy.py").write_text(
+        "calls = 0\n"
+        "def policy(td):\n"
+        "    global calls\n"
+        "    calls += 1\n"
+        "    td['action'] = (td['observation'][..., 2] > 0).long()\n"
+        "    return td\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    cwd = {"", ".", str(tmp_path), str(tmp_path.resolve())}
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in cwd])  # as the console script starts
+    sys.modules.pop("my_policy", None)
+    try:
+        code = cli.main(["eval", "CartPole-v1", "--episodes", "2", "--num-envs", "2", "--no-progress",
+                         "--policy", "my_policy:policy"])
+        captured = capsys.readouterr()
+        assert code == 0, captured.err
+        assert "cannot import module" not in captured.err
+        assert "2 episodes" in captured.out
+        assert sys.modules["my_policy"].calls > 0  # the module of the cwd was the policy
+    finally:
+        sys.modules.pop("my_policy", None)
+
+
+# -- 11. WorldModelEnv starts episodes from a loaded dataset ------------------------------------------------------
+class _Still(nn.Module):
+    def forward(self, s, a):
+        return {"state": s, "reward": torch.zeros(s.shape[0], 1)}
+
+
+CARTPOLE_OBS = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+
+
+def test_world_model_env_start_states_from_a_loaded_dataset(tmp_path):
+    ds = load_dataset(collect_cartpole(tmp_path / "ds", episodes=2))
+    data = ds.td["observation"]
+    env = WorldModelEnv(_Still(), CARTPOLE_OBS, gym.spaces.Discrete(2), num_envs=6, start_states=ds, seed=0)
+    obs = env.reset()["observation"]
+    assert obs.shape == (6, 4)
+    assert (obs[:, None, :] == data[None]).all(-1).any(1).all()  # every start is a row of the dataset
+    assert len({tuple(row) for row in obs.tolist()}) > 1
+    same = WorldModelEnv(_Still(), CARTPOLE_OBS, gym.spaces.Discrete(2), num_envs=6, start_states=ds.td, seed=0)
+    assert torch.equal(same.reset()["observation"], obs)  # as the dataset's TensorDict gives
+    nxt = env.rand_step(env.reset())["next", "observation"]
+    assert (nxt[:, None, :] == data[None]).all(-1).any(1).all()  # the still model keeps them
+
+
+def test_world_model_env_start_states_from_an_empty_dataset_is_a_value_error(tmp_path):
+    DatasetWriter(tmp_path / "empty", capacity=4).close(complete=True)  # a dataset of 0 episodes
+    ds = load_dataset(tmp_path / "empty")
+    assert ds.td is None
+    with pytest.raises(ValueError, match="holds no episodes") as info:
+        WorldModelEnv(_Still(), CARTPOLE_OBS, gym.spaces.Discrete(2), num_envs=2, start_states=ds)
+    assert "empty" in str(info.value)  # names the dataset's path

@@ -1,5 +1,6 @@
-"""Fixes from a review round: infos a pool cannot record are refused at construction with a clear error,
-edge-case observations/spaces/kwargs, the fast step path's device, and the process backend's faults."""
+"""EnvPool edge cases: infos a pool cannot record are refused at construction with a clear error,
+unusual observations, spaces and keyword arguments, the fast step path's device, and the process
+backend's faults (interrupted waits, hung envs, classes defined in the user's script)."""
 
 import contextlib
 import functools
@@ -563,4 +564,205 @@ def test_a_float64_box_action_space_at_the_dtype_extremes_builds_a_pool():
     td = pool.reset()
     td["action"] = action
     assert torch.isfinite(pool.step(td)["next", "reward"]).all()
+    pool.close()
+
+
+# -- 11. Ctrl-C while a large message is half sent or half read (process backend) -------------------
+class BigAttrEnv(SlowEnv):
+    """A SlowEnv with a ``mb`` MB attribute ``big``: its get_attr reply takes a while to read."""
+
+    def __init__(self, mb=100):
+        super().__init__(0.0)
+        self.big = np.ones(mb * 2**20, np.uint8)
+
+
+@contextlib.contextmanager
+def _sigint_soon_after(conn, method, delay):
+    """A real SIGINT (Ctrl-C) ``delay`` seconds after ``conn.<method>`` (the real one, still called) starts."""
+    original, timers = getattr(conn, method), []
+
+    def spied(*args, **kwargs):
+        if not timers:
+            timers.append(threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT)))
+            timers[0].start()
+        return original(*args, **kwargs)
+
+    setattr(conn, method, spied)
+    try:
+        yield
+    finally:
+        delattr(conn, method)
+        for timer in timers:
+            timer.cancel()
+
+
+def _assert_in_step(pool, td, n):
+    """The next commands get their own replies: get_attr, a step, get_attr."""
+    with _interrupt_after(10.0, CloseHung):  # a guard: a pipe left mid-message can hang the next command
+        assert pool.get_attr("t") == [0] * n
+        td["action"] = torch.zeros(n, dtype=torch.int64)
+        assert pool.step(td)["next", "observation"].view(-1).tolist() == [1.0] * n
+        assert pool.get_attr("t") == [1] * n
+
+
+# (On the old code these fail when the SIGINT lands mid-message, which is likely but not certain.)
+def test_process_backend_ctrl_c_while_a_large_reply_is_read_is_raised_after_the_read():
+    pool = EnvPool([BigAttrEnv] * 2, backend="process", num_workers=1, seed=0)
+    processes = _workers(pool)
+    try:
+        td = pool.reset()
+        with pytest.raises(KeyboardInterrupt), _sigint_soon_after(pool._backend._conns[0], "recv_bytes", 0.02):
+            pool.get_attr("big")  # a ~200 MB reply
+            time.sleep(3)  # (a signal that came late lands here, not in pytest)
+        _assert_in_step(pool, td, 2)
+    finally:
+        try:
+            pool.close()
+        finally:
+            _reap(processes)
+
+
+def test_process_backend_ctrl_c_while_a_large_command_is_sent_is_raised_after_the_send():
+    pool = EnvPool([SlowEnv] * 2, backend="process", num_workers=1, seed=0)
+    processes = _workers(pool)
+    try:
+        td = pool.reset()
+        payload = np.ones(200 * 2**20, np.uint8)
+        with pytest.raises(KeyboardInterrupt), _sigint_soon_after(pool._backend._conns[0], "send_bytes", 0.01):
+            pool.set_attr("payload", payload)
+            time.sleep(3)
+        del payload
+        _assert_in_step(pool, td, 2)
+    finally:
+        try:
+            pool.close()
+        finally:
+            _reap(processes)
+
+
+# -- 12. a call()/get_attr() value that cannot be pickled back (process backend) -------------------
+class LockAttrEnv(SlowEnv):
+    """``lock`` is a threading.Lock (not picklable) if ``locked``, else None."""
+
+    def __init__(self, locked=False):
+        super().__init__(0.0)
+        self.lock = threading.Lock() if locked else None
+
+    def get_lock(self):
+        return self.lock
+
+
+@pytest.mark.parametrize("phase", ["get_attr", "call"])
+def test_process_backend_unpicklable_reply_names_the_env_and_the_pool_stays_usable(phase):
+    pool = EnvPool([LockAttrEnv] * 3 + [functools.partial(LockAttrEnv, True)], backend="process",
+                   num_workers=2, seed=0)
+    processes = _workers(pool)
+    try:
+        td = pool.reset()
+        with pytest.raises(EnvError) as err:
+            pool.get_attr("lock") if phase == "get_attr" else pool.call("get_lock")
+        assert (err.value.env_index, err.value.phase) == (3, phase)
+        message = str(err.value)
+        assert message.startswith(f"env 3 ({phase}): the value it returned cannot be pickled to send back")
+        assert "cannot pickle '_thread.lock' object" in message
+        assert "the process backend needs picklable attribute and call() values" in message
+        assert pool.get_attr("lock", indices=[0, 1, 2]) == [None] * 3
+        _assert_in_step(pool, td, 4)
+    finally:
+        pool.close()
+        _reap(processes)
+
+
+# -- 13. a VectorEnv's batch-wide info value under a key chosen with info_keys= ----------------------
+class NestedBatchWideInfoVectorEnv(BatchWideInfoVectorEnv):
+    """``info["ep"]``: ``"r"`` per env, ``"n"`` one value (5) for the whole batch."""
+
+    def _out(self):
+        obs, _ = super()._out()
+        return obs, {"ep": {"r": 10.0 * self.t + np.arange(self.num_envs), "n": 5}, "good": np.arange(3.0)}
+
+
+def test_vector_info_batch_wide_value_under_a_chosen_info_key_is_refused_at_construction():
+    with pytest.raises(EnvError, match=r"vector info key 'step_count' is float 5.0: one value for the whole batch"):
+        EnvPool(BatchWideInfoVectorEnv(5.0), seed=0, info_keys=["step_count"])
+    with pytest.raises(EnvError, match=r"vector info key \('ep', 'n'\) is int 5: one value for the whole batch"):
+        EnvPool(NestedBatchWideInfoVectorEnv(0), seed=0, info_keys=["ep"])
+    # keys left out by info_keys= are still fine
+    pool = EnvPool(NestedBatchWideInfoVectorEnv(0), seed=0, info_keys=["good"])
+    assert pool.reset()["info", "good"].view(-1).tolist() == [0.0, 1.0, 2.0]
+    pool.close()
+
+
+# -- 14. info_keys= as one key (a string or a nested-key tuple) or a list of keys --------------------
+class NestedInfoEnv(SlowEnv):
+    """info: ``{"episode": {"r": t + 0.5, "l": t}, "x": 2 * t}``."""
+
+    def _info(self):
+        return {"episode": {"r": self.t + 0.5, "l": self.t}, "x": 2.0 * self.t}
+
+    def reset(self, *, seed=None, options=None):
+        obs, _ = super().reset(seed=seed)
+        return obs, self._info()
+
+    def step(self, action):
+        obs, reward, terminated, truncated, _ = super().step(action)
+        return obs, reward, terminated, truncated, self._info()
+
+
+def _info_keys(pool):
+    return {key if isinstance(key, tuple) else (key,) for key in pool.observation_spec["info"].keys(True, True)}
+
+
+def test_info_keys_string_is_one_key_a_tuple_one_nested_key_and_a_list_several():
+    pool = EnvPool("Taxi-v4", num_envs=2, seed=0, info_keys="prob")  # Taxi's infos: "prob" and "action_mask"
+    assert _info_keys(pool) == {("prob",)}
+    assert pool.reset()["info", "prob"].view(-1).tolist() == [1.0, 1.0]
+    pool.close()
+    for info_keys, expected in [
+        ("x", {("x",)}),
+        (("episode", "r"), {("episode", "r")}),  # one nested key, as TorchRL reads it
+        (["episode", "x"], {("episode", "l"), ("episode", "r"), ("x",)}),
+        ([("episode", "l"), "x"], {("episode", "l"), ("x",)}),
+    ]:
+        pool = EnvPool([NestedInfoEnv] * 2, seed=0, info_keys=info_keys)
+        assert _info_keys(pool) == expected, info_keys
+        td = pool.reset()
+        td["action"] = torch.zeros(2, dtype=torch.int64)
+        nxt = pool.step(td)["next", "info"]
+        if ("episode", "r") in expected:
+            assert nxt["episode", "r"].view(-1).tolist() == [1.5, 1.5]
+        if ("x",) in expected:
+            assert nxt["x"].view(-1).tolist() == [2.0, 2.0]
+        pool.close()
+
+
+# -- 15. info_spec= as a nested dict --------------------------------------------------------------
+class FixedLengthEnv(SlowEnv):
+    """Reward 1 per step; terminates after ``n`` steps."""
+
+    def __init__(self, n):
+        super().__init__(0.0)
+        self.n = n
+
+    def step(self, action):
+        obs, _, _, truncated, info = super().step(action)
+        return obs, 1.0, self.t >= self.n, truncated, info
+
+
+def _episode_stats_env(n):
+    return gym.wrappers.RecordEpisodeStatistics(FixedLengthEnv(n))
+
+
+def test_info_spec_nested_dict_declares_the_episode_statistics_of_record_episode_statistics():
+    fns = [functools.partial(_episode_stats_env, 3), functools.partial(_episode_stats_env, 2)]
+    pool = EnvPool(fns, seed=0, info_spec={"episode": {"r": 0.0, "l": 0, "t": 0.0}})
+    assert _info_keys(pool) == {("episode", "l"), ("episode", "r"), ("episode", "t")}
+    out = pool.rollout(7, break_when_any_done=False)
+    done = out["next", "done"].squeeze(-1)
+    assert done.tolist() == [[False, False, True] * 2 + [False], [False, True] * 3 + [False]]
+    for key in ("r", "l", "t"):
+        assert out["next", "info_mask", "episode", key].squeeze(-1).tolist() == done.tolist()
+    r, length = out["next", "info", "episode", "r"].squeeze(-1), out["next", "info", "episode", "l"].squeeze(-1)
+    assert r[done].tolist() == [3.0, 3.0, 2.0, 2.0, 2.0] and length[done].tolist() == [3, 3, 2, 2, 2]
+    assert (r[~done] == 0).all() and (length[~done] == 0).all()
     pool.close()

@@ -1,8 +1,9 @@
-"""Review fixes: WorldModelEnv (export reset arguments, frozen rows' infos and step counts, the transition's
+"""Edge cases of WorldModelEnv (export reset arguments, frozen rows' infos and step counts, the transition's
 ``mask=`` extra, unbatched reset infos) and the exports (Dict key order, list options, SB3 render_fps)."""
 
 from __future__ import annotations
 
+import uuid
 from collections import OrderedDict
 
 import gymnasium as gym
@@ -10,9 +11,17 @@ import numpy as np
 import pytest
 import torch
 from gymnasium.wrappers.vector import FlattenObservation
-from torchrl.envs import StepCounter
+from torch import nn
+from torchrl.envs import InitTracker, RewardSum, StepCounter, TransformedEnv
 
-from torchrl_swm import EnvPool, WorldModelEnv, make_world_model_env, to_gymnasium, to_sb3_vec_env
+from torchrl_swm import (
+    EnvPool,
+    WorldModelEnv,
+    make_world_model_env,
+    register_gymnasium_env,
+    to_gymnasium,
+    to_sb3_vec_env,
+)
 from torchrl_swm.export import TorchRLGymEnv
 
 BOX1 = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
@@ -421,3 +430,93 @@ def test_sb3_vec_env_metadata_has_the_envs_render_fps():
     assert venv.metadata.get("render_fps") == dummy.metadata["render_fps"] == fps
     venv.close()
     dummy.close()
+
+
+
+# -- 9. the exports leave bookkeeping transform leaves out of the default observation ------------------------------
+
+CARTPOLE_BOX = gym.make("CartPole-v1").observation_space
+
+
+class _Drift(nn.Module):
+    def forward(self, obs, action):
+        return {"state": obs + 0.1 * action, "reward": -obs.pow(2).sum(-1, keepdim=True)}
+
+
+def test_world_model_env_with_max_episode_steps_exports_the_models_box():
+    """to_gymnasium(make_world_model_env(max_episode_steps=20)): the observation is the model's Box (its StepCounter's
+    step_count is not part of it, as gymnasium's TimeLimit never changes the observation); the limit still truncates."""
+    wm = make_world_model_env(_Drift(), observation_space=BOX2, action_space=gym.spaces.Box(-1, 1, (2,), np.float32),
+                              num_envs=4, initial_state=torch.zeros(2), max_episode_steps=20)
+    envs = to_gymnasium(wm)
+    assert envs.single_observation_space == BOX2
+    assert int(np.array(envs.single_observation_space.shape).prod()) == 2  # CleanRL's obs_dim
+    obs, _ = envs.reset(seed=0)
+    assert isinstance(obs, np.ndarray) and obs.shape == (4, 2)
+    zero = np.zeros((4, 2), np.float32)
+    truncated = [envs.step(zero)[3] for _ in range(20)]
+    assert truncated[-1].all() and not any(t.any() for t in truncated[:-1])
+    envs.close()
+
+
+@pytest.mark.parametrize("transform", [RewardSum, StepCounter, InitTracker])
+@pytest.mark.parametrize("export", ["gymnasium", "sb3"])
+def test_pool_with_a_bookkeeping_transform_exports_cartpoles_box(transform, export):
+    env = TransformedEnv(EnvPool("CartPole-v1", num_envs=2), transform())
+    if export == "gymnasium":
+        envs = to_gymnasium(env)
+        space = envs.single_observation_space
+        obs, _ = envs.reset(seed=0)
+    else:
+        envs = to_sb3_vec_env(env)
+        space = envs.observation_space
+        obs = envs.reset()
+    assert space == CARTPOLE_BOX
+    assert isinstance(obs, np.ndarray) and obs.shape == (2, 4)
+    envs.close()
+
+
+def test_bookkeeping_leaf_is_left_out_by_default_and_exported_when_asked_for():
+    env = TransformedEnv(EnvPool("CartPole-v1", num_envs=2), StepCounter())
+    default = to_gymnasium(env)
+    assert default.single_observation_space == CARTPOLE_BOX
+    envs = to_gymnasium(env, observation_keys=["observation", "step_count"])
+    space = envs.single_observation_space
+    assert isinstance(space, gym.spaces.Dict) and list(space.spaces) == ["observation", "step_count"]
+    assert space["observation"] == CARTPOLE_BOX
+    obs, _ = envs.reset(seed=0)
+    assert obs["observation"].shape == (2, 4) and obs["step_count"].reshape(-1).tolist() == [0, 0]
+    obs = envs.step(np.array([0, 1]))[0]
+    assert obs["step_count"].reshape(-1).tolist() == [1, 1]
+    envs.close()
+
+
+def test_sb3_ppo_mlp_policy_builds_on_a_step_counter_export():
+    from stable_baselines3 import PPO
+
+    venv = to_sb3_vec_env(TransformedEnv(EnvPool("CartPole-v1", num_envs=2), StepCounter(max_steps=20)))
+    model = PPO("MlpPolicy", venv, n_steps=8, batch_size=8, device="cpu")  # a Dict space needs MultiInputPolicy
+    assert model.observation_space == CARTPOLE_BOX
+    venv.close()
+
+
+def _pool_factory(num_envs, seed_every_episode=True, **kwargs):
+    return EnvPool("CartPole-v1", num_envs=num_envs, seed_every_episode=seed_every_episode, **kwargs)
+
+
+def test_make_vec_max_episode_steps_and_a_direct_step_counter_export_give_the_pools_box():
+    """register_gymnasium_env's make_vec(max_episode_steps=7) and to_gymnasium(TransformedEnv(pool, StepCounter(7)))
+    give the same observation, the pool's Box, and both truncate at 7."""
+    env_id = f"TorchRLSWMTest/Pool{uuid.uuid4().hex[:6]}-v0"
+    register_gymnasium_env(env_id, _pool_factory)
+    registered = gym.make_vec(env_id, num_envs=2, max_episode_steps=7)
+    direct = to_gymnasium(TransformedEnv(EnvPool("CartPole-v1", num_envs=2), StepCounter(max_steps=7)))
+    for envs in (registered, direct):
+        assert envs.single_observation_space == CARTPOLE_BOX
+        obs, _ = envs.reset(seed=0)
+        assert obs.shape == (2, 4)
+        for t in range(1, 8):  # alternating pushes keep the pole up
+            _, _, terminated, truncated, _ = envs.step(np.array([t % 2, 1 - t % 2]))
+            assert not terminated.any()
+            assert truncated.all() == (t == 7)
+        envs.close()
