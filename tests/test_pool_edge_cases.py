@@ -374,10 +374,22 @@ def _reap(processes):
             proc.join(5)
 
 
-def test_process_backend_interrupted_step_does_not_desync_the_replies():
-    pool = EnvPool([functools.partial(SlowEnv, 0.5)] * 2, backend="process", num_workers=2, seed=0)
+@contextlib.contextmanager
+def _process_pool(env_fns, num_workers):
+    """A process-backend pool, closed and its workers reaped (terminated if need be) whatever the test does."""
+    pool = EnvPool(env_fns, backend="process", num_workers=num_workers, seed=0)
     processes = _workers(pool)
     try:
+        yield pool
+    finally:
+        try:
+            pool.close()
+        finally:
+            _reap(processes)
+
+
+def test_process_backend_interrupted_step_does_not_desync_the_replies():
+    with _process_pool([functools.partial(SlowEnv, 0.5)] * 2, 2) as pool:
         td = pool.reset()
         td["action"] = torch.zeros(2, dtype=torch.int64)
         with pytest.raises(KeyboardInterrupt), _interrupt_after(0.15):
@@ -385,9 +397,6 @@ def test_process_backend_interrupted_step_does_not_desync_the_replies():
         assert pool.get_attr("t") == [1, 1]  # its own reply, not the interrupted step's
         assert pool.step(td)["next", "observation"].view(-1).tolist() == [2.0, 2.0]
         assert pool.get_attr("t") == [2, 2]
-    finally:
-        pool.close()
-        _reap(processes)
 
 
 class MyWrapper(gym.Wrapper):
@@ -473,15 +482,10 @@ def test_process_backend_close_after_an_interrupted_hung_step_terminates_the_wor
 
 
 def test_process_backend_workers_do_not_import_torch():
-    pool = EnvPool([SlowEnv] * 2, backend="process", num_workers=2, seed=0)
-    processes = _workers(pool)
-    try:
+    with _process_pool([SlowEnv] * 2, 2) as pool:
         assert pool.call("modules") == [[], []]
         pool.reset()
         assert pool.call("modules") == [[], []]
-    finally:
-        pool.close()
-        _reap(processes)
 
 
 class FrameEnv(SlowEnv):
@@ -607,25 +611,16 @@ def _assert_in_step(pool, td, n):
 
 # (On the old code these fail when the SIGINT lands mid-message, which is likely but not certain.)
 def test_process_backend_ctrl_c_while_a_large_reply_is_read_is_raised_after_the_read():
-    pool = EnvPool([BigAttrEnv] * 2, backend="process", num_workers=1, seed=0)
-    processes = _workers(pool)
-    try:
+    with _process_pool([BigAttrEnv] * 2, 1) as pool:
         td = pool.reset()
         with pytest.raises(KeyboardInterrupt), _sigint_soon_after(pool._backend._conns[0], "recv_bytes", 0.02):
             pool.get_attr("big")  # a ~200 MB reply
             time.sleep(3)  # (a signal that came late lands here, not in pytest)
         _assert_in_step(pool, td, 2)
-    finally:
-        try:
-            pool.close()
-        finally:
-            _reap(processes)
 
 
 def test_process_backend_ctrl_c_while_a_large_command_is_sent_is_raised_after_the_send():
-    pool = EnvPool([SlowEnv] * 2, backend="process", num_workers=1, seed=0)
-    processes = _workers(pool)
-    try:
+    with _process_pool([SlowEnv] * 2, 1) as pool:
         td = pool.reset()
         payload = np.ones(200 * 2**20, np.uint8)
         with pytest.raises(KeyboardInterrupt), _sigint_soon_after(pool._backend._conns[0], "send_bytes", 0.01):
@@ -633,11 +628,6 @@ def test_process_backend_ctrl_c_while_a_large_command_is_sent_is_raised_after_th
             time.sleep(3)
         del payload
         _assert_in_step(pool, td, 2)
-    finally:
-        try:
-            pool.close()
-        finally:
-            _reap(processes)
 
 
 # -- 12. a call()/get_attr() value that cannot be pickled back (process backend) -------------------
@@ -654,10 +644,7 @@ class LockAttrEnv(SlowEnv):
 
 @pytest.mark.parametrize("phase", ["get_attr", "call"])
 def test_process_backend_unpicklable_reply_names_the_env_and_the_pool_stays_usable(phase):
-    pool = EnvPool([LockAttrEnv] * 3 + [functools.partial(LockAttrEnv, True)], backend="process",
-                   num_workers=2, seed=0)
-    processes = _workers(pool)
-    try:
+    with _process_pool([LockAttrEnv] * 3 + [functools.partial(LockAttrEnv, True)], 2) as pool:
         td = pool.reset()
         with pytest.raises(EnvError) as err:
             pool.get_attr("lock") if phase == "get_attr" else pool.call("get_lock")
@@ -668,9 +655,6 @@ def test_process_backend_unpicklable_reply_names_the_env_and_the_pool_stays_usab
         assert "the process backend needs picklable attribute and call() values" in message
         assert pool.get_attr("lock", indices=[0, 1, 2]) == [None] * 3
         _assert_in_step(pool, td, 4)
-    finally:
-        pool.close()
-        _reap(processes)
 
 
 # -- 13. a VectorEnv's batch-wide info value under a key chosen with info_keys= ----------------------
