@@ -334,6 +334,11 @@ class InfoSchema:
             isinstance(info_keys, tuple) and info_keys and all(isinstance(k, str) for k in info_keys)
         ):
             info_keys = [info_keys]  # one key ("a", or ("a", "b") nested), as TorchRL and the exports read it
+        chosen_keys = None if info_keys is None else [(k,) if isinstance(k, str) else tuple(k) for k in info_keys]
+
+        def recorded(key: Key) -> bool:  # kept by info_keys= (a chosen key, or under one)
+            return chosen_keys is None or any(key[: len(k)] == k for k in chosen_keys)
+
         leaves: dict[Key, InfoLeaf] = {}
         first_seen: dict[Key, tuple[int, str]] = {}
         reported: dict[Key, int] = {}  # in how many probes
@@ -363,14 +368,11 @@ class InfoSchema:
                 if promoted != seen.dtype:
                     leaves[key] = InfoLeaf(seen.shape, promoted)
         declared = _declared(info_spec)
-        chosen_keys = None if info_keys is None else [(k,) if isinstance(k, str) else tuple(k) for k in info_keys]
         for key, error in (batch_wide or {}).items():
-            if chosen_keys is None or key in declared or any(key[: len(k)] == k for k in chosen_keys):
+            if recorded(key) or key in declared:
                 raise error
         for key, (env_index, phase, value) in skipped.items():
-            if key not in leaves and key not in declared:
-                continue
-            if chosen_keys is not None and not any(key[: len(k)] == k for k in chosen_keys):
+            if (key not in leaves and key not in declared) or not recorded(key):
                 continue
             origin = "its info_spec= declaration" if key in declared else "env {} at {}".format(*first_seen[key])
             text = value.text if isinstance(value, SkippedValue) else describe(value)
@@ -384,12 +386,11 @@ class InfoSchema:
         leaves.update(declared)
         first_seen.update((key, None) for key in declared)
         masked = {key for key in leaves if key in declared or reported.get(key, 0) < len(probes)}
-        if info_keys is None:
+        if chosen_keys is None:
             _check_nesting(leaves, first_seen)
             return cls(leaves, masked=masked)
         chosen = {}
-        for raw in info_keys:
-            key = (raw,) if isinstance(raw, str) else tuple(raw)
+        for key in chosen_keys:
             matches = {k: v for k, v in leaves.items() if k[: len(key)] == key}
             if not matches:
                 raise SpecError(

@@ -39,6 +39,7 @@ __all__ = ["ProcessBackend"]
 
 _CLOSE_TIMEOUT = 5.0  # seconds for the workers to close their envs before they are terminated
 
+
 def _hold_interrupts():
     """Hold Ctrl-C back while a message is half sent or half read: a KeyboardInterrupt there would leave
     the pipe mid-message (the worker waits for the rest; the next reply reads as garbage). Returns what
@@ -251,15 +252,15 @@ class ProcessBackend:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             self._wait_replies(pending, sentinels, replies, errors, phase, deadline)
-        except BaseException:
-            for w in pending.values():  # interrupted: their replies will come, for no one
+        finally:
+            for w in pending.values():  # interrupted or past the deadline: their replies will come, for no one
                 self._owed[w] = self._owed.get(w, 0) + 1
-            raise
         if errors:
             raise errors[min(errors)]
         return [replies[w] for w in workers]
 
     def _wait_replies(self, pending, sentinels, replies, errors, phase, deadline) -> None:
+        """Read replies into ``replies``/``errors`` until none is ``pending`` or the deadline passes."""
         while pending:
             left = None if deadline is None else deadline - time.monotonic()
             ready = connection.wait(list(pending) + list(sentinels), timeout=left)
@@ -270,9 +271,6 @@ class ProcessBackend:
                         rows.start, f"{phase} (timed out)", f"worker {w} (envs {rows.start}..{rows.stop - 1}) did not "
                         "answer within the time limit (an env call that never returns?)",
                     ))
-                for w in pending.values():
-                    self._owed[w] = self._owed.get(w, 0) + 1
-                pending.clear()
                 return
             held = _hold_interrupts()  # each reply is read whole, and counted as read, or not at all
             try:

@@ -24,13 +24,14 @@ REPLY_ERROR = "error"
 _OK_NONE = bytes(ForkingPickler.dumps((REPLY_OK, None)))  # the reply to every step and reset
 
 
-def _reply(conn, status: str, value) -> None:
+def _encode_reply(status: str, value) -> bytes:
     # cloudpickle, as the commands: objects of classes defined in the user's script come back as
     # the caller's own classes (the standard pickler refers to them by a name the parent cannot use)
-    if status is REPLY_OK and value is None:
-        conn.send_bytes(_OK_NONE)
-    else:
-        conn.send_bytes(cloudpickle.dumps((status, value)))
+    return _OK_NONE if status is REPLY_OK and value is None else cloudpickle.dumps((status, value))
+
+
+def _reply(conn, status: str, value) -> None:
+    conn.send_bytes(_encode_reply(status, value))
 
 
 def _unpicklable_reply(command: str, args, reply, first: int, err: Exception) -> EnvError:
@@ -118,14 +119,11 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
                     break
                 else:
                     raise ValueError(f"unknown command {command!r}")
-                if reply is not None:
-                    try:
-                        payload = cloudpickle.dumps((REPLY_OK, reply))
-                    except Exception as err:
-                        raise _unpicklable_reply(command, args, reply, first, err) from err
-                    conn.send_bytes(payload)
-                else:
-                    conn.send_bytes(_OK_NONE)
+                try:
+                    payload = _encode_reply(REPLY_OK, reply)
+                except Exception as err:
+                    raise _unpicklable_reply(command, args, reply, first, err) from err
+                conn.send_bytes(payload)
             except BaseException as err:
                 _reply(conn, REPLY_ERROR, _error_payload(err))
     finally:
