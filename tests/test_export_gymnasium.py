@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from gymnasium.utils.env_checker import check_env
-from torchrl.envs import GymEnv
+from torchrl.envs import GymEnv, StepCounter, TransformedEnv
 
 from torchrl_swm import EnvPool, register_gymnasium_env, to_gymnasium
 from torchrl_swm.export import TorchRLGymEnv
@@ -141,3 +141,24 @@ def test_registered_pool_with_discrete_start_matches_the_env():
         assert obs in ref.observation_space
         assert obs["goal"]["kind"] == obs_ref["goal"]["kind"]
         np.testing.assert_array_equal(obs["position"], obs_ref["position"])
+
+
+@pytest.mark.parametrize("transformed", [False, True])
+def test_seeded_reset_of_a_gym_env_starts_gymnasiums_episode_for_that_seed(transformed):
+    """reset(seed=s) on an exported TorchRL GymEnv is gymnasium's reset(seed=s), not the episode after it
+    (GymEnv.set_seed(s) resets with s itself); the unseeded resets that follow continue the same stream."""
+    env = GymEnv("CartPole-v1")
+    env = TransformedEnv(env, StepCounter()) if transformed else env
+    exported, reference = to_gymnasium(env), gym.make("CartPole-v1")
+    for seed in (4, None, None, 11, None):
+        obs, _ = exported.reset(seed=seed)
+        expected, _ = reference.reset(seed=seed)
+        np.testing.assert_array_equal(obs, expected)
+    for _ in range(30):  # and the dynamics from there on
+        out = exported.step(1)
+        expected = reference.step(1)
+        np.testing.assert_array_equal(out[0], expected[0])
+        assert out[1:4] == expected[1:4]
+        if out[2] or out[3]:
+            break
+    exported.close()

@@ -172,6 +172,37 @@ def test_env_is_wrapped_looks_where_the_envs_live(backend):
         venv.close()
 
 
+def _monitored_cartpole():
+    return Monitor(gym.make("CartPole-v1"))  # TimeLimit inside Monitor
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_set_attr_sets_the_outermost_wrapper_as_dummy_vec_env(backend):
+    """SB3's VecEnvs setattr() on each sub-env itself, so an inner wrapper's attribute of the same name
+    (TimeLimit's _max_episode_steps under Monitor) is untouched: same episode lengths as DummyVecEnv."""
+    n = 2
+    venv = to_sb3_vec_env(
+        EnvPool([_monitored_cartpole] * n, backend=backend, seed_every_episode=False, info_keys=[])
+    )
+    reference = DummyVecEnv([_monitored_cartpole] * n)
+    try:
+        for env in (venv, reference):
+            env.set_attr("_max_episode_steps", 3)
+            env.set_attr("tag", "a", indices=[1])
+            env.seed(5)
+            env.reset()
+        assert venv.get_attr("_max_episode_steps") == reference.get_attr("_max_episode_steps") == [3, 3]
+        assert venv.get_attr("tag", indices=[1]) == ["a"]
+        for _ in range(12):  # the inner TimeLimit still allows 500 steps: no episode ends at step 3
+            actions = np.zeros(n, np.int64)
+            ours, theirs = venv.step(actions), reference.step(actions)
+            np.testing.assert_array_equal(ours[0], theirs[0])
+            np.testing.assert_array_equal(ours[2], theirs[2])
+    finally:
+        venv.close()
+        reference.close()
+
+
 class _BinaryActionEnv(gym.Env):
     observation_space = gym.spaces.Box(0.0, 1.0, (2,), np.float32)
     action_space = gym.spaces.MultiBinary(2)

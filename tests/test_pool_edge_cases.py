@@ -750,3 +750,146 @@ def test_info_spec_nested_dict_declares_the_episode_statistics_of_record_episode
     assert r[done].tolist() == [3.0, 3.0, 2.0, 2.0, 2.0] and length[done].tolist() == [3, 3, 2, 2, 2]
     assert (r[~done] == 0).all() and (length[~done] == 0).all()
     pool.close()
+
+
+# -- EnvPool.to(device) moves the outputs, as TorchRL's Collector(env_device=...) needs ------------------------
+class _UnboundedCounter(gym.Env):
+    """Unbounded specs only (they can move to the "meta" device, the CPU stand-in for an accelerator);
+    the observation counts steps, and an episode terminates every 3 steps."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0, float(self.np_random.integers(100))], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.array([self.t, float(action)], np.float32), float(action), self.t % 3 == 0, False, {}
+
+
+@pytest.mark.parametrize("device", ["meta"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_to_moves_the_outputs_not_only_the_specs(device):
+    pool, twin = EnvPool([_UnboundedCounter] * 3, seed=0), EnvPool([_UnboundedCounter] * 3, seed=0)
+    try:
+        assert pool.to(device) is pool and pool.device.type == device
+        td = pool.reset()
+        assert td.device.type == device and td["observation"].device.type == device
+        if device != "meta":  # meta tensors hold no data: an action there cannot reach the envs
+            td.set("action", torch.ones(3, dtype=torch.int64, device=device))
+            out, nxt = pool.step_and_maybe_reset(td)
+            assert out["next", "observation"].device.type == device and nxt["observation"].device.type == device
+            assert pool.rollout(4, break_when_any_done=False)["next", "done"].device.type == device
+        # and back: every output on the CPU again and equal to a pool that never moved, resets included
+        pool.to("cpu")
+        actions = torch.tensor([[1, 0, 1], [0, 0, 1], [1, 1, 1], [0, 1, 0], [1, 0, 0], [1, 1, 0], [0, 0, 0]])
+        td, ref = pool.reset(seed=5), twin.reset(seed=5)
+        for action in actions:
+            td["action"], ref["action"] = action, action.clone()
+            (out, td), (expected, ref) = pool.step_and_maybe_reset(td), twin.step_and_maybe_reset(ref)
+            assert out.device == torch.device("cpu")
+            assert (out == expected).all() and (td == ref).all()
+    finally:
+        pool.close()
+        twin.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_collector_with_env_device_cuda_moves_a_cpu_pool():
+    from torchrl.collectors import Collector
+
+    collector = Collector(EnvPool("CartPole-v1", num_envs=4, seed=0), None, frames_per_batch=64, total_frames=64,
+                          env_device="cuda")
+    reference = Collector(EnvPool("CartPole-v1", num_envs=4, seed=0), None, frames_per_batch=64, total_frames=64)
+    try:
+        batch, expected = next(iter(collector)), next(iter(reference))
+        assert batch["next", "observation"].device.type == "cuda"
+        torch.testing.assert_close(batch["next", "done"].cpu(), expected["next", "done"])
+    finally:
+        collector.shutdown()
+        reference.shutdown()
+
+
+# -- the construction probe: a legal action for masked envs, and no step when the arguments settle the infos ----
+class _LoggedMaskedEnv(gym.Env):
+    """Only action 2 is legal (its "action_mask" is in the observation, or the info); every call is logged."""
+
+    action_space = gym.spaces.Discrete(4)
+
+    def __init__(self, mask_in: str = "obs"):
+        self.mask_in, self.log = mask_in, []
+        box = gym.spaces.Box(-1, 1, (2,), np.float32)
+        self.observation_space = (gym.spaces.Dict({"observation": box, "action_mask": gym.spaces.MultiBinary(4)})
+                                  if mask_in == "obs" else box)
+        self.mask = np.array([0, 0, 1, 0], np.int8)
+
+    def _out(self, info):
+        if self.mask_in == "obs":
+            return {"observation": np.zeros(2, np.float32), "action_mask": self.mask}, info
+        return np.zeros(2, np.float32), {**info, "action_mask": self.mask}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.log.append("reset")
+        return self._out({})
+
+    def step(self, action):
+        self.log.append(("step", int(action)))
+        if not self.mask[action]:
+            raise ValueError(f"illegal action {action}")
+        obs, info = self._out({"score": 1.0})
+        return obs, 1.0, False, False, info
+
+
+@pytest.mark.parametrize("mask_in", ["obs", "info"])
+def test_the_construction_probe_takes_a_legal_action_in_a_masked_env(mask_in):
+    pool = EnvPool([functools.partial(_LoggedMaskedEnv, mask_in)] * 3, seed=0)
+    try:
+        assert pool.call("get_wrapper_attr", "log") == [["reset", ("step", 2)]] * 3
+        assert ("info", "score") in pool.observation_spec.keys(True, True)
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+@pytest.mark.parametrize("settled", [dict(info_keys=[]), dict(info_keys=["score"], info_spec={"score": 0.0})])
+def test_info_keys_that_settle_the_schema_skip_the_construction_step(backend, settled):
+    pool = EnvPool([functools.partial(_LoggedMaskedEnv, "obs")] * 2, seed=0, backend=backend, **settled)
+    try:
+        assert pool.call("get_wrapper_attr", "log") == [["reset"]] * 2
+        td = pool.reset()
+        td["action"] = torch.full((2,), 2)
+        out = pool.step(td)
+        if settled["info_keys"]:
+            assert out["next", "info", "score"].tolist() == [[1.0], [1.0]]
+        else:
+            assert "info" not in out["next"].keys()
+    finally:
+        pool.close()
+    # a key chosen but not declared still needs the step, to find its spec
+    pool = EnvPool([functools.partial(_LoggedMaskedEnv, "obs")] * 2, seed=0, info_keys=["score"])
+    assert pool.call("get_wrapper_attr", "log") == [["reset", ("step", 2)]] * 2
+    pool.close()
+
+
+class _RefusesRandomActions(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(4)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        raise ValueError(f"illegal action {action}")
+
+
+def test_a_construction_step_that_raises_says_how_to_skip_it():
+    with pytest.raises(EnvError, match=r"env 0 \(step\).*illegal action.*info_keys=\[\]") as caught:
+        EnvPool([_RefusesRandomActions] * 2, seed=0)
+    assert isinstance(caught.value.__cause__, ValueError)
+    pool = EnvPool([_RefusesRandomActions] * 2, seed=0, info_keys=[])  # the way out it names
+    assert pool.reset()["observation"].shape == (2, 2)
+    pool.close()

@@ -324,3 +324,73 @@ def test_world_model_env_start_states_from_an_empty_dataset_is_a_value_error(tmp
     with pytest.raises(ValueError, match="holds no episodes") as info:
         WorldModelEnv(_Still(), CARTPOLE_OBS, gym.spaces.Discrete(2), num_envs=2, start_states=ds)
     assert "empty" in str(info.value)  # names the dataset's path
+
+
+# -- an env's own "goal" observation, and gymnasium's "module:Env-v0" ids -------------------------------
+class _OwnGoalEnv(gym.Env):
+    """A Dict observation with a "goal" of the env's own (World injects goals only in dataset evaluation)."""
+
+    observation_space = gym.spaces.Dict({"pos": gym.spaces.Box(-10, 10, (2,), np.float32),
+                                         "goal": gym.spaces.Box(-10, 10, (2,), np.float32)})
+    action_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.pos, self.t = np.zeros(2, np.float32), 0
+        self.goal = self.np_random.uniform(-5, 5, 2).astype(np.float32)
+        return {"pos": self.pos.copy(), "goal": self.goal.copy()}, {}
+
+    def step(self, action):
+        self.pos, self.t = self.pos + action, self.t + 1
+        return {"pos": self.pos.copy(), "goal": self.goal.copy()}, 0.0, False, self.t >= 4, {}
+
+
+def test_collect_records_an_envs_own_goal_observation(tmp_path):
+    with World(EnvPool([_OwnGoalEnv] * 2), max_episode_steps=4) as world:
+        ds = world.collect(tmp_path / "ds", 3, seed=0, progress=False)
+    assert "goal" in ds.observation_keys and "pos" in ds.observation_keys
+    goal, next_goal = ds.td["goal"], ds.td["next", "goal"]
+    assert goal.shape == next_goal.shape == (ds.num_steps, 2)
+    torch.testing.assert_close(goal, next_goal)  # constant within an episode: the root is the same goal
+    episodes = ds.td["episode"]
+    assert len({tuple(goal[episodes == e][0].tolist()) for e in episodes.unique().tolist()}) == 3
+
+
+def _registering_module(path, name: str) -> str:
+    """Write module ``name`` registering ``ModuleIdTest/{name}-v0`` (CartPole, 7 steps); returns that id."""
+    env_id = f"ModuleIdTest/{name}-v0"
+    (path / f"{name}.py").write_text(
+        "import gymnasium as gym\n"
+        f"gym.register({env_id!r}, entry_point='gymnasium.envs.classic_control:CartPoleEnv', max_episode_steps=7)\n"
+    )
+    return env_id
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_module_colon_env_ids_work_as_with_gym_make(tmp_path, monkeypatch, backend):
+    """gym.make("module:Env-v0") imports the module (which registers the id) first; so does the package."""
+    name = f"swm_registers_{backend}"
+    env_id = _registering_module(tmp_path, name)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pool = EnvPool(f"{name}:{env_id}", num_envs=2, backend=backend, seed=0)
+    try:
+        reference = gym.make("CartPole-v1")
+        td = pool.reset()
+        np.testing.assert_array_equal(td["observation"][1].numpy(), reference.reset(seed=1)[0])
+        assert pool.call("get_wrapper_attr", "_max_episode_steps") == [7, 7]
+    finally:
+        pool.close()
+    with pytest.raises(ModuleNotFoundError, match="no_such_registering_module"):
+        EnvPool("no_such_registering_module:Whatever-v0", num_envs=1)
+
+
+def test_module_colon_env_ids_in_world_and_the_cli(tmp_path, monkeypatch, capsys):
+    env_id = _registering_module(tmp_path, "swm_registers_world")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with World(f"swm_registers_world:{env_id}", num_envs=2) as world:
+        result = world.evaluate(2, seed=0, progress=False)
+    assert result["num_episodes"] == 2 and max(result["episode_lengths"]) <= 7
+    env_id = _registering_module(tmp_path, "swm_registers_cli")
+    assert cli.main(["eval", f"swm_registers_cli:{env_id}", "--episodes", "2", "--no-progress"]) == 0
+    assert cli.main(["eval", "no_such_registering_module:Whatever-v0", "--no-progress"]) == 2
+    assert "cannot import" in capsys.readouterr().err

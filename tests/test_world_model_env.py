@@ -1368,3 +1368,84 @@ def test_adapters_refuse_what_the_model_would_silently_lose():
                  lambda: ActionAdapter(lambda a: a, gym.spaces.MultiDiscrete([3, 2], start=[1, 0]))):
         with pytest.raises(SpecError, match=r"has a nonzero start"):
             make()
+
+
+# -- a TensorDict state with batch_size [], a sampling decoder's streams, device "cpu:0" ---------------------
+def _td_state_transition(state, action):
+    deter = torch.tanh(state["deter"] + action.sum(-1, keepdim=True))
+    # TensorDict(d) has batch_size [] unless told otherwise
+    return {"state": TensorDict({"deter": deter, "stoch": state["stoch"] * 0.5}),
+            "observation": deter[:, :2].clone(), "reward": deter[:, :1].clone()}
+
+
+def _td_state_reset(seed, options, num_envs):
+    return TensorDict({"deter": torch.full((num_envs, 3), 0.1), "stoch": torch.ones(num_envs, 2)}), torch.zeros(num_envs, 2)
+
+
+@pytest.mark.parametrize("start", ["initial_state", "reset_fn"])
+def test_a_tensordict_state_without_batch_size_gets_the_envs_batch_under_state_key(start):
+    box = gym.spaces.Box(-1, 1, (2,), np.float32)
+    starts = (dict(initial_state=TensorDict({"deter": torch.zeros(3), "stoch": torch.ones(2)}),
+                   initial_observation=torch.zeros(2))
+              if start == "initial_state" else
+              dict(reset_fn=_td_state_reset, state_spec={"deter": gym.spaces.Box(-1, 1, (3,), np.float32),
+                                                         "stoch": gym.spaces.Box(-1, 1, (2,), np.float32)}))
+    env = WorldModelEnv(object(), box, box, num_envs=4, transition_fn=_td_state_transition, state_key="latent",
+                        seed=0, **starts)
+    td = env.reset()
+    assert td["latent"].batch_size == (4,)
+    td["action"] = torch.full((4, 2), 0.2)
+    out = env.step(td)
+    assert out["next", "latent"].batch_size == (4,)
+    torch.testing.assert_close(out["next", "latent", "stoch"], td["latent", "stoch"] * 0.5)
+    assert out["next"][1]["latent", "deter"].shape == (3,)  # indexable: a valid [4] tensordict
+    check_env_specs(env)
+    rollout = env.rollout(5, break_when_any_done=False)
+    assert rollout[0]["next", "latent"].batch_size == (5,)
+
+
+def _noisy_step(state, action, generator=None):
+    return {"state": torch.tanh(state + action.sum(-1, keepdim=True) + 0.1 * torch.randn(state.shape, generator=generator))}
+
+
+def _sampling_decoder(obs, generator=None):
+    probs = torch.sigmoid(obs).view(-1, 1, 1, 3).expand(-1, 2, 2, 3)
+    return (torch.bernoulli(probs, generator=generator) * 255).to(torch.uint8)
+
+
+def _decoded_env(decoder=_sampling_decoder):
+    box = gym.spaces.Box(-1, 1, (3,), np.float32)
+    return make_world_model_env(object(), box, gym.spaces.Box(-1, 1, (2,), np.float32), num_envs=4,
+                                initial_state=torch.zeros(3), transition_fn=_noisy_step, decoder=decoder, seed=0)
+
+
+def test_a_sampling_decoder_draws_resets_from_the_reset_stream_so_rows_stay_isolated():
+    """Mask isolation with a decoder taking generator=: a partial reset of row 0 leaves rows 1..3 (latents and
+    pixels) identical to a same-seed twin's, as the env's own adapters guarantee."""
+    a, b = _decoded_env(), _decoded_env()
+    ta, tb = a.reset(), b.reset()
+    for t in range(8):
+        ta["action"] = tb["action"] = torch.full((4, 2), 0.1)
+        if t == 2:
+            ta["_reset"] = torch.tensor([[True], [False], [False], [False]])
+            ta = a.reset(ta)
+        oa, ta = a.step_and_maybe_reset(ta)
+        ob, tb = b.step_and_maybe_reset(tb)
+        for key in ("observation", "pixels"):
+            assert torch.equal(oa["next", key][1:], ob["next", key][1:]), (t, key)
+    # and the decoder's spec probe and the reset decoding leave the model's step stream where it was: the first
+    # step's latents are those of the env without a decoder
+    plain = _decoded_env(decoder=None).rollout(1, lambda td: td.set("action", torch.full((4, 2), 0.1)))
+    decoded = _decoded_env().rollout(1, lambda td: td.set("action", torch.full((4, 2), 0.1)))
+    assert torch.equal(plain["next", "observation"], decoded["next", "observation"])
+
+
+@pytest.mark.parametrize("device", ["cpu:0", torch.device("cpu", 0)])
+def test_cpu_with_an_index_is_the_cpu(device):
+    box = gym.spaces.Box(-1, 1, (2,), np.float32)
+    for model in (nn.Linear(2, 2).to(device), object()):
+        env = WorldModelEnv(model, box, box, num_envs=2, initial_state=torch.zeros(2),
+                            transition_fn=lambda s, a: {"state": s + a}, device=device)
+        assert env.device == torch.device("cpu")
+        assert env.rollout(3)["next", "observation"].shape == (2, 3, 2)
+        assert env.to(device) is env

@@ -89,10 +89,10 @@ def register_command(name: str, *, help: str, configure: Callable[[argparse.Argu
 def _check_env_id(env_id: str) -> None:
     import gymnasium as gym
 
-    from . import envs as _register  # noqa: F401  (torchrl_swm/* ids)
+    from .envs import spec  # knows the torchrl_swm/* ids and imports a module:Env-v0 id's module
 
     try:
-        gym.spec(env_id)
+        spec(env_id)
     except gym.error.Error as err:
         raise CLIError(f"unknown environment id {env_id!r}: {err}") from None
     except ModuleNotFoundError as err:

@@ -232,12 +232,12 @@ def _pool_source(env_id: str, kwargs: dict) -> tuple:
 
     import gymnasium as gym
 
-    from .envs import make
+    from .envs import make, spec
     from .pool import EnvPool
 
     if not env_id.startswith("torchrl_swm/"):
         return (env_id,)
-    gym.spec(env_id)  # unknown ids fail here, with gymnasium's "did you mean" message
+    spec(env_id)  # unknown ids fail here, with gymnasium's "did you mean" message
     pool_params = set(inspect.signature(EnvPool.__init__).parameters) - {"self", "env_fns", "make_kwargs"}
     make_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k not in pool_params}
     if kwargs.get("pixels") or kwargs.get("image_shape") is not None:
@@ -1234,7 +1234,9 @@ class _Run:
             nxt.set("step_count", torch.as_tensor(self.t).view(n, 1).to(self.device))
             if self._exclude_unchecked:
                 self._check_excluded(td)
-            record = td.exclude(*[k for k in td.keys() if k.startswith("_")], self.goal_key, *self.exclude_keys)
+            # the goals this run injected are not the env's: an env's own "goal" observation is recorded
+            injected = () if self.goals is None else (self.goal_key,)
+            record = td.exclude(*[k for k in td.keys() if k.startswith("_")], *injected, *self.exclude_keys)
             self.recorder.write(record, rows, t_before[rows])
         if self.video is not None:
             pixels = nxt.get("pixels").cpu().numpy()

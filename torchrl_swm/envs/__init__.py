@@ -17,12 +17,15 @@ of a process backend do not import this module by themselves).
 
 from __future__ import annotations
 
+import importlib
+
 import gymnasium as gym
 
 from .point_maze import LAYOUTS, PointMazeEnv, PointMazeExpert, expert_actions, expert_policy
 
 __all__ = [
     "PointMazeEnv", "PointMazeExpert", "LAYOUTS", "expert_actions", "expert_policy", "ENV_IDS", "register_envs", "make",
+    "spec",
 ]
 
 ENV_IDS = {
@@ -53,6 +56,25 @@ def make(env_id: str, **kwargs) -> gym.Env:
     """
     register_envs()
     return gym.make(env_id, **kwargs)
+
+
+def spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    """``gym.spec`` for every id ``gym.make`` takes, ``"module:Env-v0"`` included.
+
+    As ``gym.make`` does, the module before the colon is imported first (it registers the
+    id). Unknown ids raise gymnasium's error, with its "did you mean" message.
+    """
+    register_envs()
+    module, colon, name = env_id.partition(":")
+    if not colon:
+        return gym.spec(env_id)
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        raise ModuleNotFoundError(
+            f"gymnasium id {env_id!r}: cannot import {module!r}, the module that should register {name!r} ({err})"
+        ) from err
+    return gym.spec(name)
 
 
 register_envs()

@@ -10,6 +10,9 @@
 * A :class:`~torchrl_swm.world_model.WorldModelEnv` at the base takes one int seed
   and the options through ``env.reset(seed=..., options=...)``: it seeds its
   generators and passes both to its ``reset_fn``, as its own ``reset`` does.
+* TorchRL's ``GymEnv``/``GymWrapper`` at the base (under any ``TransformedEnv``)
+  take the seed as ``env.reset(seed=s)``, which reaches gymnasium's
+  ``reset(seed=s)``: the first episode is gymnasium's own for that seed.
 * Any other TorchRL env is seeded as a whole with ``env.set_seed(s)`` before the
   reset (a TorchRL ``SerialEnv``/``ParallelEnv`` derives each worker's seed from
   ``s``). Per-env seed lists need an ``EnvPool`` and raise there (all ``None`` is
@@ -23,8 +26,10 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
+from torchrl.envs.libs.gym import GymWrapper
 
 from ..errors import describe
+from ._core import base_env
 
 __all__ = ["reset_kwargs", "normalize_seed", "seed_groups", "check_options"]
 
@@ -128,5 +133,10 @@ def reset_kwargs(env, traits, seed, options: dict | None, num_envs: int, what: s
             f"{what}: per-env seeds need an EnvPool at the base; {type(env).__name__} is seeded as a whole "
             f"with env.set_seed(s): pass one int s (got {seed})"
         )
+    if isinstance(base_env(env), GymWrapper):
+        # TorchRL's GymEnv/GymWrapper pass reset(seed=s) to gymnasium's reset, so the first episode is
+        # gymnasium's reset(seed=s) one; its set_seed(s) resets with s itself, and the next reset would
+        # start gymnasium's second episode
+        return {"seed": int(seed)}
     env.set_seed(int(seed))
     return {}

@@ -154,7 +154,8 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
                 does) or a list of ``N`` entries, each an int or ``None`` (that env
                 is reset without a new seed: it continues its seed schedule, as on
                 ``SyncVectorEnv``). Per-env seeds need an ``EnvPool`` at the base;
-                other envs are seeded as a whole with an int (``env.set_seed(s)``).
+                a TorchRL ``GymEnv`` takes an int as ``reset(seed=s)`` (gymnasium's own per-env
+                seeds), other envs are seeded as a whole with an int (``env.set_seed(s)``).
             options: passed to each sub-env's ``reset`` (``EnvPool`` only). The key
                 ``"reset_mask"`` (numpy bool ``(N,)``) resets only those envs; the
                 others keep their state and report their last observation (for an

@@ -32,7 +32,7 @@ from .._meta import NoAutoResetMeta
 from ..masks import mask_rows, row_mask, row_view
 from ..specs import batch_spec, space_to_spec
 from .buffers import BufferLayout, HostBuffers
-from .infos import INFO_MASK_KEY, InfoSchema
+from .infos import INFO_MASK_KEY, InfoSchema, needs_step_probe
 from .actions import ActionCodec
 from .rows import observation_leaves
 from .seeding import SeedSchedule, broadcast_options, broadcast_seeds
@@ -50,9 +50,9 @@ def _factories(env_fns, num_envs, pixels, make_kwargs) -> list[Callable[[], gym.
     if isinstance(env_fns, str):
         if num_envs is None or int(num_envs) < 1:
             raise ValueError(f"EnvPool({env_fns!r}): expected num_envs >= 1, got {num_envs!r}")
-        from ..envs import make  # gym.make that also knows this package's ids, in any process
+        from ..envs import make, spec  # gym.make that also knows this package's ids, in any process
 
-        gym.spec(env_fns)  # unknown ids fail here, with gymnasium's "did you mean" message
+        spec(env_fns)  # unknown ids fail here, with gymnasium's "did you mean" message
         if pixels:
             make_kwargs = {"render_mode": "rgb_array", **make_kwargs}
         return [functools.partial(make, env_fns, **make_kwargs)] * int(num_envs)
@@ -129,6 +129,11 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         info_spec: declared info specs ``{key: spec or example value}`` (value
             shape, no batch or time dim); they override inferred ones, and
             declared keys get an ``("info_mask", key)`` presence mask.
+
+            Info keys are otherwise inferred at construction: every env is reset
+            and stepped once with a random action (a legal one when a ``Discrete``
+            env reports an ``"action_mask"`` at reset). Naming only declared keys in
+            ``info_keys`` (or ``info_keys=[]``) skips that step: the envs are only reset.
         seed: the initial seed schedule (as :meth:`set_seed`); OS entropy when ``None``.
         seed_every_episode: reset env ``i``'s ``k``-th episode with seed
             ``s + i + k * N`` (default), so each episode is reproducible from its
@@ -213,7 +218,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         obs_spaces = observation_leaves(self.single_observation_space)
 
         self._seeds = SeedSchedule(n, seed, every_episode=seed_every_episode)
-        probe = backend.probe(self._seeds.next(None)[1])
+        probe = backend.probe(self._seeds.next(None)[1], step=needs_step_probe(info_keys, info_spec))
         self._seeds.count[:] = 0  # the probe does not use up the first seeds
         self._info_schema = InfoSchema.infer(probe["infos"], info_keys, info_spec, probe.get("batch_wide"))
 
@@ -246,8 +251,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         layout = BufferLayout(leaves)
         self._host = HostBuffers(layout, device, flat=backend.allocate(layout))
         self._done_flags = self._host.arrays[("done",)][:, 0]  # a view: the backends write it in place
-        # on CPU the done mask of a reset step is a view of the done buffer itself
-        self._done_views = _RankViews(self._host.tensors[("done",)][:, 0]) if device.type == "cpu" else None
+        self._done_views = self._cpu_done_views()
         backend.attach(layout, self._host.arrays, self._info_schema, self._frame_key)
 
         # Output keys: what a reset returns, and what a step adds (the reward);
@@ -563,6 +567,22 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         if len(values) != len(indices):
             raise ValueError(f"set_attr: expected {len(indices)} values, got {len(values)}")
         self._backend.set_attr(indices, name, values)
+
+    def to(self, device) -> EnvPool:
+        """Move the pool's outputs and specs to ``device`` (TorchRL's ``Collector(..., env_device=)`` does).
+
+        The host staging buffer stays as it was allocated: a pool built with ``device="cuda"``
+        stages in pinned memory (asynchronous copies); one moved there later copies synchronously.
+        """
+        super().to(device)
+        if self._host.device != self.device:
+            self._host = HostBuffers(self._host.layout, self.device, flat=self._host.flat)
+            self._done_views = self._cpu_done_views()
+        return self
+
+    def _cpu_done_views(self):
+        # on CPU the done mask of a reset step is a view of the done buffer itself
+        return _RankViews(self._host.tensors[("done",)][:, 0]) if self.device.type == "cpu" else None
 
     def close(self, *, raise_if_closed: bool = True) -> None:
         backend = self.__dict__.get("_backend")

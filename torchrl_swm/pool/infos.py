@@ -57,7 +57,8 @@ from ..errors import EnvError, SpecError, describe
 
 __all__ = ["InfoSchema", "InfoWriter", "SkippedValue", "numeric_value", "vector_values", "cast_problem",
            "first_cast_problem",
-           "flatten_vector_info", "check_vector_mask", "batch_wide_error", "INFO_MASK_KEY"]
+           "flatten_vector_info", "check_vector_mask", "batch_wide_error", "INFO_MASK_KEY",
+           "needs_step_probe"]
 
 Key = tuple[str, ...]
 
@@ -330,11 +331,7 @@ class InfoSchema:
         from some probe, and declared keys, get a presence mask. ``batch_wide``: a vector env's
         values that are not one per env (``{key: error}``), an error unless ``info_keys`` leaves them out.
         """
-        if isinstance(info_keys, str) or (
-            isinstance(info_keys, tuple) and info_keys and all(isinstance(k, str) for k in info_keys)
-        ):
-            info_keys = [info_keys]  # one key ("a", or ("a", "b") nested), as TorchRL and the exports read it
-        chosen_keys = None if info_keys is None else [(k,) if isinstance(k, str) else tuple(k) for k in info_keys]
+        chosen_keys = _chosen_keys(info_keys)
 
         def recorded(key: Key) -> bool:  # kept by info_keys= (a chosen key, or under one)
             return chosen_keys is None or any(key[: len(k)] == k for k in chosen_keys)
@@ -463,6 +460,28 @@ def _promote(a: np.dtype, b: np.dtype) -> np.dtype:
     from ..specs import numpy_dtype, torch_dtype
 
     return numpy_dtype(torch.promote_types(torch_dtype(a), torch_dtype(b)))
+
+
+def _chosen_keys(info_keys) -> list[Key] | None:
+    """``info_keys=`` as a list of key tuples (``None``: every key)."""
+    if isinstance(info_keys, str) or (
+        isinstance(info_keys, tuple) and info_keys and all(isinstance(k, str) for k in info_keys)
+    ):
+        info_keys = [info_keys]  # one key ("a", or ("a", "b") nested), as TorchRL and the exports read it
+    return None if info_keys is None else [(k,) if isinstance(k, str) else tuple(k) for k in info_keys]
+
+
+def needs_step_probe(info_keys, info_spec) -> bool:
+    """Whether the info schema needs the construction probe's step (a random action in every env).
+
+    Not when ``info_keys=`` chooses only keys that ``info_spec=`` declares (or none at all, ``[]``):
+    the arguments then settle the schema, and the envs are only reset at construction.
+    """
+    chosen = _chosen_keys(info_keys)
+    if chosen is None:
+        return True
+    declared = _declared(info_spec)
+    return not all(key in declared for key in chosen)
 
 
 def _declared(info_spec) -> dict[Key, InfoLeaf]:

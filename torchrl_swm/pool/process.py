@@ -325,9 +325,10 @@ class ProcessBackend:
         return out
 
     # -- the backend API ---------------------------------------------------------------------
-    def probe(self, seeds: Sequence[int]) -> dict:
+    def probe(self, seeds: Sequence[int], step: bool = True) -> dict:
         workers = self._broadcast(
-            [(w, self._encode(w, "probe", list(seeds[span.start : span.stop]))) for w, span in enumerate(self.slices)]
+            [(w, self._encode(w, "probe", (list(seeds[span.start : span.stop]), step)))
+             for w, span in enumerate(self.slices)]
         )
         results = self._gather(workers, "probe")
         for w, result in enumerate(results[1:], 1):

@@ -37,17 +37,43 @@ def numeric_only(info: Mapping) -> dict:
     return out
 
 
-def probe_action(space: gym.Space, seed: int):
+PROBE_HINT = (
+    "the pool steps every env once with a random action at construction, to infer its info keys; to skip that "
+    "step, settle them with info_keys=[...] naming only keys declared in info_spec= (or info_keys=[] for none)"
+)
+
+
+def probe_action(space: gym.Space, seed: int, obs=None, info=None):
     """A seeded sample of ``space`` for the construction probe's step; the zero action (clipped into
-    the bounds) for a Box gymnasium cannot sample (float64 bounds at the dtype's extremes overflow)."""
+    the bounds) for a Box gymnasium cannot sample (float64 bounds at the dtype's extremes overflow).
+
+    A ``Discrete`` space samples a legal action when the reset reported an ``"action_mask"`` of
+    ``n`` entries (in a Dict observation, else in the info), the usual convention of masked envs.
+    """
     space = copy.deepcopy(space)
     space.seed(seed)
+    mask = _action_mask(space, obs, info)
+    if mask is not None:
+        return space.sample(mask=mask)
     try:
         return space.sample()
     except OverflowError:
         if not isinstance(space, gym.spaces.Box):
             raise
         return np.clip(np.zeros(space.shape, space.dtype), space.low, space.high)
+
+
+def _action_mask(space: gym.Space, obs, info) -> np.ndarray | None:
+    if not isinstance(space, gym.spaces.Discrete):
+        return None
+    for source in (obs, info):
+        mask = source.get("action_mask") if isinstance(source, Mapping) else None
+        if mask is None:
+            continue
+        mask = np.asarray(mask)
+        if mask.shape == (space.n,) and mask.any():
+            return mask.astype(np.int8)
+    return None
 
 
 def call_envs(envs: Sequence[gym.Env], rows: Sequence[int], name: str, args: tuple, kwargs: dict, first: int = 0) -> list:
@@ -168,8 +194,9 @@ class SerialBackend(InProcessBackend):
         return len(self.envs)
 
     # -- construction-time probe -------------------------------------------------
-    def probe(self, seeds: Sequence[int]) -> dict:
-        """Reset and step every env once, for info-spec inference and the frame shape.
+    def probe(self, seeds: Sequence[int], step: bool = True) -> dict:
+        """Reset every env once, and step it once unless ``step=False`` (see :data:`PROBE_HINT`), for the
+        info-spec inference and the frame shape.
 
         Returns ``{"infos": [(index, phase, numeric info)], "frame_shape": shape | None}``.
         """
@@ -178,7 +205,7 @@ class SerialBackend(InProcessBackend):
             i = self.first + j
             phase = "reset"
             try:
-                _, info = env.reset(seed=int(seeds[j]))
+                obs, info = env.reset(seed=int(seeds[j]))
                 infos.append((i, "reset", numeric_only(info)))
                 if self.pixels:
                     phase = "render"
@@ -186,8 +213,10 @@ class SerialBackend(InProcessBackend):
                     if frame_shape is not None and shape != frame_shape:
                         raise EnvError(i, "render", f"frame shape {shape} differs from env {self.first}'s {frame_shape}")
                     frame_shape = shape
+                if not step:
+                    continue
                 phase = "step"
-                result = env.step(probe_action(env.action_space, int(seeds[j])))
+                result = env.step(probe_action(env.action_space, int(seeds[j]), obs, info))
                 if not isinstance(result, tuple) or len(result) != 5:
                     raise _bad_step_result(i, result)
                 info = result[4]
@@ -195,7 +224,10 @@ class SerialBackend(InProcessBackend):
             except EnvError:
                 raise
             except Exception as err:
-                raise EnvError(i, phase, f"{type(err).__name__}: {err} (while probing the env at construction)") from err
+                hint = f"; {PROBE_HINT}" if phase == "step" else ""
+                raise EnvError(
+                    i, phase, f"{type(err).__name__}: {err} (while probing the env at construction{hint})"
+                ) from err
         return {"infos": infos, "frame_shape": frame_shape}
 
     # -- the hot path --------------------------------------------------------------

@@ -37,7 +37,7 @@ from gymnasium.vector import AutoresetMode
 from ..errors import EnvError, SpecError, describe
 from .infos import batch_wide_error, check_vector_mask, flatten_vector_info, numeric_value
 from .rows import RowWriter
-from .serial import InProcessBackend, call_envs, env_is_wrapped, probe_action
+from .serial import PROBE_HINT, InProcessBackend, call_envs, env_is_wrapped, probe_action
 
 __all__ = ["VectorBackend", "register_masked_reset"]
 
@@ -163,20 +163,28 @@ class VectorBackend(InProcessBackend):
         return self.num_envs
 
     # -- construction-time probe ----------------------------------------------------
-    def probe(self, seeds: Sequence[int]) -> dict:
-        """Reset (seeded) and step once with a sampled action, for the info spec and frame shape."""
+    def probe(self, seeds: Sequence[int], step: bool = True) -> dict:
+        """Reset (seeded) and, unless ``step=False``, step once with a sampled action, for the info spec
+        and frame shape."""
         phase = "reset"
+        step_info = None
         try:
             _, reset_info = self.venv.reset(seed=self._seed_arg(seeds))
             frame_shape = self._render().shape[1:] if self.pixels else None
-            phase = "step"
-            step_info = self.venv.step(probe_action(self.venv.action_space, int(seeds[0])))[4]
+            if step:
+                phase = "step"
+                step_info = self.venv.step(probe_action(self.venv.action_space, int(seeds[0])))[4]
         except EnvError:
             raise
         except Exception as err:
-            raise EnvError(None, phase, f"{type(err).__name__}: {err} (while probing the vector env at construction)") from err
+            hint = f"; {PROBE_HINT}" if phase == "step" else ""
+            raise EnvError(
+                None, phase, f"{type(err).__name__}: {err} (while probing the vector env at construction{hint})"
+            ) from err
         infos, batch_wide = [], {}
         for phase, info in (("reset", reset_info), ("step", step_info)):
+            if info is None:
+                continue
             per_env = _split_vector_info(info, self.num_envs, phase, batch_wide)
             infos.extend((i, phase, env_info) for i, env_info in enumerate(per_env))
         return {"infos": infos, "frame_shape": frame_shape, "batch_wide": batch_wide}

@@ -91,7 +91,7 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
                     backend.reset(*args)
                     reply = None
                 elif command == "probe":
-                    reply = backend.probe(args)
+                    reply = backend.probe(*args)
                 elif command == "attach":
                     shm_name, layout, info_schema, frame_key, kind = args
                     # spawned workers share the pool's resource tracker, which unlinks

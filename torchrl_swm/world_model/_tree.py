@@ -25,6 +25,7 @@ __all__ = [
     "broadcast_rows",
     "unflatten_rows",
     "check_batch",
+    "with_batch",
 ]
 
 
@@ -133,3 +134,25 @@ def check_batch(x, batch_shape: tuple[int, ...], what: str) -> None:
     for path, t in leaves(x, what):
         if tuple(t.shape[:nb]) != batch_shape:
             raise ValueError(f"{path}: expected leading batch dims {batch_shape}, got {describe(t)}")
+
+
+def with_batch(x, batch_shape: tuple[int, ...]):
+    """``x`` whose TensorDicts (at any depth) have at least the batch dims ``batch_shape``.
+
+    ``TensorDict(d)`` defaults to ``batch_size=[]``; put under ``state_key`` in the env's
+    ``[N]`` outputs such a state would make an invalid tensordict (it cannot be indexed or
+    stacked). Its leaves are checked first (:func:`check_batch`); the caller's TensorDict is
+    left as it is (a shallow copy gets the batch size).
+    """
+    if isinstance(x, TensorDictBase):
+        if x.batch_dims >= len(batch_shape):
+            return x
+        x = x.clone(False)
+        x.batch_size = batch_shape
+        return x
+    if isinstance(x, Mapping):
+        return {k: with_batch(v, batch_shape) for k, v in x.items()}
+    if isinstance(x, (tuple, list)) and not isinstance(x, torch.Tensor):
+        items = [with_batch(v, batch_shape) for v in x]
+        return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
+    return x

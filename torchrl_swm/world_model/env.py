@@ -93,6 +93,16 @@ def _model_device(model) -> torch.device | None:
     return None
 
 
+def _resolve_device(device) -> torch.device:
+    """The device tensors made there report: ``cuda`` gets the current index, ``cpu:0`` is ``cpu``."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    if device.type == "cpu":
+        return torch.device("cpu")
+    return device
+
+
 def _exact(value, shape, dtype, device) -> bool:
     """Whether ``value`` is already a tensor of exactly this shape, dtype and device (the fast path)."""
     return type(value) is torch.Tensor and value.shape == shape and value.dtype is dtype and value.device == device
@@ -340,9 +350,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         model_device = _model_device(model)
         if device is None:
             device = model_device or torch.device("cpu")
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+        device = _resolve_device(device)
         if model_device is not None and model_device != device:
             raise ValueError(
                 f"WorldModelEnv: device={device} but the model's parameters are on {model_device}; "
@@ -933,6 +941,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                     _tree.check_batch(state, tuple(bs), "next state")
                 except (ValueError, TypeError) as err:
                     raise ReturnFormError(f"{where} returned {form}: {err}") from None
+                state = _tree.with_batch(state, tuple(bs))
         if shapes.state is not None:  # only with state_key (and its own spec): the state is an output
             self._check_state_spec(state, shapes.state, f"{where} returned {form}")
         rt.reward_from_model = rt.terminated_from_model = True
@@ -1034,7 +1043,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             obs = _tree.broadcast_rows(self._initial_obs, bs)
         if self._initial_state is not None:
             state = _tree.broadcast_rows(self._initial_state, bs)
-            self._check_state(state, bs, "initial_state")
+            state = self._check_state(state, bs, "initial_state")
         else:
             state = self._encode_obs(obs, bs, "initial_observation")  # checked there
         if obs is None:
@@ -1054,16 +1063,19 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         state = self._encode.call(nest(obs) if self._obs_is_mapping else obs)  # grad mode: the reset's
         if state is None:
             raise ReturnFormError(f"{self._encode.description} returned None for {what}; expected the encoded state")
-        self._check_state(state, bs, f"{self._encode.description} (encoding {what})")
+        state = self._check_state(state, bs, f"{self._encode.description} (encoding {what})")
         return state
 
     def _check_state(self, state, bs, where):
+        """``state`` checked against the batch ``bs`` (and the state spec), its TensorDicts given that batch."""
         try:
             _tree.check_batch(state, bs, "state")
         except (ValueError, TypeError) as err:
             raise ReturnFormError(f"{where}: {err}") from None
+        state = _tree.with_batch(state, tuple(bs))
         if self._state_spec_unbatched is not None:
             self._check_state_spec(state, _state_layout(self._state_spec_unbatched, bs), where)
+        return state
 
     def _check_state_spec(self, state, layout, where):
         """Raise unless the state's tensor leaves have the shapes and dtypes of the state spec (state_key)."""
@@ -1192,7 +1204,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                 state_batched = self._reset_state_batched(state, bs, hint, where, form, knows_rows)
             if not state_batched:
                 state = _tree.broadcast_rows(state, bs)
-            self._check_state(state, bs, f"{where} returned {form}")
+            state = self._check_state(state, bs, f"{where} returned {form}")
         info = self._read_info(info, bs, where, form, broadcast=not batched) if info or self._info_leaves else None
         return state, obs, info
 
@@ -1497,9 +1509,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
 
     def to(self, device) -> WorldModelEnv:
         """The env lives on its model's device; moving it is an error (build it on the new device instead)."""
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+        device = _resolve_device(device)
         if device == self._dev:
             return self
         raise RuntimeError(

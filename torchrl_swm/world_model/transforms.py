@@ -299,27 +299,39 @@ class ObservationDecoder(_WorldModelTransform):
         self._spec = None if spec is None else as_spec(spec, name="decoder spec")
         self._differentiable = differentiable
 
-    def _decode(self, value):
+    def _decode(self, value, phase: str):
+        """Decode ``value``; a decoder taking ``generator`` draws from the stream of ``phase``, as the env's
+        own adapters do: the step stream in steps, the reset stream at resets (a partial reset never moves
+        another row's noise), a throwaway one for the spec probe (the streams stay as without a decoder)."""
         model = self._model
+        base = self.parent.base_env if self.parent is not None else None
+        base = base if isinstance(base, WorldModelEnv) else None
         if self._bound is None:
             extras = None
-            if self.parent is not None and isinstance(self.parent.base_env, WorldModelEnv):
-                base = self.parent.base_env
+            if base is not None:
                 model = base.model if model is None else model
-                extras = {"generator": base.generator}  # as the other adapters get it
+                extras = {"generator": None}  # given per call
             self._bound = bind(self._fn, "decoder", ("obs",), model=model, extras=extras)
+        kwargs = {}
+        if "generator" in self._bound.extras and base is not None:
+            if phase == "probe":
+                generator = torch.Generator(device=base.generator.device)
+                generator.manual_seed(0)
+            else:
+                generator = base.reset_generator if phase == "reset" else base.generator
+            kwargs["generator"] = generator
         context = contextlib.nullcontext() if self._differentiable else torch.no_grad()
         with context:
-            out = self._bound.call(value)
+            out = self._bound.call(value, **kwargs)
         if not isinstance(out, torch.Tensor):
             raise ReturnFormError(f"{self._bound.description} returned {describe(out)}; expected a tensor")
         return out
 
-    def _call(self, next_tensordict: TensorDictBase) -> TensorDictBase:
+    def _call(self, next_tensordict: TensorDictBase, phase: str = "step") -> TensorDictBase:
         value = next_tensordict.get(self.in_keys[0], None)
         if value is None:
             self._missing_input(next_tensordict.keys(True, True))
-        out = self._decode(value)
+        out = self._decode(value, phase)
         bs = tuple(next_tensordict.batch_size)
         spec = self._spec
         if tuple(out.shape[: len(bs)]) != bs or (
@@ -340,7 +352,7 @@ class ObservationDecoder(_WorldModelTransform):
         )
 
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
-        return self._call(tensordict_reset)
+        return self._call(tensordict_reset, "reset")
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         return self._call(tensordict)
@@ -351,7 +363,7 @@ class ObservationDecoder(_WorldModelTransform):
         in_spec = observation_spec[self.in_keys[0]]
         bs = tuple(observation_spec.shape)
         if self._spec is None:
-            probe = self._decode(in_spec.zero())
+            probe = self._decode(in_spec.zero(), "probe")
             shape = tuple(probe.shape[len(bs) :])
             if tuple(probe.shape[: len(bs)]) != bs:
                 raise ReturnFormError(
