@@ -323,3 +323,16 @@ def test_per_env_options_are_refused_when_set_and_never_kept():
     venv.reset()
     assert [info["length"] for info in venv.reset_infos] == [7, 7]
     venv.close()
+
+
+def test_set_attr_on_an_async_vector_env_pool_needs_every_env_or_says_why():
+    """An AsyncVectorEnv reaches its sub-envs themselves only with one call() on every env: a subset is refused
+    with an error naming set_attr (not a call the user never made)."""
+    venv = to_sb3_vec_env(EnvPool(gym.vector.AsyncVectorEnv([_monitored_cartpole] * 2), info_keys=[]))
+    try:
+        venv.set_attr("tag", "b")
+        assert venv.get_attr("tag") == ["b", "b"]
+        with pytest.raises(ValueError, match=r"set_attr\('tag', outermost=True\): AsyncVectorEnv"):
+            venv.set_attr("tag", "c", indices=[1])
+    finally:
+        venv.close()

@@ -893,3 +893,123 @@ def test_a_construction_step_that_raises_says_how_to_skip_it():
     pool = EnvPool([_RefusesRandomActions] * 2, seed=0, info_keys=[])  # the way out it names
     assert pool.reset()["observation"].shape == (2, 2)
     pool.close()
+
+
+class _ScoredEnv(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {"a": 1.0}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, {"a": 2.0, "b": 3}
+
+
+@pytest.mark.parametrize("make_keys", [lambda: iter(["a", "b"]), lambda: (k for k in ["a", "b"]), lambda: ["a", "b"]])
+def test_info_keys_given_as_any_iterable_are_read_once(make_keys):
+    pool = EnvPool([_ScoredEnv] * 2, seed=0, info_keys=make_keys())
+    assert sorted(k[1] for k in pool.observation_spec.keys(True, True) if k[0] == "info") == ["a", "b"]
+    pool.close()
+
+
+def test_the_vector_backend_probe_takes_a_legal_action_per_row():
+    venv = gym.vector.SyncVectorEnv([functools.partial(_LoggedMaskedEnv, "info")] * 3)
+    pool = EnvPool(venv, seed=0)
+    try:
+        assert [env.log for env in venv.envs] == [["reset", ("step", 2)]] * 3
+    finally:
+        pool.close()
+
+
+def test_version_less_ids_resolve_to_the_latest_version_as_gym_make():
+    from torchrl_swm.envs import spec
+
+    assert spec("CartPole").id == "CartPole-v1" and spec("gymnasium:CartPole").id == "CartPole-v1"
+    with pytest.warns(Warning, match="CartPole-v1"):  # gym.make's own warning, in the factory
+        pool = EnvPool("CartPole", num_envs=2, seed=0)
+    assert pool.reset()["observation"].shape == (2, 4)
+    pool.close()
+
+
+class _IntKeyedDictEnv(gym.Env):
+    """A Dict observation keyed by agent ids (ints), nested too; SyncVectorEnv takes it as is."""
+
+    observation_space = gym.spaces.Dict({
+        1: gym.spaces.Box(-10, 10, (2,), np.float32),
+        2: gym.spaces.Dict({7: gym.spaces.Discrete(5)}),
+    })
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def _obs(self):
+        return {1: np.full(2, self.t, np.float32), 2: {7: self.t % 5}}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(), 1.0, self.t >= 3, False, {}
+
+
+@pytest.mark.parametrize("backend", ["serial", "vector"])
+def test_dict_observations_with_non_string_keys_are_read_with_the_envs_keys(backend):
+    """The pool's keys are the strings ("1", ("2", "7")); the values are read with the env's own keys."""
+    env_fns = [_IntKeyedDictEnv] * 2
+    pool = EnvPool(gym.vector.SyncVectorEnv(env_fns) if backend == "vector" else env_fns, seed=0)
+    try:
+        td = pool.reset()
+        assert td["1"].tolist() == [[0.0, 0.0]] * 2 and td["2", "7"].tolist() == [0, 0]
+        for t in (1, 2):
+            td["action"] = torch.zeros(2, dtype=torch.int64)
+            out, td = pool.step_and_maybe_reset(td)
+            assert out["next", "1"].tolist() == [[t, t]] * 2 and out["next", "2", "7"].tolist() == [t, t]
+    finally:
+        pool.close()
+
+
+class _ArrayRewardEnv(gym.Env):
+    """Returns its reward and terminated flag as (1,) arrays, which gymnasium's vector envs refuse."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), np.array([1.5], np.float32), np.array([False]), False, {}
+
+
+@pytest.mark.parametrize("num_envs", [1, 3])
+def test_a_reward_of_shape_1_is_refused_whatever_the_number_of_rows_stepped(num_envs):
+    pool = EnvPool([_ArrayRewardEnv] * num_envs, seed=0, info_keys=[])
+    try:
+        td = pool.reset()
+        td["action"] = torch.zeros(num_envs, dtype=torch.int64)
+        with pytest.raises(EnvError, match=r"env 0 \(step\): reward: expected a scalar float, got ndarray"):
+            pool.step(td)
+        if num_envs > 1:  # one row stepped: the same verdict
+            td["_step"] = torch.tensor([[True]] + [[False]] * (num_envs - 1))
+            with pytest.raises(EnvError, match="reward: expected a scalar float"):
+                pool.step(td)
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("space", [
+    gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Discrete(3))),
+    gym.spaces.Dict({"a": gym.spaces.Discrete(2)}),
+    gym.spaces.Text(4),
+])
+def test_an_unsupported_action_space_lists_only_the_supported_ones(space):
+    class Env(_ScoredEnv):
+        action_space = space
+
+    with pytest.raises(SpecError, match=rf"{type(space).__name__} action spaces .* expected Box, Discrete, "
+                                        r"MultiDiscrete or MultiBinary\. Flatten"):
+        EnvPool([Env], seed=0)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 
 import gymnasium as gym
+from gymnasium.envs.registration import find_highest_version, get_env_id, parse_env_id
 
 from .point_maze import LAYOUTS, PointMazeEnv, PointMazeExpert, expert_actions, expert_policy
 
@@ -67,13 +68,19 @@ def spec(env_id: str) -> gym.envs.registration.EnvSpec:
     register_envs()
     module, colon, name = env_id.partition(":")
     if not colon:
-        return gym.spec(env_id)
-    try:
-        importlib.import_module(module)
-    except ModuleNotFoundError as err:
-        raise ModuleNotFoundError(
-            f"gymnasium id {env_id!r}: cannot import {module!r}, the module that should register {name!r} ({err})"
-        ) from err
+        name = env_id
+    else:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            raise ModuleNotFoundError(
+                f"gymnasium id {env_id!r}: cannot import {module!r}, the module that should register {name!r} ({err})"
+            ) from err
+    namespace, env_name, version = parse_env_id(name)
+    if version is None:  # "CartPole": gym.make takes the latest version, with a warning
+        latest = find_highest_version(namespace, env_name)
+        if latest is not None:
+            name = get_env_id(namespace, env_name, latest)
     return gym.spec(name)
 
 

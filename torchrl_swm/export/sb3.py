@@ -158,11 +158,11 @@ def _sb3_class():
                 return list(pool.call("get_wrapper_attr", attr_name, indices=_indices(indices)))
 
         def set_attr(self, attr_name: str, value, indices=None) -> None:
-            # on the outermost wrapper of each sub-env, as DummyVecEnv/SubprocVecEnv's setattr(env_i, ...);
-            # gymnasium's set_wrapper_attr (EnvPool.set_attr) would reach an inner wrapper instead
+            # on each sub-env itself, as DummyVecEnv/SubprocVecEnv's setattr(env_i, ...) (gymnasium's
+            # set_wrapper_attr would reach an inner wrapper of that name instead)
             pool = self._pool(f"set_attr({attr_name!r})")
-            with _attribute_errors():
-                pool.call("__setattr__", attr_name, value, indices=list(self._get_indices(indices)))
+            rows = list(self._get_indices(indices))
+            pool.set_attr(attr_name, [value] * len(rows), indices=rows, outermost=True)
 
         def env_method(self, method_name: str, *method_args, indices=None, **method_kwargs) -> list:
             pool = self._pool(f"env_method({method_name!r})")

@@ -32,10 +32,12 @@ class ActionCodec:
     """
 
     def __init__(self, action_space: gym.Space, categorical: bool, num_envs: int):
-        if isinstance(action_space, gym.spaces.Dict):
+        spaces = gym.spaces
+        if not isinstance(action_space, (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)):
             raise SpecError(
-                "action_space: Dict action spaces are not supported by EnvPool; expected Box, Discrete, "
-                "MultiDiscrete or MultiBinary. Flatten the action in a gymnasium ActionWrapper."
+                f"action_space: {type(action_space).__name__} action spaces ({action_space}) are not supported by "
+                "EnvPool; expected Box, Discrete, MultiDiscrete or MultiBinary. Flatten the action in a gymnasium "
+                "ActionWrapper."
             )
         self.space = action_space
         self.spec = space_to_spec(action_space, categorical=categorical, name="action_space")

@@ -32,7 +32,7 @@ from .._meta import NoAutoResetMeta
 from ..masks import mask_rows, row_mask, row_view
 from ..specs import batch_spec, space_to_spec
 from .buffers import BufferLayout, HostBuffers
-from .infos import INFO_MASK_KEY, InfoSchema, needs_step_probe
+from .infos import INFO_MASK_KEY, InfoSchema, chosen_info_keys, needs_step_probe
 from .actions import ActionCodec
 from .rows import observation_leaves
 from .seeding import SeedSchedule, broadcast_options, broadcast_seeds
@@ -218,6 +218,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         obs_spaces = observation_leaves(self.single_observation_space)
 
         self._seeds = SeedSchedule(n, seed, every_episode=seed_every_episode)
+        info_keys = chosen_info_keys(info_keys)  # once: an iterator would be used up by the first reader
         probe = backend.probe(self._seeds.next(None)[1], step=needs_step_probe(info_keys, info_spec))
         self._seeds.count[:] = 0  # the probe does not use up the first seeds
         self._info_schema = InfoSchema.infer(probe["infos"], info_keys, info_spec, probe.get("batch_wide"))
@@ -559,14 +560,19 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         the check runs where the envs live, in the workers of the process backend."""
         return list(self._backend.is_wrapped(self._indices(indices), wrapper_class))
 
-    def set_attr(self, name: str, values, indices=None) -> None:
-        """Set attribute ``name`` on each sub-env; ``values`` is one value or one per env."""
+    def set_attr(self, name: str, values, indices=None, *, outermost: bool = False) -> None:
+        """Set attribute ``name`` on each sub-env; ``values`` is one value or one per env.
+
+        By default where gymnasium's ``set_wrapper_attr`` finds it (``SyncVectorEnv.set_attr``);
+        ``outermost=True`` sets it on the sub-env itself, its outermost wrapper, as Stable-Baselines3's
+        ``DummyVecEnv.set_attr`` does (an inner wrapper's attribute of that name is left alone).
+        """
         indices = self._indices(indices)
         if not isinstance(values, (list, tuple)):
             values = [values] * len(indices)
         if len(values) != len(indices):
             raise ValueError(f"set_attr: expected {len(indices)} values, got {len(values)}")
-        self._backend.set_attr(indices, name, values)
+        self._backend.set_attr(indices, name, values, outermost)
 
     def to(self, device) -> EnvPool:
         """Move the pool's outputs and specs to ``device`` (TorchRL's ``Collector(..., env_device=)`` does).

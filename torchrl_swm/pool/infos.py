@@ -58,7 +58,7 @@ from ..errors import EnvError, SpecError, describe
 __all__ = ["InfoSchema", "InfoWriter", "SkippedValue", "numeric_value", "vector_values", "cast_problem",
            "first_cast_problem",
            "flatten_vector_info", "check_vector_mask", "batch_wide_error", "INFO_MASK_KEY",
-           "needs_step_probe"]
+           "needs_step_probe", "chosen_info_keys"]
 
 Key = tuple[str, ...]
 
@@ -331,7 +331,7 @@ class InfoSchema:
         from some probe, and declared keys, get a presence mask. ``batch_wide``: a vector env's
         values that are not one per env (``{key: error}``), an error unless ``info_keys`` leaves them out.
         """
-        chosen_keys = _chosen_keys(info_keys)
+        chosen_keys = chosen_info_keys(info_keys)
 
         def recorded(key: Key) -> bool:  # kept by info_keys= (a chosen key, or under one)
             return chosen_keys is None or any(key[: len(k)] == k for k in chosen_keys)
@@ -462,7 +462,7 @@ def _promote(a: np.dtype, b: np.dtype) -> np.dtype:
     return numpy_dtype(torch.promote_types(torch_dtype(a), torch_dtype(b)))
 
 
-def _chosen_keys(info_keys) -> list[Key] | None:
+def chosen_info_keys(info_keys) -> list[Key] | None:
     """``info_keys=`` as a list of key tuples (``None``: every key)."""
     if isinstance(info_keys, str) or (
         isinstance(info_keys, tuple) and info_keys and all(isinstance(k, str) for k in info_keys)
@@ -477,7 +477,7 @@ def needs_step_probe(info_keys, info_spec) -> bool:
     Not when ``info_keys=`` chooses only keys that ``info_spec=`` declares (or none at all, ``[]``):
     the arguments then settle the schema, and the envs are only reset at construction.
     """
-    chosen = _chosen_keys(info_keys)
+    chosen = chosen_info_keys(info_keys)
     if chosen is None:
         return True
     declared = _declared(info_spec)

@@ -401,13 +401,14 @@ class ProcessBackend:
     def is_wrapped(self, rows, wrapper_class) -> list[bool]:
         return self._per_worker_call(rows, "is_wrapped", wrapper_class)
 
-    def set_attr(self, rows, name, values) -> None:
+    def set_attr(self, rows, name, values, outermost: bool = False) -> None:
         rows = np.asarray(rows, dtype=np.int64)
         messages = []
         for w, local, pos in self._by_worker(rows):
             items = [values[k] for k in pos]
             what = f"the values of set_attr({name!r}, ...)"
-            messages.append((w, self._encode(w, "set_attr", (local.tolist(), name, items), rows[pos], items, what)))
+            args = (local.tolist(), name, items, outermost)
+            messages.append((w, self._encode(w, "set_attr", args, rows[pos], items, what)))
         self._gather(self._broadcast(messages), "set_attr")
 
     @property

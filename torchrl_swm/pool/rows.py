@@ -105,7 +105,18 @@ def _leaf_batch_writer(key: Key, space: gym.Space, buf: np.ndarray):
     return write
 
 
-def _dict_leaf(obs, key: Key):
+def _dict_paths(space: gym.Space, key: Key = (), path: tuple = ()) -> dict[Key, tuple]:
+    """``{pool key: the Dict keys leading to that leaf in the env's observation}`` (keys of any hashable type;
+    the pool's keys are their strings, :func:`observation_leaves`)."""
+    if not isinstance(space, gym.spaces.Dict):
+        return {key or ("observation",): path}
+    out = {}
+    for name, sub in space.spaces.items():
+        out.update(_dict_paths(sub, (*key, str(name)), (*path, name)))
+    return out
+
+
+def _dict_leaf(obs, key: tuple):
     """The leaf at the nested ``key`` of a Dict observation (KeyError/TypeError when absent)."""
     for part in key:
         obs = obs[part]
@@ -152,8 +163,9 @@ class RowWriter:
 
     def __init__(self, observation_space: gym.Space, arrays: Mapping[Key, np.ndarray], info_writer: InfoWriter):
         leaves = observation_leaves(observation_space)
-        self.leaves = [(key, _leaf_writer(key, space, arrays[key])) for key, space in leaves.items()]
-        self.batch_leaves = [(key, _leaf_batch_writer(key, space, arrays[key])) for key, space in leaves.items()]
+        paths = _dict_paths(observation_space)  # the env's own Dict keys (1, not "1") to read each leaf with
+        self.leaves = [(paths[key], _leaf_writer(key, space, arrays[key])) for key, space in leaves.items()]
+        self.batch_leaves = [(paths[key], _leaf_batch_writer(key, space, arrays[key])) for key, space in leaves.items()]
         self.is_dict = isinstance(observation_space, gym.spaces.Dict)
         self.write_single = self.leaves[0][1] if not self.is_dict else None
         #: ``(buffer, row shape)`` when the observation is one Box array:
@@ -180,7 +192,7 @@ class RowWriter:
             try:
                 value = _dict_leaf(obs, key)
             except (KeyError, TypeError):
-                raise EnvError(i, phase, f"observation is missing Dict key {key}; got keys {list(obs)}") from None
+                raise EnvError(i, phase, f"observation is missing Dict key {list(key)}; got keys {list(obs)}") from None
             write(i, value, phase)
 
     def observations_of_rows(self, index, rows, observations: tuple, phase: str) -> None:
@@ -216,7 +228,7 @@ class RowWriter:
                 try:
                     value = _dict_leaf(obs, key)
                 except (KeyError, TypeError):
-                    raise EnvError(None, phase, f"vector observation is missing Dict key {key}") from None
+                    raise EnvError(None, phase, f"vector observation is missing Dict key {list(key)}") from None
             write(select, value, phase)
 
     def step_flags(self, index, rows, rewards: list, terminated: list, truncated: list) -> None:
@@ -229,6 +241,8 @@ class RowWriter:
             reward, term, trunc = np.asarray(rewards), np.asarray(terminated), np.asarray(truncated)
             if reward.dtype.kind not in "biuf" or not _is_flag(term) or not _is_flag(trunc):
                 raise TypeError("reward or done flags of an unexpected type")
+            if reward.ndim != 1 or term.ndim != 1 or trunc.ndim != 1:  # a (1,) array per env would broadcast
+                raise ValueError("reward or done flags that are not one scalar per env")
             self.reward[index, 0] = reward
             self.terminated[index, 0] = term
             self.truncated[index, 0] = trunc

@@ -18,7 +18,8 @@ from ..errors import EnvError, describe
 from .infos import InfoWriter, SkippedValue, numeric_value
 from .rows import RowWriter
 
-__all__ = ["SerialBackend", "InProcessBackend", "call_envs", "make_envs", "numeric_only", "probe_action"]
+__all__ = ["SerialBackend", "InProcessBackend", "call_envs", "make_envs", "numeric_only", "probe_action",
+           "set_envs_attr"]
 
 
 def numeric_only(info: Mapping) -> dict:
@@ -87,6 +88,16 @@ def call_envs(envs: Sequence[gym.Env], rows: Sequence[int], name: str, args: tup
         except Exception as err:
             raise EnvError(first + j, f"call {name}", f"{type(err).__name__}: {err}") from err
     return out
+
+
+def set_envs_attr(envs: Sequence[gym.Env], rows: Sequence[int], name: str, values: Sequence, outermost: bool) -> None:
+    """``envs[j].name = value`` for each of ``rows``: on the env itself (``outermost``, SB3's ``setattr``) or where
+    gymnasium's ``set_wrapper_attr`` finds it (``SyncVectorEnv.set_attr``)."""
+    for j, value in zip(rows, values):
+        if outermost:
+            setattr(envs[j], name, value)
+        else:
+            envs[j].set_wrapper_attr(name, value)
 
 
 def env_is_wrapped(env: gym.Env, wrapper_class: type) -> bool:
@@ -343,10 +354,9 @@ class SerialBackend(InProcessBackend):
         """Whether each local row's env is wrapped, at any depth, in ``wrapper_class``."""
         return [env_is_wrapped(self.envs[j], wrapper_class) for j in rows]
 
-    def set_attr(self, rows: Sequence[int], name: str, values: Sequence) -> None:
-        """Set ``name`` where gymnasium's ``set_wrapper_attr`` finds it (the innermost env by default)."""
-        for j, value in zip(rows, values):
-            self.envs[j].set_wrapper_attr(name, value)
+    def set_attr(self, rows: Sequence[int], name: str, values: Sequence, outermost: bool = False) -> None:
+        """Set ``name`` where gymnasium's ``set_wrapper_attr`` finds it, or on the env itself (``outermost``)."""
+        set_envs_attr(self.envs, rows, name, values, outermost)
 
     def close(self) -> None:
         """Close every env; if some raise, re-raise the first after closing the rest."""

@@ -37,7 +37,7 @@ from gymnasium.vector import AutoresetMode
 from ..errors import EnvError, SpecError, describe
 from .infos import batch_wide_error, check_vector_mask, flatten_vector_info, numeric_value
 from .rows import RowWriter
-from .serial import PROBE_HINT, InProcessBackend, call_envs, env_is_wrapped, probe_action
+from .serial import PROBE_HINT, InProcessBackend, call_envs, env_is_wrapped, probe_action, set_envs_attr
 
 __all__ = ["VectorBackend", "register_masked_reset"]
 
@@ -169,11 +169,11 @@ class VectorBackend(InProcessBackend):
         phase = "reset"
         step_info = None
         try:
-            _, reset_info = self.venv.reset(seed=self._seed_arg(seeds))
+            reset_obs, reset_info = self.venv.reset(seed=self._seed_arg(seeds))
             frame_shape = self._render().shape[1:] if self.pixels else None
             if step:
                 phase = "step"
-                step_info = self.venv.step(probe_action(self.venv.action_space, int(seeds[0])))[4]
+                step_info = self.venv.step(self._probe_actions(int(seeds[0]), reset_obs, reset_info))[4]
         except EnvError:
             raise
         except Exception as err:
@@ -188,6 +188,18 @@ class VectorBackend(InProcessBackend):
             per_env = _split_vector_info(info, self.num_envs, phase, batch_wide)
             infos.extend((i, phase, env_info) for i, env_info in enumerate(per_env))
         return {"infos": infos, "frame_shape": frame_shape, "batch_wide": batch_wide}
+
+    def _probe_actions(self, seed: int, obs, info):
+        """The probe's batched action: a legal one per row when ``Discrete`` rows report an ``"action_mask"``
+        (``(N, n)``, in the observation or the reset info), as :func:`probe_action` picks for single envs."""
+        single, n = self.venv.single_action_space, self.num_envs
+        if isinstance(single, gym.spaces.Discrete):
+            for source in (obs, info):
+                masks = source.get("action_mask") if isinstance(source, Mapping) else None
+                if masks is not None and np.shape(masks) == (n, single.n):
+                    rows = [probe_action(single, seed + i, {"action_mask": mask}) for i, mask in enumerate(masks)]
+                    return np.asarray(rows, dtype=self.venv.action_space.dtype)
+        return probe_action(self.venv.action_space, seed)
 
     def attach(self, layout, arrays, info_schema, frame_key) -> None:
         super().attach(layout, arrays, info_schema, frame_key)
@@ -398,8 +410,20 @@ class VectorBackend(InProcessBackend):
         values = self._per_env("get_attr")(name)
         return [values[j] for j in rows]
 
-    def set_attr(self, rows, name, values) -> None:
+    def set_attr(self, rows, name, values, outermost: bool = False) -> None:
         set_attr = self._per_env("set_attr")
+        if outermost:
+            inner = _innermost(self.venv)
+            if isinstance(inner, gym.vector.SyncVectorEnv):
+                return set_envs_attr(inner.envs, rows, name, values, outermost=True)
+            if sorted(rows) != list(range(self.num_envs)) or any(v is not values[0] for v in values[1:]):
+                raise ValueError(
+                    f"EnvPool.set_attr({name!r}, outermost=True): {type(inner).__name__} sets an attribute on its "
+                    "sub-envs themselves only through call(), which runs on every env with one value; set one "
+                    "value on every env, or use a SyncVectorEnv (or EnvPool(env_fns, backend='process'))"
+                )
+            self._per_env("call")("__setattr__", name, values[0])
+            return None
         current = list(self.venv.get_attr(name))
         for j, value in zip(rows, values):
             current[j] = value
