@@ -761,13 +761,13 @@ def test_vector_env_is_a_gymnasium_vector_env():
 
 @pytest.mark.parametrize("backend", ["serial", "process"])
 def test_missing_sub_env_attributes_are_attribute_errors(backend):
-    """As on SyncVectorEnv: ``except AttributeError`` probes work; the pool's error naming the env is chained."""
+    """As on SyncVectorEnv: ``except AttributeError`` probes work; the error names the env (EnvAttributeError)."""
     envs = to_gymnasium(EnvPool([counting] * 2, backend=backend, seed=0))
     try:
         for probe in (lambda: envs.get_attr("no_such_attribute"), lambda: envs.call("no_such_method")):
             with pytest.raises(AttributeError, match="no_such") as info:
                 probe()
-            assert isinstance(info.value.__cause__, EnvError) and info.value.__cause__.env_index in (0, 1)
+            assert isinstance(info.value, EnvError) and info.value.env_index in (0, 1)
         with pytest.raises(EnvError, match="TypeError"):  # other errors stay what they are
             envs.call("step", 1, 2)
     finally:

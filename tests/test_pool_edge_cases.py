@@ -471,8 +471,8 @@ def test_process_backend_close_after_an_interrupted_hung_step_terminates_the_wor
         with pytest.raises(KeyboardInterrupt), _interrupt_after(0.3):
             pool.step(td)  # the envs hang; the user interrupts
         start = time.monotonic()
-        with _interrupt_after(20.0, CloseHung):  # a guard: the bug is a close() that never returns
-            pool.close()
+        with _interrupt_after(20.0, CloseHung), pytest.warns(RuntimeWarning, match="was terminated"):
+            pool.close()  # (a guard above: the bug is a close() that never returns)
         assert time.monotonic() - start < 15
         for proc in processes:
             proc.join(5)
@@ -1013,3 +1013,87 @@ def test_an_unsupported_action_space_lists_only_the_supported_ones(space):
     with pytest.raises(SpecError, match=rf"{type(space).__name__} action spaces .* expected Box, Discrete, "
                                         r"MultiDiscrete or MultiBinary\. Flatten"):
         EnvPool([Env], seed=0)
+
+
+# -- process backend: a slow env.close(), a terminal's Ctrl-C, missing attributes, dead workers -----------------
+class _SlowCloseEnv(SlowEnv):
+    """close() takes ``seconds`` and then writes ``path`` (as a video or log flush would)."""
+
+    def __init__(self, path, seconds):
+        super().__init__(0.0)
+        self.path, self.seconds = path, seconds
+
+    def close(self):
+        time.sleep(self.seconds)
+        with open(self.path, "w") as f:
+            f.write("closed")
+
+
+def test_process_close_waits_for_a_slow_env_close_as_the_serial_backend(tmp_path, monkeypatch):
+    from torchrl_swm.pool import process
+
+    monkeypatch.setattr(process, "_CLOSE_TIMEOUT", 0.2)  # the limit for busy workers only: idle ones are waited for
+    paths = [tmp_path / f"closed_{i}" for i in range(2)]
+    pool = EnvPool([functools.partial(_SlowCloseEnv, str(p), 1.0) for p in paths], backend="process", num_workers=2)
+    processes = _workers(pool)
+    try:
+        pool.reset()
+        with warnings_as_errors():
+            pool.close()
+        assert all(p.read_text() == "closed" for p in paths)
+    finally:
+        _reap(processes)
+
+
+@contextlib.contextmanager
+def warnings_as_errors():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield
+
+
+def test_a_terminal_ctrl_c_reaching_the_workers_leaves_them_running():
+    """A terminal's Ctrl-C goes to the whole process group: the workers ignore it, the pool stays usable."""
+    with _process_pool([functools.partial(SlowEnv, 0.0)] * 4, 2) as pool:
+        td = pool.reset()
+        for proc in _workers(pool):
+            os.kill(proc.pid, signal.SIGINT)
+        time.sleep(0.3)
+        assert all(proc.is_alive() for proc in _workers(pool))
+        td["action"] = torch.zeros(4, dtype=torch.int64)
+        assert pool.step(td)["next", "observation"].tolist() == [[1.0]] * 4
+
+
+class _MaybeGoal(SlowEnv):
+    def __init__(self, has_goal):
+        super().__init__(0.0)
+        if has_goal:
+            self.goal = 3
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_a_missing_attribute_is_an_attribute_error_naming_the_env_on_every_backend(backend):
+    from torchrl_swm.errors import EnvAttributeError
+
+    fns = [functools.partial(_MaybeGoal, i != 2) for i in range(4)]
+    pool = EnvPool(fns, backend=backend, num_workers=2, seed=0) if backend == "process" else EnvPool(fns, seed=0)
+    try:
+        for call in (lambda: pool.get_attr("goal"), lambda: pool.call("goal")):
+            with pytest.raises(AttributeError, match="has no attribute 'goal'") as caught:
+                call()
+            assert isinstance(caught.value, EnvAttributeError) and caught.value.env_index == 2
+        assert pool.get_attr("goal", indices=[0, 3]) == [3, 3]
+    finally:
+        pool.close()
+
+
+def test_a_dead_worker_is_not_blamed_on_one_of_its_envs():
+    with _process_pool([functools.partial(SlowEnv, 0.0)] * 4, 2) as pool:
+        td = pool.reset()
+        os.kill(_workers(pool)[1].pid, signal.SIGKILL)
+        td["action"] = torch.zeros(4, dtype=torch.int64)
+        with pytest.raises(EnvError, match=r"worker 1 \(envs 2..3, pid \d+\) died") as caught:
+            pool.step(td)
+        assert caught.value.env_index is None

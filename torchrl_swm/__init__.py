@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 
-from .errors import EnvError, SpecError
+from .errors import EnvAttributeError, EnvError, SpecError
 
 _LAZY = {
     "EnvPool": "torchrl_swm.pool",
@@ -32,7 +32,7 @@ _LAZY = {
     "raise_on_worker_failure": "torchrl_swm.collectors",
 }
 
-__all__ = ["EnvError", "SpecError", *_LAZY]
+__all__ = ["EnvError", "EnvAttributeError", "SpecError", *_LAZY]
 
 
 def __getattr__(name: str):

@@ -7,7 +7,7 @@ expected and what was received, and chains the original exception (``raise
 
 from __future__ import annotations
 
-__all__ = ["EnvError", "SpecError", "describe"]
+__all__ = ["EnvError", "EnvAttributeError", "SpecError", "describe"]
 
 
 def describe(value) -> str:
@@ -46,8 +46,14 @@ class EnvError(RuntimeError):
 
     def __reduce__(self):  # picklable across worker processes
         if self.phase is None:  # rebuilt from one preformatted message
-            return (EnvError, (self.message,))
-        return (EnvError, (self.env_index, self.phase, self.message))
+            return (type(self), (self.message,))
+        return (type(self), (self.env_index, self.phase, self.message))
+
+
+class EnvAttributeError(EnvError, AttributeError):
+    """A sub-environment has no attribute of that name (``pool.get_attr``, ``pool.call``): an
+    :class:`EnvError` naming the env that is also an ``AttributeError``, as gymnasium's vector envs raise,
+    so ``except AttributeError`` probes work on every backend."""
 
 
 class SpecError(TypeError):

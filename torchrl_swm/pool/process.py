@@ -21,6 +21,7 @@ import os
 import signal
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from multiprocessing import connection
@@ -31,13 +32,13 @@ import cloudpickle
 import numpy as np
 import torch
 
-from ..errors import EnvError
+from ..errors import EnvAttributeError, EnvError
 from .rows import action_kind
 from .worker import REPLY_OK, worker_main
 
 __all__ = ["ProcessBackend"]
 
-_CLOSE_TIMEOUT = 5.0  # seconds for the workers to close their envs before they are terminated
+_CLOSE_TIMEOUT = 5.0  # seconds close() gives a worker left in an env call by an interrupt, before terminating it
 
 
 def _hold_interrupts():
@@ -236,8 +237,8 @@ class ProcessBackend:
         proc = self._processes[w]
         proc.join(timeout=0.1)
         rows = self.slices[w]
-        return EnvError(
-            rows.start, "worker",
+        return EnvError(  # not one env's error: the worker held several, and which one killed it is unknown
+            None, "worker",
             f"worker {w} (envs {rows.start}..{rows.stop - 1}, pid {proc.pid}) died with exit code {proc.exitcode}",
         )
 
@@ -268,7 +269,7 @@ class ProcessBackend:
                 for w in sorted(pending.values()):
                     rows = self.slices[w]
                     errors.setdefault(w, EnvError(
-                        rows.start, f"{phase} (timed out)", f"worker {w} (envs {rows.start}..{rows.stop - 1}) did not "
+                        None, f"{phase} (timed out)", f"worker {w} (envs {rows.start}..{rows.stop - 1}) did not "
                         "answer within the time limit (an env call that never returns?)",
                     ))
                 return
@@ -292,9 +293,11 @@ class ProcessBackend:
                 try:
                     status, value = ForkingPickler.loads(message)
                 except Exception as err:  # the whole reply was read: the pipe stays in step
+                    rows = self.slices[w]
                     error = EnvError(
-                        self.slices[w].start, phase,
-                        f"the reply of worker {w} cannot be unpickled here: {type(err).__name__}: {err}",
+                        None, phase,
+                        f"the reply of worker {w} (envs {rows.start}..{rows.stop - 1}) cannot be unpickled here: "
+                        f"{type(err).__name__}: {err}",
                     )
                     error.__cause__ = err
                     errors.setdefault(w, error)
@@ -303,8 +306,10 @@ class ProcessBackend:
                     replies[w] = value
                 else:
                     index, where, message, trace, missing_attribute = value
-                    error = EnvError(index, where, f"{message}\n--- worker {w} traceback ---\n{trace}")
-                    if missing_attribute:  # as in the serial backend: callers can tell a missing attribute
+                    # as in the serial backend: a missing attribute is also an AttributeError
+                    cls = EnvAttributeError if missing_attribute else EnvError
+                    error = cls(index, where, f"{message}\n--- worker {w} traceback ---\n{trace}")
+                    if missing_attribute:
                         error.__cause__ = AttributeError(message)
                     errors.setdefault(w, error)
             elif item in sentinels:
@@ -416,24 +421,36 @@ class ProcessBackend:
         return [proc.pid for proc in self._processes]
 
     def close(self) -> None:
-        """Close the envs (each worker closes its own, then exits), reap every worker (gracefully,
-        then by force) and free the shared memory. As in the serial backend, an env whose
-        ``close()`` raises is reported, after everything is reaped."""
+        """Close the envs (each worker closes its own, then exits), reap every worker and free the
+        shared memory. As in the serial backend, an env's ``close()`` is waited for however long it
+        takes, and one that raises is reported after everything is reaped. A worker still in an env
+        call an interrupt left running is terminated (with a ``RuntimeWarning``) after 5 s."""
         error = None
         if self._finalizer.alive:
             try:
                 live = [w for w, proc in enumerate(self._processes) if proc.is_alive()]
                 message = bytes(ForkingPickler.dumps(("close", None)))
-                # replies an interrupted command still owes are not waited for: a worker sends them
-                # before its close reply, and a worker stuck in an env call is terminated below
+                # a worker that still owes replies is in an env call an interrupt left running (it may
+                # never return): it gets _CLOSE_TIMEOUT, then is terminated below. The others are
+                # closing their envs, which may take long (a video written in close()): they are
+                # waited for, as the serial backend waits for env.close()
+                busy = {w for w in live if self._owed.get(w)}
                 self._owed.clear()
                 sent = self._broadcast([(w, message) for w in live])
-                self._gather(sent, "close", timeout=_CLOSE_TIMEOUT)
-            except EnvError as err:
-                if err.phase == "close":  # an env's close() raised (a dead worker has nothing to close)
-                    error = err
+                for group, timeout in (([w for w in sent if w not in busy], None),
+                                       ([w for w in sent if w in busy], _CLOSE_TIMEOUT)):
+                    try:
+                        self._gather(group, "close", timeout=timeout) if group else None
+                    except EnvError as err:
+                        if err.phase == "close" and error is None:  # an env's close() raised
+                            error = err
             finally:
-                for w in self._owed:  # silent past the deadline: stuck in an env call
+                for w in self._owed:  # silent past the deadline (or interrupted): stuck in an env call
+                    rows = self.slices[w]
+                    warnings.warn(
+                        f"EnvPool.close(): worker {w} (envs {rows.start}..{rows.stop - 1}) was still in an env call "
+                        "and was terminated; its envs were not closed", RuntimeWarning, stacklevel=3,
+                    )
                     self._processes[w].terminate()
                 self._owed.clear()
                 self._finalizer()

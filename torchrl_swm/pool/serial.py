@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 import gymnasium as gym
 import numpy as np
 
-from ..errors import EnvError, describe
+from ..errors import EnvAttributeError, EnvError, describe
 from .infos import InfoWriter, SkippedValue, numeric_value
 from .rows import RowWriter
 
@@ -86,7 +86,8 @@ def call_envs(envs: Sequence[gym.Env], rows: Sequence[int], name: str, args: tup
             attr = envs[j].get_wrapper_attr(name)
             out.append(attr(*args, **kwargs) if callable(attr) else attr)
         except Exception as err:
-            raise EnvError(first + j, f"call {name}", f"{type(err).__name__}: {err}") from err
+            cls = EnvAttributeError if isinstance(err, AttributeError) else EnvError
+            raise cls(first + j, f"call {name}", f"{type(err).__name__}: {err}") from err
     return out
 
 
@@ -347,8 +348,15 @@ class SerialBackend(InProcessBackend):
         return call_envs(self.envs, rows, name, args, kwargs, self.first)
 
     def get_attr(self, rows: Sequence[int], name: str) -> list:
-        """Attribute ``name`` of each local row, looking through gymnasium wrappers."""
-        return [self.envs[j].get_wrapper_attr(name) for j in rows]
+        """Attribute ``name`` of each local row, looking through gymnasium wrappers; a row without it is an
+        :class:`~torchrl_swm.errors.EnvAttributeError` naming the env."""
+        out = []
+        for j in rows:
+            try:
+                out.append(self.envs[j].get_wrapper_attr(name))
+            except AttributeError as err:
+                raise EnvAttributeError(self.first + j, "get_attr", f"{type(err).__name__}: {err}") from err
+        return out
 
     def is_wrapped(self, rows: Sequence[int], wrapper_class: type) -> list[bool]:
         """Whether each local row's env is wrapped, at any depth, in ``wrapper_class``."""

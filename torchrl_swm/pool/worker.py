@@ -7,6 +7,7 @@ plus the envs' own import time.
 
 from __future__ import annotations
 
+import signal
 import traceback
 from multiprocessing.reduction import ForkingPickler
 from multiprocessing.shared_memory import SharedMemory
@@ -55,6 +56,11 @@ def _unpicklable_reply(command: str, args, reply, first: int, err: Exception) ->
 def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
     """Worker main loop: build the envs, then serve commands until "close" or EOF."""
     from .serial import SerialBackend
+
+    # a terminal's Ctrl-C reaches the whole process group: the pool's process alone handles it (it holds
+    # the interrupt through a message and drains the replies it left unread); a worker killed by it here
+    # would break a pool the user means to keep using
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     backend = shm = None
     action_view = None
