@@ -1097,3 +1097,36 @@ def test_a_dead_worker_is_not_blamed_on_one_of_its_envs():
         with pytest.raises(EnvError, match=r"worker 1 \(envs 2..3, pid \d+\) died") as caught:
             pool.step(td)
         assert caught.value.env_index is None
+
+
+class _FailingCloseEnv(SlowEnv):
+    def close(self):
+        raise RuntimeError("close failed: video not written")
+
+
+def test_close_after_a_caught_interrupt_reads_the_envs_own_close_replies():
+    """The step an interrupt left running finishes within the limit: its stale reply is dropped, and
+    close() then waits for the real close replies (here an env's close() error, reported)."""
+    pool = EnvPool([functools.partial(_FailingCloseEnv, 0.6)] * 2, backend="process", num_workers=2, seed=0)
+    processes = _workers(pool)
+    try:
+        td = pool.reset()
+        td["action"] = torch.zeros(2, dtype=torch.int64)
+        with pytest.raises(KeyboardInterrupt), _interrupt_after(0.2):
+            pool.step(td)
+        with warnings_as_errors(), pytest.raises(EnvError, match=r"env 0 \(close\): .*video not written"):
+            pool.close()  # no worker is stuck (no warning), and the close error is not lost
+    finally:
+        _reap(processes)
+
+
+def test_a_vector_env_pool_reports_a_missing_attribute_as_env_attribute_error():
+    from torchrl_swm.errors import EnvAttributeError
+
+    pool = EnvPool(gym.vector.SyncVectorEnv([functools.partial(SlowEnv, 0.0)] * 2), seed=0)
+    try:
+        for call in (lambda: pool.get_attr("nope"), lambda: pool.call("nope"), lambda: pool.call("nope", indices=[1])):
+            with pytest.raises(EnvAttributeError, match="nope"):
+                call()
+    finally:
+        pool.close()

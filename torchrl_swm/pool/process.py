@@ -222,16 +222,27 @@ class ProcessBackend:
             raise
         return sent
 
-    def _drain_owed(self) -> None:
-        """Read and drop the replies an interrupted command left unread (see ``_gather``)."""
+    def _drain_owed(self, timeout: float | None = None) -> list[int]:
+        """Read and drop the replies an interrupted command left unread (see ``_gather``).
+
+        With ``timeout``, give up after that many seconds in all: returns the workers still silent
+        then (stuck in an env call), whose replies stay owed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        stuck = []
         for w in list(self._owed):
             while self._owed.get(w):
-                self._owed[w] -= 1  # counted again by _gather if this wait is interrupted too
+                self._owed[w] -= 1  # counted again by _gather if this wait is interrupted or times out
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 try:
-                    self._gather([w], "drain")
-                except EnvError:
-                    pass  # the interrupted command's own error, or a dead worker (the next command sees it)
-            self._owed.pop(w, None)
+                    self._gather([w], "drain", timeout=left)
+                except EnvError as err:
+                    if err.phase == "drain (timed out)":
+                        stuck.append(w)
+                        break
+                    # else the interrupted command's own error, or a dead worker (the next command sees it)
+            if w not in stuck:
+                self._owed.pop(w, None)
+        return stuck
 
     def _dead(self, w: int) -> EnvError:
         proc = self._processes[w]
@@ -427,25 +438,25 @@ class ProcessBackend:
         call an interrupt left running is terminated (with a ``RuntimeWarning``) after 5 s."""
         error = None
         if self._finalizer.alive:
+            stuck = []
             try:
-                live = [w for w, proc in enumerate(self._processes) if proc.is_alive()]
-                message = bytes(ForkingPickler.dumps(("close", None)))
                 # a worker that still owes replies is in an env call an interrupt left running (it may
-                # never return): it gets _CLOSE_TIMEOUT, then is terminated below. The others are
-                # closing their envs, which may take long (a video written in close()): they are
-                # waited for, as the serial backend waits for env.close()
-                busy = {w for w in live if self._owed.get(w)}
-                self._owed.clear()
+                # never return): it gets _CLOSE_TIMEOUT to finish it, then counts as stuck and is
+                # terminated below. Closing the envs may take long (a video written in close()): it
+                # is waited for, as the serial backend waits for env.close()
+                stuck = self._drain_owed(timeout=_CLOSE_TIMEOUT)
+                for w in stuck:  # not waited for again (by _broadcast's drain): terminated below
+                    self._owed.pop(w, None)
+                live = [w for w, proc in enumerate(self._processes) if proc.is_alive() and w not in stuck]
+                message = bytes(ForkingPickler.dumps(("close", None)))
                 sent = self._broadcast([(w, message) for w in live])
-                for group, timeout in (([w for w in sent if w not in busy], None),
-                                       ([w for w in sent if w in busy], _CLOSE_TIMEOUT)):
-                    try:
-                        self._gather(group, "close", timeout=timeout) if group else None
-                    except EnvError as err:
-                        if err.phase == "close" and error is None:  # an env's close() raised
-                            error = err
+                self._gather(sent, "close")
+            except EnvError as err:
+                if err.phase == "close":  # an env's close() raised (a dead worker has nothing to close)
+                    error = err
             finally:
-                for w in self._owed:  # silent past the deadline (or interrupted): stuck in an env call
+                # stuck in an env call, or interrupted while closing
+                for w in sorted({*stuck, *(w for w, owed in self._owed.items() if owed)}):
                     rows = self.slices[w]
                     warnings.warn(
                         f"EnvPool.close(): worker {w} (envs {rows.start}..{rows.stop - 1}) was still in an env call "

@@ -34,7 +34,7 @@ from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.utils.env_checker import data_equivalence
 from gymnasium.vector import AutoresetMode
 
-from ..errors import EnvError, SpecError, describe
+from ..errors import EnvAttributeError, EnvError, SpecError, describe
 from .infos import batch_wide_error, check_vector_mask, flatten_vector_info, numeric_value
 from .rows import RowWriter
 from .serial import PROBE_HINT, InProcessBackend, call_envs, env_is_wrapped, probe_action, set_envs_attr
@@ -392,7 +392,7 @@ class VectorBackend(InProcessBackend):
                     "call it without indices"
                 )
             return call_envs(inner.envs, rows, name, args, kwargs)
-        values = call(name, *args, **kwargs)
+        values = _attribute_errors(call, f"call {name}", name, *args, **kwargs)
         return [values[j] for j in rows]
 
     def is_wrapped(self, rows, wrapper_class) -> list[bool]:
@@ -407,7 +407,7 @@ class VectorBackend(InProcessBackend):
         return [False] * len(rows)  # natively batched: its rows are not separate, wrappable envs
 
     def get_attr(self, rows, name) -> list:
-        values = self._per_env("get_attr")(name)
+        values = _attribute_errors(self._per_env("get_attr"), "get_attr", name)
         return [values[j] for j in rows]
 
     def set_attr(self, rows, name, values, outermost: bool = False) -> None:
@@ -434,6 +434,15 @@ class VectorBackend(InProcessBackend):
             self.venv.close()
         except Exception as err:
             raise EnvError(None, "close", f"{type(err).__name__}: {err}") from err
+
+
+def _attribute_errors(fn, phase: str, *args, **kwargs):
+    """``fn(*args, **kwargs)`` (the vector env's own call/get_attr), a missing attribute raised as the
+    backends' :class:`~torchrl_swm.errors.EnvAttributeError` (the vector env does not say which env lacks it)."""
+    try:
+        return fn(*args, **kwargs)
+    except AttributeError as err:
+        raise EnvAttributeError(None, phase, f"{type(err).__name__}: {err}") from err
 
 
 def _single_options(options):
