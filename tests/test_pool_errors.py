@@ -460,7 +460,8 @@ def test_process_backend_reply_that_cannot_be_unpickled_leaves_no_stale_reply():
     pool = EnvPool([_ghost_counting] * 4, backend="process", num_workers=2, seed=0)
     try:
         pool.reset()
-        with pytest.raises(EnvError, match=r"\(get_attr\): the reply of worker \d \(envs \d\.\.\d\) cannot be unpickled here: Attrib"):
+        unpicklable = r"\(get_attr\): the reply of worker \d \(envs \d\.\.\d\) cannot be unpickled here: Attrib"
+        with pytest.raises(EnvError, match=unpicklable):
             pool.get_attr("ghost")
         assert pool.get_attr("length") == [5] * 4  # each worker's get_attr reply was read (and dropped) then
         assert pool.get_attr("length", indices=[3]) == [5]

@@ -1379,7 +1379,8 @@ def _td_state_transition(state, action):
 
 
 def _td_state_reset(seed, options, num_envs):
-    return TensorDict({"deter": torch.full((num_envs, 3), 0.1), "stoch": torch.ones(num_envs, 2)}), torch.zeros(num_envs, 2)
+    state = TensorDict({"deter": torch.full((num_envs, 3), 0.1), "stoch": torch.ones(num_envs, 2)})
+    return state, torch.zeros(num_envs, 2)
 
 
 @pytest.mark.parametrize("start", ["initial_state", "reset_fn"])
@@ -1405,7 +1406,8 @@ def test_a_tensordict_state_without_batch_size_gets_the_envs_batch_under_state_k
 
 
 def _noisy_step(state, action, generator=None):
-    return {"state": torch.tanh(state + action.sum(-1, keepdim=True) + 0.1 * torch.randn(state.shape, generator=generator))}
+    noise = 0.1 * torch.randn(state.shape, generator=generator)
+    return {"state": torch.tanh(state + action.sum(-1, keepdim=True) + noise)}
 
 
 def _sampling_decoder(obs, generator=None):

@@ -230,8 +230,6 @@ def _pool_source(env_id: str, kwargs: dict) -> tuple:
     import functools
     import inspect
 
-    import gymnasium as gym
-
     from .envs import make, spec
     from .pool import EnvPool
 
