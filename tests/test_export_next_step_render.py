@@ -94,3 +94,36 @@ def test_without_a_render_mode_the_pool_resets_a_finished_env_when_it_finishes()
     obs, rewards, terminated, _, _ = ours.step(np.array([1, 1]))
     assert obs[:, 0].tolist() == [0.0, 0.0] and rewards.tolist() == [0.0, 0.0] and not terminated.any()
     ours.close()
+
+
+@pytest.mark.parametrize("render_mode", [None, "rgb_array"])
+@pytest.mark.parametrize("padding", ["constant", "same"])
+def test_catframes_stacks_match_frame_stack_observation_across_autoresets(render_mode, padding):
+    """A transform keeping per-row state of its own (CatFrames' frames) under NEXT_STEP: the finished rows are
+    reset after the others stepped, so the first step of an episode stacks [pad, pad, reset, o1]-style frames
+    exactly as gymnasium's FrameStackObservation on a SyncVectorEnv (it used to stack the reset frame twice)."""
+    from gymnasium.wrappers import FrameStackObservation
+    from torchrl.envs import CatFrames
+
+    n, k = 3, 3
+    gym_padding = "zero" if padding == "constant" else "reset"
+    ref = gym.vector.SyncVectorEnv(
+        [lambda: FrameStackObservation(gym.make("CartPole-v1"), k, padding_type=gym_padding)] * n)
+    kwargs = {} if render_mode is None else {"render_mode": render_mode}
+    pool = EnvPool("CartPole-v1", num_envs=n, seed_every_episode=False, **kwargs)
+    ours = to_gymnasium(TransformedEnv(pool, CatFrames(N=k, dim=-1, in_keys=["observation"], padding=padding)),
+                        autoreset_mode="next_step")
+    try:
+        np.testing.assert_allclose(ours.reset(seed=0)[0], ref.reset(seed=0)[0].reshape(n, -1), atol=1e-6)
+        rng, ends = np.random.default_rng(0), 0
+        for t in range(150):
+            action = rng.integers(0, 2, n)
+            out, expected = ours.step(action), ref.step(action)
+            np.testing.assert_allclose(out[0], expected[0].reshape(n, -1), atol=1e-6, err_msg=f"step {t}")
+            for a, b in zip(out[1:4], expected[1:4]):
+                np.testing.assert_array_equal(a, b)
+            ends += int((out[2] | out[3]).sum())
+        assert ends > 10  # many autoresets, most while other envs keep running
+    finally:
+        ours.close()
+        ref.close()

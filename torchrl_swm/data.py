@@ -563,7 +563,7 @@ def load_dataset(path: str | os.PathLike) -> WorldDataset:
         DatasetError: the path does not exist or is not a torchrl_swm dataset.
 
     Examples:
-        >>> ds = load_dataset("data/pointmaze")
+        >>> ds = load_dataset("data/maze")
         >>> ds.num_episodes, len(ds)              # episodes, transitions
         >>> ep = ds.episode(0)                    # TensorDict [L], root = step t, "next" = t + 1
         >>> rb = ds.replay_buffer(num_slices=32, slice_len=8)

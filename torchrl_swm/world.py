@@ -1298,9 +1298,9 @@ class _Run:
         self.current[i] = None
         self.active[i] = False
         self.done_episodes += 1
-        self.bar.update(1)
         if self.has_success and (self.done_episodes % 8 == 0 or self.done_episodes == len(self.plans)):
             self.bar.set_postfix(success=f"{self.r_success.sum()}/{self.done_episodes}", refresh=False)
+        self.bar.update(1)  # after the postfix: the bar's last frame shows the final count
 
     # -- results ------------------------------------------------------------------------------------------------
     def result(self, seed: int, extra: dict) -> EvalResult:

@@ -17,20 +17,21 @@ Autoreset modes (gymnasium's exact semantics, https://farama.org/Vector-Autorese
 * ``NEXT_STEP`` (gymnasium's default): ``obs`` holds the terminal observation; on
   the next step that env's action is ignored and it returns its reset
   observation with reward 0, not terminated, not truncated, and its reset info.
-  For envs that honour TorchRL's ``"_step"`` mask (an ``EnvPool``, this
-  package's envs and their subclasses, batch-unlocked envs, and
-  ``TransformedEnv`` of those) the finished rows are reset by
-  ``step_and_maybe_reset`` when they finish and frozen by ``"_step"`` on the
-  next step; for a transformed or foreign env the frozen rows' outputs are then
-  restored from their reset values. With a render mode (a pool of envs made
-  with ``render_mode=...``) the finished rows are reset at the next step
-  instead, before the others step, so ``render()`` (and vector ``RecordVideo``),
-  ``call()`` and ``get_attr()`` see their terminal state in between, as on
-  ``SyncVectorEnv``; without one only ``call()``/``get_attr()`` could tell, and
-  the reset at finish saves a reset round trip per step. Other envs are stepped without a reset
-  (``env.step``); on the next step the finished rows are stepped once more (the
-  action is discarded), then reset once and report that reset, so they must
-  tolerate a step past the end of an episode.
+  For an ``EnvPool`` or another env of this package (and their subclasses)
+  without a render mode, the finished rows are reset by ``step_and_maybe_reset``
+  when they finish and frozen by ``"_step"`` on the next step (only ``call()``/
+  ``get_attr()`` in between could tell; it saves a reset round trip per step).
+  With a render mode (a pool of envs made with ``render_mode=...``), and for
+  other envs that honour TorchRL's ``"_step"`` mask (a ``TransformedEnv`` of
+  those, batch-unlocked envs), the finished rows stay in their terminal state
+  until the next step: ``render()`` (and vector ``RecordVideo``), ``call()`` and
+  ``get_attr()`` see it, as on ``SyncVectorEnv``. That step freezes them with
+  ``"_step"`` while the others step, then resets them and reports the reset, so
+  a transform's own per-row state (``CatFrames``' frames) is rebuilt by its
+  reset. Other envs are stepped without a reset (``env.step``); on the next
+  step the finished rows are stepped once more (the action is discarded), then
+  reset once and report that reset, so they must tolerate a step past the end
+  of an episode.
 * ``DISABLED``: no reset inside ``step``. Stepping an env that finished raises;
   reset finished envs with ``reset(options={"reset_mask": mask})``.
 
@@ -128,12 +129,13 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
             metadata = {k: v for k, v in dict(sub).items() if k in ("render_modes", "render_fps")}
             self.render_mode = pool.render_mode
         self.metadata = {**metadata, "autoreset_mode": self.autoreset_mode}
-        # NEXT_STEP with a render mode: finished envs are reset at the next step, not when they finish, so
-        # frames (and call()/get_attr()) in between show the terminal state, as on SyncVectorEnv
+        # NEXT_STEP: finished envs are reset at the next step, not when they finish, with a render mode (so
+        # frames, call() and get_attr() in between show the terminal state, as on SyncVectorEnv) and for
+        # transformed envs (a transform's own per-row state, CatFrames' frames, is rebuilt at that reset)
         self._defer_resets = (
             self.autoreset_mode is AutoresetMode.NEXT_STEP
             and self.traits.partial_steps
-            and self.render_mode is not None
+            and (self.render_mode is not None or not self.traits.frozen_rows_exact)
         )
         self._device = self.layout.device
         #: one packed device-to-host transfer per step (accelerators); settable so tests run it on CPU
@@ -272,10 +274,17 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
 
     def _step_next(self, root):
         layout, pending, env = self.layout, self._pending, self.env
-        if not self.traits.partial_steps:
-            # The env cannot freeze rows: a finished row is not reset when it finishes; on the next step it
-            # is stepped past the end (its action discarded), then reset once, and reports that reset.
+        if not self.traits.partial_steps or self._defer_resets:
+            # The finished rows were left in their terminal state (render(), vector RecordVideo, call() and
+            # get_attr() see it in between, as on SyncVectorEnv). Now the others step while they are frozen
+            # by "_step" (an env that cannot freeze rows steps them past the end, their actions discarded),
+            # then they are reset once and report that reset. Resetting them after the step, not before,
+            # lets a transform that keeps per-row state of its own (CatFrames' frames) rebuild it at the
+            # reset instead of seeing the reset observation stepped once more.
+            if pending is not None and self.traits.partial_steps:
+                root.set("_step", (~pending).unsqueeze(-1))
             td = env.step(root)
+            td.pop("_step", None)
             nxt = td.get("next")
             root_ = env.step_mdp(td)
             if pending is not None:
@@ -283,21 +292,6 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
                 root_ = env.reset(root_, select_reset_only=True)
                 root_.pop(self._reset_key, None)
                 nxt, _ = self._restore_rows(pending, root_, nxt, None)
-        elif self._defer_resets:
-            # A render mode: the finished rows stay in their terminal state until this step (as on
-            # SyncVectorEnv, so render(), vector RecordVideo, call() and get_attr() see it), then are
-            # reset and frozen by "_step" while the others step.
-            if pending is not None:
-                root.set(self._reset_key, pending.unsqueeze(-1))
-                root = env.reset(root)
-                root.pop(self._reset_key, None)
-                root.set("_step", (~pending).unsqueeze(-1))
-            td = env.step(root)
-            td.pop("_step", None)
-            nxt = td.get("next")
-            root_ = env.step_mdp(td)
-            if pending is not None and not self.traits.frozen_rows_exact:
-                nxt, root_ = self._restore_rows(pending, root, nxt, root_)
         elif pending is None:
             td, root_ = env.step_and_maybe_reset(root)
             nxt = td.get("next")
