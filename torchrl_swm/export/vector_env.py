@@ -291,19 +291,18 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
                 root_.set(self._reset_key, pending.unsqueeze(-1))
                 root_ = env.reset(root_, select_reset_only=True)
                 root_.pop(self._reset_key, None)
-                nxt, _ = self._restore_rows(pending, root_, nxt, None)
+                nxt = self._restore_rows(pending, root_, nxt)
         elif pending is None:
             td, root_ = env.step_and_maybe_reset(root)
             nxt = td.get("next")
         else:
-            # `pending` rows were reset when they finished (step_and_maybe_reset): freeze them now.
+            # `pending` rows were reset when they finished (step_and_maybe_reset): freeze them now. Only a
+            # package env takes this path (others defer their resets), and it reports its frozen rows exactly.
             root.set("_step", (~pending).unsqueeze(-1))
             td, root_ = env.step_and_maybe_reset(root)
             root.pop("_step", None)
             root_.pop("_step", None)
             nxt = td.get("next")
-            if not self.traits.frozen_rows_exact:
-                nxt, root_ = self._restore_rows(pending, root, nxt, root_)
         self._root = root_
         self._last_next = nxt  # what this step reports (reset() shows it for envs left waiting)
         frozen = None if pending is None or self.traits.frozen_rows_exact else self._done
@@ -317,12 +316,12 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         self._root = self.env.step_mdp(td)
         return self._emit(layout.observations(nxt), layout.raw_flags(nxt), layout.infos(nxt))
 
-    def _restore_rows(self, rows: torch.Tensor, source, nxt, root_):
-        """Copy ``source``'s values (the reset values) into ``rows`` of ``nxt`` and ``root_``.
+    def _restore_rows(self, rows: torch.Tensor, source, nxt):
+        """Copy ``source``'s values (the reset values) into ``rows`` of ``nxt`` (what the step reports).
 
-        Covers every leaf ``source`` shares with them except the action, so
+        Covers every leaf ``source`` shares with it except the action, so
         state carried in the tensordict (a transform's step count, a latent)
-        is restored too.
+        is reported too.
         """
         n = self.num_envs
         skip = {self.layout.action_key, "next", "_step", self._reset_key}
@@ -332,14 +331,10 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
             value = source.get(key)
             if not isinstance(value, torch.Tensor):
                 continue
-            where = rows.view(n, *([1] * (value.ndim - 1)))
-            for td in (nxt, root_):
-                if td is None:
-                    continue
-                old = td.get(key, None)
-                if isinstance(old, torch.Tensor) and old.shape == value.shape:
-                    td.set(key, torch.where(where, value, old))
-        return nxt, root_
+            old = nxt.get(key, None)
+            if isinstance(old, torch.Tensor) and old.shape == value.shape:
+                nxt.set(key, torch.where(rows.view(n, *([1] * (value.ndim - 1))), value, old))
+        return nxt
 
     # -- output ---------------------------------------------------------------------------
     def _emit(self, obs, flags, info, final=None, frozen=None, next_step=False):
