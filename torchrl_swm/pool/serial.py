@@ -19,7 +19,7 @@ from .infos import InfoWriter, SkippedValue, numeric_value
 from .rows import RowWriter
 
 __all__ = ["SerialBackend", "InProcessBackend", "call_envs", "make_envs", "numeric_only", "probe_action",
-           "set_envs_attr"]
+           "action_mask", "set_envs_attr"]
 
 
 def numeric_only(info: Mapping) -> dict:
@@ -44,17 +44,15 @@ PROBE_HINT = (
 )
 
 
-def probe_action(space: gym.Space, seed: int, obs=None, info=None):
+def probe_action(space: gym.Space, seed: int, mask: np.ndarray | None = None):
     """A seeded sample of ``space`` for the construction probe's step; the zero action (clipped into
     the bounds) for a Box gymnasium cannot sample (float64 bounds at the dtype's extremes overflow).
 
-    A ``Discrete`` space samples a legal action when the reset reported an ``"action_mask"`` of
-    ``n`` entries (in a Dict observation, else in the info), the usual convention of masked envs.
+    ``mask`` (:func:`action_mask`): a legal action, when it allows any.
     """
     space = copy.deepcopy(space)
     space.seed(seed)
-    mask = _action_mask(space, obs, info)
-    if mask is not None:
+    if mask is not None and mask.any():
         return space.sample(mask=mask)
     try:
         return space.sample()
@@ -64,16 +62,15 @@ def probe_action(space: gym.Space, seed: int, obs=None, info=None):
         return np.clip(np.zeros(space.shape, space.dtype), space.low, space.high)
 
 
-def _action_mask(space: gym.Space, obs, info) -> np.ndarray | None:
+def action_mask(space: gym.Space, obs, info, batch: tuple = ()) -> np.ndarray | None:
+    """The ``"action_mask"`` a ``Discrete`` env reported at reset (in a Dict observation, else in the info:
+    the usual convention of masked envs), of shape ``(*batch, n)``, as ``int8``; ``None`` without one."""
     if not isinstance(space, gym.spaces.Discrete):
         return None
     for source in (obs, info):
         mask = source.get("action_mask") if isinstance(source, Mapping) else None
-        if mask is None:
-            continue
-        mask = np.asarray(mask)
-        if mask.shape == (space.n,) and mask.any():
-            return mask.astype(np.int8)
+        if mask is not None and np.shape(mask) == (*batch, space.n):
+            return np.asarray(mask).astype(np.int8)
     return None
 
 
@@ -228,7 +225,8 @@ class SerialBackend(InProcessBackend):
                 if not step:
                     continue
                 phase = "step"
-                result = env.step(probe_action(env.action_space, int(seeds[j]), obs, info))
+                action = probe_action(env.action_space, int(seeds[j]), action_mask(env.action_space, obs, info))
+                result = env.step(action)
                 if not isinstance(result, tuple) or len(result) != 5:
                     raise _bad_step_result(i, result)
                 info = result[4]

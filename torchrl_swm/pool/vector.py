@@ -37,7 +37,7 @@ from gymnasium.vector import AutoresetMode
 from ..errors import EnvAttributeError, EnvError, SpecError, describe
 from .infos import batch_wide_error, check_vector_mask, flatten_vector_info, numeric_value
 from .rows import RowWriter
-from .serial import PROBE_HINT, InProcessBackend, call_envs, env_is_wrapped, probe_action, set_envs_attr
+from .serial import PROBE_HINT, InProcessBackend, action_mask, call_envs, env_is_wrapped, probe_action, set_envs_attr
 
 __all__ = ["VectorBackend", "register_masked_reset"]
 
@@ -192,14 +192,12 @@ class VectorBackend(InProcessBackend):
     def _probe_actions(self, seed: int, obs, info):
         """The probe's batched action: a legal one per row when ``Discrete`` rows report an ``"action_mask"``
         (``(N, n)``, in the observation or the reset info), as :func:`probe_action` picks for single envs."""
-        single, n = self.venv.single_action_space, self.num_envs
-        if isinstance(single, gym.spaces.Discrete):
-            for source in (obs, info):
-                masks = source.get("action_mask") if isinstance(source, Mapping) else None
-                if masks is not None and np.shape(masks) == (n, single.n):
-                    rows = [probe_action(single, seed + i, {"action_mask": mask}) for i, mask in enumerate(masks)]
-                    return np.asarray(rows, dtype=self.venv.action_space.dtype)
-        return probe_action(self.venv.action_space, seed)
+        single = self.venv.single_action_space
+        masks = action_mask(single, obs, info, (self.num_envs,))
+        if masks is None:
+            return probe_action(self.venv.action_space, seed)
+        rows = [probe_action(single, seed + i, mask) for i, mask in enumerate(masks)]
+        return np.asarray(rows, dtype=self.venv.action_space.dtype)
 
     def attach(self, layout, arrays, info_schema, frame_key) -> None:
         super().attach(layout, arrays, info_schema, frame_key)

@@ -152,7 +152,7 @@ def with_batch(x, batch_shape: tuple[int, ...]):
         return x
     if isinstance(x, Mapping):
         return {k: with_batch(v, batch_shape) for k, v in x.items()}
-    if isinstance(x, (tuple, list)) and not isinstance(x, torch.Tensor):
+    if isinstance(x, (tuple, list)):
         items = [with_batch(v, batch_shape) for v in x]
         return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
     return x
