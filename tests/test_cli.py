@@ -308,3 +308,71 @@ def test_policy_class_that_is_not_a_factory_is_refused(tmp_path, monkeypatch, ca
     assert cli.main([*base, "class_policies:pusher"]) == 0
     assert cli.main([*base, "class_policies:PusherFactory"]) == 0
     assert capsys.readouterr().out.count("2 episodes") == 2
+
+
+def test_a_closed_stdout_pipe_ends_quietly_and_the_json_is_written_first(tmp_path):
+    # `torchrl-swm eval ... --json out.json | head -1`: the reader may be gone before the summary is printed
+    def run_into_closed_pipe(*args):
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "torchrl_swm.cli"]
+        try:
+            return subprocess.run([*command, *map(str, args)], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                                  timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        finally:
+            os.close(write_end)
+
+    out = run_into_closed_pipe("eval", "CartPole-v1", "--episodes", 3, "--num-envs", 2, "--no-progress",
+                               "--json", tmp_path / "r.json")
+    assert out.returncode == 141 and out.stderr == ""
+    assert len(json.loads((tmp_path / "r.json").read_text())["episode_returns"]) == 3
+    assert cli.main(["collect", "CartPole-v1", "--episodes", "2", "--num-envs", "2", "--out", str(tmp_path / "d"),
+                     "--no-progress"]) == 0
+    out = run_into_closed_pipe("info", tmp_path / "d")
+    assert out.returncode == 141 and out.stderr == ""
+
+
+def test_bad_output_paths_seeds_and_step_limits_are_usage_errors_before_any_work(tmp_path, capsys, monkeypatch):
+    import gymnasium as gym
+
+    import torchrl_swm.world as world_module
+
+    built = []
+    monkeypatch.setattr(world_module.World, "__init__",
+                        lambda self, *a, original=world_module.World.__init__, **k: built.append(1) or original(
+                            self, *a, **k))
+
+    def error(*argv):
+        code = cli.main([str(a) for a in argv])
+        return code, capsys.readouterr().err
+
+    (tmp_path / "afile").write_text("x")
+    cases = [
+        (("eval", "CartPole-v1", "--video", tmp_path / "afile"), "--video"),
+        (("eval", "CartPole-v1", "--seed", 2**62), "--seed must be >= 0 and < 2**62"),
+        (("collect", "CartPole-v1", "--episodes", 1, "--out", tmp_path / "s", "--seed", 2**62), "< 2**62"),
+        (("bench", "--quick", "--json", tmp_path / "no" / "b.json"), "--json"),
+        (("bench", "--quick", "--plot", tmp_path), "--plot"),
+    ]
+    if os.path.isdir("/proc"):  # a directory nobody can create entries in, not even root
+        cases.append((("collect", "CartPole-v1", "--episodes", 1, "--out", "/proc/torchrl_swm_ds"), "--out"))
+    for argv, message in cases:
+        code, err = error(*argv, *(["--no-progress"] if argv[0] != "bench" else []))
+        assert code == 2 and message in err and "Traceback" not in err, (argv, err)
+    assert built == []
+    # an env without a step limit: collect names the flag that sizes the storage
+    gym.register("CliNoLimit-v0", entry_point="gymnasium.envs.classic_control:CartPoleEnv")
+    try:
+        code, err = error("collect", "CliNoLimit-v0", "--episodes", 1, "--out", tmp_path / "n", "--no-progress")
+        assert code == 2 and "pass --max-steps" in err, err
+        assert cli.main(["collect", "CliNoLimit-v0", "--episodes", "1", "--out", str(tmp_path / "n"), "--max-steps",
+                         "5", "--no-progress"]) == 0
+    finally:
+        gym.registry.pop("CliNoLimit-v0")
+
+
+def test_image_shape_other_than_the_datasets_pixels_is_a_usage_error(maze_data, capsys):
+    code = cli.main(["eval", "torchrl_swm/PointMaze-v0", "--dataset", str(maze_data), "--goal-offset", "2",
+                     "--eval-budget", "6", "--image-shape", "8", "8", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "the dataset's pixels are 16 x 16" in err, err

@@ -148,6 +148,20 @@ def test_plain_torchrl_replay_buffer_loads_the_directory(collected):
     assert torch.equal(batch["observation"][:, 1], batch["next", "observation"][:, 0])
 
 
+@pytest.mark.parametrize("compact", [True, False])
+def test_a_plain_buffer_of_the_recorded_storage_rows_loads_any_dataset(tmp_path, compact):
+    # an uncompacted storage (compact=False, or an interrupted collect) keeps its capacity on disk:
+    # dataset.json says how many rows a plain TorchRL storage needs to load it
+    with World("CartPole-v1", num_envs=2) as world:
+        ds = world.collect(tmp_path / "ds", 3, seed=0, max_steps=50, compact=compact, progress=False)
+    rows = ds.metadata["storage_rows"]
+    assert rows == (ds.num_steps if compact else 3 * 50)
+    rb = TensorDictReplayBuffer(storage=LazyMemmapStorage(rows, scratch_dir=tmp_path / "ds" / "storage"))
+    rb.loads(tmp_path / "ds")
+    assert len(rb) == ds.num_steps
+    assert torch.equal(rb.storage[: ds.num_steps]["observation"], ds.td["observation"])
+
+
 def test_summary_describes_the_dataset(collected):
     _, ds = collected
     text = ds.summary()
@@ -392,3 +406,47 @@ def test_exclude_keys_are_checked(tmp_path):
     keys = set(ds.td.keys(True, True))
     assert "episode_seed" not in keys and ("next", "episode_seed") not in keys and "is_init" in keys
     assert ds.metadata["excluded_keys"] == ["episode_seed"]
+
+
+@pytest.mark.parametrize("where", ["copy", "swap"])
+def test_ctrl_c_during_the_final_compaction_leaves_one_complete_dataset_and_no_leftover(tmp_path, monkeypatch, where):
+    # "copy": before the compacted copy is complete (the uncompacted storage stays); "swap": while it is moved
+    # into place (the swap is finished). Either way the dataset is complete and loadable, with no leftover.
+    import torchrl.data
+
+    from torchrl_swm import data
+
+    if where == "copy":
+        dumps = torchrl.data.ReplayBuffer.dumps
+
+        def interrupted_dumps(self, path):
+            if str(path).endswith(".compact"):
+                raise KeyboardInterrupt
+            return dumps(self, path)
+
+        monkeypatch.setattr(torchrl.data.ReplayBuffer, "dumps", interrupted_dumps)
+    else:
+        replace, moved = os.replace, []
+
+        def interrupted_replace(src, dst):
+            if ".compact" in str(src):
+                moved.append(src)
+                if len(moved) == 2:
+                    raise KeyboardInterrupt
+            return replace(src, dst)
+
+        monkeypatch.setattr(data.os, "replace", interrupted_replace)
+    pool = EnvPool([functools.partial(counting, length=n) for n in (2, 5, 3)], seed=0)
+    with pytest.raises(KeyboardInterrupt):
+        World(pool, max_episode_steps=10).collect(tmp_path / "d", 6, seed=0, progress=False)
+    monkeypatch.undo()
+    assert not {".compact", ".old"} & set(os.listdir(tmp_path / "d"))
+    ds = load_dataset(tmp_path / "d")
+    assert ds.metadata["complete"] is True and ds.metadata["compacted"] is (where == "swap")
+    assert ds.metadata["storage_rows"] == (ds.num_steps if where == "swap" else 6 * 10)
+    assert ("compaction_failed" in ds.metadata) is (where == "copy")
+    assert sorted(ds.episode_ids.tolist()) == list(range(6))
+    for k in range(ds.num_episodes):
+        ep = ds.episode(k)
+        assert ep["step_count"].view(-1).tolist() == list(range([2, 5, 3][int(ds.episode_ids[k]) % 3]))
+    pool.close()

@@ -41,7 +41,8 @@ def boxes(draw):
 def multi_discretes(draw, low=2, high=5):
     nvec = draw(st.lists(st.integers(low, high), min_size=1, max_size=3))
     start = draw(st.none() | st.lists(st.integers(-2, 2), min_size=len(nvec), max_size=len(nvec)))
-    return gym.spaces.MultiDiscrete(nvec, start=start)
+    dtype = draw(st.sampled_from([np.int64, np.int32, np.int8]))  # a start must not promote the values to int64
+    return gym.spaces.MultiDiscrete(nvec, start=start, dtype=dtype)
 
 
 leaf_spaces = st.one_of(

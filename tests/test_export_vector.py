@@ -869,6 +869,28 @@ def test_seed_lists_with_none_match_sync_vector_env(seed_every_episode):
         wm.reset(seed=[1, None, 3])
 
 
+def test_a_full_reset_with_a_mixed_seed_list_in_disabled_mode_is_silent_and_exact():
+    # the reset runs in two masked parts (seeded rows, unseeded rows); a finished env's done flag must not
+    # make TorchRL warn about a partial reset the user never asked for
+    import warnings
+
+    n = 4
+    ours = to_gymnasium(EnvPool("CartPole-v1", num_envs=n, seed_every_episode=False), autoreset_mode="disabled",
+                        info_keys=[])
+    ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n)],
+                                   autoreset_mode=AutoresetMode.DISABLED)
+    assert_same(ours.reset(seed=0), ref.reset(seed=0), "reset")
+    while True:  # push left until a pole falls
+        out, out_ref = ours.step(np.zeros(n, np.int64)), ref.step(np.zeros(n, np.int64))
+        assert_same(out[0], out_ref[0], "step")
+        if (out[2] | out[3]).any():
+            break
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(ours.reset(seed=[5, None, 7, None]), ref.reset(seed=[5, None, 7, None]), "mixed seeds")
+    ours.close()
+
+
 def test_transform_leaving_one_leaf_of_a_dict_pool_gives_a_box():
     """CatTensors over a Dict-observation pool leaves one leaf: a Box, with the values gymnasium's
     FlattenObservation gives on SyncVectorEnv."""

@@ -394,3 +394,72 @@ def test_module_colon_env_ids_in_world_and_the_cli(tmp_path, monkeypatch, capsys
     assert cli.main(["eval", f"swm_registers_cli:{env_id}", "--episodes", "2", "--no-progress"]) == 0
     assert cli.main(["eval", "no_such_registering_module:Whatever-v0", "--no-progress"]) == 2
     assert "cannot import" in capsys.readouterr().err
+
+
+# -- collect records every leaf exactly, through numpy views or, for torch-only dtypes, torch ------------
+@pytest.mark.parametrize("extra_dtype", [torch.float64, torch.bfloat16])
+def test_collect_records_policy_leaves_of_any_dtype_row_by_row(tmp_path, extra_dtype):
+    # the recorder writes leaves numpy can view through numpy, a bfloat16 one through torch; env i's
+    # episodes last lengths[i] steps and its seeds are i, i + 3, ... (seed=0, one seed per episode)
+    lengths = [2, 3, 5]
+
+    def policy(td):
+        obs = td["observation"]
+        td["action"] = (obs[:, 0] % 3).long()
+        td["policy", "row"] = torch.arange(3, dtype=extra_dtype).unsqueeze(-1)
+        td["policy", "image"] = obs[:, :1, None].expand(-1, 8, 8).to(torch.uint8)
+        return td
+
+    with World(EnvPool([functools.partial(counting, length=n) for n in lengths]), policy) as world:
+        ds = world.collect(tmp_path / "ds", 9, seed=0, max_steps=10, progress=False)
+    assert ds.td["policy", "row"].dtype == extra_dtype
+    obs = ds.td["observation"]
+    torch.testing.assert_close(ds.td["policy", "image"], obs[:, :1, None].expand(-1, 8, 8).to(torch.uint8))
+    torch.testing.assert_close(ds.td["action"], (obs[:, 0] % 3).long())
+    for k in range(ds.num_episodes):
+        episode = ds.episode(k)
+        env = int(episode["episode_seed"][0]) % 3
+        assert episode.batch_size[0] == lengths[env]
+        assert episode["observation"][:, 0].tolist() == list(range(lengths[env]))
+        assert episode["policy", "row"].float().flatten().tolist() == [env] * lengths[env]
+
+
+def test_collect_does_not_log_its_storage_on_stdout(tmp_path):
+    # TorchRL logs "Initialized LazyMemmapStorage with torch.Size([capacity]) shape" (INFO, on stdout) when a
+    # storage is first written: a dataset's inner storage, twice per collect (write and compaction)
+    import logging
+
+    records = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append
+    logger = logging.getLogger("torchrl")
+    logger.addHandler(handler)
+    try:
+        with World("CartPole-v1", num_envs=2) as world:
+            world.collect(tmp_path / "ds", 3, seed=0, progress=False)
+        logger.info("Initialized LazyMemmapStorage elsewhere")  # other storages still log
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in records] == ["Initialized LazyMemmapStorage elsewhere"]
+    assert load_dataset(tmp_path / "ds").num_episodes == 3
+
+
+@pytest.mark.parametrize("mode", ["same_step", "disabled", "gym_env_num_envs"])  # GymWrapper refuses NEXT_STEP
+def test_world_refuses_torchrl_wrappers_of_a_gymnasium_vector_env_and_names_the_pool(mode):
+    # TorchRL's GymWrapper over a VectorEnv steps every row (no "_step" freezing) and GymEnv(num_envs=N)
+    # records a ghost step per episode: World's metrics would be wrong, so it points to EnvPool instead
+    from torchrl.envs import GymEnv, GymWrapper
+
+    if mode == "gym_env_num_envs":
+        env = GymEnv("CartPole-v1", num_envs=2)
+    else:
+        autoreset = gym.vector.AutoresetMode.SAME_STEP if mode == "same_step" else gym.vector.AutoresetMode.DISABLED
+        env = TransformedEnv(GymWrapper(gym.make_vec("CartPole-v1", 2, vectorization_mode="sync",
+                                                     vector_kwargs={"autoreset_mode": autoreset})), StepCounter())
+    try:
+        with pytest.raises(TypeError, match=r"wraps a gymnasium (Sync|Async)VectorEnv .*World\(EnvPool\(gym.make_vec"):
+            World(env)
+    finally:
+        env.close()
+    with World(EnvPool(gym.make_vec("CartPole-v1", 2, vectorization_mode="sync"))) as world:  # what it points to
+        assert world.evaluate(3, seed=0, progress=False)["episode_lengths"].shape == (3,)

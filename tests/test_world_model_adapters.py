@@ -175,6 +175,33 @@ def test_missing_reward_is_zero_and_missing_termination_is_false():
     assert not env.reward_from_model and not env.terminated_from_model
 
 
+@pytest.mark.parametrize("form", ["5-tuple", "6-tuple", "mapping"])
+def test_none_flags_are_missing_flags_as_a_none_reward_is(form):
+    # a model without a done head returns None for its flags: terminal_fn= fills them in (else False)
+    def transition(state, action):
+        state = state + action
+        if form == "5-tuple":
+            return state, None, None, None, {"model_state": state}
+        if form == "6-tuple":
+            return state, state, None, None, None, {}
+        return {"state": state, "obs": state, "reward": None, "terminated": None, "truncated": None}
+
+    def make(**fns):
+        return make_world_model_env(None, BOX2, BOX2, num_envs=3, initial_state=torch.zeros(2),
+                                    transition_fn=transition, **fns)
+
+    def step(env):
+        return env.step(env.reset().set("action", torch.tensor([[0.2, 0.0], [0.7, 0.0], [-0.9, 0.0]])))["next"]
+
+    out = step(make(reward_fn=lambda s, o, a: s[:, 0] * 2, terminal_fn=lambda s, o, a: s[:, 0] > 0.5))
+    assert out["reward"].view(-1).tolist() == pytest.approx([0.4, 1.4, -1.8])
+    assert out["terminated"].view(-1).tolist() == [False, True, False]
+    assert out["done"].view(-1).tolist() == [False, True, False]
+    assert not out["truncated"].any()
+    plain = step(make())
+    assert not plain["done"].any() and plain["reward"].view(-1).tolist() == [0.0, 0.0, 0.0]
+
+
 @pytest.mark.parametrize("form", ["model_seed_options", "seed_options", "model", "none", "model_seed"])
 def test_reset_fn_signatures(form):
     model = object()

@@ -1442,6 +1442,19 @@ def test_a_sampling_decoder_draws_resets_from_the_reset_stream_so_rows_stay_isol
     assert torch.equal(plain["next", "observation"], decoded["next", "observation"])
 
 
+def test_rows_frozen_by_step_keep_the_pixels_a_sampling_decoder_gave_them():
+    # the env keeps a frozen row's observation; a decoder that samples must not draw its pixels again
+    env = _decoded_env()
+    td = env.reset().set("action", torch.full((4, 2), 0.1))
+    _, td = env.step_and_maybe_reset(td)
+    before = td.clone()
+    td.set("action", torch.full((4, 2), 0.1)).set("_step", torch.tensor([[True], [False], [True], [False]]))
+    nxt = env.step(td)["next"]
+    for key in ("observation", "pixels"):
+        assert torch.equal(nxt[key][[1, 3]], before[key][[1, 3]]), key
+        assert not torch.equal(nxt[key][[0, 2]], before[key][[0, 2]]), key
+
+
 @pytest.mark.parametrize("device", ["cpu:0", torch.device("cpu", 0)])
 def test_cpu_with_an_index_is_the_cpu(device):
     box = gym.spaces.Box(-1, 1, (2,), np.float32)

@@ -23,11 +23,13 @@ class is not a policy: point at an instance or a factory). Without
 
 Contradictory flags are usage errors: ``--max-steps``/``--start-step`` with and
 without ``--dataset`` respectively, ``--episodes`` beyond the dataset's
-episodes. An unwritable ``--json`` path is found before the evaluation runs.
+episodes. Output paths that cannot be written (``--out``, ``--video``,
+``--json``, ``--plot``) are found before any work.
 
 Exit codes: 0 on success, 2 for usage errors (unknown env id, bad paths, bad
 arguments), 1 for other errors (one line; ``--traceback`` shows the whole
-traceback), 130 when interrupted.
+traceback), 130 when interrupted, 141 when stdout's reader has gone (``| head``;
+a ``--json`` file is written first).
 """
 
 from __future__ import annotations
@@ -195,12 +197,30 @@ def _check_output_file(path: str, flag: str) -> None:
         os.remove(target)
 
 
+def _check_output_dir(path: str, flag: str) -> None:
+    """Fail before any work when directory ``path`` cannot be created or written (missing parents are fine)."""
+    target = os.path.abspath(path)
+    if os.path.exists(target) and not os.path.isdir(target):
+        raise CLIError(f"{flag} {path}: exists and is not a directory")
+    existing = target
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise CLIError(f"{flag} {path}: {existing} exists and is not a directory")
+    import tempfile
+
+    try:
+        tempfile.TemporaryDirectory(dir=existing).cleanup()
+    except OSError as err:
+        raise CLIError(f"{flag} {path}: cannot write in {existing} ({err.strerror or err})") from None
+
+
 def _check_env_args(args) -> None:
     """Usage errors of the shared arguments, before any env is built."""
     if args.num_envs < 1:
         raise CLIError(f"--num-envs must be >= 1, got {args.num_envs}")
-    if args.seed < 0:
-        raise CLIError(f"--seed must be >= 0 (gymnasium seeds are non-negative), got {args.seed}")
+    if not 0 <= args.seed < 2**62:
+        raise CLIError(f"--seed must be >= 0 and < 2**62 (gymnasium seeds are non-negative), got {args.seed}")
     if args.max_steps is not None and args.max_steps < 1:
         raise CLIError(f"--max-steps must be >= 1, got {args.max_steps}")
     if args.image_shape is not None and min(args.image_shape) < 1:
@@ -263,11 +283,7 @@ def _configure_collect(p: argparse.ArgumentParser) -> None:
                   configure=_configure_collect)
 def _collect(args) -> int:
     out = os.path.abspath(args.out)
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise CLIError(f"--out {args.out}: exists and is not a directory")
-    parent = os.path.dirname(out)
-    if os.path.exists(parent) and not os.path.isdir(parent):
-        raise CLIError(f"--out {args.out}: {parent} exists and is not a directory")
+    _check_output_dir(args.out, "--out")
     if os.path.isdir(out) and os.listdir(out) and not args.overwrite:
         raise CLIError(f"--out {args.out}: directory exists and is not empty (pass --overwrite to replace a dataset)")
     if args.episodes < 1:
@@ -276,6 +292,11 @@ def _collect(args) -> int:
     _check_policy_spec(args.policy)
     world = _world(args, args.policy)
     try:
+        if args.max_steps is None and world._step_limit() is None:
+            raise CLIError(
+                f"{args.env} has no step limit (no gymnasium TimeLimit): pass --max-steps, which also sizes the "
+                "dataset's storage"
+            )
         try:
             ds = world.collect(out, args.episodes, seed=args.seed, reset_mode=args.mode or "auto",
                                progress=not args.no_progress,
@@ -351,8 +372,14 @@ def _eval(args) -> int:
                 f"--start-step {start} + --goal-offset {args.goal_offset} is past the end of {len(short)} of the "
                 f"{count} dataset episodes (e.g. episode {short[0][0]}, length {short[0][2]})"
             )
-        if args.image_shape is None and not args.pixels and ds.td is not None and "pixels" in ds.td.keys():
-            args.image_shape = list(ds.td.get("pixels").shape[1:3])  # render goals and frames alike
+        pixels = ds.td.get("pixels").shape[1:3] if ds.td is not None and "pixels" in ds.td.keys() else None
+        if pixels is not None and args.image_shape is None and not args.pixels:
+            args.image_shape = list(pixels)  # render goals and frames alike
+        elif pixels is not None and args.image_shape is not None and list(args.image_shape) != list(pixels):
+            raise CLIError(
+                f"--image-shape {' '.join(map(str, args.image_shape))}: the dataset's pixels are {pixels[0]} x "
+                f"{pixels[1]}, and goals are its frames; leave --image-shape out (or pass {pixels[0]} {pixels[1]})"
+            )
         dataset_kwargs = dict(dataset=ds, episodes_idx=list(range(count)), start_steps=start,
                               goal_offset=args.goal_offset, eval_budget=args.eval_budget)
     elif args.goal_offset is not None or args.eval_budget is not None or args.start_step is not None:
@@ -361,6 +388,8 @@ def _eval(args) -> int:
         raise CLIError("--video-grid needs --video DIR")
     if args.json:
         _check_output_file(args.json, "--json")
+    if args.video:
+        _check_output_dir(args.video, "--video")
     _check_env_args(args)
     _check_policy_spec(args.policy)
     if args.video and args.image_shape is None and not args.pixels:
@@ -380,10 +409,10 @@ def _eval(args) -> int:
         )
     finally:  # an interrupt reaches main(), which reports it
         world.close()
-    print(result.summary())
-    if args.json:
+    if args.json:  # first: the results are kept even if printing fails (stdout piped into `head`)
         with open(args.json, "w") as f:
             json.dump(result.to_dict(), f, indent=1)
+    print(result.summary())
     return 0
 
 
@@ -427,6 +456,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (poll reports an error on its write end). If so,
+    stdout is pointed at ``/dev/null``, so that Python's flush at exit does not fail on it again."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        closed = any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), or no real stdout
+        return False
+    if closed:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    return closed
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``torchrl-swm`` command; returns the exit code."""
     # modules named by --policy module:attr or an env id module:Env-v0 may live in the current directory,
@@ -448,6 +494,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as err:  # an error from the env, the policy or the data: one line unless --traceback
+        if isinstance(err, BrokenPipeError) and _stdout_closed():
+            return 141  # the reader of stdout went away (`| head`): stop quietly, with a shell's 128 + SIGPIPE
         if args.traceback:
             raise
         print(f"torchrl-swm {args.command}: error: {type(err).__name__}: {err} (run with --traceback for details)",

@@ -8,7 +8,9 @@ Layout on disk (``DIR``)::
     DIR/storage/              the TorchRL storage: a memory-mapped TensorDict (one file per key)
     DIR/storage/storage_metadata.json, DIR/writer/, DIR/sampler/, DIR/buffer_metadata.json
                               written by ``ReplayBuffer.dumps``: a plain TorchRL buffer whose storage
-                              holds exactly the dataset's rows (``LazyMemmapStorage(num_steps)``) can
+                              has as many rows as the one on disk (``LazyMemmapStorage(storage_rows)``,
+                              ``"storage_rows"`` in ``dataset.json``: ``num_steps`` once a finished
+                              collect compacted it, the capacity for an interrupted one) can
                               ``rb.loads(DIR)`` (its batch size is reset: pass one to ``sample``);
                               :meth:`WorldDataset.replay_buffer` builds one for you
 
@@ -37,8 +39,10 @@ completion order (``dataset.episode_ids`` says which).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
+import logging
 import os
 import shutil
 import time
@@ -168,6 +172,8 @@ class DatasetWriter:
         self.episode_ids: list[int] = []
         self.episode_lengths: list[int] = []
         self.num_steps = 0
+        self.storage_rows = self.capacity  # the storage's rows on disk (num_steps once compacted)
+        self._swapping, self._compacted = None, False
         self.keys: dict | None = None
         self._last_commit = 0.0
         self._committed = (0, 0)
@@ -185,7 +191,8 @@ class DatasetWriter:
             )
         if self.keys is None:
             self.keys = _describe_keys(episode)
-        self.rb.extend(episode)
+        with _quiet_storage_init() if not self.storage.initialized else contextlib.nullcontext():
+            self.rb.extend(episode)
         self.episode_ids.append(int(episode.get("episode")[0]))
         self.episode_lengths.append(length)
         self.num_steps += length
@@ -208,6 +215,7 @@ class DatasetWriter:
             "complete": complete,
             "num_episodes": n_eps,
             "num_steps": n_steps,
+            "storage_rows": self.storage_rows,
             "keys": self.keys,
             "updated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             **extra,
@@ -225,7 +233,14 @@ class DatasetWriter:
         if complete and compact and self.episode_ids:
             order = np.argsort(np.asarray(self.episode_ids), kind="stable")
             if self.num_steps < self.capacity or (order != np.arange(len(order))).any():
-                self._compact(order)
+                try:
+                    self._compact(order)
+                except BaseException as err:
+                    # interrupted (Ctrl-C) or failed: the dataset stays complete, compacted or not
+                    compacted = self._abandon_compaction()
+                    failed = {} if compacted else {"compaction_failed": f"{type(err).__name__}: {err}"[:500]}
+                    self._write_metadata(complete=complete, compacted=compacted, **failed)
+                    raise
                 compacted = True
         self._write_metadata(complete=complete, interrupted=interrupted, compacted=compacted)
 
@@ -241,8 +256,9 @@ class DatasetWriter:
         source = self.storage._storage
         storage = LazyMemmapStorage(self.num_steps, scratch_dir=tmp / "storage", existsok=False)
         rb = ReplayBuffer(storage=storage, writer=RoundRobinWriter(), sampler=RandomSampler())
-        for k in order:
-            rb.extend(source[int(starts[k]) : int(starts[k] + self.episode_lengths[k])])
+        with _quiet_storage_init():
+            for k in order:
+                rb.extend(source[int(starts[k]) : int(starts[k] + self.episode_lengths[k])])
         rb.dumps(tmp)
         del rb, storage, source
         self.rb = self.storage = None
@@ -250,14 +266,53 @@ class DatasetWriter:
         if old.exists():
             shutil.rmtree(old)
         old.mkdir()
+        self._swapping = (order, tmp, old)  # from here on the compacted copy is complete: finish the swap
+        self._swap_in()
+        shutil.rmtree(old)
+        shutil.rmtree(tmp)
+
+    def _swap_in(self) -> None:
+        """Move each compacted entry into place (the replaced one to ``.old``), then record the new order;
+        resumable where an interrupt stopped it."""
+        order, tmp, old = self._swapping
         for entry in sorted(os.listdir(tmp)):
             if (self.path / entry).exists():
                 os.replace(self.path / entry, old / entry)
             os.replace(tmp / entry, self.path / entry)
-        shutil.rmtree(old)
-        shutil.rmtree(tmp)
-        self.episode_ids = [self.episode_ids[k] for k in order]
-        self.episode_lengths = [self.episode_lengths[k] for k in order]
+        ids, lengths = [self.episode_ids[k] for k in order], [self.episode_lengths[k] for k in order]
+        self.episode_ids, self.episode_lengths, self.storage_rows, self._swapping, self._compacted = (
+            ids, lengths, self.num_steps, None, True
+        )
+
+    def _abandon_compaction(self) -> bool:
+        """After an interrupted :meth:`_compact`: finish a swap that had begun (its copy is complete), else
+        drop the partial copy, so the directory holds one storage and no leftover. Returns whether the
+        storage ended up compacted."""
+        if self._swapping is not None:
+            self._swap_in()
+        for leftover in (self.path / ".compact", self.path / ".old"):
+            shutil.rmtree(leftover, ignore_errors=True)
+        return self._compacted
+
+
+class _NoStorageInitLine(logging.Filter):
+    """Drops TorchRL's "Initialized LazyMemmapStorage with torch.Size([capacity]) shape" INFO line, which
+    its logger prints on stdout when a storage is first written: a dataset's storage is its own inner
+    detail (the capacity is a bound, not the dataset's size), and the line would land in a CLI user's
+    stdout and a script's output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Initialized LazyMemmapStorage")
+
+
+@contextlib.contextmanager
+def _quiet_storage_init():
+    logger, line_filter = logging.getLogger("torchrl"), _NoStorageInitLine()
+    logger.addFilter(line_filter)
+    try:
+        yield
+    finally:
+        logger.removeFilter(line_filter)
 
 
 def _copy_on_write(td: TensorDictBase) -> TensorDictBase:
@@ -563,10 +618,17 @@ def load_dataset(path: str | os.PathLike) -> WorldDataset:
         DatasetError: the path does not exist or is not a torchrl_swm dataset.
 
     Examples:
-        >>> ds = load_dataset("data/maze")
+        >>> from torchrl_swm import World, load_dataset
+        >>> with World("CartPole-v1", num_envs=4) as world:
+        ...     _ = world.collect("data/cartpole", episodes=8, seed=0, progress=False)
+        >>> ds = load_dataset("data/cartpole")
         >>> ds.num_episodes, len(ds)              # episodes, transitions
+        (8, 170)
         >>> ep = ds.episode(0)                    # TensorDict [L], root = step t, "next" = t + 1
-        >>> rb = ds.replay_buffer(num_slices=32, slice_len=8)
-        >>> batch = rb.sample().reshape(32, 8)    # TensorDict [32, 8] (TorchRL samples flat: [256])
+        >>> ep["observation"].shape, ep["next", "observation"].shape
+        (torch.Size([41, 4]), torch.Size([41, 4]))
+        >>> rb = ds.replay_buffer(num_slices=4, slice_len=8)
+        >>> rb.sample().reshape(4, 8).batch_size  # TorchRL samples flat ([32]): [slices, time]
+        torch.Size([4, 8])
     """
     return WorldDataset(path)

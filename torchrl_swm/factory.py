@@ -170,9 +170,20 @@ def make_env(target, backend: str = "auto", **kwargs):
         Any error of the backend's factory, unchanged.
 
     Examples:
+        >>> import gymnasium as gym, torch
         >>> pool = make_env("CartPole-v1", num_envs=8, seed=0)              # EnvPool
+        >>> pool.batch_size, pool.close()
+        (torch.Size([8]), None)
         >>> pool = make_env("CartPole-v1", backend="process", num_envs=8, num_workers=2)
-        >>> env = make_env(model, backend="wm", observation_space=..., action_space=..., num_envs=64)
+        >>> pool.close()
+        >>> def transition(state, action):                                  # a toy world model
+        ...     state = torch.tanh(state + action)
+        ...     done = state[:, 0] > 0.99
+        ...     return state, state, state.sum(-1), done, torch.zeros_like(done), {}
+        >>> env = make_env(None, backend="wm", transition_fn=transition, observation_space=gym.spaces.Box(-1, 1, (2,)),
+        ...                action_space=gym.spaces.Box(-1, 1, (2,)), initial_state=torch.zeros(2), num_envs=64)
+        >>> env.rollout(10, break_when_any_done=False).batch_size
+        torch.Size([64, 10])
     """
     name = _normalize(backend)
     if name == "auto":

@@ -136,6 +136,14 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--seconds: expected a positive number, got {args.seconds}")
     if args.threads < 1:
         raise ValueError(f"--threads: expected >= 1, got {args.threads}")
+    from ..cli import CLIError, _check_output_file
+
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:  # found now, not after minutes of benchmarking
+            try:
+                _check_output_file(path, flag)
+            except CLIError as err:
+                raise ValueError(str(err)) from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -160,8 +160,11 @@ class Leaf:
         self.get_key = key[0] if len(key) == 1 else key  # tensordict's string path is the fast one
         self.torch_dtype = torch_dtype(self.np_dtype)
         self._split = None
-        # Discrete(n, start) / MultiDiscrete(nvec, start): the env stores indices from 0
+        # Discrete(n, start) / MultiDiscrete(nvec, start): the env stores indices from 0; a MultiDiscrete
+        # start is a tensor of the space's dtype (an int64 one would promote an int32 value to int64)
         self._start = _space_start(space, device)
+        if isinstance(self._start, torch.Tensor):
+            self._start = self._start.to(self.torch_dtype)
         if isinstance(spec, MultiOneHot):
             self._kind, self._split = "multi_one_hot", [int(n) for n in spec.nvec]
         elif isinstance(spec, OneHot):

@@ -59,7 +59,10 @@ def to_sb3_vec_env(env: EnvBase, *, observation_keys=None, info_keys=None):
         >>> from stable_baselines3 import PPO
         >>> from torchrl_swm import EnvPool, to_sb3_vec_env
         >>> venv = to_sb3_vec_env(EnvPool("CartPole-v1", num_envs=8))
-        >>> model = PPO("MlpPolicy", venv).learn(10_000)  # doctest: +SKIP
+        >>> model = PPO("MlpPolicy", venv, n_steps=32, batch_size=64, device="cpu").learn(256)
+        >>> model.num_timesteps
+        256
+        >>> venv.close()
     """
     return _sb3_class()(env, observation_keys=observation_keys, info_keys=info_keys)
 

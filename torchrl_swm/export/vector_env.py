@@ -52,7 +52,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 from gymnasium.vector.utils import batch_space
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
 from ._core import Layout, attribute_errors, nest, to_host, torch_copies, traits
@@ -203,8 +203,10 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
             if mask is None and already is None and len(calls) == 1:
                 root = self.env.reset(**calls[0][1])
             else:
-                if mask is None and already is None:  # a full reset in parts: start from nothing
-                    root = TensorDict({}, batch_size=self.env.batch_size, device=self.env.device)
+                if mask is None and already is None:
+                    # a full reset in parts: start from nothing but the done flags, all False (every row
+                    # is reset; without them TorchRL warns that a partial reset misses the done keys)
+                    root = self.env.full_done_spec.zero()
                 else:
                     root = self._root.exclude("next")
                 for part, kwargs in calls:

@@ -485,6 +485,9 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             >>> # one factory per worker, seeds far apart (a pool uses one seed per episode: s, s+1, ...)
             >>> make = [EnvPool.factory("CartPole-v1", num_envs=8, seed=w * 2**32) for w in range(2)]
             >>> collector = MultiSyncCollector(make, None, frames_per_batch=256, total_frames=1024)
+            >>> sum(batch.numel() for batch in collector)
+            1024
+            >>> collector.shutdown()
         """
         return PoolFactory(cls, args, kwargs)
 

@@ -318,9 +318,17 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
           as everywhere in TorchRL; the env's generators drive the model and the resets.
 
     Examples:
-        >>> env = WorldModelEnv(model, observation_space=Box(-1, 1, (8,)), action_space=Box(-1, 1, (2,)),
+        >>> import torch
+        >>> from gymnasium.spaces import Box
+        >>> class Model(torch.nn.Module):  # a toy latent dynamics: (state, action) -> (state, obs, reward)
+        ...     def step(self, state, action):
+        ...         state = torch.tanh(state + 0.1 * action.sum(-1, keepdim=True))
+        ...         return state, state, state[:, 0]
+        >>> env = WorldModelEnv(Model(), observation_space=Box(-1, 1, (8,)), action_space=Box(-1, 1, (2,)),
         ...                     num_envs=64, initial_state=torch.zeros(8), seed=0)
-        >>> rollout = env.rollout(100, break_when_any_done=False)   # [64, 100]
+        >>> rollout = env.rollout(100, break_when_any_done=False)
+        >>> rollout.batch_size, rollout["next", "observation"].shape
+        (torch.Size([64, 100]), torch.Size([64, 100, 8]))
     """
 
     def __init__(
@@ -770,7 +778,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             raise ReturnFormError(f"{where} returned {form}: {name}: expected device {self.device}, got {value.device}")
 
     def _flag(self, value, bs, bs1, name, where, form):
-        if value is MISSING:
+        if value is MISSING or value is None:  # as a None reward: no head for it (terminal_fn= or False)
             return None
         if isinstance(value, torch.Tensor):
             if value.dtype is not torch.bool:
@@ -955,12 +963,12 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             if terminated is None:
                 rt.terminated_from_model = False
                 terminated = shapes.false()
-        if truncated is MISSING:
+        if truncated is not MISSING and not _exact(truncated, bs1, torch.bool, dev):
+            truncated = self._flag(truncated, bs, bs1, "truncated", where, form)
+        if truncated is MISSING or truncated is None:
             truncated = shapes.false()
             done = terminated
         else:
-            if not _exact(truncated, bs1, torch.bool, dev):
-                truncated = self._flag(truncated, bs, bs1, "truncated", where, form)
             done = terminated | truncated
         if info or self._info_leaves:
             info = self._read_info(info, bs, where, form)

@@ -354,6 +354,19 @@ class ObservationDecoder(_WorldModelTransform):
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
         return self._call(tensordict_reset, "reset")
 
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        next_tensordict = self._call(next_tensordict)
+        # rows frozen by a "_step" mask keep their decoded value, as the env keeps their observation
+        # (a decoder that samples would otherwise draw them again)
+        bs = tensordict.batch_size
+        rows = _stepped_rows(tensordict, bs[0]) if len(bs) == 1 else None
+        previous = None if rows is None else tensordict.get(self.out_keys[0], None)
+        if previous is not None:
+            out = next_tensordict.get(self.out_keys[0])
+            rows = rows.view(bs[0], *([1] * (out.dim() - 1)))
+            next_tensordict.set(self.out_keys[0], torch.where(rows, out, previous))
+        return next_tensordict
+
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         return self._call(tensordict)
 
