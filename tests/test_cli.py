@@ -316,9 +316,11 @@ def test_a_closed_stdout_pipe_ends_quietly_and_the_json_is_written_first(tmp_pat
         read_end, write_end = os.pipe()
         os.close(read_end)
         command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "torchrl_swm.cli"]
+        # stdout block-buffered, as in a shell (PYTHONUNBUFFERED would make every print fail at once)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
         try:
             return subprocess.run([*command, *map(str, args)], stdout=write_end, stderr=subprocess.PIPE, text=True,
-                                  timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                                  timeout=240, env=dict(env, OMP_NUM_THREADS="1"))
         finally:
             os.close(write_end)
 
@@ -347,8 +349,11 @@ def test_bad_output_paths_seeds_and_step_limits_are_usage_errors_before_any_work
         return code, capsys.readouterr().err
 
     (tmp_path / "afile").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
     cases = [
         (("eval", "CartPole-v1", "--video", tmp_path / "afile"), "--video"),
+        (("eval", "CartPole-v1", "--video", tmp_path / "dangling"), "dangling symlink"),
+        (("collect", "CartPole-v1", "--episodes", 1, "--out", tmp_path / "dangling"), "dangling symlink"),
         (("eval", "CartPole-v1", "--seed", 2**62), "--seed must be >= 0 and < 2**62"),
         (("collect", "CartPole-v1", "--episodes", 1, "--out", tmp_path / "s", "--seed", 2**62), "< 2**62"),
         (("bench", "--quick", "--json", tmp_path / "no" / "b.json"), "--json"),

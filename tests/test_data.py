@@ -3,6 +3,7 @@
 import functools
 import json
 import os
+import shutil
 
 import gymnasium as gym
 import numpy as np
@@ -410,18 +411,24 @@ def test_exclude_keys_are_checked(tmp_path):
 
 @pytest.mark.parametrize("where", ["copy", "swap"])
 def test_ctrl_c_during_the_final_compaction_leaves_one_complete_dataset_and_no_leftover(tmp_path, monkeypatch, where):
-    # "copy": before the compacted copy is complete (the uncompacted storage stays); "swap": while it is moved
-    # into place (the swap is finished). Either way the dataset is complete and loadable, with no leftover.
+    # a real SIGINT (Ctrl-C) "copy": while the compacted copy is written (the uncompacted storage stays);
+    # "swap": while it is moved into place (the swap is finished first). A second Ctrl-C then arrives while
+    # the leftovers are removed. Either way the dataset is complete and loadable, with no leftover.
+    import signal
+
     import torchrl.data
 
     from torchrl_swm import data
+
+    def ctrl_c():
+        os.kill(os.getpid(), signal.SIGINT)
 
     if where == "copy":
         dumps = torchrl.data.ReplayBuffer.dumps
 
         def interrupted_dumps(self, path):
             if str(path).endswith(".compact"):
-                raise KeyboardInterrupt
+                ctrl_c()
             return dumps(self, path)
 
         monkeypatch.setattr(torchrl.data.ReplayBuffer, "dumps", interrupted_dumps)
@@ -432,10 +439,18 @@ def test_ctrl_c_during_the_final_compaction_leaves_one_complete_dataset_and_no_l
             if ".compact" in str(src):
                 moved.append(src)
                 if len(moved) == 2:
-                    raise KeyboardInterrupt
+                    ctrl_c()
             return replace(src, dst)
 
         monkeypatch.setattr(data.os, "replace", interrupted_replace)
+    rmtree = shutil.rmtree
+
+    def interrupted_rmtree(path, *args, **kwargs):
+        if str(path).endswith(".compact"):
+            ctrl_c()  # the second Ctrl-C
+        return rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(data.shutil, "rmtree", interrupted_rmtree)
     pool = EnvPool([functools.partial(counting, length=n) for n in (2, 5, 3)], seed=0)
     with pytest.raises(KeyboardInterrupt):
         World(pool, max_episode_steps=10).collect(tmp_path / "d", 6, seed=0, progress=False)

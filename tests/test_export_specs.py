@@ -40,8 +40,10 @@ def boxes(draw):
 @st.composite
 def multi_discretes(draw, low=2, high=5):
     nvec = draw(st.lists(st.integers(low, high), min_size=1, max_size=3))
-    start = draw(st.none() | st.lists(st.integers(-2, 2), min_size=len(nvec), max_size=len(nvec)))
-    dtype = draw(st.sampled_from([np.int64, np.int32, np.int8]))  # a start must not promote the values to int64
+    # a start must neither promote the values to int64 nor need an addition torch lacks (uint16/32/64)
+    dtype = draw(st.sampled_from([np.int64, np.int32, np.int8, np.uint8, np.uint16, np.uint32, np.uint64]))
+    lowest = 0 if np.dtype(dtype).kind == "u" else -2
+    start = draw(st.none() | st.lists(st.integers(lowest, 2), min_size=len(nvec), max_size=len(nvec)))
     return gym.spaces.MultiDiscrete(nvec, start=start, dtype=dtype)
 
 

@@ -463,3 +463,20 @@ def test_world_refuses_torchrl_wrappers_of_a_gymnasium_vector_env_and_names_the_
         env.close()
     with World(EnvPool(gym.make_vec("CartPole-v1", 2, vectorization_mode="sync"))) as world:  # what it points to
         assert world.evaluate(3, seed=0, progress=False)["episode_lengths"].shape == (3,)
+
+
+def test_collect_refuses_an_entry_that_changes_dtype_between_steps_naming_it(tmp_path):
+    # a policy building a leaf from Python numbers: int64 on the first step, float32 later; numpy would
+    # store the floats truncated into the first step's int64 column without a word
+    calls = []
+
+    def policy(td):
+        calls.append(1)
+        td["action"] = torch.zeros(2, dtype=torch.int64)
+        td["policy", "value"] = torch.full((2, 1), 2) if len(calls) == 1 else torch.full((2, 1), 1.5)
+        return td
+
+    with World(EnvPool([functools.partial(counting, length=4)] * 2), policy, max_episode_steps=10) as world:
+        with pytest.raises(TypeError, match=r"\('policy', 'value'\) changed dtype between steps, from torch.int64 to "
+                                            r"torch.float32"):
+            world.collect(tmp_path / "ds", 2, seed=0, progress=False)

@@ -175,7 +175,7 @@ def test_missing_reward_is_zero_and_missing_termination_is_false():
     assert not env.reward_from_model and not env.terminated_from_model
 
 
-@pytest.mark.parametrize("form", ["5-tuple", "6-tuple", "mapping"])
+@pytest.mark.parametrize("form", ["5-tuple", "6-tuple", "mapping", "mapping-done"])
 def test_none_flags_are_missing_flags_as_a_none_reward_is(form):
     # a model without a done head returns None for its flags: terminal_fn= fills them in (else False)
     def transition(state, action):
@@ -184,6 +184,8 @@ def test_none_flags_are_missing_flags_as_a_none_reward_is(form):
             return state, None, None, None, {"model_state": state}
         if form == "6-tuple":
             return state, state, None, None, None, {}
+        if form == "mapping-done":  # a done head and no truncation head: done reads as terminated
+            return {"state": state, "obs": state, "reward": None, "done": None, "truncated": None}
         return {"state": state, "obs": state, "reward": None, "terminated": None, "truncated": None}
 
     def make(**fns):
@@ -200,6 +202,24 @@ def test_none_flags_are_missing_flags_as_a_none_reward_is(form):
     assert not out["truncated"].any()
     plain = step(make())
     assert not plain["done"].any() and plain["reward"].view(-1).tolist() == [0.0, 0.0, 0.0]
+
+
+
+def test_done_with_a_none_truncated_is_done_alone_and_a_real_truncated_is_refused():
+    def make(truncated):
+        def transition(state, action):
+            state = state + action
+            return {"state": state, "reward": state[:, 0], "done": state[:, 0] > 0.5, "truncated": truncated}
+
+        return make_world_model_env(None, BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2),
+                                    transition_fn=transition)
+
+    env = make(None)
+    out = env.step(env.reset().set("action", torch.tensor([[0.7, 0.0], [0.1, 0.0]])))["next"]
+    assert out["terminated"].view(-1).tolist() == [True, False] and not out["truncated"].any()
+    env = make(torch.zeros(2, dtype=torch.bool))
+    with pytest.raises(ReturnFormError, match="'done' together with 'truncated'"):
+        env.step(env.reset().set("action", torch.zeros(2, 2)))
 
 
 @pytest.mark.parametrize("form", ["model_seed_options", "seed_options", "model", "none", "model_seed"])

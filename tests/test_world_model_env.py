@@ -1442,17 +1442,41 @@ def test_a_sampling_decoder_draws_resets_from_the_reset_stream_so_rows_stay_isol
     assert torch.equal(plain["next", "observation"], decoded["next", "observation"])
 
 
-def test_rows_frozen_by_step_keep_the_pixels_a_sampling_decoder_gave_them():
-    # the env keeps a frozen row's observation; a decoder that samples must not draw its pixels again
-    env = _decoded_env()
-    td = env.reset().set("action", torch.full((4, 2), 0.1))
-    _, td = env.step_and_maybe_reset(td)
-    before = td.clone()
-    td.set("action", torch.full((4, 2), 0.1)).set("_step", torch.tensor([[True], [False], [True], [False]]))
-    nxt = env.step(td)["next"]
-    for key in ("observation", "pixels"):
-        assert torch.equal(nxt[key][[1, 3]], before[key][[1, 3]]), key
-        assert not torch.equal(nxt[key][[0, 2]], before[key][[0, 2]]), key
+@pytest.mark.parametrize("after", ["nothing", "normalise", "stack"])
+def test_rows_frozen_by_step_keep_the_pixels_a_sampling_decoder_gave_them(after):
+    # the env keeps a frozen row's observation; a decoder that samples must not draw its pixels again, and
+    # what it keeps is its own output, whatever later transforms make of it (normalised, stacked)
+    from torchrl.envs import CatFrames, ObservationNorm, UnsqueezeTransform
+
+    later = {
+        "nothing": [],
+        "normalise": [ObservationNorm(loc=100.0, scale=0.5, in_keys=["pixels"], standard_normal=True)],
+        "stack": [UnsqueezeTransform(-4, in_keys=["pixels"]), CatFrames(2, dim=-4, in_keys=["pixels"])],
+    }[after]
+    box = gym.spaces.Box(-1, 1, (3,), np.float32)
+    env = make_world_model_env(object(), box, gym.spaces.Box(-1, 1, (2,), np.float32), num_envs=4,
+                               initial_state=torch.zeros(3), transition_fn=_noisy_step, decoder=_sampling_decoder,
+                               seed=0, transforms=later)
+    twin = make_world_model_env(object(), box, gym.spaces.Box(-1, 1, (2,), np.float32), num_envs=4,
+                                initial_state=torch.zeros(3), transition_fn=_noisy_step, decoder=_sampling_decoder,
+                                seed=0)  # the decoder alone: what it gave each row
+    td, ref = env.reset(), twin.reset()
+    for t in range(6):
+        frozen = t in (2, 3)  # rows 1 and 3 wait for two steps
+        for x in (td, ref):
+            x.set("action", torch.full((4, 2), 0.1))
+            if frozen:
+                x.set("_step", torch.tensor([[True], [False], [True], [False]]))
+        out, td = env.step_and_maybe_reset(td)
+        out_ref, ref = twin.step_and_maybe_reset(ref)
+        pixels, expected = out["next", "pixels"], out_ref["next", "pixels"]
+        if after == "normalise":
+            expected = (expected.float() - 100.0) / 0.5
+        elif after == "stack":
+            pixels = pixels[:, -1]  # the newest frame
+        assert torch.equal(pixels, expected.to(pixels.dtype)), (after, t)
+        if frozen:
+            assert torch.equal(out_ref["next", "pixels"][[1, 3]], out_ref["pixels"][[1, 3]])
 
 
 @pytest.mark.parametrize("device", ["cpu:0", torch.device("cpu", 0)])

@@ -200,10 +200,10 @@ def _check_output_file(path: str, flag: str) -> None:
 def _check_output_dir(path: str, flag: str) -> None:
     """Fail before any work when directory ``path`` cannot be created or written (missing parents are fine)."""
     target = os.path.abspath(path)
-    if os.path.exists(target) and not os.path.isdir(target):
-        raise CLIError(f"{flag} {path}: exists and is not a directory")
+    if os.path.lexists(target) and not os.path.isdir(target):
+        raise CLIError(f"{flag} {path}: exists and is not a directory (or is a dangling symlink)")
     existing = target
-    while not os.path.exists(existing):
+    while not os.path.lexists(existing):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         raise CLIError(f"{flag} {path}: {existing} exists and is not a directory")
@@ -469,7 +469,9 @@ def _stdout_closed() -> bool:
     except (AttributeError, OSError, ValueError):  # no poll (Windows), or no real stdout
         return False
     if closed:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
     return closed
 
 
@@ -486,7 +488,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.passthrough_args = extra
     try:
-        return int(args._command.run(args) or 0)
+        code = int(args._command.run(args) or 0)
+        sys.stdout.flush()  # here, not at exit: a pipe whose reader has gone fails now, where it is handled
+        return code
     except CLIError as err:
         print(f"torchrl-swm {args.command}: error: {err}", file=sys.stderr)
         return 2

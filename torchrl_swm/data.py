@@ -45,6 +45,8 @@ import json
 import logging
 import os
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -237,12 +239,14 @@ class DatasetWriter:
                     self._compact(order)
                 except BaseException as err:
                     # interrupted (Ctrl-C) or failed: the dataset stays complete, compacted or not
-                    compacted = self._abandon_compaction()
-                    failed = {} if compacted else {"compaction_failed": f"{type(err).__name__}: {err}"[:500]}
-                    self._write_metadata(complete=complete, compacted=compacted, **failed)
+                    with _interrupts_deferred():
+                        compacted = self._abandon_compaction()
+                        failed = {} if compacted else {"compaction_failed": f"{type(err).__name__}: {err}"[:500]}
+                        self._write_metadata(complete=complete, compacted=compacted, **failed)
                     raise
                 compacted = True
-        self._write_metadata(complete=complete, interrupted=interrupted, compacted=compacted)
+        with _interrupts_deferred():
+            self._write_metadata(complete=complete, interrupted=interrupted, compacted=compacted)
 
     def _compact(self, order: np.ndarray) -> None:
         """Rewrite the storage at its exact size, episodes in id order; swapped in atomically per entry."""
@@ -266,10 +270,11 @@ class DatasetWriter:
         if old.exists():
             shutil.rmtree(old)
         old.mkdir()
-        self._swapping = (order, tmp, old)  # from here on the compacted copy is complete: finish the swap
-        self._swap_in()
-        shutil.rmtree(old)
-        shutil.rmtree(tmp)
+        with _interrupts_deferred():  # the copy is complete: move it into place in one go
+            self._swapping = (order, tmp, old)
+            self._swap_in()
+            shutil.rmtree(old)
+            shutil.rmtree(tmp)
 
     def _swap_in(self) -> None:
         """Move each compacted entry into place (the replaced one to ``.old``), then record the new order;
@@ -303,6 +308,24 @@ class _NoStorageInitLine(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith("Initialized LazyMemmapStorage")
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """Hold Ctrl-C (SIGINT) until the block ends, then raise it: for the short steps that move a compacted
+    storage into place and record it, which a second interrupt must not leave half done."""
+    handler = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(handler):
+        yield  # only the main thread can hold signals; a handler not set from Python cannot be restored
+        return
+    received = []
+    signal.signal(signal.SIGINT, lambda signum, frame: received.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        if received:
+            handler(signal.SIGINT, received[0])  # Python's default handler raises KeyboardInterrupt
 
 
 @contextlib.contextmanager

@@ -349,6 +349,7 @@ class _EpisodeBuffer:
         self.num_envs, self.max_len = num_envs, max_len
         self.buf: TensorDictBase | None = None
         self._views: dict = {}
+        self._dtypes: dict = {}
 
     def write(self, td: TensorDictBase, rows: np.ndarray, t: np.ndarray) -> None:
         if td.device is not None and td.device.type != "cpu":
@@ -360,11 +361,21 @@ class _EpisodeBuffer:
                 lambda x: torch.empty((n, m) + x.shape[1:], dtype=x.dtype), batch_size=[n, m], device="cpu"
             )
             self._views = {key: leaf.numpy() for key, leaf in self.buf.items(True, True) if _has_numpy_view(leaf)}
+            self._dtypes = {key: leaf.dtype for key, leaf in self.buf.items(True, True)}
         if (t >= self.max_len).any():
             raise RuntimeError(f"an episode exceeded the recording bound of {self.max_len} steps")
         leaves = list(td.items(True, True))
         views = self._views
-        if len(leaves) == len(views) and all(key in views and _has_numpy_view(leaf) for key, leaf in leaves):
+        fast = len(leaves) == len(views)  # the first step's keys, all viewed by numpy
+        for key, leaf in leaves:
+            dtype = self._dtypes.get(key)
+            if dtype is not None and isinstance(leaf, torch.Tensor) and leaf.dtype != dtype:
+                raise TypeError(
+                    f"World.collect: {key!r} changed dtype between steps, from {dtype} to {leaf.dtype} (as the env "
+                    "or the policy wrote it); a dataset entry has one dtype: cast it to one"
+                )
+            fast = fast and key in views and _has_numpy_view(leaf)
+        if fast:
             # numpy's fancy indexing: torch's index_put_ runs on its thread pool, and on a busy machine
             # (other processes on the cores) one such write of an image batch took ~5 ms instead of ~5 µs
             for key, leaf in leaves:

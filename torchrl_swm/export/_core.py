@@ -160,11 +160,8 @@ class Leaf:
         self.get_key = key[0] if len(key) == 1 else key  # tensordict's string path is the fast one
         self.torch_dtype = torch_dtype(self.np_dtype)
         self._split = None
-        # Discrete(n, start) / MultiDiscrete(nvec, start): the env stores indices from 0; a MultiDiscrete
-        # start is a tensor of the space's dtype (an int64 one would promote an int32 value to int64)
+        # Discrete(n, start) / MultiDiscrete(nvec, start): the env stores indices from 0
         self._start = _space_start(space, device)
-        if isinstance(self._start, torch.Tensor):
-            self._start = self._start.to(self.torch_dtype)
         if isinstance(spec, MultiOneHot):
             self._kind, self._split = "multi_one_hot", [int(n) for n in spec.nvec]
         elif isinstance(spec, OneHot):
@@ -184,18 +181,24 @@ class Leaf:
         if kind is None:
             return value
         if kind == "start":
-            return value + self._start
+            return self._add_start(value)
         if kind == "multi_one_hot":
             value = torch.stack([p.argmax(-1) for p in value.split(self._split, dim=-1)], -1)
         elif kind == "one_hot":
             value = value.argmax(-1)
         elif kind == "squeeze":
             value = value.squeeze(-len(self.spec.shape) - 1)
+        if self._start is not None:
+            return self._add_start(value)
         if value.dtype != self.torch_dtype:
             value = value.to(self.torch_dtype)
-        if self._start is not None:
-            value = value + self._start
         return value
+
+    def _add_start(self, value: torch.Tensor) -> torch.Tensor:
+        # in int64, then the space's dtype: an int64 start would promote an int32 value, and torch has no
+        # addition for uint16/32/64; the sum is a value of the space, so the cast is exact
+        value = value.to(torch.int64) + self._start
+        return value if value.dtype == self.torch_dtype else value.to(self.torch_dtype)
 
 
 def _space_start(space, device) -> int | torch.Tensor | None:

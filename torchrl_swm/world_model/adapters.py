@@ -526,14 +526,16 @@ def _split_mapping(result, keys, where: str, *, step: bool):
         state = obs
     elif obs is MISSING:
         obs = state
-    if "terminated" in keys:
-        if "done" in keys:
+    # a flag given as None is a missing one (a model without that head), as a None reward
+    flags = {key for key in ("terminated", "done", "truncated") if key in keys and get(key) is not None}
+    if "terminated" in flags:
+        if "done" in flags:
             raise ReturnFormError(
                 f"{where} returned {mapping_form(keys)}: both 'terminated' and 'done'; expected one of them"
             )
         terminated = get("terminated")
-    elif "done" in keys:
-        if "truncated" in keys:
+    elif "done" in flags:
+        if "truncated" in flags:
             # done = terminated | truncated: a row that is both done and truncated may or may not have
             # terminated, and bootstrapping depends on it (TorchRL refuses to guess too)
             raise ReturnFormError(
@@ -545,7 +547,7 @@ def _split_mapping(result, keys, where: str, *, step: bool):
     else:
         terminated = MISSING
     reward = get("reward") if "reward" in keys else MISSING
-    truncated = get("truncated") if "truncated" in keys else MISSING
+    truncated = get("truncated") if "truncated" in flags else MISSING
     return form, state, obs, reward, terminated, truncated, info
 
 

@@ -351,21 +351,38 @@ class ObservationDecoder(_WorldModelTransform):
             "Pass in_key= (make_world_model_env: decoder_in_key=) naming the entry the decoder reads"
         )
 
+    # Rows frozen by a "_step" mask keep their decoded value, as the env keeps their observation (a
+    # decoder that samples would draw them again). The value kept is this transform's own last output,
+    # not the input's entry, which later transforms may have changed (normalised, stacked, permuted).
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
-        return self._call(tensordict_reset, "reset")
+        tensordict_reset = self._call(tensordict_reset, "reset")
+        out = tensordict_reset.get(self.out_keys[0])
+        mask = None if tensordict is None else tensordict.get("_reset", None)
+        rows = None if mask is None else self._row_view(mask, "_reset", out)
+        self._keep(out if rows is None else torch.where(rows, out, self._last))
+        return tensordict_reset
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         next_tensordict = self._call(next_tensordict)
-        # rows frozen by a "_step" mask keep their decoded value, as the env keeps their observation
-        # (a decoder that samples would otherwise draw them again)
-        bs = tensordict.batch_size
-        rows = _stepped_rows(tensordict, bs[0]) if len(bs) == 1 else None
-        previous = None if rows is None else tensordict.get(self.out_keys[0], None)
-        if previous is not None:
-            out = next_tensordict.get(self.out_keys[0])
-            rows = rows.view(bs[0], *([1] * (out.dim() - 1)))
-            next_tensordict.set(self.out_keys[0], torch.where(rows, out, previous))
+        out = next_tensordict.get(self.out_keys[0])
+        partial = tensordict.get("_step", None)
+        rows = None if partial is None else self._row_view(partial, "_step", out)
+        if rows is not None:
+            out = torch.where(rows, out, self._last)
+            next_tensordict.set(self.out_keys[0], out)
+        self._keep(out)
         return next_tensordict
+
+    def _row_view(self, mask: torch.Tensor, name: str, out: torch.Tensor) -> torch.Tensor | None:
+        """``mask`` as rows broadcast over ``out``, when the last output has ``out``'s shape (a batch-locked
+        env; an unlocked one sub-selects the rows itself); else None."""
+        last = self.__dict__.get("_last")
+        if last is None or last.shape != out.shape or out.dim() < 1:
+            return None
+        return row_mask(mask, out.shape[0], name).view(out.shape[0], *([1] * (out.dim() - 1)))
+
+    def _keep(self, out: torch.Tensor) -> None:
+        self.__dict__["_last"] = out
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         return self._call(tensordict)
