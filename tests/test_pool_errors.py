@@ -530,3 +530,23 @@ def test_an_unclosed_pool_is_closed_when_collected():
     del pool
     gc.collect()
     assert len(CLOSED_ENVS) == 3
+
+
+@pytest.mark.parametrize("image_shape, error", [
+    ((32.7, 40.9), TypeError),  # int() would truncate to 32 x 40
+    ((True, 40), TypeError),  # a bool is not a size
+    (64, TypeError),  # a bare int: (64, 64) is meant, say it
+    ((64,), TypeError),
+    ("64", TypeError),
+    ((0, 8), ValueError),
+])
+def test_image_shape_must_be_two_positive_integers_named_in_the_error(image_shape, error):
+    with pytest.raises(error, match=r"image_shape: expected \(height, width\): two positive integers, got "):
+        EnvPool("CartPole-v1", num_envs=1, image_shape=image_shape)
+
+
+def test_image_shape_takes_numpy_integers_and_arrays():
+    for image_shape in ((np.int64(12), 16), np.array([12, 16]), torch.Size([12, 16])):
+        pool = EnvPool("CartPole-v1", num_envs=1, image_shape=image_shape)
+        assert pool.reset()["pixels"].shape == (1, 12, 16, 3)
+        pool.close()

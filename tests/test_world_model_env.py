@@ -1488,3 +1488,48 @@ def test_cpu_with_an_index_is_the_cpu(device):
         assert env.device == torch.device("cpu")
         assert env.rollout(3)["next", "observation"].shape == (2, 3, 2)
         assert env.to(device) is env
+
+
+def test_frozen_rows_pixels_follow_a_branched_observation_and_truncated_bptt_runs():
+    # (a) stepping again from an earlier tensordict (replanning), rows frozen: with state_key the env keeps
+    # the caller's observation, and the pixels are that observation's; (b) truncated BPTT through a sampling
+    # decoder, the tensordict detached between chunks and rows frozen at a chunk's start: no old graph comes back
+    box, act = gym.spaces.Box(-1, 1, (3,), np.float32), gym.spaces.Box(-1, 1, (2,), np.float32)
+    frozen = torch.tensor([[True], [False], [True], [False]])
+
+    def step(state, action):
+        return {"state": torch.tanh(state + action.sum(-1, keepdim=True))}
+
+    def decoder(obs):
+        return ((obs + 1) * 127).round().clamp(0, 255).to(torch.uint8).view(-1, 1, 1, 3).expand(-1, 2, 2, 3)
+
+    env = make_world_model_env(object(), box, act, num_envs=4, initial_state=torch.zeros(3), transition_fn=step,
+                               decoder=decoder, seed=0, state_key="observation")
+    _, td1 = env.step_and_maybe_reset(env.reset().set("action", torch.full((4, 2), 0.1)))
+    saved = td1.clone()
+    env.step_and_maybe_reset(td1.set("action", torch.full((4, 2), 0.2)))
+    nxt = env.step(saved.set("action", torch.full((4, 2), -0.3)).set("_step", frozen))["next"]
+    assert torch.equal(nxt["observation"][[1, 3]], saved["observation"][[1, 3]])
+    assert torch.equal(nxt["pixels"], decoder(nxt["observation"]))
+
+    weight = torch.nn.Parameter(torch.ones(3, 4))
+
+    def sampling_decoder(obs, generator=None):
+        return obs @ weight + 0.1 * torch.randn(obs.shape[0], 4, generator=generator)
+
+    env = make_world_model_env(object(), box, act, num_envs=4, initial_state=torch.zeros(3), transition_fn=step,
+                               decoder=sampling_decoder, decoder_spec=gym.spaces.Box(-10, 10, (4,), np.float32),
+                               seed=0, differentiable=True)
+    td = env.reset()
+    for chunk in range(3):
+        loss = 0
+        for t in range(3):
+            td["action"] = torch.full((4, 2), 0.1)
+            if t == 0 and chunk:
+                td["_step"] = frozen
+            out, td = env.step_and_maybe_reset(td)
+            if t == 0 and chunk:  # the frozen rows kept their sampled pixels
+                assert torch.equal(out["next", "pixels"][[1, 3]].detach(), out["pixels"][[1, 3]])
+            loss = loss + out["next", "pixels"].pow(2).mean()
+        loss.backward()
+        td = td.detach()

@@ -654,7 +654,14 @@ def _zero_rows(value, views: _RankViews):
 
 
 def _image_hw(image_shape) -> tuple[int, int]:
-    shape = tuple(int(s) for s in image_shape)
-    if len(shape) != 2 or min(shape) < 1:
-        raise ValueError(f"image_shape: expected (height, width) with positive sizes, got {image_shape!r}")
-    return shape
+    """``image_shape`` as ``(H, W)``: two positive integers (no float or bool that ``int()`` would truncate)."""
+    expected = "expected (height, width): two positive integers"
+    if isinstance(image_shape, np.ndarray):
+        image_shape = image_shape.tolist()
+    if not isinstance(image_shape, Sequence) or isinstance(image_shape, str) or len(image_shape) != 2:
+        raise TypeError(f"image_shape: {expected}, got {image_shape!r}")
+    if not all(isinstance(s, (int, np.integer)) and not isinstance(s, (bool, np.bool_)) for s in image_shape):
+        raise TypeError(f"image_shape: {expected}, got {image_shape!r}")
+    if min(image_shape) < 1:
+        raise ValueError(f"image_shape: {expected}, got {image_shape!r}")
+    return int(image_shape[0]), int(image_shape[1])

@@ -154,6 +154,11 @@ class ActionAdapter(_WorldModelTransform):
         return tensordict
 
 
+def _where_rows(rows: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """``new`` on ``rows`` (a bool ``(N,)``), ``old`` elsewhere."""
+    return torch.where(rows.view(rows.shape[0], *([1] * (new.dim() - 1))), new, old)
+
+
 def _stepped_rows(tensordict: TensorDictBase, n: int) -> torch.Tensor | None:
     """The ``"_step"`` mask as ``(N, 1)`` when some rows are frozen, else ``None``.
 
@@ -351,38 +356,56 @@ class ObservationDecoder(_WorldModelTransform):
             "Pass in_key= (make_world_model_env: decoder_in_key=) naming the entry the decoder reads"
         )
 
-    # Rows frozen by a "_step" mask keep their decoded value, as the env keeps their observation (a
-    # decoder that samples would draw them again). The value kept is this transform's own last output,
-    # not the input's entry, which later transforms may have changed (normalised, stacked, permuted).
+    # A decoder that samples (it takes generator=) would draw new pixels for the rows a "_step" mask
+    # froze, whose observation the env keeps: those rows keep the pixels it gave them, as long as their
+    # input is still the one those pixels were decoded from. What is kept is this transform's own output
+    # (later transforms may have changed the tensordict's entry: normalised, stacked). A deterministic
+    # decoder decodes the kept observation again, which gives the same pixels.
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
         tensordict_reset = self._call(tensordict_reset, "reset")
-        out = tensordict_reset.get(self.out_keys[0])
-        mask = None if tensordict is None else tensordict.get("_reset", None)
-        rows = None if mask is None else self._row_view(mask, "_reset", out)
-        self._keep(out if rows is None else torch.where(rows, out, self._last))
+        if self._samples():
+            value, out = tensordict_reset.get(self.in_keys[0]), tensordict_reset.get(self.out_keys[0])
+            mask = None if tensordict is None else tensordict.get("_reset", None)
+            last = None if mask is None else self._last_for(value, out)
+            if last is not None:  # a partial reset: the other rows keep what they had
+                rows = row_mask(mask, out.shape[0], "_reset")
+                value, out = _where_rows(rows, value, last[0]), _where_rows(rows, out, last[1])
+            self.__dict__["_last"] = (value, out)
         return tensordict_reset
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         next_tensordict = self._call(next_tensordict)
-        out = next_tensordict.get(self.out_keys[0])
-        partial = tensordict.get("_step", None)
-        rows = None if partial is None else self._row_view(partial, "_step", out)
-        if rows is not None:
-            out = torch.where(rows, out, self._last)
-            next_tensordict.set(self.out_keys[0], out)
-        self._keep(out)
+        if self._samples():
+            value, out = next_tensordict.get(self.in_keys[0]), next_tensordict.get(self.out_keys[0])
+            partial = tensordict.get("_step", None)
+            last = None if partial is None else self._last_for(value, out)
+            if last is not None:
+                n = out.shape[0]
+                same_input = (value == last[0]).reshape(n, -1).all(-1)
+                keep = ~row_mask(partial, n, "_step") & same_input
+                if keep.any():
+                    kept = last[1]
+                    caller = tensordict.get(self.out_keys[0], None)
+                    if kept.requires_grad and not (isinstance(caller, torch.Tensor) and caller.requires_grad):
+                        kept = kept.detach()  # the caller detached its inputs (truncated BPTT): no old graph back
+                    out = _where_rows(~keep, out, kept)
+                    next_tensordict.set(self.out_keys[0], out)
+            self.__dict__["_last"] = (value, out)
         return next_tensordict
 
-    def _row_view(self, mask: torch.Tensor, name: str, out: torch.Tensor) -> torch.Tensor | None:
-        """``mask`` as rows broadcast over ``out``, when the last output has ``out``'s shape (a batch-locked
-        env; an unlocked one sub-selects the rows itself); else None."""
-        last = self.__dict__.get("_last")
-        if last is None or last.shape != out.shape or out.dim() < 1:
-            return None
-        return row_mask(mask, out.shape[0], name).view(out.shape[0], *([1] * (out.dim() - 1)))
+    def _samples(self) -> bool:
+        return self._bound is not None and "generator" in self._bound.extras
 
-    def _keep(self, out: torch.Tensor) -> None:
-        self.__dict__["_last"] = out
+    def _last_for(self, value, out) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The last ``(input, output)`` when they have this batch's shapes (a batch-locked env; an unlocked
+        one sub-selects the rows itself), else None."""
+        last = self.__dict__.get("_last")
+        if (
+            last is None or not isinstance(value, torch.Tensor) or out.dim() < 1
+            or last[0].shape != value.shape or last[1].shape != out.shape
+        ):
+            return None
+        return last
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         return self._call(tensordict)
