@@ -181,6 +181,19 @@ class FailingEnv(CountingEnv):
         return super().step(action)
 
 
+class SlowCloseEnv(CountingEnv):
+    """A healthy counting env whose ``close()`` takes ``close_s`` seconds (a video written at close)."""
+
+    def __init__(self, close_s: float = 12.0, **kwargs):
+        super().__init__(length=5, **kwargs)
+        self.close_s = close_s
+
+    def close(self):
+        import time
+
+        time.sleep(self.close_s)
+
+
 def counting(length=None, max_length=9, truncate=False, render_mode=None):
     """A picklable factory for :class:`CountingEnv` (use with functools.partial)."""
     return CountingEnv(length=length, max_length=max_length, truncate=truncate, render_mode=render_mode)

@@ -164,6 +164,17 @@ def test_raise_on_worker_failure_passes_healthy_collections_through_and_shuts_do
     assert [b.numel() for b in raise_on_worker_failure(single)] == [N * T, N * T]
 
 
+def test_raise_on_worker_failure_does_not_count_the_shutdowns_own_sigterm_as_a_failure():
+    # TorchRL's shutdown() terminates (SIGTERM, exit code -15) a worker still closing its envs after 10 s:
+    # a healthy collection whose envs close slowly is not a failed one
+    from envs import SlowCloseEnv
+
+    make = [EnvPool.factory([SlowCloseEnv] * 2, seed=w * 2**32) for w in range(2)]
+    collector = MultiAsyncCollector(make, None, frames_per_batch=20, total_frames=40)
+    assert sum(batch.numel() for batch in raise_on_worker_failure(collector)) == 40
+    assert all(proc.exitcode < 0 for proc in collector.procs)  # the shutdown did terminate them
+
+
 def test_non_picklable_factory_gets_a_clear_error():
     import threading
 

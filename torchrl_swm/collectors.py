@@ -37,19 +37,25 @@ def raise_on_worker_failure(collector: Any) -> Iterator[TensorDictBase]:
     processes (``Collector``, ``RayCollector``, which raises ``RayActorError`` itself)
     pass through unchanged.
 
+    A worker still running when the shutdown starts and then stopped by a signal is not a
+    failure: TorchRL's ``shutdown()`` terminates workers that are slow to exit (a pool whose
+    envs take seconds to close).
+
     Raises:
         RuntimeError: naming each worker that exited with a non-zero code. The worker's
             own traceback (for an :class:`~torchrl_swm.EnvPool`, an ``EnvError`` naming
             the env index) is in its stderr.
     """
     procs = list(getattr(collector, "procs", None) or [])
+    running: set[int] = set()
     try:
         for batch in collector:
             _raise_if_any_failed(procs, when="during collection")
             yield batch
     finally:
+        running = {i for i, proc in enumerate(procs) if _exit_code(proc) is None}
         collector.shutdown()
-    _raise_if_any_failed(procs, when="before the collection ended")
+    _raise_if_any_failed(procs, when="before the collection ended", terminated_by_shutdown=running)
 
 
 def _exit_code(proc: Any) -> int | None:
@@ -59,12 +65,16 @@ def _exit_code(proc: Any) -> int | None:
         return None
 
 
-def _raise_if_any_failed(procs: list, *, when: str) -> None:
-    failed = [(i, code) for i, code in enumerate(map(_exit_code, procs)) if code not in (None, 0)]
+def _raise_if_any_failed(procs: list, *, when: str, terminated_by_shutdown: set[int] = frozenset()) -> None:
+    # a negative code is a signal: the shutdown's own SIGTERM/SIGKILL for a worker that was still running
+    failed = [
+        (i, code) for i, code in enumerate(map(_exit_code, procs))
+        if code not in (None, 0) and not (code < 0 and i in terminated_by_shutdown)
+    ]
     if failed:
         workers = ", ".join(f"worker {i} (exit code {code})" for i, code in failed)
         raise RuntimeError(
-            f"collector {workers} failed {when}; its data stops at the failure (later batches came from the "
-            "other workers only). "
+            f"collector {workers} failed {when}; its data stops at the failure (with a MultiAsyncCollector, "
+            "later batches came from the other workers only). "
             "The worker's traceback is in its stderr (an EnvPool names the env index that raised)."
         )
