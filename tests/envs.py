@@ -182,11 +182,17 @@ class FailingEnv(CountingEnv):
 
 
 class SlowCloseEnv(CountingEnv):
-    """A healthy counting env whose ``close()`` takes ``close_s`` seconds (a video written at close)."""
+    """A counting env whose ``close()`` takes ``close_s`` seconds (a video written at close); with
+    ``fail_at`` it raises on that step."""
 
-    def __init__(self, close_s: float = 12.0, **kwargs):
+    def __init__(self, close_s: float = 12.0, fail_at: int | None = None, **kwargs):
         super().__init__(length=5, **kwargs)
-        self.close_s = close_s
+        self.close_s, self.fail_at = close_s, fail_at
+
+    def step(self, action):
+        if self.fail_at is not None and self.steps_called + 1 >= self.fail_at:
+            raise ValueError(f"boom at step {self.steps_called + 1}")
+        return super().step(action)
 
     def close(self):
         import time

@@ -546,7 +546,8 @@ def test_image_shape_must_be_two_positive_integers_named_in_the_error(image_shap
 
 
 def test_image_shape_takes_numpy_integers_and_arrays():
-    for image_shape in ((np.int64(12), 16), np.array([12, 16]), torch.Size([12, 16])):
+    for image_shape in ((np.int64(12), 16), np.array([12, 16]), torch.Size([12, 16]), torch.tensor([12, 16]),
+                        (torch.tensor(12), 16), [12, 16]):
         pool = EnvPool("CartPole-v1", num_envs=1, image_shape=image_shape)
         assert pool.reset()["pixels"].shape == (1, 12, 16, 3)
         pool.close()

@@ -164,15 +164,27 @@ def test_raise_on_worker_failure_passes_healthy_collections_through_and_shuts_do
     assert [b.numel() for b in raise_on_worker_failure(single)] == [N * T, N * T]
 
 
-def test_raise_on_worker_failure_does_not_count_the_shutdowns_own_sigterm_as_a_failure():
-    # TorchRL's shutdown() terminates (SIGTERM, exit code -15) a worker still closing its envs after 10 s:
-    # a healthy collection whose envs close slowly is not a failed one
+def test_raise_on_worker_failure_waits_for_slow_closes_and_reports_what_the_shutdown_terminated():
+    # TorchRL's shutdown() terminates a worker still closing its envs after 8 of its 10 s: raise_on_worker_failure
+    # gives them shutdown_timeout (60 s) so that a healthy collection whose envs close slowly is not a failed one,
+    # and says so when it had to terminate them (a worker whose env raised while closing looks the same)
     from envs import SlowCloseEnv
 
-    make = [EnvPool.factory([SlowCloseEnv] * 2, seed=w * 2**32) for w in range(2)]
-    collector = MultiAsyncCollector(make, None, frames_per_batch=20, total_frames=40)
-    assert sum(batch.numel() for batch in raise_on_worker_failure(collector)) == 40
-    assert all(proc.exitcode < 0 for proc in collector.procs)  # the shutdown did terminate them
+    def collector(close_s, fail_worker=None):
+        make = [EnvPool.factory([functools.partial(SlowCloseEnv, close_s, 3 if w == fail_worker else None)] * 2,
+                                seed=w * 2**32) for w in range(2)]
+        return MultiAsyncCollector(make, None, frames_per_batch=20, total_frames=40)
+
+    healthy = collector(12.0)
+    assert sum(batch.numel() for batch in raise_on_worker_failure(healthy)) == 40
+    assert [proc.exitcode for proc in healthy.procs] == [0, 0]
+    with pytest.raises(RuntimeError, match=r"terminated by the shutdown after 2 s; if its envs only close slowly, "
+                                           r"pass shutdown_timeout="):
+        for _ in raise_on_worker_failure(collector(12.0), shutdown_timeout=2.5):
+            pass
+    with pytest.raises(RuntimeError, match=r"worker 1 \(exit code 1\)"):  # its env raised, then closed slowly
+        for _ in raise_on_worker_failure(collector(3.0, fail_worker=1)):
+            pass
 
 
 def test_non_picklable_factory_gets_a_clear_error():

@@ -1533,3 +1533,56 @@ def test_frozen_rows_pixels_follow_a_branched_observation_and_truncated_bptt_run
             loss = loss + out["next", "pixels"].pow(2).mean()
         loss.backward()
         td = td.detach()
+
+
+def test_a_sampling_decoder_keeps_frozen_rows_for_dict_and_nan_inputs_and_their_gradient():
+    # the kept pixels are found for a sub-TensorDict input and for a NaN input (NaN equals NaN here), and a
+    # frozen row inside one differentiable chunk keeps its gradient, even when a later transform renames it
+    from torchrl.envs import RenameTransform
+
+    box = lambda n: gym.spaces.Box(-1, 1, (n,), np.float32)  # noqa: E731
+    act, frozen = box(2), torch.tensor([True, False, True, False])
+    spec = gym.spaces.Box(-100, 100, (4,), np.float32)
+
+    def dict_step(state, action):
+        return {"lat": {"a": torch.tanh(state["lat"]["a"] + action.sum(-1, keepdim=True)), "b": state["lat"]["b"]}}
+
+    def dict_decoder(obs, generator=None):
+        return obs["a"].sum(-1, keepdim=True).expand(-1, 4) + torch.randn(obs.shape[0], 4, generator=generator)
+
+    dict_space = gym.spaces.Dict({"lat": gym.spaces.Dict({"a": box(3), "b": box(2)})})
+    env = make_world_model_env(object(), dict_space, act, num_envs=4, transition_fn=dict_step, decoder=dict_decoder,
+                               initial_state={"lat": {"a": torch.zeros(3), "b": torch.zeros(2)}},
+                               decoder_in_key="lat", decoder_spec=spec, seed=0)
+    _, td = env.step_and_maybe_reset(env.reset().set("action", torch.full((4, 2), 0.1)))
+    out = env.step(td.clone().set("action", torch.full((4, 2), 0.1)).set("_step", frozen))["next"]
+    assert torch.equal(out["pixels"][[1, 3]], td["pixels"][[1, 3]])
+
+    def nan_step(state, action):
+        return {"state": state + action.sum(-1, keepdim=True)}
+
+    def nan_decoder(obs, generator=None):
+        return torch.nan_to_num(obs).sum(-1, keepdim=True) + torch.randn(obs.shape[0], 4, generator=generator)
+
+    env = make_world_model_env(object(), gym.spaces.Box(-np.inf, np.inf, (3,), np.float32), act, num_envs=4,
+                               initial_state=torch.tensor([float("nan"), 0.0, 0.0]), transition_fn=nan_step,
+                               decoder=nan_decoder, decoder_spec=spec, seed=0)
+    _, td = env.step_and_maybe_reset(env.reset().set("action", torch.full((4, 2), 0.1)))
+    out = env.step(td.clone().set("action", torch.full((4, 2), 0.1)).set("_step", frozen))["next"]
+    assert torch.equal(out["pixels"][[1, 3]], td["pixels"][[1, 3]])
+
+    weight = torch.nn.Parameter(torch.ones(3, 4))
+
+    def learned_decoder(obs, generator=None):
+        return obs @ weight + 0.1 * torch.randn(obs.shape[0], 4, generator=generator)
+
+    for key, later in (("pixels", []), ("img", [RenameTransform(["pixels"], ["img"])])):
+        env = make_world_model_env(object(), box(3), act, num_envs=2, initial_state=torch.zeros(3),
+                                   transition_fn=lambda s, a: {"state": torch.tanh(s + a.sum(-1, keepdim=True))},
+                                   decoder=learned_decoder, decoder_spec=spec, seed=0, differentiable=True,
+                                   transforms=later)
+        _, td = env.step_and_maybe_reset(env.reset().set("action", torch.full((2, 2), 0.3)))
+        out, _ = env.step_and_maybe_reset(td.set("action", torch.full((2, 2), 0.3)).set("_step", frozen[:2]))
+        weight.grad = None
+        out["next", key][1].sum().backward()  # the frozen row's pixels, from the step before
+        assert weight.grad is not None and weight.grad.abs().sum() > 0, key

@@ -27,7 +27,7 @@ from tensordict import TensorDictBase
 __all__ = ["raise_on_worker_failure"]
 
 
-def raise_on_worker_failure(collector: Any) -> Iterator[TensorDictBase]:
+def raise_on_worker_failure(collector: Any, *, shutdown_timeout: float = 60.0) -> Iterator[TensorDictBase]:
     """Yield ``collector``'s batches, then shut it down and raise if any worker process failed.
 
     After each batch the worker processes' exit codes are checked; once the collector is
@@ -37,9 +37,12 @@ def raise_on_worker_failure(collector: Any) -> Iterator[TensorDictBase]:
     processes (``Collector``, ``RayCollector``, which raises ``RayActorError`` itself)
     pass through unchanged.
 
-    A worker still running when the shutdown starts and then stopped by a signal is not a
-    failure: TorchRL's ``shutdown()`` terminates workers that are slow to exit (a pool whose
-    envs take seconds to close).
+    Args:
+        collector: a TorchRL collector.
+        shutdown_timeout: how long the workers get to close their envs and exit (TorchRL's
+            ``shutdown(timeout=...)``; its default, 10 s, terminates envs that take seconds to
+            close). A worker the shutdown had to terminate is reported: a worker whose env
+            raised while its envs were still closing looks the same.
 
     Raises:
         RuntimeError: naming each worker that exited with a non-zero code. The worker's
@@ -54,8 +57,11 @@ def raise_on_worker_failure(collector: Any) -> Iterator[TensorDictBase]:
             yield batch
     finally:
         running = {i for i, proc in enumerate(procs) if _exit_code(proc) is None}
-        collector.shutdown()
-    _raise_if_any_failed(procs, when="before the collection ended", terminated_by_shutdown=running)
+        if procs:
+            collector.shutdown(timeout=shutdown_timeout)
+        else:
+            collector.shutdown()
+    _raise_if_any_failed(procs, when="before the collection ended", running=running, timeout=shutdown_timeout)
 
 
 def _exit_code(proc: Any) -> int | None:
@@ -65,14 +71,16 @@ def _exit_code(proc: Any) -> int | None:
         return None
 
 
-def _raise_if_any_failed(procs: list, *, when: str, terminated_by_shutdown: set[int] = frozenset()) -> None:
-    # a negative code is a signal: the shutdown's own SIGTERM/SIGKILL for a worker that was still running
-    failed = [
-        (i, code) for i, code in enumerate(map(_exit_code, procs))
-        if code not in (None, 0) and not (code < 0 and i in terminated_by_shutdown)
-    ]
+def _raise_if_any_failed(procs: list, *, when: str, running: set[int] = frozenset(), timeout: float = 0.0) -> None:
+    failed = [(i, code) for i, code in enumerate(map(_exit_code, procs)) if code not in (None, 0)]
     if failed:
-        workers = ", ".join(f"worker {i} (exit code {code})" for i, code in failed)
+        def describe(i, code):
+            if code < 0 and i in running:  # a signal, maybe the shutdown's own SIGTERM: say so
+                return (f"worker {i} (exit code {code}: killed by a signal, e.g. terminated by the shutdown after "
+                        f"{0.8 * timeout:.0f} s; if its envs only close slowly, pass shutdown_timeout=)")
+            return f"worker {i} (exit code {code})"
+
+        workers = ", ".join(describe(i, code) for i, code in failed)
         raise RuntimeError(
             f"collector {workers} failed {when}; its data stops at the failure (with a MultiAsyncCollector, "
             "later batches came from the other workers only). "

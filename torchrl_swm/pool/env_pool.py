@@ -656,8 +656,13 @@ def _zero_rows(value, views: _RankViews):
 def _image_hw(image_shape) -> tuple[int, int]:
     """``image_shape`` as ``(H, W)``: two positive integers (no float or bool that ``int()`` would truncate)."""
     expected = "expected (height, width): two positive integers"
-    if isinstance(image_shape, np.ndarray):
+    if isinstance(image_shape, (np.ndarray, torch.Tensor)) and not (image_shape.dtype == bool or (
+        image_shape.dtype.is_floating_point if isinstance(image_shape, torch.Tensor) else image_shape.dtype.kind == "f"
+    )):
         image_shape = image_shape.tolist()
+    elif isinstance(image_shape, Sequence) and not isinstance(image_shape, str):  # 0-d integer tensors
+        image_shape = [s.item() if isinstance(s, torch.Tensor) and s.ndim == 0 and not s.is_floating_point()
+                       and s.dtype != torch.bool else s for s in image_shape]
     if not isinstance(image_shape, Sequence) or isinstance(image_shape, str) or len(image_shape) != 2:
         raise TypeError(f"image_shape: {expected}, got {image_shape!r}")
     if not all(isinstance(s, (int, np.integer)) and not isinstance(s, (bool, np.bool_)) for s in image_shape):

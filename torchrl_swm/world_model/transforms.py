@@ -30,6 +30,7 @@ from torchrl.envs import Compose, StepCounter, Transform, TransformedEnv
 from ..errors import describe
 from ..masks import row_mask
 from ..specs import as_spec, batch_spec
+from . import _tree
 from .adapters import MISSING, Bound, ReturnFormError, bind
 from .env import WorldModelEnv, _refuse_start
 
@@ -152,6 +153,20 @@ class ActionAdapter(_WorldModelTransform):
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         return tensordict
+
+
+def _same_rows(value, last, n: int) -> torch.Tensor:
+    """``(N,)`` bool: the rows where ``value`` equals ``last`` (tensors or TensorDicts; NaN equals NaN)."""
+    if isinstance(value, TensorDictBase):
+        same = torch.ones(n, dtype=torch.bool, device=value.device)
+        for key, leaf in value.items(True, True):
+            other = last.get(key, None)
+            if not isinstance(other, torch.Tensor) or other.shape != leaf.shape:
+                return torch.zeros_like(same)
+            same &= _same_rows(leaf, other, n)
+        return same
+    equal = torch.isclose(value, last, rtol=0, atol=0, equal_nan=True) if value.is_floating_point() else value == last
+    return equal.reshape(n, -1).all(-1)
 
 
 def _where_rows(rows: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
@@ -369,7 +384,7 @@ class ObservationDecoder(_WorldModelTransform):
             last = None if mask is None else self._last_for(value, out)
             if last is not None:  # a partial reset: the other rows keep what they had
                 rows = row_mask(mask, out.shape[0], "_reset")
-                value, out = _where_rows(rows, value, last[0]), _where_rows(rows, out, last[1])
+                value, out = _tree.where_rows(rows, value, last[0]), _where_rows(rows, out, last[1])
             self.__dict__["_last"] = (value, out)
         return tensordict_reset
 
@@ -381,12 +396,12 @@ class ObservationDecoder(_WorldModelTransform):
             last = None if partial is None else self._last_for(value, out)
             if last is not None:
                 n = out.shape[0]
-                same_input = (value == last[0]).reshape(n, -1).all(-1)
-                keep = ~row_mask(partial, n, "_step") & same_input
+                keep = ~row_mask(partial, n, "_step") & _same_rows(value, last[0], n)
                 if keep.any():
                     kept = last[1]
-                    caller = tensordict.get(self.out_keys[0], None)
-                    if kept.requires_grad and not (isinstance(caller, torch.Tensor) and caller.requires_grad):
+                    if kept.requires_grad and not any(
+                        isinstance(x, torch.Tensor) and x.requires_grad for x in tensordict.values(True, True)
+                    ):
                         kept = kept.detach()  # the caller detached its inputs (truncated BPTT): no old graph back
                     out = _where_rows(~keep, out, kept)
                     next_tensordict.set(self.out_keys[0], out)
@@ -401,8 +416,8 @@ class ObservationDecoder(_WorldModelTransform):
         one sub-selects the rows itself), else None."""
         last = self.__dict__.get("_last")
         if (
-            last is None or not isinstance(value, torch.Tensor) or out.dim() < 1
-            or last[0].shape != value.shape or last[1].shape != out.shape
+            last is None or not isinstance(value, (torch.Tensor, TensorDictBase)) or out.dim() < 1
+            or type(last[0]) is not type(value) or last[0].shape != value.shape or last[1].shape != out.shape
         ):
             return None
         return last
