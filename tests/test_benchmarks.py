@@ -22,3 +22,29 @@ def test_pool_benchmark_smoke(tmp_path):
             ("vector", "raw"), ("vector", "pool"), ("fixed", "pool_k0"), ("fixed", "floor")} <= keys
     assert all(r["rate"] > 0 and not math.isnan(r["rate"]) for r in rows if r["key"] != "gym_async")
     assert plot.stat().st_size > 1000
+
+
+def test_a_next_step_vector_env_is_credited_with_its_transitions_only():
+    # NoopEnv(period=2) ends every 2nd step; under NEXT_STEP the call after the end only resets it
+    import functools
+
+    import gymnasium as gym
+
+    from torchrl_swm.benchmarks.pool import GymVector, NoopEnv
+
+    n = 3
+    for mode, expected in ((gym.vector.AutoresetMode.NEXT_STEP, 4 * n), (gym.vector.AutoresetMode.SAME_STEP, None)):
+        venv = gym.vector.SyncVectorEnv([functools.partial(NoopEnv, 2)] * n, autoreset_mode=mode)
+        subject = GymVector(venv, n)
+        assert subject.run(6) == expected  # None: every call is n env-steps
+        subject.close()
+
+
+def test_a_failed_row_is_written_as_strict_json():
+    # a peer that cannot run is a row with a NaN rate: the JSON holds null, which strict parsers accept
+    from torchrl_swm.benchmarks.__main__ import _no_nan
+    from torchrl_swm.benchmarks.harness import Row
+
+    row = Row("cartpole", "peer", "a peer (failed: ...)", 1, float("nan"), 0, 0, float("nan"), {"x": float("inf")})
+    text = json.dumps(_no_nan(row.as_dict()), allow_nan=False)
+    assert json.loads(text)["rate"] is None and json.loads(text)["extra"] == {"x": None}

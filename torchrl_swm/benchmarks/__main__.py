@@ -8,6 +8,7 @@ import math
 import os
 import platform
 import sys
+import textwrap
 import time
 
 __all__ = ["main", "run", "build_parser", "run_sections", "format_table", "save_plot"]
@@ -78,6 +79,20 @@ def format_table(rows) -> str:
     return "\n".join(lines)
 
 
+#: rows of this package (drawn blue; the peers and references grey)
+_OURS = ("EnvPool", "WorldModelEnv", "MLPWorldModelEnv", "to_gymnasium", "to_sb3_vec_env", "World")
+
+
+def _no_nan(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_no_nan(v) for v in value]
+    return value
+
+
 def save_plot(rows, path) -> None:
     import matplotlib
 
@@ -90,14 +105,21 @@ def save_plot(rows, path) -> None:
             groups.setdefault((r.section, r.n), []).append(r)
     fig, axes = plt.subplots(len(groups), 1, figsize=(10, 2.2 + 0.35 * max(len(g) for g in groups.values()) * len(groups)),
                              squeeze=False)
+    low = min(r.ratio for g in groups.values() for r in g)
+    high = max(r.ratio for g in groups.values() for r in g)
+    left = 10 ** math.floor(math.log10(min(low, 0.1)))  # one fixed origin: bar lengths compare across groups
     for ax, ((section, n), items) in zip(axes[:, 0], groups.items()):
-        labels = [r.label for r in items]
+        labels = [textwrap.shorten(r.label, 55, placeholder="...") for r in items]
         values = [r.ratio for r in items]
-        ax.barh(range(len(items)), values, color=["tab:blue" if "EnvPool" in l or "WorldModel" in l or "export" in l.lower()
-                                                   else "tab:gray" for l in labels])
+        ours = [r.label.startswith(_OURS) for r in items]
+        ax.barh(range(len(items)), [v - left for v in values], left=left,
+                color=["tab:blue" if o else "tab:gray" for o in ours])
+        for y, v in enumerate(values):
+            ax.text(v, y, f" {v:.2f}", va="center", fontsize=7)
         ax.set_yticks(range(len(items)), labels, fontsize=7)
         ax.axvline(1.0, color="k", lw=0.8)
         ax.set_xscale("log")
+        ax.set_xlim(left, max(high, 1.0) * 3)
         ax.set_title(f"{section}, N/B = {n}: ratio to the reference row (log scale)", fontsize=9)
         ax.invert_yaxis()
     fig.tight_layout()
@@ -132,8 +154,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--sections: unknown {unknown or sections!r}; expected some of {', '.join(SECTIONS)}")
     _sizes(args.ns, "--ns")
     _sizes(args.bs, "--bs")
-    if not args.seconds > 0:
-        raise ValueError(f"--seconds: expected a positive number, got {args.seconds}")
+    if not 0 < args.seconds <= 3600:  # also refuses inf and nan
+        raise ValueError(f"--seconds: expected a positive number of seconds per row (at most 3600), got {args.seconds}")
     if args.threads < 1:
         raise ValueError(f"--threads: expected >= 1, got {args.threads}")
     from ..cli import CLIError, _check_output_file
@@ -162,7 +184,9 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": machine(), "rows": [r.as_dict() for r in rows]}, f, indent=1)
+            # strict JSON: a failed row's NaN rate is null
+            data = {"machine": machine(), "rows": [_no_nan(r.as_dict()) for r in rows]}
+            json.dump(data, f, indent=1, allow_nan=False)
     if args.plot:
         save_plot(rows, args.plot)
         print(f"# plot: {args.plot}")

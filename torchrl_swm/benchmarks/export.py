@@ -34,7 +34,7 @@ from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
 from ..masks import row_mask
-from .harness import Row, measure_together
+from .harness import Row, is_next_step, measure_together, step_next_step
 from .world_model import ACT, HID, LAT, RefWorldModel, make_ref_model
 
 __all__ = ["run", "MLPWorldModel", "MLPWorldModelEnv", "make_model", "world_model_env", "LAT", "ACT", "HID"]
@@ -144,15 +144,24 @@ class _PoolDirect:
 
 
 class _GymLoop:
+    """A gymnasium vector env stepped with batches of actions; under NEXT_STEP a call that only resets
+    an env after its last step is not counted as an env-step."""
+
     def __init__(self, venv, actions: np.ndarray):
         self.env, self.actions, self.i = venv, actions, 0
         self.env.reset(seed=0)
+        self.next_step, self.waiting = is_next_step(venv), 0
 
     def run(self, units):
         step, actions = self.env.step, self.actions
+        if self.next_step:
+            transitions, self.waiting = step_next_step(step, actions, actions.shape[1], units, self.waiting, self.i + 1)
+            self.i += units
+            return transitions
         for _ in range(units):
             self.i += 1
             step(actions[self.i % len(actions)])
+        return None
 
     def close(self):
         self.env.close()
@@ -163,6 +172,7 @@ class _SB3Loop(_GymLoop):
         self.env, self.actions, self.i = venv, actions, 0
         self.env.seed(0)
         self.env.reset()
+        self.next_step = False  # SB3 resets a finished env inside the step: every call is a transition
 
 
 class _Raw:

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 __all__ = ["Row", "measure", "measure_together"]
 
 
@@ -49,9 +51,13 @@ def _calibrate(subject, target: float = 0.1) -> tuple[int, float]:
         units *= 2
 
 
-def _summary(units: int, steps_per_unit: int, envs_per_step: int, times: list[float], setup: float) -> dict:
+def _summary(units: int, steps_per_unit: int, envs_per_step: int, times: list[float], setup: float,
+             counts: list | None = None) -> dict:
+    # a subject whose run() returns a number of env-steps is credited with it (a NEXT_STEP vector env,
+    # whose call after an episode's end only resets that env); else every batched step is envs_per_step
     steps = units * steps_per_unit
-    rates = [steps * envs_per_step / t for t in times]
+    counts = counts or [None] * len(times)
+    rates = [(steps * envs_per_step if c is None else c) / t for c, t in zip(counts, times)]
     median = statistics.median(rates)
     return {
         "rate": median,
@@ -82,14 +88,14 @@ def measure(
     try:
         units, dt = _calibrate(subject)
         units = max(1, int(math.ceil(seconds / repeats * units / max(dt, 1e-9))))
-        times = []
+        times, counts = [], []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            subject.run(units)
+            counts.append(subject.run(units))
             times.append(time.perf_counter() - t0)
     finally:
         subject.close()
-    return _summary(units, steps_per_unit, envs_per_step, times, setup)
+    return _summary(units, steps_per_unit, envs_per_step, times, setup, counts)
 
 
 def measure_together(makers: dict, *, envs_per_step: int, seconds: float = 2.0, repeats: int = 5) -> dict:
@@ -111,13 +117,33 @@ def measure_together(makers: dict, *, envs_per_step: int, seconds: float = 2.0, 
             u, dt = _calibrate(subject)
             units[key] = max(1, int(math.ceil(seconds / repeats / len(subjects) * u / max(dt, 1e-9))))
         times = {key: [] for key in subjects}
+        counts = {key: [] for key in subjects}
         order = list(subjects)
         for r in range(repeats):
             for key in order[r % len(order):] + order[: r % len(order)]:
                 t0 = time.perf_counter()
-                subjects[key].run(units[key])
+                counts[key].append(subjects[key].run(units[key]))
                 times[key].append(time.perf_counter() - t0)
     finally:
         for subject in subjects.values():
             subject.close()
-    return {key: _summary(units[key], 1, envs_per_step, ts, setup[key]) for key, ts in times.items()}
+    return {key: _summary(units[key], 1, envs_per_step, ts, setup[key], counts[key]) for key, ts in times.items()}
+
+
+def is_next_step(venv) -> bool:
+    """Whether a gymnasium vector env autoresets NEXT_STEP (its call after an env's last step only resets it)."""
+    import gymnasium as gym
+
+    mode = getattr(venv, "autoreset_mode", None) or venv.metadata.get("autoreset_mode")
+    return mode in (gym.vector.AutoresetMode.NEXT_STEP, "NextStep", "next_step")
+
+
+def step_next_step(step, actions, n: int, units: int, waiting: int, offset: int = 0) -> tuple[int, int]:
+    """Step a NEXT_STEP vector env ``units`` times; returns ``(transitions, rows waiting for their reset)``:
+    a row that finished at the previous call is only reset by this one."""
+    transitions = 0
+    for s in range(units):
+        _, _, terminated, truncated, _ = step(actions[(s + offset) % len(actions)])
+        transitions += n - waiting
+        waiting = int(np.count_nonzero(np.logical_or(terminated, truncated)))
+    return transitions, waiting
