@@ -1517,22 +1517,24 @@ def test_frozen_rows_pixels_follow_a_branched_observation_and_truncated_bptt_run
     def sampling_decoder(obs, generator=None):
         return obs @ weight + 0.1 * torch.randn(obs.shape[0], 4, generator=generator)
 
-    env = make_world_model_env(object(), box, act, num_envs=4, initial_state=torch.zeros(3), transition_fn=step,
-                               decoder=sampling_decoder, decoder_spec=gym.spaces.Box(-10, 10, (4,), np.float32),
-                               seed=0, differentiable=True)
-    td = env.reset()
-    for chunk in range(3):
-        loss = 0
-        for t in range(3):
-            td["action"] = torch.full((4, 2), 0.1)
-            if t == 0 and chunk:
-                td["_step"] = frozen
-            out, td = env.step_and_maybe_reset(td)
-            if t == 0 and chunk:  # the frozen rows kept their sampled pixels
-                assert torch.equal(out["next", "pixels"][[1, 3]].detach(), out["pixels"][[1, 3]])
-            loss = loss + out["next", "pixels"].pow(2).mean()
-        loss.backward()
-        td = td.detach()
+    actor = torch.nn.Parameter(torch.full((1, 2), 0.1))  # a learned policy: its fresh action carries grad
+    for state_key in (None, "observation"):
+        env = make_world_model_env(object(), box, act, num_envs=4, initial_state=torch.zeros(3), transition_fn=step,
+                                   decoder=sampling_decoder, decoder_spec=gym.spaces.Box(-10, 10, (4,), np.float32),
+                                   seed=0, differentiable=True, state_key=state_key)
+        td = env.reset()
+        for chunk in range(3):
+            loss = 0
+            for t in range(3):
+                td["action"] = torch.tanh(actor).expand(4, 2) if state_key else torch.full((4, 2), 0.1)
+                if t == 0 and chunk:
+                    td["_step"] = frozen
+                out, td = env.step_and_maybe_reset(td)
+                if t == 0 and chunk:  # the frozen rows kept their sampled pixels
+                    assert torch.equal(out["next", "pixels"][[1, 3]].detach(), out["pixels"][[1, 3]])
+                loss = loss + out["next", "pixels"].pow(2).mean()
+            loss.backward()
+            td = td.detach()
 
 
 def test_a_sampling_decoder_keeps_frozen_rows_for_dict_and_nan_inputs_and_their_gradient():

@@ -155,6 +155,12 @@ class ActionAdapter(_WorldModelTransform):
         return tensordict
 
 
+def _carries_grad(value) -> bool:
+    if isinstance(value, TensorDictBase):
+        return any(leaf.requires_grad for leaf in value.values(True, True) if isinstance(leaf, torch.Tensor))
+    return isinstance(value, torch.Tensor) and value.requires_grad
+
+
 def _same_rows(value, last, n: int) -> torch.Tensor:
     """``(N,)`` bool: the rows where ``value`` equals ``last`` (tensors or TensorDicts; NaN equals NaN)."""
     if isinstance(value, TensorDictBase):
@@ -399,14 +405,23 @@ class ObservationDecoder(_WorldModelTransform):
                 keep = ~row_mask(partial, n, "_step") & _same_rows(value, last[0], n)
                 if keep.any():
                     kept = last[1]
-                    if kept.requires_grad and not any(
-                        isinstance(x, torch.Tensor) and x.requires_grad for x in tensordict.values(True, True)
-                    ):
-                        kept = kept.detach()  # the caller detached its inputs (truncated BPTT): no old graph back
+                    if kept.requires_grad and not self._caller_keeps_graph(tensordict):
+                        kept = kept.detach()  # the caller detached the env's outputs (truncated BPTT)
                     out = _where_rows(~keep, out, kept)
                     next_tensordict.set(self.out_keys[0], out)
             self.__dict__["_last"] = (value, out)
         return next_tensordict
+
+    def _caller_keeps_graph(self, tensordict: TensorDictBase) -> bool:
+        """Whether any of the env's outputs the caller passed back carries grad: the graph of the pixels
+        kept for frozen rows goes on only then (a policy's fresh outputs, e.g. its action, do not count)."""
+        env = self.container
+        while env is not None and not isinstance(env, TransformedEnv):
+            env = getattr(env, "container", None)
+        keys = [self.in_keys[0], self.out_keys[0]]
+        if env is not None:
+            keys += list(env.observation_spec.keys(True, True))
+        return any(_carries_grad(tensordict.get(key, None)) for key in keys)
 
     def _samples(self) -> bool:
         return self._bound is not None and "generator" in self._bound.extras
