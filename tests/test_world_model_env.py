@@ -1588,3 +1588,38 @@ def test_a_sampling_decoder_keeps_frozen_rows_for_dict_and_nan_inputs_and_their_
         weight.grad = None
         out["next", key][1].sum().backward()  # the frozen row's pixels, from the step before
         assert weight.grad is not None and weight.grad.abs().sum() > 0, key
+
+
+@pytest.mark.parametrize("state", ["tensor", "dict"])
+def test_detach_state_lets_truncated_bptt_go_on_from_the_envs_own_state(state):
+    # with state_key=None the env keeps its state: td.detach() cannot cut its graph, detach_state() does
+    box, act = gym.spaces.Box(-1, 1, (3,), np.float32), gym.spaces.Box(-1, 1, (2,), np.float32)
+
+    def step(s, action):
+        if state == "dict":
+            return {"state": {"h": torch.tanh(s["h"] + action.sum(-1, keepdim=True))}, "obs": s["h"]}
+        return {"state": torch.tanh(s + action.sum(-1, keepdim=True))}
+
+    actor = torch.nn.Parameter(torch.full((2,), 0.1))
+    initial = {"h": torch.zeros(3)} if state == "dict" else torch.zeros(3)
+
+    def train(detach_state):
+        env = make_world_model_env(object(), box, act, num_envs=4, initial_state=initial, transition_fn=step, seed=0,
+                                   differentiable=True, initial_observation=torch.zeros(3))
+        td = env.reset()
+        for chunk in range(3):
+            loss = 0
+            for t in range(3):
+                out, td = env.step_and_maybe_reset(td.set("action", torch.tanh(actor).expand(4, 2)))
+                loss = loss + out["next", "observation"].pow(2).mean()
+            loss.backward()
+            td = td.detach()
+            if detach_state:
+                assert env.detach_state() is env.base_env  # a TransformedEnv hands it to its base env
+        return env
+
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        train(detach_state=False)
+    env = train(detach_state=True)
+    assert actor.grad is not None and actor.grad.abs().sum() > 0
+    assert not env.rollout(2, lambda td: td.set("action", torch.zeros(4, 2)))["next", "observation"].requires_grad

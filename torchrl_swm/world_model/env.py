@@ -147,6 +147,18 @@ def _spec_of_state(state, device, what: str) -> TensorSpec:
     )
 
 
+def _detached(x):
+    """``x`` (a tensor, TensorDict, mapping, tuple or list of them, or anything else) with every tensor detached."""
+    if isinstance(x, (torch.Tensor, TensorDictBase)):
+        return x.detach()
+    if isinstance(x, Mapping):
+        return {k: _detached(v) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        items = [_detached(v) for v in x]
+        return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
+    return x
+
+
 class _Runtime:
     """Per-step values of a WorldModelEnv: the state, last observation and flags of every row."""
 
@@ -696,6 +708,18 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
     @property
     def differentiable(self) -> bool:
         return self._differentiable
+
+    def detach_state(self) -> WorldModelEnv:
+        """Cut the autograd graph of what the env keeps between steps (the state, the last observation
+        and info), for truncated backpropagation through time with ``differentiable=True``.
+
+        ``td.detach()`` detaches the caller's tensordict, but the env keeps its own state (unless it
+        reads it from the tensordict, ``state_key=``): after a ``backward()``, the next steps would
+        otherwise reach the freed graph. Returns the env.
+        """
+        rt = self._rt
+        rt.state, rt.obs, rt.info = (_detached(x) for x in (rt.state, rt.obs, rt.info))
+        return self
 
     @property
     def num_envs(self) -> int | None:
