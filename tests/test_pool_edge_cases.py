@@ -363,6 +363,16 @@ def _interrupt_after(seconds, error=KeyboardInterrupt):
         signal.signal(signal.SIGUSR1, previous)
 
 
+def _step_interrupted(pool, after: float):
+    """Step ``pool`` (zero actions) and interrupt the step ``after`` seconds in, as a user's Ctrl-C; returns
+    the tensordict it stepped."""
+    td = pool.reset()
+    td["action"] = torch.zeros(pool.num_envs, dtype=torch.int64)
+    with pytest.raises(KeyboardInterrupt), _interrupt_after(after):
+        pool.step(td)
+    return td
+
+
 def _workers(pool):
     return list(getattr(pool._backend, "_processes", []))
 
@@ -390,10 +400,7 @@ def _process_pool(env_fns, num_workers):
 
 def test_process_backend_interrupted_step_does_not_desync_the_replies():
     with _process_pool([functools.partial(SlowEnv, 0.5)] * 2, 2) as pool:
-        td = pool.reset()
-        td["action"] = torch.zeros(2, dtype=torch.int64)
-        with pytest.raises(KeyboardInterrupt), _interrupt_after(0.15):
-            pool.step(td)  # interrupted while the workers sleep in step 1
+        td = _step_interrupted(pool, 0.15)  # interrupted while the workers sleep in step 1
         assert pool.get_attr("t") == [1, 1]  # its own reply, not the interrupted step's
         assert pool.step(td)["next", "observation"].view(-1).tolist() == [2.0, 2.0]
         assert pool.get_attr("t") == [2, 2]
@@ -466,10 +473,7 @@ def test_process_backend_close_after_an_interrupted_hung_step_terminates_the_wor
     pool = EnvPool([functools.partial(SlowEnv, 3600.0)] * 2, backend="process", num_workers=2, seed=0)
     processes = _workers(pool)
     try:
-        td = pool.reset()
-        td["action"] = torch.zeros(2, dtype=torch.int64)
-        with pytest.raises(KeyboardInterrupt), _interrupt_after(0.3):
-            pool.step(td)  # the envs hang; the user interrupts
+        _step_interrupted(pool, 0.3)  # the envs hang; the user interrupts
         start = time.monotonic()
         with _interrupt_after(20.0, CloseHung), pytest.warns(RuntimeWarning, match="was terminated"):
             pool.close()  # (a guard above: the bug is a close() that never returns)
@@ -1110,10 +1114,7 @@ def test_close_after_a_caught_interrupt_reads_the_envs_own_close_replies():
     pool = EnvPool([functools.partial(_FailingCloseEnv, 0.6)] * 2, backend="process", num_workers=2, seed=0)
     processes = _workers(pool)
     try:
-        td = pool.reset()
-        td["action"] = torch.zeros(2, dtype=torch.int64)
-        with pytest.raises(KeyboardInterrupt), _interrupt_after(0.2):
-            pool.step(td)
+        _step_interrupted(pool, 0.2)
         with warnings_as_errors(), pytest.raises(EnvError, match=r"env 0 \(close\): .*video not written"):
             pool.close()  # no worker is stuck (no warning), and the close error is not lost
     finally:

@@ -219,7 +219,9 @@ def _check_env_args(args) -> None:
     """Usage errors of the shared arguments, before any env is built."""
     if args.num_envs < 1:
         raise CLIError(f"--num-envs must be >= 1, got {args.num_envs}")
-    if not 0 <= args.seed < 2**62:
+    from .world import SEED_LIMIT
+
+    if not 0 <= args.seed < SEED_LIMIT:
         raise CLIError(f"--seed must be >= 0 and < 2**62 (gymnasium seeds are non-negative), got {args.seed}")
     if args.max_steps is not None and args.max_steps < 1:
         raise CLIError(f"--max-steps must be >= 1, got {args.max_steps}")

@@ -288,6 +288,10 @@ def _freezes_rows(env) -> bool:
     return pool is None or pool.freezes_rows
 
 
+#: seeds are below this: episode j uses seed + j, an int64 (room left for 2**62 episodes)
+SEED_LIMIT = 2**62
+
+
 def _check_policy(policy, where: str):
     if not callable(policy):
         raise TypeError(f"{where}: expected a TensorDictModule or a callable td -> td, got {type(policy).__name__}")
@@ -595,7 +599,7 @@ class World:
             return int(np.random.SeedSequence().generate_state(1, dtype=np.uint32)[0] >> 1)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or int(seed) < 0:
             raise ValueError(f"seed: expected a non-negative int, got {seed!r}")
-        if int(seed) >= 2**62:  # episode j uses seed + j, an int64 (room left for 2**62 episodes)
+        if int(seed) >= SEED_LIMIT:
             raise ValueError(
                 f"seed: expected an int below 2**62 (episode j uses the seed seed + j, an int64), got {seed}"
             )

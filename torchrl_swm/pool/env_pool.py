@@ -655,18 +655,17 @@ def _zero_rows(value, views: _RankViews):
 
 def _image_hw(image_shape) -> tuple[int, int]:
     """``image_shape`` as ``(H, W)``: two positive integers (no float or bool that ``int()`` would truncate)."""
-    expected = "expected (height, width): two positive integers"
-    if isinstance(image_shape, (np.ndarray, torch.Tensor)) and not (image_shape.dtype == bool or (
-        image_shape.dtype.is_floating_point if isinstance(image_shape, torch.Tensor) else image_shape.dtype.kind == "f"
-    )):
-        image_shape = image_shape.tolist()
-    elif isinstance(image_shape, Sequence) and not isinstance(image_shape, str):  # 0-d integer tensors
-        image_shape = [s.item() if isinstance(s, torch.Tensor) and s.ndim == 0 and not s.is_floating_point()
-                       and s.dtype != torch.bool else s for s in image_shape]
-    if not isinstance(image_shape, Sequence) or isinstance(image_shape, str) or len(image_shape) != 2:
-        raise TypeError(f"image_shape: {expected}, got {image_shape!r}")
-    if not all(isinstance(s, (int, np.integer)) and not isinstance(s, (bool, np.bool_)) for s in image_shape):
-        raise TypeError(f"image_shape: {expected}, got {image_shape!r}")
-    if min(image_shape) < 1:
-        raise ValueError(f"image_shape: {expected}, got {image_shape!r}")
-    return int(image_shape[0]), int(image_shape[1])
+    message = f"image_shape: expected (height, width): two positive integers, got {image_shape!r}"
+    # arrays and 0-d tensors become Python numbers; floats and bools among them are refused below
+    if isinstance(image_shape, (np.ndarray, torch.Tensor)):
+        shape = image_shape.tolist()
+    elif isinstance(image_shape, Sequence) and not isinstance(image_shape, str):
+        shape = [s.item() if isinstance(s, torch.Tensor) and s.ndim == 0 else s for s in image_shape]
+    else:
+        raise TypeError(message)
+    integers = all(isinstance(s, (int, np.integer)) and not isinstance(s, (bool, np.bool_)) for s in shape)
+    if len(shape) != 2 or not integers:
+        raise TypeError(message)
+    if min(shape) < 1:
+        raise ValueError(message)
+    return int(shape[0]), int(shape[1])

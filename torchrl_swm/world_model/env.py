@@ -147,18 +147,6 @@ def _spec_of_state(state, device, what: str) -> TensorSpec:
     )
 
 
-def _detached(x):
-    """``x`` (a tensor, TensorDict, mapping, tuple or list of them, or anything else) with every tensor detached."""
-    if isinstance(x, (torch.Tensor, TensorDictBase)):
-        return x.detach()
-    if isinstance(x, Mapping):
-        return {k: _detached(v) for k, v in x.items()}
-    if isinstance(x, (tuple, list)):
-        items = [_detached(v) for v in x]
-        return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
-    return x
-
-
 class _Runtime:
     """Per-step values of a WorldModelEnv: the state, last observation and flags of every row."""
 
@@ -718,7 +706,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         otherwise reach the freed graph. Returns the env.
         """
         rt = self._rt
-        rt.state, rt.obs, rt.info = (_detached(x) for x in (rt.state, rt.obs, rt.info))
+        rt.state, rt.obs, rt.info = (_tree.tree_map(torch.Tensor.detach, x) for x in (rt.state, rt.obs, rt.info))
         return self
 
     @property

@@ -175,11 +175,6 @@ def _same_rows(value, last, n: int) -> torch.Tensor:
     return equal.reshape(n, -1).all(-1)
 
 
-def _where_rows(rows: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-    """``new`` on ``rows`` (a bool ``(N,)``), ``old`` elsewhere."""
-    return torch.where(rows.view(rows.shape[0], *([1] * (new.dim() - 1))), new, old)
-
-
 def _stepped_rows(tensordict: TensorDictBase, n: int) -> torch.Tensor | None:
     """The ``"_step"`` mask as ``(N, 1)`` when some rows are frozen, else ``None``.
 
@@ -390,7 +385,7 @@ class ObservationDecoder(_WorldModelTransform):
             last = None if mask is None else self._last_for(value, out)
             if last is not None:  # a partial reset: the other rows keep what they had
                 rows = row_mask(mask, out.shape[0], "_reset")
-                value, out = _tree.where_rows(rows, value, last[0]), _where_rows(rows, out, last[1])
+                value, out = _tree.where_rows(rows, value, last[0]), _tree.where_rows(rows, out, last[1])
             self.__dict__["_last"] = (value, out)
         return tensordict_reset
 
@@ -407,7 +402,7 @@ class ObservationDecoder(_WorldModelTransform):
                     kept = last[1]
                     if kept.requires_grad and not self._caller_keeps_graph(tensordict):
                         kept = kept.detach()  # the caller detached the env's outputs (truncated BPTT)
-                    out = _where_rows(~keep, out, kept)
+                    out = _tree.where_rows(~keep, out, kept)
                     next_tensordict.set(self.out_keys[0], out)
             self.__dict__["_last"] = (value, out)
         return next_tensordict
