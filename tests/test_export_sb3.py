@@ -138,6 +138,22 @@ def test_set_options_reach_the_sub_envs():
     assert dones.all()
 
 
+@pytest.mark.parametrize("options", [[{"length": 1}], 5, "x", [["ab"], ["ab"]]])
+def test_set_options_refuses_bad_options_and_keeps_the_previous_ones(options):
+    venv = to_sb3_vec_env(EnvPool([functools.partial(CountingEnv, length=5)] * 2, seed=0))
+    with pytest.raises(TypeError, match=r"set_options: expected a dict"):
+        venv.set_options(options)
+    venv.reset()  # still works: nothing bad was stored
+    _, _, dones, _ = venv.step(np.zeros(2, np.int64))
+    assert not dones.any()
+    with pytest.raises(ValueError, match="one options dict for every env"):
+        venv.set_options([{"length": 1}, None])
+    venv.set_options(({"length": 1}, {"length": 1}))  # a tuple of one dict per env
+    venv.reset()
+    assert venv.step(np.zeros(2, np.int64))[2].all()
+    venv.close()
+
+
 def test_world_model_vec_env():
     venv = to_sb3_vec_env(MLPWorldModelEnv(batch_size=8))
     assert venv.render_mode is None and venv.num_envs == 8
@@ -336,3 +352,21 @@ def test_set_attr_on_an_async_vector_env_pool_needs_every_env_or_says_why():
             venv.set_attr("tag", "c", indices=[1])
     finally:
         venv.close()
+
+
+def test_sb3_indices_refuse_a_boolean_mask_and_floats():
+    # DummyVecEnv raises TypeError for both; int(True) would have picked env 1
+    venv = to_sb3_vec_env(EnvPool([functools.partial(CountingEnv, length=5)] * 3, seed=0))
+    venv.set_attr("tag", "a")
+    for bad in (np.array([True, False, True]), [0.5]):
+        with pytest.raises(TypeError, match="indices"):
+            venv.get_attr("tag", indices=bad)
+        with pytest.raises(TypeError, match="indices"):
+            venv.set_attr("tag", "b", indices=bad)
+        with pytest.raises(TypeError, match="indices"):
+            venv.env_method("render", indices=bad)
+        with pytest.raises(TypeError, match="indices"):
+            venv.env_is_wrapped(Monitor, indices=bad)
+    assert venv.get_attr("tag") == ["a"] * 3
+    assert venv.get_attr("tag", indices=np.flatnonzero([True, False, True])) == ["a", "a"]
+    venv.close()

@@ -439,7 +439,7 @@ def test_seeding_reproduces_and_lists_of_seeds():
     assert np.array_equal(obs_list, a[0])
     # an int seed also seeds the VectorEnv's own np_random, as gymnasium's VectorEnv.reset does
     envs.reset(seed=7)
-    assert envs.np_random_seed == 7
+    assert envs.np_random_seed == (7, 8, 9)  # one per sub-env, as SyncVectorEnv's
     assert np.array_equal(envs.np_random.random(4), gym.utils.seeding.np_random(7)[0].random(4))
 
 
@@ -1058,3 +1058,18 @@ def test_closing_an_export_reaps_the_pool_workers():
     for proc in processes:
         proc.join(timeout=10)
     assert [proc.is_alive() for proc in processes] == [False, False]
+
+
+@pytest.mark.parametrize("source", ["serial", "vector"])
+def test_np_random_seed_is_one_seed_per_env_as_on_sync_vector_env(source):
+    n = 3
+    make = functools.partial(gym.make, "CartPole-v1")
+    pool = EnvPool([make] * n, seed_every_episode=False) if source == "serial" else EnvPool(
+        gym.vector.SyncVectorEnv([make] * n), seed_every_episode=False)
+    venv, sync = to_gymnasium(pool, autoreset_mode="same_step"), gym.vector.SyncVectorEnv([make] * n)
+    for seed in (0, [7, 8, 9]):
+        venv.reset(seed=seed)
+        sync.reset(seed=seed)
+        assert venv.np_random_seed == sync.np_random_seed == ((0, 1, 2) if seed == 0 else (7, 8, 9))
+    venv.close()
+    sync.close()

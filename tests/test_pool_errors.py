@@ -551,3 +551,78 @@ def test_image_shape_takes_numpy_integers_and_arrays():
         pool = EnvPool("CartPole-v1", num_envs=1, image_shape=image_shape)
         assert pool.reset()["pixels"].shape == (1, 12, 16, 3)
         pool.close()
+
+
+@pytest.mark.parametrize("indices, match", [
+    (np.array([True, False, True]), "boolean mask"),  # int(True) = 1: envs [1, 0, 1] were used
+    ([True, False, True], "boolean mask"),
+    (torch.tensor([True, False, True]), "boolean mask"),
+    ([1.7], r"got float 1\.7"),
+    (torch.tensor([0.9, 2.2]), "got float"),
+    ("01", "got str"),
+    (np.zeros((1, 2), np.int64), "1-d"),
+])
+def test_env_indices_refuse_masks_floats_and_strings(indices, match):
+    pool = EnvPool([functools.partial(CountingEnv, length=5)] * 3, seed=0)
+    pool.reset()
+    pool.set_attr("tag", ["a", "b", "c"])
+    for call in (lambda: pool.get_attr("tag", indices=indices), lambda: pool.set_attr("tag", "x", indices=indices),
+                 lambda: pool.call("render", indices=indices)):
+        with pytest.raises(TypeError, match=match):
+            call()
+    assert pool.get_attr("tag") == ["a", "b", "c"]  # the refused set_attr changed nothing
+    # integer forms keep working: numpy/torch ints and arrays, np.flatnonzero(mask)
+    mask = np.array([True, False, True])
+    assert pool.get_attr("tag", indices=np.flatnonzero(mask)) == ["a", "c"]
+    assert pool.get_attr("tag", indices=torch.tensor([2, 1])) == ["c", "b"]
+    assert pool.get_attr("tag", indices=np.int64(1)) == ["b"]
+    with pytest.raises(IndexError, match=r"env index 3 out of range for 3 envs"):
+        pool.get_attr("tag", indices=[3])
+    pool.close()
+
+
+@pytest.mark.parametrize("value", [2.5, 3.9, "3", True])
+def test_num_envs_and_num_workers_are_not_truncated(value):
+    with pytest.raises(TypeError, match=r"num_envs: expected an int, got"):
+        EnvPool("CartPole-v1", num_envs=value)
+    with pytest.raises(TypeError, match=r"num_envs: expected an int, got"):
+        EnvPool([functools.partial(CountingEnv, length=5)] * 2, num_envs=value if value != 2.5 else 2.0)
+    with pytest.raises(TypeError, match=r"num_workers: expected an int, got"):
+        EnvPool("CartPole-v1", num_envs=4, backend="process", num_workers=value)
+
+
+def test_closing_a_pool_over_an_async_vector_env_with_a_dead_worker_reaps_the_others():
+    import os
+    import signal
+    import time
+
+    venv = gym.make_vec("CartPole-v1", 2, vectorization_mode="async")
+    processes = list(venv.processes)
+    pool = EnvPool(venv, seed=0)
+    pool.rollout(5)
+    os.kill(processes[0].pid, signal.SIGKILL)
+    processes[0].join(5)
+    with pytest.raises(EnvError):
+        pool.rollout(5)
+    with pytest.raises(EnvError, match=r"\(close\)"):
+        pool.close()  # the graceful close fails on the dead pipe: the survivor is terminated, not left running
+    deadline = time.monotonic() + 10
+    while processes[1].is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = processes[1].is_alive()
+    if alive:
+        processes[1].kill()
+    assert not alive
+
+
+def test_a_bad_device_is_refused_before_any_env_is_built():
+    built = []
+
+    def make():
+        built.append(1)
+        return gym.make("CartPole-v1")
+
+    for backend in ("serial", "process"):
+        with pytest.raises(RuntimeError, match="bogus"):
+            EnvPool([make] * 2, device="bogus", backend=backend)
+    assert built == []  # (a process pool used to spawn its workers first, and the serial envs were never closed)

@@ -180,6 +180,12 @@ def test_info_keys_restricts_and_ignores_others():
         info_pool([{"a": 1}] * 2, [[{}]] * 2, info_keys=["zzz"])
 
 
+@pytest.mark.parametrize("bad", [5, [1], [("a", 2)], b"a", [()]])
+def test_info_keys_of_the_wrong_type_are_named(bad):
+    with pytest.raises(TypeError, match=r"info_keys: expected a key or a list of keys"):
+        info_pool([{"a": 1}] * 2, [[{"a": 1}]] * 2, info_keys=bad)
+
+
 def test_int_spec_never_stores_a_float_silently():
     pool = info_pool([{"x": 1}] * 2, [[{"x": 1}, {"x": 0.75}]] * 2)
     td = step(pool)

@@ -185,3 +185,19 @@ def test_a_reset_that_raises_leaves_the_seed_schedule_as_it_was(override, partia
         pool.reset(td, seed=override)
     assert (pool._seeds.base == before[0]).all() and (pool._seeds.count == before[1]).all()
     pool.close()
+
+
+@pytest.mark.parametrize("n", [3, 12])  # few rows: the Python-int path; many: the int64 array path
+def test_per_episode_seeds_wrap_below_2_63_instead_of_overflowing(n):
+    # the check at reset(seed=) covers the first episode only; s + i + k * N then crossed 2**63 mid-run
+    # (an OverflowError on one path, a negative seed gymnasium refused on the other)
+    top = 2**63
+    base = top - n - 1
+    pool = EnvPool([functools.partial(counting, length=1)] * n, seed=base)
+    td = pool.reset()
+    for k in range(1, 4):
+        td = pool.reset() if k % 2 else pool.step_and_maybe_reset(td.set("action", torch.zeros(n, dtype=torch.int64)))[1]
+        expected = [(base + i + k * n) % top for i in range(n)]
+        assert seeds_of(td) == expected
+        assert [env.last_seed for env in pool.envs] == expected  # what the envs were really reset with
+    pool.close()

@@ -590,6 +590,19 @@ def test_reset_options_per_episode():
     pool.close()
 
 
+@pytest.mark.parametrize("options, match", [
+    ("ab", r"options: expected a dict \(or None\) of reset options, got str"),
+    (5, r"options: expected a dict \(or None\) of reset options, got int"),
+    ([3, 4], r"options\[0\]: expected a dict"),
+    ([["ab"], ["cd"]], r"options\[0\]: expected a dict"),  # dict([["ab"]]) would have given {"a": "b"}
+])
+def test_reset_options_must_be_dicts(options, match):
+    pool = fixed_length_pool([9, 9])
+    with pytest.raises(TypeError, match=match):
+        World(pool, ones(2)).evaluate(2, seed=0, options=options, progress=False)
+    pool.close()
+
+
 # -- the result object ---------------------------------------------------------------------------------------
 def test_eval_result_mapping_summary_and_json():
     pool = EnvPool([TerminatesOnFailure] * 2, seed=0)
@@ -664,6 +677,12 @@ def test_close_closes_the_pool_world_built_and_reaps_its_workers():
 ])
 def test_counts_that_int_would_truncate_are_type_errors(call):
     world = World("CartPole-v1", num_envs=2)
-    with pytest.raises(TypeError, match=r"expected an int, got (2\.9|True|4\.9)"):
+    with pytest.raises(TypeError, match=r"expected an int, got (float 2\.9|bool True|float 4\.9)"):
         call(world)
     world.close()
+
+
+@pytest.mark.parametrize("num_envs", [2.5, True, "3"])
+def test_world_num_envs_is_not_truncated(num_envs):
+    with pytest.raises(TypeError, match=r"num_envs: expected an int, got"):
+        World("CartPole-v1", num_envs=num_envs)

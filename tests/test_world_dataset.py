@@ -1,6 +1,7 @@
 """Dataset-driven evaluation: start from dataset states, goals from later steps, budgets, chunking."""
 
 import functools
+import warnings
 
 import numpy as np
 import pytest
@@ -215,3 +216,24 @@ def test_episodes_without_episodes_idx_takes_the_first_dataset_episodes(maze_dat
             w.evaluate(11, **kwargs)
         with pytest.raises(ValueError, match="episodes=3 but episodes_idx has 2 entries"):
             w.evaluate(3, episodes_idx=[0, 1], **kwargs)
+
+
+@pytest.mark.parametrize("bad", [1.5, True, "1"])
+def test_dataset_episode_and_step_indices_are_not_truncated(maze_dataset, bad):
+    with pytest.raises(TypeError, match=r"episode: expected an int"):
+        maze_dataset.episode(bad)
+    with pytest.raises(TypeError, match=r"episode: expected an int"):
+        maze_dataset.step(bad, 0)
+    with pytest.raises(TypeError, match=r"step: expected an int"):
+        maze_dataset.step(0, bad)
+    assert maze_dataset.episode(np.int64(1))["action"].shape[0] == maze_dataset.episode_lengths[1]
+
+
+def test_evaluating_a_dataset_on_another_env_warns_naming_both(maze_dataset):
+    with World("torchrl_swm/PointMaze-Open-v0", num_envs=2) as world:
+        with pytest.warns(UserWarning, match=r"collected on 'torchrl_swm/PointMaze-v0', but this World runs "
+                                             r"'torchrl_swm/PointMaze-Open-v0'"):
+            world.evaluate(dataset=maze_dataset, episodes=2, goal_offset=3, eval_budget=5, progress=False)
+    with World("torchrl_swm/PointMaze-v0", num_envs=2) as world, warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same env: no warning
+        world.evaluate(dataset=maze_dataset, episodes=2, goal_offset=3, eval_budget=5, progress=False)

@@ -268,6 +268,31 @@ def test_world_collects_a_world_model_env_with_max_episode_steps_without_max_ste
     assert ds.td["observation"].shape == (21, 2)
 
 
+class _LearnedDrift(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Linear(2, 2)
+
+    def forward(self, s, a):
+        s = torch.tanh(s + self.w(a))
+        return {"state": s, "reward": s[:, :1]}
+
+
+def test_world_runs_a_differentiable_world_model_env_without_building_a_graph(tmp_path):
+    # the env a Dreamer user trains the actor in, reused for evaluation: rewards carried a graph and numpy() failed
+    box = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    env = make_world_model_env(_LearnedDrift(), observation_space=box, action_space=box, num_envs=2,
+                               initial_state=torch.zeros(2), max_episode_steps=4, differentiable=True, seed=0)
+    world = World(env)
+    result = world.evaluate(3, seed=0, progress=False)
+    assert result["episode_lengths"].tolist() == [4, 4, 4]
+    world.collect(tmp_path / "wm", episodes=2, seed=0, progress=False)
+    ds = load_dataset(tmp_path / "wm")
+    assert ds.num_episodes == 2 and not ds.td["next", "reward"].requires_grad
+    td = env.rollout(3, break_when_any_done=False)  # the env itself stays differentiable
+    assert td["next", "reward"].requires_grad
+
+
 # -- 10. the CLI finds a --policy module in the current directory ------------------------------------------------
 def test_cli_policy_module_in_the_cwd_loads_when_the_cwd_is_not_on_sys_path(tmp_path, monkeypatch, capsys):
     (tmp_path / "my_policy.py").write_text(

@@ -13,7 +13,7 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 from torch import nn
 from torchrl.collectors import Collector
-from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorDictReplayBuffer, Unbounded
+from torchrl.data import LazyTensorStorage, MultiOneHot, OneHot, ReplayBuffer, TensorDictReplayBuffer, Unbounded
 from torchrl.envs import EnvBase, RewardSum, StepCounter, TransformedEnv
 from torchrl.envs.utils import check_env_specs
 from torchrl.testing import rollout_consistency_assertion
@@ -1615,7 +1615,8 @@ def test_detach_state_lets_truncated_bptt_go_on_from_the_envs_own_state(state):
             loss.backward()
             td = td.detach()
             if detach_state:
-                assert env.detach_state() is env.base_env  # a TransformedEnv hands it to its base env
+                # a TransformedEnv hands it to its base env; None, so env = env.detach_state() cannot drop the transforms
+                assert env.detach_state() is None
         return env
 
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
@@ -1623,3 +1624,114 @@ def test_detach_state_lets_truncated_bptt_go_on_from_the_envs_own_state(state):
     env = train(detach_state=True)
     assert actor.grad is not None and actor.grad.abs().sum() > 0
     assert not env.rollout(2, lambda td: td.set("action", torch.zeros(4, 2)))["next", "observation"].requires_grad
+
+
+class _Recorder(nn.Module):
+    """Keeps the actions it receives; the state never changes."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def step(self, state, action):
+        self.seen.append(action.clone() if isinstance(action, torch.Tensor) else action.clone())
+        n = state.shape[0]
+        return state, torch.zeros(n, 1), torch.zeros(n, 1, dtype=torch.bool), {}
+
+
+_BOX2 = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+
+@pytest.mark.parametrize("space, good, bad, match", [
+    (gym.spaces.Discrete(3), [2, 0], [7, 0], r"action of env 0: expected an index in \[0, 3\), got 7"),
+    (gym.spaces.Discrete(3), [0, 1], [0, -1], r"action of env 1: expected an index in \[0, 3\), got -1"),
+    (gym.spaces.MultiDiscrete([2, 3]), [[1, 2], [0, 0]], [[0, 0], [1, 3]], r"env 1: expected indices in \[0, nvec\)"),
+    (gym.spaces.MultiBinary(2), [[1, 0], [0, 1]], [[3, 0], [0, 1]], r"env 0: expected entries 0 or 1, got \[3, 0\]"),
+    (OneHot(3), [[0, 1, 0], [1, 0, 0]], [[1, 1, 1], [0, 0, 1]], r"env 0: expected a one-hot vector of size 3"),
+    (OneHot(3, dtype=torch.float32), [[0, 1, 0], [1, 0, 0]], [[0, 1, 0], [0.5, 0.5, 0]], r"env 1: expected a one-hot"),
+    (MultiOneHot([2, 3]), [[0, 1, 0, 0, 1], [1, 0, 1, 0, 0]], [[0, 1, 0, 0, 0], [1, 0, 1, 0, 0]],
+     r"env 0: expected one one-hot block"),
+])
+def test_discrete_actions_outside_the_space_are_refused_before_the_model(space, good, bad, match):
+    model = _Recorder()
+    env = WorldModelEnv(model, _BOX2, space, num_envs=2, initial_state=torch.zeros(2), seed=0)
+    dtype = env.action_spec.dtype
+    td = env.reset()
+    env.step(td.set("action", torch.tensor(good).to(dtype)))
+    assert len(model.seen) == 1 and model.seen[0].tolist() == torch.tensor(good).to(dtype).tolist()
+    with pytest.raises(ValueError, match=match):
+        env.step(td.set("action", torch.tensor(bad).to(dtype)))
+    assert len(model.seen) == 1  # the model never saw it
+    env.step(td.set("action", torch.tensor(good).to(dtype)))  # the env is still usable
+    assert len(model.seen) == 2
+
+
+def test_a_dict_action_checks_its_discrete_leaf_and_an_action_adapter_its_outside_space():
+    model = _Recorder()
+    space = gym.spaces.Dict(move=_BOX2, pick=gym.spaces.Discrete(2))
+    env = WorldModelEnv(model, _BOX2, space, num_envs=2, initial_state=torch.zeros(2), seed=0)
+    td = env.reset()
+    td["action"] = TensorDict({"move": torch.zeros(2, 2), "pick": torch.tensor([1, 2])}, batch_size=[2])
+    with pytest.raises(ValueError, match=r"action\['pick'\] of env 1: expected an index in \[0, 2\), got 2"):
+        env.step(td)
+    assert not model.seen
+    # outside Discrete(3) looked up in a table: -1 would silently pick the last entry
+    table = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
+    adapted = make_world_model_env(_Recorder(), _BOX2, gym.spaces.Discrete(3), num_envs=2, initial_state=torch.zeros(2),
+                                   action_transform_fn=lambda a: table[a], model_action_space=_BOX2)
+    td = adapted.reset()
+    adapted.step(td.set("action", torch.tensor([2, 0])))
+    with pytest.raises(ValueError, match=r"ActionAdapter: the outside action of env 0: expected an index in \[0, 3\)"):
+        adapted.step(td.set("action", torch.tensor([-1, 0])))
+
+
+@pytest.mark.parametrize("seed, error", [(1.7, TypeError), ("5", TypeError), (True, TypeError), (-1, ValueError),
+                                         (2**64, ValueError), (torch.tensor(2.0), TypeError)])
+def test_bad_seeds_are_refused_before_any_generator_changes(seed, error):
+    with pytest.raises(error, match=r"WorldModelEnv: seed: expected an int"):
+        counting_env(seed=seed)
+    env = counting_env(seed=3)
+    state = env.generator.get_state().clone()
+    with pytest.raises(error, match=r"WorldModelEnv: seed: expected an int"):
+        env.set_seed(seed)
+    with pytest.raises(error, match=r"WorldModelEnv: seed: expected an int"):
+        env.reset(seed=seed)
+    assert torch.equal(env.generator.get_state(), state)
+    for good in (np.int64(4), torch.tensor(4), 2**64 - 1):
+        env.reset(seed=good)
+
+
+def test_a_batched_initial_state_is_named_as_given_and_unbatched_is_asked_for():
+    with pytest.raises(ReturnFormError) as err:
+        counting_env(num_envs=4, initial_state=torch.zeros(4, 3)).reset()
+    text = str(err.value)
+    assert "initial_state of shape (4, 3)" in text and "one unbatched start" in text and "reset_fn=" in text
+
+
+def test_make_world_model_env_transforms_take_a_list_or_one_transform():
+    with pytest.raises(TypeError, match=r"transforms: expected a list of TorchRL Transforms, got int"):
+        make_world_model_env(CountingModel(5), OBS3, ACT1, num_envs=2, initial_state=torch.zeros(3), transforms=5)
+    env = make_world_model_env(CountingModel(5), OBS3, ACT1, num_envs=2, initial_state=torch.zeros(3),
+                               transforms=StepCounter())
+    assert "step_count" in env.reset().keys()
+
+
+def test_start_states_from_a_collector_batch_or_a_2d_replay_buffer_sample_every_entry():
+    # TorchRL's (num_envs, T) layouts: len() counts B * T entries while indexing walks the first dim only
+    b, t = 3, 5
+    obs = torch.arange(b * t * 3, dtype=torch.float32).reshape(b, t, 3)
+    box = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100, ndim=2))
+    rb.extend(TensorDict({"observation": obs}, [b, t]))
+    plain = ReplayBuffer(storage=LazyTensorStorage(100, ndim=2))
+    plain.extend(obs)
+    starts = {}
+    for name, data in (("td", TensorDict({"observation": obs}, [b, t])), ("rb", rb), ("plain", plain)):
+        seen = set()
+        for seed in range(6):
+            env = WorldModelEnv(CountingModel(5), box, ACT1, num_envs=8, start_states=data, seed=seed)
+            first = env.reset()["observation"]
+            seen.update(int(v) for v in first[:, 0])
+        starts[name] = seen
+        assert seen <= set(range(0, b * t * 3, 3)) and len(seen) > b  # more starts than dim 0 alone holds
+    assert starts["td"] == starts["rb"] == starts["plain"]

@@ -2,9 +2,10 @@
 
 ::
 
-    torchrl-swm collect torchrl_swm/PointMaze-v0 --episodes 50 --out data/maze --image-shape 64 64
+    torchrl-swm collect torchrl_swm/PointMaze-v0 --episodes 50 --out data/maze --image-shape 64 64 \\
+        --policy torchrl_swm.envs:expert_policy
     torchrl-swm eval CartPole-v1 --episodes 100 [--policy module:attr] [--mode wait] [--json out.json]
-    torchrl-swm eval torchrl_swm/PointMaze-v0 --dataset data/maze --goal-offset 10 --eval-budget 30 \\
+    torchrl-swm eval torchrl_swm/PointMaze-v0 --dataset data/maze --goal-offset 5 --eval-budget 20 \\
         --policy torchrl_swm.envs:expert_policy
     torchrl-swm info data/maze
 
@@ -229,14 +230,14 @@ def _check_env_args(args) -> None:
         raise CLIError(f"--image-shape: expected two positive sizes H W, got {' '.join(map(str, args.image_shape))}")
 
 
-def _add_env_arguments(p: argparse.ArgumentParser, default_envs: int) -> None:
+def _add_env_arguments(p: argparse.ArgumentParser, default_envs: int, mode_help: str) -> None:
     p.add_argument("env", help="a gymnasium id (torchrl_swm/* ids are registered automatically)")
     p.add_argument("--num-envs", type=int, default=default_envs, help=f"parallel envs (default {default_envs})")
     p.add_argument("--seed", type=int, default=0, help="base seed: episode j starts from seed + j (default 0)")
     p.add_argument("--max-steps", type=int, default=None,
                    help="per-episode step limit, also the env's TimeLimit (default: the env's TimeLimit)")
     p.add_argument("--mode", choices=("auto", "wait"), default=None,
-                   help="reset mode (default: auto; wait for --dataset evaluation)")
+                   help=mode_help)
     p.add_argument("--image-shape", type=int, nargs=2, metavar=("H", "W"), default=None, help="record pixels at H x W")
     p.add_argument("--pixels", action="store_true", help="record pixels at the env's render size")
     p.add_argument("--env-kwargs", default=None, help="JSON object of gym.make keyword arguments")
@@ -274,7 +275,7 @@ def _world(args, policy_spec):
 
 # -- collect ---------------------------------------------------------------------------------------------
 def _configure_collect(p: argparse.ArgumentParser) -> None:
-    _add_env_arguments(p, default_envs=4)
+    _add_env_arguments(p, default_envs=4, mode_help="reset mode (default: auto)")
     p.add_argument("--episodes", type=int, required=True, help="episodes to collect")
     p.add_argument("--out", required=True,
                    help="dataset directory (must not exist, or be empty; missing parents are created)")
@@ -322,7 +323,7 @@ def _collect(args) -> int:
 
 # -- eval ---------------------------------------------------------------------------------------------------
 def _configure_eval(p: argparse.ArgumentParser) -> None:
-    _add_env_arguments(p, default_envs=8)
+    _add_env_arguments(p, default_envs=8, mode_help="reset mode (default: auto; wait for --dataset evaluation)")
     p.add_argument("--episodes", type=int, default=None,
                    help="episodes (default: one per env, or all dataset episodes)")
     p.add_argument("--video", default=None, help="write one MP4 per episode to this directory")

@@ -55,6 +55,8 @@ import numpy as np
 import torch
 from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 
+from .errors import check_int
+
 __all__ = ["load_dataset", "WorldDataset", "DatasetWriter", "DatasetError", "FORMAT", "FORMAT_VERSION"]
 
 FORMAT = "torchrl_swm.dataset"
@@ -473,7 +475,7 @@ class WorldDataset:
 
     def _check_episode(self, k: int) -> int:
         n = self.num_episodes
-        k = int(k)
+        k = check_int(k, "episode")
         if not -n <= k < n:
             raise IndexError(f"episode {k} out of range: the dataset has {n} episodes")
         return k % n
@@ -502,7 +504,7 @@ class WorldDataset:
         (``t = L`` is the final observation, read from ``"next"`` of the last row)."""
         k = self._check_episode(k)
         length = int(self.episode_lengths[k])
-        t = int(t)
+        t = check_int(t, "step")
         if not 0 <= t <= length:
             raise IndexError(f"step {t} out of range for episode {k} of length {length} (valid: 0..{length})")
         start = int(self.episode_starts[k])

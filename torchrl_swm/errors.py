@@ -7,7 +7,11 @@ expected and what was received, and chains the original exception (``raise
 
 from __future__ import annotations
 
-__all__ = ["EnvError", "EnvAttributeError", "SpecError", "describe"]
+import sys
+
+import numpy as np
+
+__all__ = ["EnvError", "EnvAttributeError", "SpecError", "describe", "check_int", "check_indices"]
 
 
 def describe(value) -> str:
@@ -20,6 +24,82 @@ def describe(value) -> str:
     if len(text) > 60:
         text = text[:57] + "..."
     return f"{type(value).__name__} {text}"
+
+
+def _integral(value) -> bool:
+    """An int, a numpy integer or a 0-d integer array/tensor; never a bool (``True`` is not an index)."""
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    if isinstance(value, (int, np.integer)):
+        return True
+    if isinstance(value, np.ndarray):
+        return value.ndim == 0 and value.dtype.kind in "iu"
+    if _is_tensor(value):
+        torch = sys.modules["torch"]
+        return value.ndim == 0 and not value.dtype.is_floating_point and not value.dtype.is_complex \
+            and value.dtype is not torch.bool
+    return False
+
+
+def _is_tensor(value) -> bool:
+    # torch is not imported here: the process backend's workers import this module and stay free of torch
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def check_int(value, what: str, *, minimum: int | None = None) -> int:
+    """``value`` as a Python int, refusing what ``int()`` would silently truncate or reinterpret.
+
+    ``int(2.5)``, ``int(True)`` and ``int("3")`` all succeed; here a float, a bool or a
+    string raises, naming ``what``, instead of building 2 envs when 2.5 were asked for.
+
+    Raises:
+        TypeError: ``value`` is not an integer.
+        ValueError: ``value`` is below ``minimum``.
+    """
+    if not _integral(value):
+        raise TypeError(f"{what}: expected an int, got {describe(value)}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{what}: expected an int >= {minimum}, got {value}")
+    return value
+
+
+def check_indices(indices, n: int, what: str = "indices") -> list[int]:
+    """``indices`` (``None`` = all, one int, or a sequence/1-d array/tensor of ints) as a list of ints in ``[0, n)``.
+
+    A boolean mask is refused rather than read as the indices 0 and 1 (``int(True)``);
+    the error says to pass ``np.flatnonzero(mask)``.
+
+    Raises:
+        TypeError: a bool mask, a float, a string...
+        IndexError: an index outside ``[0, n)``.
+    """
+    if indices is None:
+        return list(range(n))
+    if _integral(indices):
+        indices = [indices]
+    elif isinstance(indices, np.ndarray) or _is_tensor(indices):
+        if indices.ndim != 1:
+            raise TypeError(f"{what}: expected a 1-d sequence of env indices, got {describe(indices)}")
+        indices = indices.tolist()  # a bool or float array gives bools or floats: refused below
+    elif isinstance(indices, (str, bytes)) or not hasattr(indices, "__iter__"):
+        raise TypeError(f"{what}: expected an int or a sequence of ints, got {describe(indices)}")
+    indices = list(indices)
+    out = []
+    for i in indices:
+        if not _integral(i):
+            if isinstance(i, (bool, np.bool_)):
+                raise TypeError(
+                    f"{what}: expected env indices (ints), got a boolean mask {describe(indices)}; pass the indices "
+                    "of its True entries instead (np.flatnonzero(mask))"
+                )
+            raise TypeError(f"{what}: expected env indices (ints), got {describe(i)} in {describe(indices)}")
+        i = int(i)
+        if not 0 <= i < n:
+            raise IndexError(f"{what}: env index {i} out of range for {n} envs (expected 0 <= index < {n})")
+        out.append(i)
+    return out
 
 
 class EnvError(RuntimeError):

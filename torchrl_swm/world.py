@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
@@ -56,6 +57,7 @@ from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
+from .errors import check_int, describe
 from .introspect import step_counter_limit
 
 __all__ = ["World", "EvalResult", "RandomPolicy", "EpisodePlan", "RESET_MODES", "SUCCESS_KEYS"]
@@ -120,7 +122,7 @@ class EvalResult(Mapping):
 
     * ``success_rate``: fraction in [0, 1], or ``None`` without a success signal;
       ``success_ci``: its 95% Wilson interval (or ``None``).
-    * ``episode_successes`` (bool), ``steps_to_success`` (float, the step at
+    * ``episode_successes`` (bool; ``None`` without a signal), ``steps_to_success`` (float, the step at
       which success was first reported, NaN when never; ``None`` without a
       signal), ``start_successes`` (bool: the signal was already True at reset,
       ``None`` when the reset info has no signal).
@@ -240,9 +242,7 @@ def _pool_source(env_id: str, kwargs: dict) -> tuple:
     make_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k not in pool_params}
     if kwargs.get("pixels") or kwargs.get("image_shape") is not None:
         make_kwargs.setdefault("render_mode", "rgb_array")
-    num_envs = int(kwargs.pop("num_envs"))
-    if num_envs < 1:
-        raise ValueError(f"World({env_id!r}): expected num_envs >= 1, got {num_envs}")
+    num_envs = check_int(kwargs.pop("num_envs"), f"World({env_id!r}): num_envs", minimum=1)
     return ([functools.partial(make, env_id, **make_kwargs)] * num_envs,)
 
 
@@ -451,7 +451,7 @@ class World:
     """
 
     def __init__(self, env, policy=None, *, max_episode_steps: int | None = None, **pool_kwargs):
-        if max_episode_steps is not None and World._int(max_episode_steps, "World: max_episode_steps") < 1:
+        if max_episode_steps is not None and check_int(max_episode_steps, "World: max_episode_steps") < 1:
             raise ValueError(f"World: max_episode_steps must be >= 1, got {max_episode_steps}")
         self.max_episode_steps = None if max_episode_steps is None else int(max_episode_steps)
         self.env_id: str | None = None
@@ -587,13 +587,6 @@ class World:
         return None
 
     @staticmethod
-    def _int(value, name: str) -> int:
-        """``value`` as an int, refusing what ``int()`` would silently truncate (2.9, True)."""
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{name}: expected an int, got {value!r}")
-        return int(value)
-
-    @staticmethod
     def _seed(seed) -> int:
         if seed is None:
             return int(np.random.SeedSequence().generate_state(1, dtype=np.uint32)[0] >> 1)
@@ -606,12 +599,17 @@ class World:
         return int(seed)
 
     def _plans(self, episodes: int, seed: int, options) -> list[EpisodePlan]:
-        if isinstance(options, Sequence) and not isinstance(options, (str, bytes)):
+        listed = isinstance(options, Sequence) and not isinstance(options, (str, bytes))
+        if listed:
             if len(options) != episodes:
                 raise ValueError(f"options: expected one dict or a list of {episodes} dicts, got {len(options)}")
             per_episode = list(options)
         else:
             per_episode = [options] * episodes
+        for j, o in enumerate(per_episode):
+            if o is not None and not isinstance(o, Mapping):
+                what = f"options[{j}]" if listed else "options"
+                raise TypeError(f"{what}: expected a dict (or None) of reset options, got {describe(o)}")
         n = self.num_envs
         return [
             EpisodePlan(index=j, env=j % n, seed=seed + j, options=None if o is None else dict(o))
@@ -717,7 +715,7 @@ class World:
                                 ("goal_offset", goal_offset), ("eval_budget", eval_budget)):
                 if value is not None:
                     raise ValueError(f"evaluate: {name}= is only used with dataset=")
-            episodes = self.num_envs if episodes is None else self._int(episodes, "episodes")
+            episodes = self.num_envs if episodes is None else check_int(episodes, "episodes")
             if episodes < 0:
                 raise ValueError(f"episodes: expected a non-negative int, got {episodes}")
             plans = self._plans(episodes, seed, options)
@@ -743,7 +741,7 @@ class World:
     def _check_limit(self, value, name):
         if value is None:
             return None
-        if self._int(value, name) < 1:
+        if check_int(value, name) < 1:
             raise ValueError(f"{name}: expected a positive number of steps, got {value}")
         return int(value)
 
@@ -800,9 +798,18 @@ class World:
         from .data import WorldDataset, load_dataset
 
         ds = dataset if isinstance(dataset, WorldDataset) else load_dataset(dataset)
+        recorded = ds.metadata.get("env")
+        if self.env_id is not None and isinstance(recorded, str) and "-v" in recorded and recorded != self.env_id:
+            # starts and goals from another env (another maze's walls) give metrics that mean nothing
+            warnings.warn(
+                f"evaluate(dataset=...): the dataset was collected on {recorded!r}, but this World runs "
+                f"{self.env_id!r}; its starts and goals may not fit this env",
+                UserWarning,
+                stacklevel=3,
+            )
         if goal_offset is None or eval_budget is None:
             raise ValueError("evaluate(dataset=...): goal_offset= and eval_budget= are required")
-        goal_offset, eval_budget = self._int(goal_offset, "goal_offset"), self._int(eval_budget, "eval_budget")
+        goal_offset, eval_budget = check_int(goal_offset, "goal_offset"), check_int(eval_budget, "eval_budget")
         if goal_offset < 0:
             raise ValueError(f"goal_offset: expected >= 0, got {goal_offset}")
         if eval_budget < 1:
@@ -810,7 +817,7 @@ class World:
         if ds.num_episodes == 0:
             raise ValueError(f"evaluate(dataset=...): {ds.path} holds no episodes")
         if episodes_idx is None:  # the first `episodes` dataset episodes (default: all of them)
-            count = ds.num_episodes if episodes is None else self._int(episodes, "episodes")
+            count = ds.num_episodes if episodes is None else check_int(episodes, "episodes")
             if count < 0:
                 raise ValueError(f"episodes: expected a non-negative int, got {episodes}")
             if count > ds.num_episodes:
@@ -820,7 +827,7 @@ class World:
                 )
             idx = list(range(count))
         else:
-            idx = [self._int(i, "episodes_idx") for i in episodes_idx]
+            idx = [check_int(i, "episodes_idx") for i in episodes_idx]
             if episodes is not None and int(episodes) != len(idx):
                 raise ValueError(
                     f"evaluate(dataset=...): episodes={episodes} but episodes_idx has {len(idx)} entries; "
@@ -829,9 +836,9 @@ class World:
         if start_steps is None:
             starts = [0] * len(idx)
         elif isinstance(start_steps, (int, np.integer)):
-            starts = [self._int(start_steps, "start_steps")] * len(idx)
+            starts = [check_int(start_steps, "start_steps")] * len(idx)
         else:
-            starts = [self._int(s, "start_steps") for s in start_steps]
+            starts = [check_int(s, "start_steps") for s in start_steps]
             if len(starts) != len(idx):
                 raise ValueError(f"start_steps: expected {len(idx)} values (one per episode), got {len(starts)}")
         for m, k in enumerate(idx):
@@ -946,7 +953,7 @@ class World:
 
         if reset_mode not in RESET_MODES:
             raise ValueError(f"reset_mode: expected one of {RESET_MODES}, got {reset_mode!r}")
-        episodes = self._int(episodes, "collect: episodes")
+        episodes = check_int(episodes, "collect: episodes")
         if episodes < 1:
             raise ValueError(f"collect: episodes must be >= 1, got {episodes}")
         seed = self._seed(seed)
@@ -1210,6 +1217,7 @@ class _Run:
                 )
 
     # -- the loop --------------------------------------------------------------------------------------------
+    @torch.no_grad()  # evaluation and collection never need a graph (a differentiable=True world model builds one)
     def run(self) -> None:
         from tqdm.auto import tqdm
 

@@ -4,8 +4,11 @@ The training loop below is CleanRL's single-file PPO
 (https://docs.cleanrl.dev/rl-algorithms/ppo/#ppopy), top to bottom: it only talks to
 a gymnasium vector env through ``envs.single_observation_space``,
 ``envs.single_action_space``, ``envs.reset(seed=...)`` and
-``envs.step(action.cpu().numpy())``. The only line that differs from CleanRL is the
-one that builds ``envs``: instead of ``gym.vector.SyncVectorEnv([...])`` it is
+``envs.step(action.cpu().numpy())``. Three things differ from CleanRL: episode
+statistics are read from gymnasium 1.x's ``infos["episode"]`` / ``infos["_episode"]``
+(CleanRL's ppo.py reads the pre-1.0 ``infos["final_info"]``), the agent gains a Gaussian
+head for ``--env-id world-model``, and the line that builds ``envs``: instead of
+``gym.vector.SyncVectorEnv([...])`` it is
 
     envs = to_gymnasium(EnvPool("CartPole-v1", num_envs=args.num_envs, seed=args.seed),
                         autoreset_mode="same_step")

@@ -24,11 +24,13 @@ imported when :func:`to_sb3_vec_env` is first called.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 
 import numpy as np
 from gymnasium.utils.env_checker import data_equivalence  # option values may be arrays
 from torchrl.envs import EnvBase
 
+from ..errors import check_indices, describe
 from ._core import attribute_errors as _attribute_errors
 
 __all__ = ["to_sb3_vec_env"]
@@ -99,7 +101,17 @@ def _sb3_class():
 
         # -- stepping ------------------------------------------------------------------
         def set_options(self, options=None) -> None:
-            super().set_options(options)
+            n = self.num_envs
+            if isinstance(options, (list, tuple)):
+                if len(options) != n or any(o is not None and not isinstance(o, Mapping) for o in options):
+                    raise TypeError(
+                        f"set_options: expected a dict, or a list of {n} dicts (or None), one per env; got "
+                        f"{type(options).__name__} of {len(options)}: {[type(o).__name__ for o in options]}"
+                    )
+                options = [{} if o is None else o for o in options]
+            elif options is not None and not isinstance(options, Mapping):
+                raise TypeError(f"set_options: expected a dict or a list of {n} dicts, got {describe(options)}")
+            super().set_options(dict(options) if isinstance(options, Mapping) else options)
             given = self._options
             if any(not data_equivalence(o, given[0], exact=True) for o in given[1:]):
                 self._reset_options()  # refused: nothing is kept for the next reset
@@ -153,12 +165,16 @@ def _sb3_class():
         def _pool(self, what: str):
             return self.venv._pool(what)
 
+        def _get_indices(self, indices) -> list[int]:
+            # SB3's passes a bool mask or floats through (as int(True) = 1): refuse them, naming the problem
+            return check_indices(indices, self.num_envs)
+
         def get_attr(self, attr_name: str, indices=None) -> list:
             if self.venv.traits.pool is None and attr_name == "render_mode":
                 return [self.venv.render_mode for _ in self._get_indices(indices)]
             pool = self._pool(f"get_attr({attr_name!r})")
             with _attribute_errors():
-                return list(pool.call("get_wrapper_attr", attr_name, indices=_indices(indices)))
+                return list(pool.call("get_wrapper_attr", attr_name, indices=self._get_indices(indices)))
 
         def set_attr(self, attr_name: str, value, indices=None) -> None:
             # on each sub-env itself, as DummyVecEnv/SubprocVecEnv's setattr(env_i, ...) (gymnasium's
@@ -170,7 +186,7 @@ def _sb3_class():
         def env_method(self, method_name: str, *method_args, indices=None, **method_kwargs) -> list:
             pool = self._pool(f"env_method({method_name!r})")
             with _attribute_errors():
-                return list(pool.call(method_name, *method_args, indices=_indices(indices), **method_kwargs))
+                return list(pool.call(method_name, *method_args, indices=self._get_indices(indices), **method_kwargs))
 
         def env_is_wrapped(self, wrapper_class, indices=None) -> list[bool]:
             rows = list(self._get_indices(indices))
@@ -187,14 +203,6 @@ def _sb3_class():
     return TorchRLSB3VecEnv
 
 
-
-
-def _indices(indices):
-    if indices is None:
-        return None
-    if isinstance(indices, (int, np.integer)):
-        return [int(indices)]
-    return [int(i) for i in indices]
 
 
 def _rows(infos: dict, n: int) -> list[dict]:

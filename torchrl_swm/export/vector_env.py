@@ -484,6 +484,17 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         """Set ``name`` on every sub-env: one value for all, or a list/tuple of ``N`` (``EnvPool`` only)."""
         self._pool(f"set_attr({name!r})").set_attr(name, values)
 
+    @property
+    def np_random_seed(self):
+        """Each sub-env's ``np_random_seed`` (a tuple, as ``SyncVectorEnv``'s) over a pool of gymnasium envs; the
+        vector env's own over a pool of one; else gymnasium's ``VectorEnv`` value (the int last passed to reset)."""
+        pool = self.traits.pool
+        if pool is None:
+            return super().np_random_seed
+        if pool.freezes_rows:  # a pool of single envs (serial or process): ask each, where it lives
+            return tuple(pool.get_attr("np_random_seed"))
+        return pool._backend.venv.np_random_seed
+
     def render(self):
         """The sub-envs' frames (``EnvPool`` only)."""
         return tuple(self._pool("render()").call("render"))

@@ -29,6 +29,7 @@ from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
 from .._meta import NoAutoResetMeta
+from ..errors import check_indices, check_int
 from ..masks import mask_rows, row_mask, row_view
 from ..specs import batch_spec, space_to_spec
 from .buffers import BufferLayout, HostBuffers
@@ -48,8 +49,9 @@ _DONE_KEYS = (("done",), ("terminated",), ("truncated",))
 
 def _factories(env_fns, num_envs, pixels, make_kwargs) -> list[Callable[[], gym.Env]]:
     if isinstance(env_fns, str):
-        if num_envs is None or int(num_envs) < 1:
-            raise ValueError(f"EnvPool({env_fns!r}): expected num_envs >= 1, got {num_envs!r}")
+        if num_envs is None:
+            raise ValueError(f"EnvPool({env_fns!r}): expected num_envs >= 1, got None")
+        num_envs = check_int(num_envs, f"EnvPool({env_fns!r}): num_envs", minimum=1)
         from ..envs import make, spec  # gym.make that also knows this package's ids, in any process
 
         spec(env_fns)  # unknown ids fail here, with gymnasium's "did you mean" message
@@ -69,7 +71,7 @@ def _factories(env_fns, num_envs, pixels, make_kwargs) -> list[Callable[[], gym.
     env_fns = list(env_fns)
     if not env_fns:
         raise ValueError("EnvPool: expected at least one env factory, got an empty sequence")
-    if num_envs is not None and int(num_envs) != len(env_fns):
+    if num_envs is not None and check_int(num_envs, "EnvPool: num_envs") != len(env_fns):
         raise ValueError(f"EnvPool: num_envs={num_envs} but {len(env_fns)} factories were given")
     return env_fns
 
@@ -181,8 +183,9 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         **make_kwargs,
     ):
         pixels = bool(pixels or image_shape is not None)
+        device = torch.device(device)  # before any env is built: a bad device must not leave envs open
         if isinstance(env_fns, gym.vector.VectorEnv):
-            if make_kwargs or (num_envs is not None and int(num_envs) != env_fns.num_envs):
+            if make_kwargs or (num_envs is not None and check_int(num_envs, "EnvPool: num_envs") != env_fns.num_envs):
                 raise TypeError(
                     f"EnvPool(VectorEnv): num_envs comes from the vector env ({env_fns.num_envs}); "
                     f"got num_envs={num_envs} and keyword arguments {sorted(make_kwargs)}"
@@ -194,17 +197,17 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             backend = ProcessBackend(_factories(env_fns, num_envs, pixels, make_kwargs), num_workers, pixels=pixels)
         else:
             raise ValueError(f"EnvPool: backend must be 'serial' or 'process', got {backend!r}")
-        n = len(backend)
-        super().__init__(batch_size=torch.Size([n]), device=torch.device(device))
-        self.num_envs = n
-        self._backend = backend
-        # the fast step_and_maybe_reset reads the buffers directly: a subclass's own _step or
-        # _reset (shaping, its own done flags, reset options) takes TorchRL's generic path
-        self._own_step_and_reset = type(self)._step is EnvPool._step and type(self)._reset is EnvPool._reset
         try:
+            n = len(backend)
+            super().__init__(batch_size=torch.Size([n]), device=device)
+            self.num_envs = n
+            self._backend = backend
+            # the fast step_and_maybe_reset reads the buffers directly: a subclass's own _step or
+            # _reset (shaping, its own done flags, reset options) takes TorchRL's generic path
+            self._own_step_and_reset = type(self)._step is EnvPool._step and type(self)._reset is EnvPool._reset
             self._build(categorical_action_encoding, pixels, image_shape, info_keys, info_spec, seed, seed_every_episode)
         except BaseException:
-            self._backend.close()
+            backend.close()
             raise
         # TorchRL's EnvBase starts with is_closed=True (only its wrappers reset it): an open pool says
         # so, which is what lets owners (exports, World) and TorchRL's __del__ close it
@@ -540,15 +543,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         return envs
 
     def _indices(self, indices) -> list[int]:
-        if indices is None:
-            return list(range(self.num_envs))
-        if isinstance(indices, (int, np.integer)):
-            indices = [indices]
-        indices = [int(i) for i in indices]
-        for i in indices:
-            if not 0 <= i < self.num_envs:
-                raise IndexError(f"env index {i} out of range for a pool of {self.num_envs} envs")
-        return indices
+        return check_indices(indices, self.num_envs)
 
     def call(self, name: str, *args, indices=None, **kwargs) -> list:
         """Call method ``name`` of each sub-env (or read it, if it is not callable)."""

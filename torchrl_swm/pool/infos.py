@@ -468,7 +468,20 @@ def chosen_info_keys(info_keys) -> list[Key] | None:
         isinstance(info_keys, tuple) and info_keys and all(isinstance(k, str) for k in info_keys)
     ):
         info_keys = [info_keys]  # one key ("a", or ("a", "b") nested), as TorchRL and the exports read it
-    return None if info_keys is None else [(k,) if isinstance(k, str) else tuple(k) for k in info_keys]
+    if info_keys is None:
+        return None
+    if isinstance(info_keys, (bytes, bytearray)) or not hasattr(info_keys, "__iter__"):
+        raise TypeError(f"info_keys: expected a key or a list of keys, got {describe(info_keys)}")
+    info_keys = list(info_keys)  # any iterable, read once
+    if not all(
+        isinstance(k, str) or (isinstance(k, (tuple, list)) and k and all(isinstance(part, str) for part in k))
+        for k in info_keys
+    ):
+        raise TypeError(
+            "info_keys: expected a key or a list of keys (a key is a str, or a tuple of str for a nested info), "
+            f"got {describe(info_keys)}"
+        )
+    return [(k,) if isinstance(k, str) else tuple(k) for k in info_keys]
 
 
 def needs_step_probe(info_keys, info_spec) -> bool:

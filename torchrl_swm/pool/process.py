@@ -32,7 +32,7 @@ import cloudpickle
 import numpy as np
 import torch
 
-from ..errors import EnvAttributeError, EnvError
+from ..errors import EnvAttributeError, EnvError, check_int
 from .rows import action_kind
 from .worker import REPLY_OK, worker_main
 
@@ -118,7 +118,7 @@ class ProcessBackend:
         start_method: str = "spawn",
     ):
         n = len(env_fns)
-        num_workers = min(os.cpu_count() or 1, n) if num_workers is None else int(num_workers)
+        num_workers = min(os.cpu_count() or 1, n) if num_workers is None else check_int(num_workers, "num_workers")
         if not 1 <= num_workers <= n:
             raise ValueError(f"num_workers: expected 1 <= num_workers <= num_envs={n}, got {num_workers}")
         self.num_envs = n

@@ -11,7 +11,9 @@ reset uses ``b_i + k_i * N`` (``N`` envs), then ``k_i`` grows by one. So:
   each other's episodes;
 * each env's schedule depends only on its own resets: resetting env ``k``
   never changes the seeds of the others (mask isolation holds for seeds too);
-* ``reset(seed=[s_0, ..., s_{N-1}])`` sets ``b_i = s_i`` for the reset rows.
+* ``reset(seed=[s_0, ..., s_{N-1}])`` sets ``b_i = s_i`` for the reset rows;
+* seeds wrap modulo ``2**63`` (``b_i + k_i * N`` past ``2**63 - 1`` continues from 0), so a
+  large base seed never overflows into an invalid (negative) one mid-run.
 
 Without any seed the base is drawn from OS entropy, so runs differ but every
 episode's seed is still recorded (``"episode_seed"``) and can be replayed.
@@ -149,7 +151,7 @@ class SeedSchedule:
                 k = int(count[j])
                 count[j] = k + 1
                 if self.every_episode:
-                    seed = int(base[j]) + k * n
+                    seed = (int(base[j]) + k * n) & _MAX_SEED  # wraps below 2**63, as the int64 path below
                     reset_seeds.append(seed)
                     episode_seeds.append(seed)
                 else:
@@ -162,7 +164,9 @@ class SeedSchedule:
             self.count[index] = 0
         count = self.count[index]
         if self.every_episode:
-            seeds = (self.base[index] + count * self.num_envs).tolist()
+            # int64 arithmetic wraps modulo 2**64; the mask keeps the seed modulo 2**63 (non-negative, as gymnasium
+            # requires), the same value the few-rows path computes exactly
+            seeds = ((self.base[index] + count * self.num_envs) & _MAX_SEED).tolist()
             self.count[index] += 1
             return seeds, seeds
         episode_seeds = self.base[index].tolist()

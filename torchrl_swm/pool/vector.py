@@ -431,6 +431,12 @@ class VectorBackend(InProcessBackend):
         try:
             self.venv.close()
         except Exception as err:
+            # an AsyncVectorEnv whose worker died fails its graceful close and leaves the other workers
+            # running: terminate them (the pool is closed for good after this, so no later close could)
+            try:
+                self.venv.close(terminate=True)
+            except Exception as second:
+                err.add_note(f"close(terminate=True) failed too: {type(second).__name__}: {second}")
             raise EnvError(None, "close", f"{type(err).__name__}: {err}") from err
 
 

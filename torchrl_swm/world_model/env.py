@@ -34,7 +34,7 @@ from torchrl.data import Categorical, Composite, TensorSpec, Unbounded
 from torchrl.envs import EnvBase
 
 from .._meta import NoAutoResetMeta
-from ..errors import SpecError, describe
+from ..errors import SpecError, check_int, describe
 from ..masks import row_mask, row_view
 from ..pool.buffers import nest
 from ..specs import as_spec, batch_spec
@@ -73,6 +73,14 @@ _UNSUPPORTED_KWARGS = {
 
 #: offset of the reset generator's seed from the model generator's (any fixed odd 64-bit constant)
 _RESET_STREAM = 0x9E3779B97F4A7C15
+
+
+def _check_seed(seed) -> int:
+    """A seed as an int in ``[0, 2**64)`` (torch generators' range; gymnasium refuses negative seeds)."""
+    seed = check_int(seed, "WorldModelEnv: seed", minimum=0)
+    if seed >= 2**64:
+        raise ValueError(f"WorldModelEnv: seed: expected an int below 2**64 (a torch generator seed), got {seed}")
+    return seed
 
 
 def _int64(value: int) -> int:
@@ -219,6 +227,65 @@ class _Zeros:
         return free.pop()
 
 
+class ActionRange:
+    """The rows of a batch of discrete actions that lie outside their (unbatched) spec.
+
+    ``ActionRange.of(spec)`` is ``None`` for a continuous spec: Box actions are not
+    range-checked, as in EnvPool and TorchRL's GymWrapper. For a discrete one, calling
+    it on a batch gives a bool mask of the batch shape marking the rows with an index out
+    of range, a binary entry other than 0/1, or a vector that is not one-hot. Such an
+    action would reach the model, which at best fails with an unrelated IndexError (on
+    CUDA, a device-side assert). A plain class, not a closure: envs holding it pickle.
+    """
+
+    __slots__ = ("kind", "ndim", "bound", "expected")
+
+    def __init__(self, kind: str, ndim: int, bound, expected: str):
+        self.kind, self.ndim, self.bound, self.expected = kind, ndim, bound, expected
+
+    @classmethod
+    def of(cls, spec: TensorSpec) -> ActionRange | None:
+        from torchrl.data import Binary, MultiCategorical, MultiOneHot, OneHot
+
+        ndim = len(spec.shape)
+        if isinstance(spec, MultiOneHot):
+            sizes = [int(n) for n in spec.nvec]
+            return cls("multi_one_hot", ndim, sizes, f"one one-hot block (exactly one 1, the rest 0) per size in {sizes}")
+        if isinstance(spec, OneHot):
+            n = int(spec.space.n)
+            return cls("one_hot", ndim, n, f"a one-hot vector of size {n} (exactly one 1, the rest 0)")
+        if isinstance(spec, MultiCategorical):
+            nvec = spec.nvec.to(spec.device)
+            return cls("index", ndim, nvec, f"indices in [0, nvec) with nvec {nvec.tolist()}")
+        if isinstance(spec, Binary):
+            return None if spec.dtype is torch.bool else cls("binary", ndim, None, "entries 0 or 1")
+        if isinstance(spec, Categorical):
+            n = int(spec.space.n)
+            return cls("index", ndim, n, f"an index in [0, {n})")
+        return None
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        kind, event_dims = self.kind, self.ndim
+        if kind == "index":
+            bad = (v < 0) | (v >= self.bound)
+        elif kind == "binary":
+            bad = (v != 0) & (v != 1)
+        else:  # one-hot: each block sums to 1 (and holds only 0/1 unless bool); one flag per block
+            blocks = [v] if kind == "one_hot" else v.split(self.bound, -1)
+            bad = torch.stack([block.sum(-1) != 1 for block in blocks], -1)
+            if v.dtype is not torch.bool:
+                bad = bad | ((v != 0) & (v != 1)).any(-1, keepdim=True)
+        return bad.flatten(-event_dims).any(-1) if event_dims else bad
+
+    def refuse(self, value: torch.Tensor, what: str) -> None:
+        """Raise ``ValueError`` naming the first row outside the spec (one host sync)."""
+        bad = self(value)
+        if bool(bad.any()):
+            row = tuple(bad.nonzero()[0].tolist())
+            where = f"env {row[0]}" if len(row) == 1 else f"row {row}"
+            raise ValueError(f"{what} of {where}: expected {self.expected}, got {value[row].tolist()}")
+
+
 class _Leaf:
     """One observation (or info) leaf: key, unbatched shape and dtype."""
 
@@ -269,8 +336,8 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             step for the whole batch. Returns one of the seed's transition forms. The env puts
             back the frozen rows' outputs; a model that keeps a state of its own (a discovered
             ``model.step(action)``) needs ``mask=`` to leave those rows' state as it was.
-        start_states: real data to start episodes from: a TensorDict ``[M]`` holding the
-            observation keys, a TorchRL replay buffer of them, or a dataset of
+        start_states: real data to start episodes from: a TensorDict ``[M]`` (or ``[B, T]``, every
+            entry a start) holding the observation keys, a TorchRL replay buffer of them, or a dataset of
             :meth:`~torchrl_swm.World.collect` (:func:`~torchrl_swm.load_dataset`; its rows'
             observations). Each reset row samples one entry (row ``r``'s ``c``-th start: a hash of the seed, ``r`` and ``c``, so resetting
             some rows never changes the others' starts); its observation is the reset observation
@@ -418,6 +485,14 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             self._action_leaves = [_Leaf(("action",), act_spec.shape, act_spec.dtype, "action")]
         act_root = Composite(action=act_spec, device=device)
         self._action_leaf = self._action_leaves[0] if not isinstance(act_spec, Composite) else None
+        # discrete leaves: (leaf, ActionRange), range-checked every step
+        leaf_specs = [act_spec] if self._action_leaf is not None else [
+            act_spec[leaf.key[1:]] for leaf in self._action_leaves
+        ]
+        self._action_checks = [
+            (leaf, check) for leaf, spec in zip(self._action_leaves, leaf_specs, strict=True)
+            if (check := ActionRange.of(spec)) is not None
+        ]
         if reward_spec is None:
             reward_spec = Unbounded(shape=(1,), dtype=torch.float32, device=device)
         else:
@@ -642,6 +717,8 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                     "start_states: expected a TensorDict with a leading batch dim of entries, "
                     f"got batch {data.batch_size}"
                 )
+            if data.batch_dims > 1:
+                data = data.reshape(-1)  # a collector batch [num_envs, T]: every (env, t) entry is a start
             missing = [leaf.key for leaf in self._obs_leaves if _get_nested(data, leaf.key) is None]
             if missing:
                 raise KeyError(
@@ -697,17 +774,18 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
     def differentiable(self) -> bool:
         return self._differentiable
 
-    def detach_state(self) -> WorldModelEnv:
+    def detach_state(self) -> None:
         """Cut the autograd graph of what the env keeps between steps (the state, the last observation
         and info), for truncated backpropagation through time with ``differentiable=True``.
 
         ``td.detach()`` detaches the caller's tensordict, but the env keeps its own state (unless it
         reads it from the tensordict, ``state_key=``): after a ``backward()``, the next steps would
-        otherwise reach the freed graph. Returns the env.
+        otherwise reach the freed graph. In place; returns ``None``, so ``env = env.detach_state()``
+        fails loudly instead of swapping a ``TransformedEnv`` (which forwards the call here) for this
+        bare env without its transforms.
         """
         rt = self._rt
         rt.state, rt.obs, rt.info = (_tree.tree_map(torch.Tensor.detach, x) for x in (rt.state, rt.obs, rt.info))
-        return self
 
     @property
     def num_envs(self) -> int | None:
@@ -922,6 +1000,8 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                 self._bad_action(td, action, shapes)
         else:
             action = self._read_action(td, shapes)
+        if self._action_checks:
+            self._check_action_values(td, action)
         # state
         if self._state_key is None and rt.has_state:
             state = rt.state
@@ -1032,6 +1112,12 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             "state_key of its own (e.g. state_key='latent', with state_spec=) to keep the state in the tensordict."
         )
 
+    def _check_action_values(self, td, action) -> None:
+        """Refuse discrete actions outside their spec, every row (frozen ones too: the model receives them)."""
+        for leaf, check in self._action_checks:
+            value = action if self._action_leaf is not None else td.get(leaf.key)
+            check.refuse(value, f"WorldModelEnv.step: {leaf.name}")
+
     def _bad_action(self, td, action, shapes):
         if action is None:
             raise KeyError(f"WorldModelEnv.step: the input tensordict has no 'action' entry (keys: {list(td.keys())})")
@@ -1059,17 +1145,30 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         start follows the current model and draws from the reset generator.
         """
         obs = None
-        if self._initial_obs is not None:
-            obs = _tree.broadcast_rows(self._initial_obs, bs)
-        if self._initial_state is not None:
-            state = _tree.broadcast_rows(self._initial_state, bs)
-            state = self._check_state(state, bs, "initial_state")
-        else:
-            state = self._encode_obs(obs, bs, "initial_observation")  # checked there
-        if obs is None:
-            obs = self._read_obs(
-                state, bs, "initial_state (the observation too, since no initial_observation is given)", None
+        try:
+            if self._initial_obs is not None:
+                obs = _tree.broadcast_rows(self._initial_obs, bs)
+            if self._initial_state is not None:
+                state = _tree.broadcast_rows(self._initial_state, bs)
+                state = self._check_state(state, bs, "initial_state")
+            else:
+                state = self._encode_obs(obs, bs, "initial_observation")  # checked there
+            if obs is None:
+                obs = self._read_obs(
+                    state, bs, "initial_state (the observation too, since no initial_observation is given)", None
+                )
+        except (ReturnFormError, SpecError) as err:  # our checks' errors; a user encoder's own pass through
+            if type(err) not in (ReturnFormError, SpecError):
+                raise
+            given = ", ".join(
+                f"{name} of shape {_shape_text(_tree.shapes(value))}"
+                for name, value in (("initial_state", self._initial_state), ("initial_observation", self._initial_obs))
+                if value is not None
             )
+            raise type(err)(
+                f"{err}. Note: initial_state / initial_observation are one unbatched start (one row), broadcast to "
+                f"the batch {tuple(bs)}; given: {given}. For a start per row, pass reset_fn= or start_states="
+            ) from err
         return state, obs
 
     def _encode_obs(self, obs, bs, what):
@@ -1152,6 +1251,11 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                 gen = self._reset_generator
                 index = torch.randint(n, (k,), generator=gen, device=gen.device)
             data = self._start_data
+            storage = getattr(data, "storage", None)
+            if not isinstance(data, TensorDictBase) and getattr(storage, "ndim", 1) > 1:
+                # a (num_envs, T) buffer (LazyTensorStorage(..., ndim=2)): len() counts every entry but
+                # indexing walks the first dim only, so sample from its flattened content
+                data = data[:].flatten(0, storage.ndim - 1)
             rows = data[
                 index.to(data.device) if isinstance(data, TensorDictBase) and data.device is not None else index.cpu()
             ]
@@ -1435,8 +1539,9 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             self._generator.seed()
             self._reset_generator.seed()
         else:
-            self._generator.manual_seed(int(seed))
-            self._reset_generator.manual_seed((int(seed) + _RESET_STREAM) % 2**64)  # a stream of its own
+            seed = _check_seed(seed)  # before any generator changes: a refused seed leaves the env as it was
+            self._generator.manual_seed(seed)
+            self._reset_generator.manual_seed((seed + _RESET_STREAM) % 2**64)  # a stream of its own
         # start_states entries: per-row counters from a key drawn from the reset stream (see _start_indices)
         device = self._reset_generator.device
         self._start_key = torch.randint(-(2**63), 2**63 - 1, (), generator=self._reset_generator, device=device)

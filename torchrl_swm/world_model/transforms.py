@@ -32,7 +32,7 @@ from ..masks import row_mask
 from ..specs import as_spec, batch_spec
 from . import _tree
 from .adapters import MISSING, Bound, ReturnFormError, bind
-from .env import WorldModelEnv, _refuse_start
+from .env import ActionRange, WorldModelEnv, _refuse_start
 
 __all__ = [
     "ActionAdapter",
@@ -113,12 +113,16 @@ class ActionAdapter(_WorldModelTransform):
         self._outer = as_spec(action_space, name="action_space")
         if isinstance(self._outer, Composite):
             raise TypeError("ActionAdapter: the outside action space must be a single (non-Dict) space")
+        self._outer_check = ActionRange.of(self._outer)  # discrete outside actions: range-checked
         self.action_key = action_key
 
     def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
         base = self._base()
         bound = self._adapter(self._fn, "action_transform_fn", ("action",))
         action = tensordict.get(self.action_key)
+        check, shape = self._outer_check, self._outer.shape
+        if check is not None and isinstance(action, torch.Tensor) and action.shape[action.ndim - len(shape):] == shape:
+            check.refuse(action, "ActionAdapter: the outside action")  # before the fn: table[-1] would pass
         with _grad_context(base):
             model_action = bound.call(action)
         leaf = base._action_leaf
@@ -554,6 +558,11 @@ def make_world_model_env(
                                         differentiable=differentiable))
     elif decoder_spec is not None or decoder_in_key != "observation":
         raise TypeError("make_world_model_env: decoder_spec= and decoder_in_key= only make sense with decoder=")
+    if isinstance(transforms, Transform):
+        transforms = [transforms]  # one transform, not in a list
+    elif not isinstance(transforms, (list, tuple)):
+        raise TypeError(f"make_world_model_env: transforms: expected a list of TorchRL Transforms, got "
+                        f"{describe(transforms)}")
     for transform in transforms:
         if not isinstance(transform, Transform):
             raise TypeError(f"make_world_model_env: transforms must be TorchRL Transforms, got {describe(transform)}")
