@@ -119,6 +119,11 @@ def test_bad_seeds():
         envs.reset(seed=[1, 2, 3])
     with pytest.raises(TypeError, match="seed"):
         envs.reset(seed=1.5)
+    with pytest.raises(TypeError, match="seed must be an int"):
+        envs.reset(seed=torch.tensor(1.5))
+    a, _ = envs.reset(seed=torch.tensor(3))  # a 0-d integer tensor is the int 3, as for the pool itself
+    b, _ = envs.reset(seed=3)
+    assert np.array_equal(a, b)
 
 
 class _SpecEnv(EnvBase):

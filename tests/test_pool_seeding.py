@@ -196,7 +196,8 @@ def test_per_episode_seeds_wrap_below_2_63_instead_of_overflowing(n):
     pool = EnvPool([functools.partial(counting, length=1)] * n, seed=base)
     td = pool.reset()
     for k in range(1, 4):
-        td = pool.reset() if k % 2 else pool.step_and_maybe_reset(td.set("action", torch.zeros(n, dtype=torch.int64)))[1]
+        action = torch.zeros(n, dtype=torch.int64)
+        td = pool.reset() if k % 2 else pool.step_and_maybe_reset(td.set("action", action))[1]
         expected = [(base + i + k * n) % top for i in range(n)]
         assert seeds_of(td) == expected
         assert [env.last_seed for env in pool.envs] == expected  # what the envs were really reset with

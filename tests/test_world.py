@@ -188,9 +188,11 @@ def expected_length(seed, max_length=9):
 
 def test_seed_validation():
     world = World(fixed_length_pool([2]), ones(1))
-    for bad in (-1, 1.5, "3", True):
-        with pytest.raises(ValueError, match="seed"):
+    for bad, error in ((-1, ValueError), (1.5, TypeError), ("3", TypeError), (True, TypeError)):
+        with pytest.raises(error, match="seed: expected an int"):
             world.evaluate(1, seed=bad, progress=False)
+    for good in (np.int64(3), np.array(3), torch.tensor(3)):  # the integer forms EnvPool takes
+        assert world.evaluate(1, seed=good, progress=False)["seeds"].tolist() == [3]
 
 
 # -- success, returns, lengths -------------------------------------------------------------------------------

@@ -234,6 +234,14 @@ def test_evaluating_a_dataset_on_another_env_warns_naming_both(maze_dataset):
         with pytest.warns(UserWarning, match=r"collected on 'torchrl_swm/PointMaze-v0', but this World runs "
                                              r"'torchrl_swm/PointMaze-Open-v0'"):
             world.evaluate(dataset=maze_dataset, episodes=2, goal_offset=3, eval_budget=5, progress=False)
-    with World("torchrl_swm/PointMaze-v0", num_envs=2) as world, warnings.catch_warnings():
-        warnings.simplefilter("error")  # the same env: no warning
-        world.evaluate(dataset=maze_dataset, episodes=2, goal_offset=3, eval_budget=5, progress=False)
+    for same in ("torchrl_swm/PointMaze-v0", "torchrl_swm.envs:torchrl_swm/PointMaze-v0"):  # gym.make's module:id
+        with World(same, num_envs=2) as world, warnings.catch_warnings():
+            warnings.simplefilter("error")  # the same env: no warning
+            world.evaluate(dataset=maze_dataset, episodes=2, goal_offset=3, eval_budget=5, progress=False)
+
+
+def test_episodes_with_episodes_idx_is_not_truncated_either(maze_dataset):
+    with World("torchrl_swm/PointMaze-v0", num_envs=2) as world:
+        with pytest.raises(TypeError, match=r"episodes: expected an int, got float 2\.5"):
+            world.evaluate(dataset=maze_dataset, episodes=2.5, episodes_idx=[0, 1], goal_offset=3, eval_budget=5,
+                           progress=False)

@@ -293,6 +293,31 @@ def test_world_runs_a_differentiable_world_model_env_without_building_a_graph(tm
     assert td["next", "reward"].requires_grad
 
 
+class _AutogradEnv(gym.Env):
+    """A gymnasium env whose step differentiates a potential with torch.autograd (needs grad mode)."""
+
+    observation_space = gym.spaces.Box(-10, 10, (2,), np.float32)
+    action_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.x, self.t = self.np_random.uniform(-1, 1, 2).astype(np.float32), 0
+        return self.x.copy(), {}
+
+    def step(self, action):
+        x = torch.tensor(self.x, requires_grad=True)
+        (force,) = torch.autograd.grad((x**2).sum(), x)
+        self.x = (self.x + 0.05 * (np.asarray(action) - force.numpy())).astype(np.float32)
+        self.t += 1
+        return self.x.copy(), 0.0, False, self.t >= 3, {}
+
+
+def test_world_steps_ordinary_envs_in_the_callers_grad_mode():
+    # only a differentiable world model is stepped under no_grad; an env may use autograd itself
+    result = World(EnvPool([_AutogradEnv] * 2, seed=0)).evaluate(2, seed=0, progress=False)
+    assert result["episode_lengths"].tolist() == [3, 3]
+
+
 # -- 10. the CLI finds a --policy module in the current directory ------------------------------------------------
 def test_cli_policy_module_in_the_cwd_loads_when_the_cwd_is_not_on_sys_path(tmp_path, monkeypatch, capsys):
     (tmp_path / "my_policy.py").write_text(

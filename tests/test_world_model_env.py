@@ -1615,7 +1615,7 @@ def test_detach_state_lets_truncated_bptt_go_on_from_the_envs_own_state(state):
             loss.backward()
             td = td.detach()
             if detach_state:
-                # a TransformedEnv hands it to its base env; None, so env = env.detach_state() cannot drop the transforms
+                # a TransformedEnv hands it to its base env; None: env = env.detach_state() cannot drop transforms
                 assert env.detach_state() is None
         return env
 
@@ -1714,6 +1714,10 @@ def test_make_world_model_env_transforms_take_a_list_or_one_transform():
     env = make_world_model_env(CountingModel(5), OBS3, ACT1, num_envs=2, initial_state=torch.zeros(3),
                                transforms=StepCounter())
     assert "step_count" in env.reset().keys()
+    for many in (nn.ModuleList([StepCounter(), RewardSum()]), (t for t in [StepCounter(), RewardSum()])):
+        env = make_world_model_env(CountingModel(5), OBS3, ACT1, num_envs=2, initial_state=torch.zeros(3),
+                                   transforms=many)  # any iterable of transforms
+        assert {"step_count", "episode_reward"} <= set(env.reset().keys())
 
 
 def test_start_states_from_a_collector_batch_or_a_2d_replay_buffer_sample_every_entry():
@@ -1734,4 +1738,71 @@ def test_start_states_from_a_collector_batch_or_a_2d_replay_buffer_sample_every_
             seen.update(int(v) for v in first[:, 0])
         starts[name] = seen
         assert seen <= set(range(0, b * t * 3, 3)) and len(seen) > b  # more starts than dim 0 alone holds
-    assert starts["td"] == starts["rb"] == starts["plain"]
+    assert starts["rb"] == starts["plain"]  # (the buffers index their storage, laid out apart from the batch)
+
+
+def test_straight_through_one_hot_actions_pass_the_check_and_carry_gradient():
+    # TorchRL's OneHotCategorical(PassThrough).rsample() gives out + probs - probs.detach(): 0.99999994, not 1
+    from torchrl.modules import OneHotCategorical
+    from torchrl.modules.distributions import ReparamGradientStrategy
+
+    class Model(nn.Module):
+        def step(self, state, action):
+            state = state + action[:, :2]
+            return state, state[:, :1], torch.zeros(state.shape[0], 1, dtype=torch.bool), torch.zeros(
+                state.shape[0], 1, dtype=torch.bool), {}
+
+    env = WorldModelEnv(Model(), _BOX2, OneHot(5, dtype=torch.float32), num_envs=64, initial_state=torch.zeros(2),
+                        differentiable=True, seed=0)
+    logits = nn.Parameter(torch.randn(64, 5, generator=torch.Generator().manual_seed(0)))
+    td = env.reset()
+    loss = 0
+    for _ in range(3):
+        action = OneHotCategorical(logits=logits, grad_method=ReparamGradientStrategy.PassThrough).rsample()
+        _, td = env.step_and_maybe_reset(td.set("action", action))
+        loss = loss + td["observation"].sum()
+    loss.backward()
+    assert logits.grad is not None and logits.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="one-hot"):  # a soft vector is still refused
+        env.step(td.set("action", torch.full((64, 5), 0.2)))
+
+
+def test_frozen_rows_actions_are_ignored_and_the_model_never_sees_invalid_ones():
+    # World's contract: the actions of frozen rows are ignored (a policy may write -1 there)
+    model = _Recorder()
+    env = WorldModelEnv(model, _BOX2, gym.spaces.Discrete(3), num_envs=3, initial_state=torch.zeros(2), seed=0)
+    td = env.reset()
+    td.set("action", torch.tensor([2, -1, 7])).set("_step", torch.tensor([True, False, False]))
+    env.step(td)
+    assert model.seen[-1].tolist() == [2, 0, 0]  # placeholders for the frozen rows, the stepped row's own
+    assert td["action"].tolist() == [2, -1, 7]  # the caller's tensordict is untouched
+    td.set("_step", torch.tensor([False, True, False]))
+    with pytest.raises(ValueError, match=r"action of env 1: expected an index in \[0, 3\), got -1"):
+        env.step(td)
+
+
+def test_start_states_from_a_split_trajs_collector_batch_skip_the_padding():
+    b, t = 3, 4
+    obs = torch.arange(1, b * t * 3 + 1, dtype=torch.float32).reshape(b, t, 3)
+    valid = torch.tensor([[True] * 4, [True, True, False, False], [True, False, False, False]])
+    data = TensorDict({"observation": obs * valid.unsqueeze(-1), ("collector", "mask"): valid}, [b, t])
+    box = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    for seed in range(5):
+        env = WorldModelEnv(CountingModel(5), box, ACT1, num_envs=16, start_states=data, seed=seed)
+        starts = env.reset()["observation"]
+        assert (starts.abs().sum(-1) > 0).all()  # never a zero-padded entry
+        assert set(starts[:, 0].tolist()) <= set(obs[valid][:, 0].tolist())
+
+
+def test_seeds_that_differ_only_above_32_bits_give_different_streams():
+    # a CPU torch.Generator keeps the low 32 bits of its seed: s and s + 2**32 used to be the same env
+    a = WorldModelEnv(NoisyModel(), gym.spaces.Box(-1, 1, (4,)), gym.spaces.Box(-1, 1, (2,)), num_envs=4,
+                      initial_state=torch.zeros(4), seed=5)
+    b = WorldModelEnv(NoisyModel(), gym.spaces.Box(-1, 1, (4,)), gym.spaces.Box(-1, 1, (2,)), num_envs=4,
+                      initial_state=torch.zeros(4), seed=5 + 2**32)
+    zero = lambda td: td.set("action", torch.zeros(4, 2))  # noqa: E731
+    ra, rb = a.rollout(3, zero), b.rollout(3, zero)
+    assert not torch.equal(ra["next", "observation"], rb["next", "observation"])
+    c = WorldModelEnv(NoisyModel(), gym.spaces.Box(-1, 1, (4,)), gym.spaces.Box(-1, 1, (2,)), num_envs=4,
+                      initial_state=torch.zeros(4), seed=5)
+    assert torch.equal(c.rollout(3, zero)["next", "observation"], ra["next", "observation"])

@@ -590,13 +590,12 @@ class World:
     def _seed(seed) -> int:
         if seed is None:
             return int(np.random.SeedSequence().generate_state(1, dtype=np.uint32)[0] >> 1)
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or int(seed) < 0:
-            raise ValueError(f"seed: expected a non-negative int, got {seed!r}")
-        if int(seed) >= SEED_LIMIT:
+        seed = check_int(seed, "seed", minimum=0)  # TypeError for 1.5, "3", True (as EnvPool's seeds)
+        if seed >= SEED_LIMIT:
             raise ValueError(
                 f"seed: expected an int below 2**62 (episode j uses the seed seed + j, an int64), got {seed}"
             )
-        return int(seed)
+        return seed
 
     def _plans(self, episodes: int, seed: int, options) -> list[EpisodePlan]:
         listed = isinstance(options, Sequence) and not isinstance(options, (str, bytes))
@@ -799,7 +798,10 @@ class World:
 
         ds = dataset if isinstance(dataset, WorldDataset) else load_dataset(dataset)
         recorded = ds.metadata.get("env")
-        if self.env_id is not None and isinstance(recorded, str) and "-v" in recorded and recorded != self.env_id:
+        same = isinstance(recorded, str) and self.env_id is not None and (
+            recorded.split(":")[-1] == self.env_id.split(":")[-1]  # gym.make's "module:id" form names the same env
+        )
+        if self.env_id is not None and isinstance(recorded, str) and "-v" in recorded and not same:
             # starts and goals from another env (another maze's walls) give metrics that mean nothing
             warnings.warn(
                 f"evaluate(dataset=...): the dataset was collected on {recorded!r}, but this World runs "
@@ -828,7 +830,7 @@ class World:
             idx = list(range(count))
         else:
             idx = [check_int(i, "episodes_idx") for i in episodes_idx]
-            if episodes is not None and int(episodes) != len(idx):
+            if episodes is not None and check_int(episodes, "episodes") != len(idx):
                 raise ValueError(
                     f"evaluate(dataset=...): episodes={episodes} but episodes_idx has {len(idx)} entries; "
                     "pass only one of them (episodes= alone takes the first dataset episodes)"
@@ -1217,8 +1219,20 @@ class _Run:
                 )
 
     # -- the loop --------------------------------------------------------------------------------------------
-    @torch.no_grad()  # evaluation and collection never need a graph (a differentiable=True world model builds one)
     def run(self) -> None:
+        # a differentiable=True world model builds a graph, which evaluation and collection never need (its
+        # outputs could not go to numpy); other envs step in the caller's grad mode (one may use autograd itself)
+        from torchrl.envs import TransformedEnv
+
+        from .world_model import WorldModelEnv
+
+        base = self.env
+        while isinstance(base, TransformedEnv):
+            base = base.base_env
+        with torch.no_grad() if isinstance(base, WorldModelEnv) and base.differentiable else nullcontext():
+            self._run()
+
+    def _run(self) -> None:
         from tqdm.auto import tqdm
 
         total = len(self.plans)

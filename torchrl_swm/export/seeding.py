@@ -55,6 +55,8 @@ def normalize_seed(seed, num_envs: int, what: str):
         return int(seed)
     if isinstance(seed, np.ndarray) and seed.ndim == 0:
         return normalize_seed(seed[()], num_envs, what)
+    if isinstance(seed, torch.Tensor) and seed.ndim == 0:  # a 0-d tensor, as EnvPool.reset(seed=) takes it
+        return normalize_seed(seed.item(), num_envs, what)
     if isinstance(seed, (str, bytes, float)) or not hasattr(seed, "__iter__"):
         raise TypeError(f"{what}: seed must be an int or a list of ints (or None), got {type(seed).__name__}")
     if isinstance(seed, torch.Tensor):

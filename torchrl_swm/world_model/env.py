@@ -83,6 +83,21 @@ def _check_seed(seed) -> int:
     return seed
 
 
+def _generator_seed(seed: int) -> int:
+    """The seed handed to the torch generators: ``seed`` itself below 2**32, else a 32-bit hash of all its bits.
+
+    A CPU ``torch.Generator`` keeps only the low 32 bits of its seed, so seeds ``s`` and ``s + w * 2**32``
+    (the pool's advice for collector workers) would give identical streams.
+    """
+    if seed < 2**32:
+        return seed
+    mask = 2**64 - 1
+    x = (seed + 0x9E3779B97F4A7C15) & mask  # splitmix64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return (x ^ (x >> 31)) >> 32
+
+
 def _int64(value: int) -> int:
     return value - 2**64 if value >= 2**63 else value
 
@@ -250,7 +265,8 @@ class ActionRange:
         ndim = len(spec.shape)
         if isinstance(spec, MultiOneHot):
             sizes = [int(n) for n in spec.nvec]
-            return cls("multi_one_hot", ndim, sizes, f"one one-hot block (exactly one 1, the rest 0) per size in {sizes}")
+            expected = f"one one-hot block (exactly one 1, the rest 0) per size in {sizes}"
+            return cls("multi_one_hot", ndim, sizes, expected)
         if isinstance(spec, OneHot):
             n = int(spec.space.n)
             return cls("one_hot", ndim, n, f"a one-hot vector of size {n} (exactly one 1, the rest 0)")
@@ -266,24 +282,62 @@ class ActionRange:
 
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
         kind, event_dims = self.kind, self.ndim
+        v = v.detach()
+        if v.is_floating_point() and kind != "index":
+            # float one-hot / binary actions from a straight-through estimator (out + probs - probs.detach())
+            # are 0/1 up to rounding: check the nearest 0/1 values, and that they are that near
+            near = v.round()
+            off = (v - near).abs() > 1e-4
+            v = near
+        else:
+            off = None
         if kind == "index":
-            bad = (v < 0) | (v >= self.bound)
+            bound = self.bound
+            if isinstance(bound, torch.Tensor) and bound.device != v.device:
+                self.bound = bound = bound.to(v.device)  # a spec built on the CPU checking a CUDA batch
+            bad = (v < 0) | (v >= bound)
         elif kind == "binary":
             bad = (v != 0) & (v != 1)
+            if off is not None:
+                bad = bad | off
         else:  # one-hot: each block sums to 1 (and holds only 0/1 unless bool); one flag per block
             blocks = [v] if kind == "one_hot" else v.split(self.bound, -1)
             bad = torch.stack([block.sum(-1) != 1 for block in blocks], -1)
             if v.dtype is not torch.bool:
-                bad = bad | ((v != 0) & (v != 1)).any(-1, keepdim=True)
+                entries = (v != 0) & (v != 1)
+                if off is not None:
+                    entries = entries | off
+                bad = bad | entries.any(-1, keepdim=True)
         return bad.flatten(-event_dims).any(-1) if event_dims else bad
 
-    def refuse(self, value: torch.Tensor, what: str) -> None:
-        """Raise ``ValueError`` naming the first row outside the spec (one host sync)."""
+    def placeholder(self, value: torch.Tensor) -> torch.Tensor:
+        """A valid action shaped like ``value``: index 0, entries 0, or the first entry of each one-hot block."""
+        out = torch.zeros_like(value)
+        if self.kind in ("one_hot", "multi_one_hot"):
+            sizes = [value.shape[-1]] if self.kind == "one_hot" else self.bound
+            start = 0
+            for size in sizes:
+                out[..., start] = 1
+                start += size
+        return out
+
+    def refuse(self, value: torch.Tensor, what: str, stepped: torch.Tensor | None = None) -> torch.Tensor:
+        """Raise ``ValueError`` naming the first row outside the spec (one host sync).
+
+        With ``stepped`` (bool, the batch shape: a ``"_step"`` mask), only those rows must be valid;
+        the actions of frozen rows are ignored, and returned replaced by :meth:`placeholder` where
+        invalid, so the model (which receives the whole batch) never sees them. Returns the action.
+        """
         bad = self(value)
-        if bool(bad.any()):
-            row = tuple(bad.nonzero()[0].tolist())
+        outside = bad if stepped is None else bad & stepped
+        if bool(outside.any()):
+            row = tuple(outside.nonzero()[0].tolist())
             where = f"env {row[0]}" if len(row) == 1 else f"row {row}"
             raise ValueError(f"{what} of {where}: expected {self.expected}, got {value[row].tolist()}")
+        if stepped is not None and bool(bad.any()):
+            view = bad.view(*bad.shape, *([1] * (value.ndim - bad.ndim)))
+            value = torch.where(view, self.placeholder(value), value)
+        return value
 
 
 class _Leaf:
@@ -717,8 +771,9 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                     "start_states: expected a TensorDict with a leading batch dim of entries, "
                     f"got batch {data.batch_size}"
                 )
-            if data.batch_dims > 1:
-                data = data.reshape(-1)  # a collector batch [num_envs, T]: every (env, t) entry is a start
+            if data.batch_dims > 1:  # a collector batch [num_envs, T]: every (env, t) entry is a start
+                valid = data.get(("collector", "mask"), None)  # split_trajs=True pads with zeros
+                data = data[valid] if valid is not None else data.reshape(-1)
             missing = [leaf.key for leaf in self._obs_leaves if _get_nested(data, leaf.key) is None]
             if missing:
                 raise KeyError(
@@ -1001,7 +1056,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         else:
             action = self._read_action(td, shapes)
         if self._action_checks:
-            self._check_action_values(td, action)
+            action = self._check_action_values(td, action, partial, shapes.bs)
         # state
         if self._state_key is None and rt.has_state:
             state = rt.state
@@ -1112,11 +1167,20 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             "state_key of its own (e.g. state_key='latent', with state_spec=) to keep the state in the tensordict."
         )
 
-    def _check_action_values(self, td, action) -> None:
-        """Refuse discrete actions outside their spec, every row (frozen ones too: the model receives them)."""
+    def _check_action_values(self, td, action, partial, bs):
+        """Refuse discrete actions outside their spec in the stepped rows; returns the action the model gets
+        (frozen rows' invalid actions, ignored, replaced by a valid placeholder: the model sees every row)."""
+        stepped = None if partial is None else row_mask(partial, bs[0], "_step").reshape(bs)
         for leaf, check in self._action_checks:
-            value = action if self._action_leaf is not None else td.get(leaf.key)
-            check.refuse(value, f"WorldModelEnv.step: {leaf.name}")
+            if self._action_leaf is not None:
+                action = check.refuse(action, f"WorldModelEnv.step: {leaf.name}", stepped)
+            else:
+                value = td.get(leaf.key)
+                checked = check.refuse(value, f"WorldModelEnv.step: {leaf.name}", stepped)
+                if checked is not value:
+                    action = action.clone(False)  # the caller's tensordict keeps its own values
+                    action.set(leaf.key[1:], checked)
+        return action
 
     def _bad_action(self, td, action, shapes):
         if action is None:
@@ -1158,7 +1222,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                     state, bs, "initial_state (the observation too, since no initial_observation is given)", None
                 )
         except (ReturnFormError, SpecError) as err:  # our checks' errors; a user encoder's own pass through
-            if type(err) not in (ReturnFormError, SpecError):
+            if type(err) not in (ReturnFormError, SpecError) or not self._start_looks_batched(bs):
                 raise
             given = ", ".join(
                 f"{name} of shape {_shape_text(_tree.shapes(value))}"
@@ -1170,6 +1234,16 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                 f"the batch {tuple(bs)}; given: {given}. For a start per row, pass reset_fn= or start_states="
             ) from err
         return state, obs
+
+    def _start_looks_batched(self, bs) -> bool:
+        """Whether initial_observation (or initial_state read as the observation) has a leading batch dim."""
+        leaf = self._obs_leaf
+        if leaf is None:
+            return False
+        value = self._initial_obs if self._initial_obs is not None else (
+            self._initial_state if self._encode is None and self._state_key is None else None)
+        return isinstance(value, torch.Tensor) and value.ndim == len(leaf.shape) + len(bs) \
+            and tuple(value.shape[len(bs):]) == leaf.shape
 
     def _encode_obs(self, obs, bs, what):
         """The state for validated observations ``obs`` (rows ``bs``): ``encode(obs)``, or ``obs`` itself.
@@ -1253,12 +1327,20 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             data = self._start_data
             storage = getattr(data, "storage", None)
             if not isinstance(data, TensorDictBase) and getattr(storage, "ndim", 1) > 1:
-                # a (num_envs, T) buffer (LazyTensorStorage(..., ndim=2)): len() counts every entry but
-                # indexing walks the first dim only, so sample from its flattened content
-                data = data[:].flatten(0, storage.ndim - 1)
-            rows = data[
-                index.to(data.device) if isinstance(data, TensorDictBase) and data.device is not None else index.cpu()
-            ]
+                # a (num_envs, T) buffer (LazyTensorStorage(..., ndim=2)): len() counts every entry but the
+                # buffer's indexing walks the first dim only; index the storage in its own coordinates
+                shape = tuple(storage.shape)
+                if int(np.prod(shape)) != n:
+                    raise ValueError(
+                        f"start_states: a replay buffer with a {len(shape)}-d storage of shape {shape} holds {n} "
+                        "entries; its layout is not one this env can sample: pass start_states=rb[:].reshape(-1)"
+                    )
+                rows = storage[torch.unravel_index(index.cpu(), shape)]
+            else:
+                rows = data[
+                    index.to(data.device) if isinstance(data, TensorDictBase) and data.device is not None
+                    else index.cpu()
+                ]
             if isinstance(rows, TensorDictBase):
                 rows = rows.to(self.device) if rows.device != self.device else rows
                 if self._obs_is_mapping:
@@ -1539,7 +1621,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             self._generator.seed()
             self._reset_generator.seed()
         else:
-            seed = _check_seed(seed)  # before any generator changes: a refused seed leaves the env as it was
+            seed = _generator_seed(_check_seed(seed))  # checked before any generator changes
             self._generator.manual_seed(seed)
             self._reset_generator.manual_seed((seed + _RESET_STREAM) % 2**64)  # a stream of its own
         # start_states entries: per-row counters from a key drawn from the reset stream (see _start_indices)

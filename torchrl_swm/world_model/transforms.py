@@ -560,7 +560,7 @@ def make_world_model_env(
         raise TypeError("make_world_model_env: decoder_spec= and decoder_in_key= only make sense with decoder=")
     if isinstance(transforms, Transform):
         transforms = [transforms]  # one transform, not in a list
-    elif not isinstance(transforms, (list, tuple)):
+    elif isinstance(transforms, (str, bytes)) or not hasattr(transforms, "__iter__"):
         raise TypeError(f"make_world_model_env: transforms: expected a list of TorchRL Transforms, got "
                         f"{describe(transforms)}")
     for transform in transforms:
