@@ -12,7 +12,7 @@ import torch
 from envs import counting
 from tensordict import MemoryMappedTensor, TensorDict
 from torch import nn
-from torchrl.envs import RenameTransform, StepCounter, TransformedEnv
+from torchrl.envs import RenameTransform, StepCounter, Transform, TransformedEnv
 
 import torchrl_swm
 from torchrl_swm import EnvPool, World, WorldModelEnv, cli, load_dataset, make_world_model_env
@@ -305,15 +305,34 @@ class _AutogradEnv(gym.Env):
         return self.x.copy(), {}
 
     def step(self, action):
-        x = torch.tensor(self.x, requires_grad=True)
-        (force,) = torch.autograd.grad((x**2).sum(), x)
+        with torch.enable_grad():  # World runs episodes under no_grad, as TorchRL's collectors do
+            x = torch.tensor(self.x, requires_grad=True)
+            (force,) = torch.autograd.grad((x**2).sum(), x)
         self.x = (self.x + 0.05 * (np.asarray(action) - force.numpy())).astype(np.float32)
         self.t += 1
         return self.x.copy(), 0.0, False, self.t >= 3, {}
 
 
-def test_world_steps_ordinary_envs_in_the_callers_grad_mode():
-    # only a differentiable world model is stepped under no_grad; an env may use autograd itself
+class _LearnedRewardScale(Transform):
+    """A reward transform with parameters: under grad mode its rewards would carry a graph."""
+
+    def __init__(self):
+        super().__init__(in_keys=["reward"], out_keys=["reward"])
+        self.scale = nn.Linear(1, 1)
+
+    def _apply_transform(self, reward):
+        return self.scale(reward)
+
+    def transform_reward_spec(self, reward_spec):
+        return reward_spec
+
+
+def test_world_runs_without_grad_as_torchrl_collectors_do():
+    # a transform with parameters used to make World's numpy() fail; an env that needs autograd enables it
+    env = TransformedEnv(EnvPool("CartPole-v1", num_envs=2, seed=0), _LearnedRewardScale())
+    result = World(env).evaluate(2, seed=0, progress=False)
+    assert np.isfinite(result["episode_returns"]).all()
+    env.close()
     result = World(EnvPool([_AutogradEnv] * 2, seed=0)).evaluate(2, seed=0, progress=False)
     assert result["episode_lengths"].tolist() == [3, 3]
 

@@ -1806,3 +1806,78 @@ def test_seeds_that_differ_only_above_32_bits_give_different_streams():
     c = WorldModelEnv(NoisyModel(), gym.spaces.Box(-1, 1, (4,)), gym.spaces.Box(-1, 1, (2,)), num_envs=4,
                       initial_state=torch.zeros(4), seed=5)
     assert torch.equal(c.rollout(3, zero)["next", "observation"], ra["next", "observation"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_low_precision_straight_through_one_hots_pass_and_soft_ones_do_not(dtype):
+    model = _Recorder()
+    env = WorldModelEnv(model, _BOX2, OneHot(4, dtype=dtype), num_envs=32, initial_state=torch.zeros(2), seed=0)
+    td = env.reset()
+    probs = torch.softmax(torch.randn(32, 4, generator=torch.Generator().manual_seed(1)), -1).to(dtype)
+    hard = nn.functional.one_hot(probs.float().argmax(-1), 4).to(dtype)
+    env.step(td.set("action", hard + probs - probs.detach() * (1 + torch.finfo(dtype).eps)))  # off by rounding
+    soft = torch.tensor([[0.5, 0.5, 0.0, 0.0]] * 32, dtype=dtype)
+    with pytest.raises(ValueError, match="one-hot"):
+        env.step(td.set("action", soft))
+
+
+def test_a_float_index_action_must_be_a_whole_number():
+    from torchrl.data import MultiCategorical
+
+    env = WorldModelEnv(_Recorder(), _BOX2, MultiCategorical([3, 4], dtype=torch.float32), num_envs=2,
+                        initial_state=torch.zeros(2), seed=0)
+    td = env.reset()
+    env.step(td.set("action", torch.tensor([[2.0, 3.0], [0.0, 1.0]])))
+    with pytest.raises(ValueError, match=r"env 0: expected indices in \[0, nvec\)"):
+        env.step(td.set("action", torch.tensor([[2.7, 0.25], [0.0, 1.0]])))
+
+
+def test_an_action_adapter_ignores_frozen_rows_actions_as_the_base_env_does():
+    seen = []
+    table = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
+
+    def adapt(action):
+        seen.append(action.clone())
+        return table[action]
+
+    env = make_world_model_env(_Recorder(), _BOX2, gym.spaces.Discrete(3), num_envs=2, initial_state=torch.zeros(2),
+                               action_transform_fn=adapt, model_action_space=_BOX2)
+    td = env.reset()
+    env.step(td.set("action", torch.tensor([2, -1])).set("_step", torch.tensor([True, False])))
+    assert seen[-1].tolist() == [2, 0]  # the frozen row's -1 never reached table[...]
+    with pytest.raises(ValueError, match="ActionAdapter: the outside action of env 1"):
+        env.step(td.set("_step", torch.tensor([True, True])))
+
+
+def test_start_states_from_a_2d_buffer_go_through_the_buffers_transform():
+    from torchrl.envs import ObservationNorm
+
+    obs = torch.arange(30, dtype=torch.float32).reshape(2, 5, 3)
+    box = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    for ndim in (1, 2):
+        rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100, ndim=ndim),
+                                    transform=ObservationNorm(loc=1000.0, scale=1.0, in_keys=["observation"]))
+        rb.extend(TensorDict({"observation": obs}, [2, 5]) if ndim == 2 else TensorDict({"observation": obs.reshape(
+            10, 3)}, [10]))
+        env = WorldModelEnv(CountingModel(5), box, ACT1, num_envs=8, start_states=rb, seed=0)
+        starts = env.reset()["observation"]
+        assert (starts >= 1000).all(), ndim  # as rb[i] returns it, transformed
+
+
+def test_start_states_from_split_trajectories_skip_its_padding():
+    from torchrl.collectors.utils import split_trajectories
+
+    pool_like = TensorDict({"observation": torch.arange(1, 25, dtype=torch.float32).reshape(8, 3),
+                            ("next", "done"): torch.tensor([0, 1, 0, 0, 1, 0, 0, 1], dtype=torch.bool).view(8, 1),
+                            "traj_ids": torch.tensor([0, 0, 1, 1, 1, 2, 2, 2])}, [8])
+    data = split_trajectories(pool_like, trajectory_key="traj_ids")
+    assert "mask" in data.keys() and not data["mask"].all()
+    box = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    env = WorldModelEnv(CountingModel(5), box, ACT1, num_envs=32, start_states=data, seed=0)
+    assert (env.reset()["observation"].abs().sum(-1) > 0).all()
+
+
+def test_the_batched_start_note_also_with_state_key_and_an_encoder():
+    for kwargs in ({"state_key": "observation"}, {"encode_fn": lambda obs: obs}):
+        with pytest.raises(ReturnFormError, match="one unbatched start"):
+            counting_env(num_envs=4, initial_state=torch.zeros(4, 3), **kwargs).reset()

@@ -407,6 +407,10 @@ def _check_keys(env: EnvBase) -> None:
 class World:
     """Evaluate policies and collect datasets on a batched TorchRL env.
 
+    Episodes run under ``torch.no_grad()``, as in TorchRL's collectors (a ``differentiable=True``
+    world model or a transform with parameters builds no graph); an env whose own step needs
+    autograd wraps it in ``torch.enable_grad()``.
+
     Args:
         env: an :class:`~torchrl_swm.EnvPool`, any TorchRL env with batch size
             ``[N]`` (e.g. a ``TransformedEnv`` over a pool), or a gymnasium id;
@@ -1219,20 +1223,8 @@ class _Run:
                 )
 
     # -- the loop --------------------------------------------------------------------------------------------
+    @torch.no_grad()  # as TorchRL's collectors: no graph from a differentiable model or a learned transform
     def run(self) -> None:
-        # a differentiable=True world model builds a graph, which evaluation and collection never need (its
-        # outputs could not go to numpy); other envs step in the caller's grad mode (one may use autograd itself)
-        from torchrl.envs import TransformedEnv
-
-        from .world_model import WorldModelEnv
-
-        base = self.env
-        while isinstance(base, TransformedEnv):
-            base = base.base_env
-        with torch.no_grad() if isinstance(base, WorldModelEnv) and base.differentiable else nullcontext():
-            self._run()
-
-    def _run(self) -> None:
         from tqdm.auto import tqdm
 
         total = len(self.plans)

@@ -83,6 +83,22 @@ def _check_seed(seed) -> int:
     return seed
 
 
+def _as_buffer_returns(buffer, rows):
+    """``rows`` read from ``buffer``'s storage as ``buffer[index]`` returns them: collated, then transformed."""
+    import contextlib
+
+    from tensordict import is_tensor_collection
+
+    collate = getattr(buffer, "_collate_fn", None)
+    if collate is not None:
+        rows = collate(rows)
+    transform = getattr(buffer, "_transform", None)
+    if transform is not None and len(transform):
+        with rows.unlock_() if is_tensor_collection(rows) else contextlib.nullcontext():
+            rows = transform(rows)
+    return rows
+
+
 def _generator_seed(seed: int) -> int:
     """The seed handed to the torch generators: ``seed`` itself below 2**32, else a 32-bit hash of all its bits.
 
@@ -283,11 +299,13 @@ class ActionRange:
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
         kind, event_dims = self.kind, self.ndim
         v = v.detach()
-        if v.is_floating_point() and kind != "index":
+        if v.is_floating_point():
             # float one-hot / binary actions from a straight-through estimator (out + probs - probs.detach())
-            # are 0/1 up to rounding: check the nearest 0/1 values, and that they are that near
+            # are 0/1 up to rounding (half an ulp near 1: 5e-4 in float16, 4e-3 in bfloat16): check the nearest
+            # integers, and that they are that near; a float index must be a whole number
             near = v.round()
-            off = (v - near).abs() > 1e-4
+            tolerance = 0.0 if kind == "index" else max(1e-4, 8 * torch.finfo(v.dtype).eps)
+            off = (v - near).abs() > tolerance
             v = near
         else:
             off = None
@@ -296,6 +314,8 @@ class ActionRange:
             if isinstance(bound, torch.Tensor) and bound.device != v.device:
                 self.bound = bound = bound.to(v.device)  # a spec built on the CPU checking a CUDA batch
             bad = (v < 0) | (v >= bound)
+            if off is not None:
+                bad = bad | off
         elif kind == "binary":
             bad = (v != 0) & (v != 1)
             if off is not None:
@@ -772,7 +792,12 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                     f"got batch {data.batch_size}"
                 )
             if data.batch_dims > 1:  # a collector batch [num_envs, T]: every (env, t) entry is a start
-                valid = data.get(("collector", "mask"), None)  # split_trajs=True pads with zeros
+                # split_trajs=True / split_trajectories() pad with zeros and mark the real entries
+                valid = data.get(("collector", "mask"), None)
+                if valid is None:
+                    valid = data.get("mask", None)
+                if not (isinstance(valid, torch.Tensor) and valid.dtype is torch.bool and valid.shape == data.shape):
+                    valid = None
                 data = data[valid] if valid is not None else data.reshape(-1)
             missing = [leaf.key for leaf in self._obs_leaves if _get_nested(data, leaf.key) is None]
             if missing:
@@ -1240,8 +1265,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         leaf = self._obs_leaf
         if leaf is None:
             return False
-        value = self._initial_obs if self._initial_obs is not None else (
-            self._initial_state if self._encode is None and self._state_key is None else None)
+        value = self._initial_obs if self._initial_obs is not None else self._initial_state  # read as the obs
         return isinstance(value, torch.Tensor) and value.ndim == len(leaf.shape) + len(bs) \
             and tuple(value.shape[len(bs):]) == leaf.shape
 
@@ -1336,6 +1360,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                         "entries; its layout is not one this env can sample: pass start_states=rb[:].reshape(-1)"
                     )
                 rows = storage[torch.unravel_index(index.cpu(), shape)]
+                rows = _as_buffer_returns(data, rows)
             else:
                 rows = data[
                     index.to(data.device) if isinstance(data, TensorDictBase) and data.device is not None

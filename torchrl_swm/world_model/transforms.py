@@ -122,7 +122,10 @@ class ActionAdapter(_WorldModelTransform):
         action = tensordict.get(self.action_key)
         check, shape = self._outer_check, self._outer.shape
         if check is not None and isinstance(action, torch.Tensor) and action.shape[action.ndim - len(shape):] == shape:
-            check.refuse(action, "ActionAdapter: the outside action")  # before the fn: table[-1] would pass
+            # before the fn (table[-1] would pass); frozen rows' actions are ignored, as by the base env
+            stepped = _stepped_rows(tensordict, tensordict.batch_size[0]) if base._locked else None
+            action = check.refuse(action, "ActionAdapter: the outside action",
+                                  None if stepped is None else stepped.view(-1))
         with _grad_context(base):
             model_action = bound.call(action)
         leaf = base._action_leaf
