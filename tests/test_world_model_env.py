@@ -13,7 +13,15 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 from torch import nn
 from torchrl.collectors import Collector
-from torchrl.data import LazyTensorStorage, MultiOneHot, OneHot, ReplayBuffer, TensorDictReplayBuffer, Unbounded
+from torchrl.data import (
+    Composite,
+    LazyTensorStorage,
+    MultiOneHot,
+    OneHot,
+    ReplayBuffer,
+    TensorDictReplayBuffer,
+    Unbounded,
+)
 from torchrl.envs import EnvBase, RewardSum, StepCounter, TransformedEnv
 from torchrl.envs.utils import check_env_specs
 from torchrl.testing import rollout_consistency_assertion
@@ -1785,7 +1793,8 @@ def test_start_states_from_a_split_trajs_collector_batch_skip_the_padding():
     b, t = 3, 4
     obs = torch.arange(1, b * t * 3 + 1, dtype=torch.float32).reshape(b, t, 3)
     valid = torch.tensor([[True] * 4, [True, True, False, False], [True, False, False, False]])
-    data = TensorDict({"observation": obs * valid.unsqueeze(-1), ("collector", "mask"): valid}, [b, t])
+    data = TensorDict({"observation": obs * valid.unsqueeze(-1), ("collector", "mask"): valid,
+                       ("collector", "traj_ids"): torch.arange(b).view(b, 1).expand(b, t)}, [b, t])
     box = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
     for seed in range(5):
         env = WorldModelEnv(CountingModel(5), box, ACT1, num_envs=16, start_states=data, seed=seed)
@@ -1881,3 +1890,28 @@ def test_the_batched_start_note_also_with_state_key_and_an_encoder():
     for kwargs in ({"state_key": "observation"}, {"encode_fn": lambda obs: obs}):
         with pytest.raises(ReturnFormError, match="one unbatched start"):
             counting_env(num_envs=4, initial_state=torch.zeros(4, 3), **kwargs).reset()
+
+
+def test_nan_float_indices_are_refused_and_a_mask_observation_is_not_padding():
+    from torchrl.data import Categorical
+
+    env = WorldModelEnv(_Recorder(), _BOX2, Categorical(4, dtype=torch.float32), num_envs=2,
+                        initial_state=torch.zeros(2), seed=0)
+    td = env.reset()
+    with pytest.raises(ValueError, match=r"env 0: expected an index in \[0, 4\), got nan"):
+        env.step(td.set("action", torch.tensor([float("nan"), 2.0])))
+    # a Dict observation with a bool "mask" of the batch shape: data, not split_trajectories padding
+    space = Composite(x=Unbounded((1,)), mask=Unbounded((), dtype=torch.bool))
+    door = torch.tensor([[True, False, False, False, False], [False, True, False, False, False]])
+    data = TensorDict({"x": torch.arange(10.0).reshape(2, 5, 1), "mask": door, "traj_ids": torch.zeros(2, 5)},
+                      [2, 5])
+    env = WorldModelEnv(lambda s, a: s, space, _BOX2, num_envs=32, start_states=data, seed=0)
+    assert len(set(env.reset()["x"].view(-1).tolist())) > 2  # not only the two entries whose "mask" is True
+
+
+def test_start_states_whose_padding_mask_selects_nothing_are_refused_at_construction():
+    data = TensorDict({"observation": torch.zeros(2, 3, 3), ("collector", "mask"): torch.zeros(2, 3, dtype=torch.bool),
+                       ("collector", "traj_ids"): torch.zeros(2, 3)}, [2, 3])
+    with pytest.raises(ValueError, match="padding mask .* selects no entry"):
+        WorldModelEnv(CountingModel(5), gym.spaces.Box(-np.inf, np.inf, (3,), np.float32), ACT1, num_envs=2,
+                      start_states=data, seed=0)

@@ -408,8 +408,8 @@ class World:
     """Evaluate policies and collect datasets on a batched TorchRL env.
 
     Episodes run under ``torch.no_grad()``, as in TorchRL's collectors (a ``differentiable=True``
-    world model or a transform with parameters builds no graph); an env whose own step needs
-    autograd wraps it in ``torch.enable_grad()``.
+    world model or a transform with parameters builds no graph); an env or a policy that needs
+    autograd itself (a gradient-based planner) wraps that part in ``torch.enable_grad()``.
 
     Args:
         env: an :class:`~torchrl_swm.EnvPool`, any TorchRL env with batch size

@@ -304,8 +304,8 @@ class ActionRange:
             # are 0/1 up to rounding (half an ulp near 1: 5e-4 in float16, 4e-3 in bfloat16): check the nearest
             # integers, and that they are that near; a float index must be a whole number
             near = v.round()
-            tolerance = 0.0 if kind == "index" else max(1e-4, 8 * torch.finfo(v.dtype).eps)
-            off = (v - near).abs() > tolerance
+            tolerance = 0.0 if kind == "index" else max(1e-4, 2 * torch.finfo(v.dtype).eps)
+            off = ~torch.isfinite(v) | ((v - near).abs() > tolerance)  # NaN compares False with everything
             v = near
         else:
             off = None
@@ -792,13 +792,10 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                     f"got batch {data.batch_size}"
                 )
             if data.batch_dims > 1:  # a collector batch [num_envs, T]: every (env, t) entry is a start
-                # split_trajs=True / split_trajectories() pad with zeros and mark the real entries
-                valid = data.get(("collector", "mask"), None)
-                if valid is None:
-                    valid = data.get("mask", None)
-                if not (isinstance(valid, torch.Tensor) and valid.dtype is torch.bool and valid.shape == data.shape):
-                    valid = None
+                valid = self._padding_mask(data)
                 data = data[valid] if valid is not None else data.reshape(-1)
+                if data.batch_size[0] < 1:
+                    raise ValueError("start_states: its padding mask (split_trajs / split_trajectories) selects no entry")
             missing = [leaf.key for leaf in self._obs_leaves if _get_nested(data, leaf.key) is None]
             if missing:
                 raise KeyError(
@@ -811,6 +808,23 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             "start_states: expected a TensorDict, a TorchRL replay buffer or a dataset of World.collect "
             f"(load_dataset), got {describe(data)}"
         )
+
+    def _padding_mask(self, data: TensorDictBase) -> torch.Tensor | None:
+        """The real entries of a ``[B, T]`` batch that ``split_trajs=True`` / ``split_trajectories()`` padded.
+
+        Their mask is ``("collector", "mask")`` (a collector's ``split_trajs=True``), or sits next to
+        trajectory ids under any prefix (``split_trajectories(td, trajectory_key=...)``); a ``"mask"``
+        that is one of the observation keys is data, not padding.
+        """
+        obs_keys = {leaf.key for leaf in self._obs_leaves}
+        keys = [(key,) if isinstance(key, str) else tuple(key) for key in data.keys(True, True)]
+        candidates = [("collector", "mask")] + [(*key[:-1], "mask") for key in keys if key[-1] == "traj_ids"]
+        for mask_key in candidates:
+            mask = data.get(mask_key, None)
+            if mask_key not in obs_keys and isinstance(mask, torch.Tensor) and mask.dtype is torch.bool \
+                    and mask.shape == data.shape:
+                return mask
+        return None
 
     # -- public read-only views -----------------------------------------------------------------
     @property
