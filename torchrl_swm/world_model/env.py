@@ -795,7 +795,9 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                 valid = self._padding_mask(data)
                 data = data[valid] if valid is not None else data.reshape(-1)
                 if data.batch_size[0] < 1:
-                    raise ValueError("start_states: its padding mask (split_trajs / split_trajectories) selects no entry")
+                    raise ValueError(
+                        "start_states: its padding mask (split_trajs / split_trajectories) selects no entry"
+                    )
             missing = [leaf.key for leaf in self._obs_leaves if _get_nested(data, leaf.key) is None]
             if missing:
                 raise KeyError(
