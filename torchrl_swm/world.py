@@ -802,10 +802,8 @@ class World:
 
         ds = dataset if isinstance(dataset, WorldDataset) else load_dataset(dataset)
         recorded = ds.metadata.get("env")
-        same = isinstance(recorded, str) and self.env_id is not None and (
-            recorded.split(":")[-1] == self.env_id.split(":")[-1]  # gym.make's "module:id" form names the same env
-        )
-        if self.env_id is not None and isinstance(recorded, str) and "-v" in recorded and not same:
+        if (isinstance(recorded, str) and "-v" in recorded and self.env_id is not None
+                and recorded.split(":")[-1] != self.env_id.split(":")[-1]):  # gym.make's "module:id" is the same env
             # starts and goals from another env (another maze's walls) give metrics that mean nothing
             warnings.warn(
                 f"evaluate(dataset=...): the dataset was collected on {recorded!r}, but this World runs "

@@ -22,6 +22,7 @@ falls back to the generic path whenever the input is outside what it handles.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -85,8 +86,6 @@ def _check_seed(seed) -> int:
 
 def _as_buffer_returns(buffer, rows):
     """``rows`` read from ``buffer``'s storage as ``buffer[index]`` returns them: collated, then transformed."""
-    import contextlib
-
     from tensordict import is_tensor_collection
 
     collate = getattr(buffer, "_collate_fn", None)
@@ -349,15 +348,15 @@ class ActionRange:
         invalid, so the model (which receives the whole batch) never sees them. Returns the action.
         """
         bad = self(value)
+        if not bool(bad.any()):  # the usual case: the one host sync of a step's check
+            return value
         outside = bad if stepped is None else bad & stepped
         if bool(outside.any()):
             row = tuple(outside.nonzero()[0].tolist())
             where = f"env {row[0]}" if len(row) == 1 else f"row {row}"
             raise ValueError(f"{what} of {where}: expected {self.expected}, got {value[row].tolist()}")
-        if stepped is not None and bool(bad.any()):
-            view = bad.view(*bad.shape, *([1] * (value.ndim - bad.ndim)))
-            value = torch.where(view, self.placeholder(value), value)
-        return value
+        view = bad.view(*bad.shape, *([1] * (value.ndim - bad.ndim)))  # only frozen rows are invalid
+        return torch.where(view, self.placeholder(value), value)
 
 
 class _Leaf:
