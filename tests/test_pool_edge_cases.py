@@ -314,6 +314,34 @@ def test_fast_step_and_maybe_reset_moves_a_deviceless_input_to_the_pool_device(d
     pool.close()
 
 
+def test_a_default_pool_is_deviceless_as_torchrl_gymenv_and_collectors_skip_their_cast():
+    from torchrl.collectors import Collector
+    from torchrl.envs import GymEnv
+
+    gym_env = GymEnv("CartPole-v1")
+    pool, on_cpu = EnvPool("CartPole-v1", 3, seed=0), EnvPool("CartPole-v1", 3, seed=0, device="cpu")
+    collector = Collector(pool, None, frames_per_batch=30, total_frames=30)
+    reference = Collector(on_cpu, None, frames_per_batch=30, total_frames=30)
+    try:
+        assert pool.device is None and gym_env.device is None
+        assert pool.observation_spec.device is None and pool.full_done_spec.device is None
+        assert on_cpu.device == torch.device("cpu") and on_cpu.observation_spec.device == torch.device("cpu")
+        # TorchRL's Collector re-casts its carrier every step to an env's explicit device: not to a deviceless one
+        assert not collector._cast_to_env_device and reference._cast_to_env_device
+        torch.manual_seed(0)
+        batch = next(iter(collector))
+        torch.manual_seed(0)
+        expected = next(iter(reference))
+        assert batch["next", "done"].any()  # partial resets happened
+        assert all(value.device.type == "cpu" for value in batch.values(True, True))
+        for key in (("next", "observation"), "observation", ("next", "done"), "action", "episode_seed"):
+            assert torch.equal(batch[key], expected[key]), key
+    finally:
+        collector.shutdown()
+        reference.shutdown()
+        gym_env.close()
+
+
 # -- 10. the process backend ---------------------------------------------------------------------
 class SlowEnv(gym.Env):
     """obs = ``[steps since reset]``; each step after the construction probe sleeps ``delay`` seconds."""

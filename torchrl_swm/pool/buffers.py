@@ -51,16 +51,18 @@ class HostBuffers:
     def __init__(
         self,
         layout: BufferLayout,
-        device: torch.device,
+        device: torch.device | None,
         flat: torch.Tensor | None = None,
         single_copy: bool | None = None,
     ):
         self.layout = layout
-        self.device = torch.device(device)
-        self.single_copy = self.device.type != "cpu" if single_copy is None else single_copy
+        self.device = None if device is None else torch.device(device)
+        #: snapshots stay on the host: the CPU, or no device at all (TorchRL's device-less envs, as ``GymEnv``)
+        self.on_host = self.device is None or self.device.type == "cpu"
+        self.single_copy = not self.on_host if single_copy is None else single_copy
         if flat is None:
             flat = torch.zeros(layout.nbytes, dtype=torch.uint8)
-            if self.device.type == "cuda":
+            if self.device is not None and self.device.type == "cuda":
                 flat = flat.pin_memory()
         self.flat = flat
         self.arrays = layout.views(flat.numpy())
@@ -87,7 +89,7 @@ class HostBuffers:
     def _device_leaves(self, keys) -> dict[Key, torch.Tensor]:
         # One copy of the whole flat buffer, then typed views of it.
         flat = self.flat.to(self.device, non_blocking=True, copy=True)
-        if self.device.type == "cuda":
+        if self.device is not None and self.device.type == "cuda":
             event = torch.cuda.Event()
             event.record()
             self._copy_done = event

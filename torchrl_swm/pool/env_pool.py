@@ -118,8 +118,11 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             each, writing into shared memory: for expensive envs).
         num_workers: worker processes of the process backend (default: one per core,
             at most one per env).
-        device: where the output tensordicts live. On CUDA each step makes one
-            host-to-device copy from a pinned staging buffer.
+        device: where the output tensordicts live. ``None`` (default): on the CPU,
+            with no device of its own, as TorchRL's ``GymEnv``; a ``Collector``
+            then skips the device cast of its carrier it makes every step for an
+            env on an explicit device. On CUDA each step makes one host-to-device
+            copy from a pinned staging buffer.
         categorical_action_encoding: ``Discrete`` actions as ``Categorical``
             indices (default) or as ``OneHot`` vectors (``False``).
         pixels: add a ``"pixels"`` uint8 ``(N, H, W, 3)`` observation rendered with
@@ -171,7 +174,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         *,
         backend: str = "serial",
         num_workers: int | None = None,
-        device: torch.device | str = "cpu",
+        device: torch.device | str | None = None,
         categorical_action_encoding: bool = True,
         pixels: bool = False,
         image_shape: tuple[int, int] | None = None,
@@ -183,7 +186,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         **make_kwargs,
     ):
         pixels = bool(pixels or image_shape is not None)
-        device = torch.device(device)  # before any env is built: a bad device must not leave envs open
+        device = None if device is None else torch.device(device)  # before any env is built: a bad one leaves none open
         if isinstance(env_fns, gym.vector.VectorEnv):
             if make_kwargs or (num_envs is not None and check_int(num_envs, "EnvPool: num_envs") != env_fns.num_envs):
                 raise TypeError(
@@ -346,7 +349,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         checks, step-MDP hooks, a subclass's own ``_step`` or ``_reset``) take
         TorchRL's generic path.
         """
-        if tensordict.device != self.device:
+        if self.device is not None and tensordict.device != self.device:
             tensordict = tensordict.to(self.device)  # as TorchRL's generic path does first
         step_mask = tensordict.get("_step", None)
         if (
@@ -586,7 +589,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
 
     def _cpu_done_views(self):
         # on CPU the done mask of a reset step is a view of the done buffer itself
-        return _RankViews(self._host.tensors[("done",)][:, 0]) if self.device.type == "cpu" else None
+        return _RankViews(self._host.tensors[("done",)][:, 0]) if self._host.on_host else None
 
     def close(self, *, raise_if_closed: bool = True) -> None:
         backend = self.__dict__.get("_backend")
