@@ -737,7 +737,7 @@ class MaskedCounter(gym.vector.VectorEnv):
 
 def test_batched_vector_env_with_a_masked_reset_gets_one_seed_and_resets_only_masked_rows():
     venv = MaskedCounter()
-    pool = EnvPool(venv, seed=10)  # seed_every_episode=True (the default): one seed for the batch
+    pool = EnvPool(venv, seed=10, seed_every_episode=True)  # per-episode seeds: one seed for the batch
     td = pool.reset()
     td["action"] = torch.zeros(3, dtype=torch.int64)
     td = pool.step(td)["next"]
@@ -750,6 +750,27 @@ def test_batched_vector_env_with_a_masked_reset_gets_one_seed_and_resets_only_ma
     rollout = pool.rollout(20, break_when_any_done=False)  # every episode end is a masked reset
     assert rollout["next", "observation"][0, :, 0].tolist() == [1, 2, 3] * 6 + [1, 2]
     pool.close()
+
+
+def test_a_natively_batched_vector_env_is_seeded_once_by_default_and_single_envs_every_episode():
+    # one RNG for the batch: reseeding it at every partial reset would replay no episode, so by default the
+    # pool follows gymnasium's convention (seed once, the stream continues); envs with an RNG each are reseeded
+    venv = MaskedCounter()
+    pool = EnvPool(venv, seed=10)
+    sync = EnvPool(gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2), seed=10)
+    single = EnvPool("CartPole-v1", 2, seed=10)
+    try:
+        assert not pool.seed_every_episode and sync.seed_every_episode and single.seed_every_episode
+        rollout = pool.rollout(9, break_when_any_done=False)  # three episodes per row
+        assert rollout["next", "done"].sum() == 9
+        assert venv.seeds == [10, 10, None, None]  # the probe's and the first reset's seed, then unseeded resets
+        assert (rollout["episode_seed"] == 10).all()  # every episode continues the stream seeded 10
+        explicit = EnvPool(MaskedCounter(), seed=10, seed_every_episode=True)
+        assert explicit.seed_every_episode
+        explicit.close()
+    finally:
+        for p in (pool, sync, single):
+            p.close()
 
 
 @pytest.mark.parametrize("bad, match", [

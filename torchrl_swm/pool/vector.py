@@ -92,18 +92,19 @@ class VectorBackend(InProcessBackend):
 
     batched_actions = True
 
-    def __init__(self, venv: gym.vector.VectorEnv, pixels: bool = False, masked_reset=None, seed_every_episode=True):
+    def __init__(self, venv: gym.vector.VectorEnv, pixels: bool = False, masked_reset=None, seed_every_episode=None):
         if not isinstance(venv, gym.vector.VectorEnv):
             raise TypeError(f"expected a gymnasium.vector.VectorEnv, got {describe(venv)}")
         self.venv = venv
         self.num_envs = int(venv.num_envs)
         self.pixels = pixels
         self.mode = AutoresetMode(venv.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
-        self.seed_every_episode = seed_every_episode
         self.observation_space = venv.single_observation_space
         self.action_space = venv.single_action_space
         #: Whether each row can get its own seed (gymnasium's Sync/AsyncVectorEnv), or one seeds the batch.
         self.per_env_seeds = isinstance(_innermost(venv), (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv))
+        #: ``None`` resolves to ``per_env_seeds``: a batch RNG reseeded at every partial reset replays no episode.
+        self.seed_every_episode = self.per_env_seeds if seed_every_episode is None else bool(seed_every_episode)
         self._everyone = np.ones(self.num_envs, dtype=bool)
         self._everyone.flags.writeable = False
         self._masked_reset = self._find_masked_reset(masked_reset)
