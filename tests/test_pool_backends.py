@@ -260,6 +260,21 @@ def test_more_workers_than_cores_still_work():
     pool.close()
 
 
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
+def test_workers_run_under_sched_batch_and_the_pool_process_keeps_its_policy():
+    # a worker woken by its command must not preempt the pool's process mid-broadcast (SCHED_BATCH tasks
+    # never preempt on wake-up); the pool's own process, which the user runs, is left as it was
+    before = os.sched_getscheduler(0)
+    pool = EnvPool([functools.partial(counting, max_length=4)] * 4, backend="process", num_workers=2, seed=0)
+    try:
+        assert [os.sched_getscheduler(pid) for pid in pool._backend.pids] == [os.SCHED_BATCH] * 2
+        assert os.sched_getscheduler(0) == before
+        rollout = pool.rollout(12, break_when_any_done=False)
+        rollout_consistency_assertion(rollout, done_key="done", observation_key="observation", done_strict=True)
+    finally:
+        pool.close()
+
+
 def _assert_reaped(pids):
     for pid in pids:
         try:

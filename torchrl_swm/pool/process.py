@@ -5,7 +5,8 @@ the envs and writes its rows straight into the pool's buffers, which live in
 shared memory; actions travel the same way. A pipe carries only tiny commands
 (``("step", rows)``) and acknowledgements, so no observation is pickled per
 step. Workers block on their pipe (no busy-waiting), so more workers than cores
-degrade gracefully.
+degrade gracefully; on Linux they run under ``SCHED_BATCH``, so a worker woken by
+its command never preempts the pool's process while it sends the others theirs.
 
 Faults never hang the pool: an env that raises inside a worker comes back as an
 :class:`~torchrl_swm.errors.EnvError` naming the env, with the worker's
