@@ -4,6 +4,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 
 
 def test_pool_benchmark_smoke(tmp_path):
@@ -19,7 +20,10 @@ def test_pool_benchmark_smoke(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     keys = {(r["section"], r["key"]) for r in rows}
     assert {("cartpole", "plain"), ("cartpole", "pool_step"), ("cartpole", "pool_rollout"), ("cartpole", "pool_collector"),
-            ("vector", "raw"), ("vector", "pool"), ("fixed", "pool_k0"), ("fixed", "floor")} <= keys
+            ("vector", "raw"), ("vector", "pool"), ("fixed", "pool_k0"), ("fixed", "floor"),
+            ("cartpole", "plain_seeded"), ("cartpole", "ceiling_rollout"), ("cartpole", "ceiling_collector")} <= keys
+    ceiling = next(r for r in rows if r["key"] == "ceiling_collector")
+    assert 0 < ceiling["ratio"] < 1 and ceiling["extra"]["torchrl_overhead_us"] > 0
     assert all(r["rate"] > 0 and not math.isnan(r["rate"]) for r in rows if r["key"] != "gym_async")
     assert plot.stat().st_size > 1000
 
@@ -48,3 +52,28 @@ def test_a_failed_row_is_written_as_strict_json():
     row = Row("cartpole", "peer", "a peer (failed: ...)", 1, float("nan"), 0, 0, float("nan"), {"x": float("inf")})
     text = json.dumps(_no_nan(row.as_dict()), allow_nan=False)
     assert json.loads(text)["rate"] is None and json.loads(text)["extra"] == {"x": None}
+
+
+def test_measure_together_credits_steps_per_unit_and_reports_subjects_that_cannot_be_built():
+    from torchrl_swm.benchmarks.harness import measure_together
+
+    class Sleeper:
+        def __init__(self, seconds):
+            self.seconds = seconds
+
+        def run(self, units):
+            time.sleep(self.seconds * units)
+
+        def close(self):
+            pass
+
+    def broken():
+        raise RuntimeError("cannot run here")
+
+    failures = {}
+    results = measure_together({"one": lambda: Sleeper(0.002), "ten": lambda: Sleeper(0.002), "broken": broken},
+                               envs_per_step=4, seconds=0.3, repeats=2, steps_per_unit={"ten": 10}, failures=failures)
+    assert set(results) == {"one", "ten"} and isinstance(failures["broken"], RuntimeError)
+    # the same time per unit: ten batched steps per unit make each step ten times cheaper
+    assert results["ten"]["us_per_call"] < results["one"]["us_per_call"] / 5
+    assert results["ten"]["rate"] > 5 * results["one"]["rate"]

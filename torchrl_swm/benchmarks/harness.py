@@ -98,7 +98,8 @@ def measure(
     return _summary(units, steps_per_unit, envs_per_step, times, setup, counts)
 
 
-def measure_together(makers: dict, *, envs_per_step: int, seconds: float = 2.0, repeats: int = 5) -> dict:
+def measure_together(makers: dict, *, envs_per_step: int, seconds: float = 2.0, repeats: int = 5,
+                     steps_per_unit: dict | None = None, failures: dict | None = None) -> dict:
     """:func:`measure` for several subjects at once, interleaved.
 
     Every subject is built, warmed up and calibrated, then ``repeats`` rounds
@@ -106,12 +107,23 @@ def measure_together(makers: dict, *, envs_per_step: int, seconds: float = 2.0, 
     order that rotates every round. On a shared, noisy machine slow drifts then
     hit every row alike, so the ratios between rows stay meaningful even when
     absolute rates move. Returns ``{key: measure()-style dict}``.
+
+    ``steps_per_unit``: ``{key: batched steps per unit}`` (default 1). ``failures``: a dict that
+    collects ``{key: exception}`` for subjects that cannot be built (a peer that cannot run here),
+    which are then left out; without it such an error propagates.
     """
     subjects, setup, units = {}, {}, {}
+    steps_per_unit = steps_per_unit or {}
     try:
         for key, make in makers.items():
             t0 = time.perf_counter()
-            subjects[key] = make()
+            try:
+                subjects[key] = make()
+            except Exception as err:
+                if failures is None:
+                    raise
+                failures[key] = err
+                continue
             setup[key] = time.perf_counter() - t0
         for key, subject in subjects.items():
             u, dt = _calibrate(subject)
@@ -127,7 +139,8 @@ def measure_together(makers: dict, *, envs_per_step: int, seconds: float = 2.0, 
     finally:
         for subject in subjects.values():
             subject.close()
-    return {key: _summary(units[key], 1, envs_per_step, ts, setup[key], counts[key]) for key, ts in times.items()}
+    return {key: _summary(units[key], steps_per_unit.get(key, 1), envs_per_step, ts, setup[key], counts[key])
+            for key, ts in times.items()}
 
 
 def is_next_step(venv) -> bool:

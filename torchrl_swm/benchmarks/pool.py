@@ -3,7 +3,9 @@
 Sections (each returns :class:`~.harness.Row` objects, ratios to its reference row):
 
 * ``cartpole``: CartPole-v1 with random actions, env-steps/s, ratio to the plain
-  loop over ``gym.make`` envs (the reference, 1.00).
+  loop over ``gym.make`` envs (the reference, 1.00), the in-process rows measured
+  interleaved; plus two ``ceiling`` rows: the best ratio TorchRL's own ``rollout``
+  and ``Collector`` leave any env (see :func:`ceilings`).
 * ``vector``: the numpy-batched ``CartPoleVectorEnv`` raw, and through EnvPool.
 * ``fixed``: the pool's fixed cost per batched step on an env that does nothing,
   with no env finishing and with k envs finishing per step, next to TorchRL's
@@ -88,8 +90,10 @@ def _actions(n, k=K_ACTIONS, seed=0):
 class PlainLoop:
     """The reference: N gym.make envs, a Python loop, numpy buffers, manual reset."""
 
-    def __init__(self, n, factory=_cartpole, numpy_actions=False):
+    def __init__(self, n, factory=_cartpole, numpy_actions=False, seed_every_episode=False):
         self.envs = [factory() for _ in range(n)]
+        # with per-episode seeds, env i's k-th later episode gets seed i + (k + 1) * n, as EnvPool(seed=0) gives
+        self.next_seed = list(range(n, 2 * n)) if seed_every_episode else None
         self.obs = np.zeros((n, *self.envs[0].observation_space.shape), np.float32)
         self.rew = np.zeros(n, np.float32)
         self.term = np.zeros(n, bool)
@@ -102,12 +106,17 @@ class PlainLoop:
 
     def run(self, units):
         envs, obs, rew, term, trunc, acts = self.envs, self.obs, self.rew, self.term, self.trunc, self.acts
+        seeds, n = self.next_seed, len(envs)
         for s in range(units):
             a = acts[s % K_ACTIONS]
             for i, env in enumerate(envs):
                 o, r, te, tr, _ = env.step(a[i])
                 if te or tr:
-                    o, _ = env.reset()
+                    if seeds is None:
+                        o, _ = env.reset()
+                    else:
+                        o, _ = env.reset(seed=seeds[i])
+                        seeds[i] += n
                 obs[i] = o
                 rew[i] = r
                 term[i] = te
@@ -251,53 +260,113 @@ def _row(section, key, label, n, result, ref=None, **extra) -> Row:
 
 
 def cartpole(ns=(16, 256), seconds=2.0, include_slow=True) -> list[Row]:
+    """CartPole-v1 rows. The subjects that run in this process are measured together, interleaved
+    round by round (:func:`~.harness.measure_together`), so their ratios to the plain loop hold on a
+    shared machine; those with processes of their own (``AsyncVectorEnv``, ``ParallelEnv``) run after,
+    one at a time, so their workers never compete with the others' rounds."""
     from torchrl.envs import GymEnv, GymWrapper, ParallelEnv, SerialEnv
 
     from ..pool import EnvPool
+    from .harness import measure_together
 
     rows = []
     for n in ns:
-        ref = measure(lambda: PlainLoop(n), envs_per_step=n, seconds=seconds)
-        rows.append(_row("cartpole", "plain", "plain loop over gym.make envs [reference]", n, ref, ref["rate"]))
-        r = ref["rate"]
+        pool = functools.partial(EnvPool, "CartPole-v1", num_envs=n, seed=0)
+        once = functools.partial(EnvPool, "CartPole-v1", num_envs=n, seed=0, seed_every_episode=False)
+        # (key, label, make, batched steps per unit)
+        together = [
+            ("plain", "plain loop over gym.make envs [reference]", lambda: PlainLoop(n), 1),
+            ("plain_numpy_actions", "plain loop, numpy integer actions (as SyncVectorEnv and EnvPool pass)",
+             lambda: PlainLoop(n, numpy_actions=True), 1),
+            ("plain_seeded", "plain loop, numpy actions, every episode reset with its own seed (EnvPool's default)",
+             lambda: PlainLoop(n, numpy_actions=True, seed_every_episode=True), 1),
+            ("pool_step", "EnvPool, step_and_maybe_reset loop", lambda: StepLoop(pool()), 1),
+            ("pool_rollout", "EnvPool, rollout(100, break_when_any_done=False)", lambda: Rollout(pool()), 100),
+            ("pool_collector", "EnvPool, Collector (random policy)", lambda: CollectorLoop(pool(), n * 50), 50),
+            ("pool_step_once", "EnvPool(seed_every_episode=False), step loop", lambda: StepLoop(once()), 1),
+            ("pool_rollout_once", "EnvPool(seed_every_episode=False), rollout(100)", lambda: Rollout(once()), 100),
+            ("pool_collector_once", "EnvPool(seed_every_episode=False), Collector",
+             lambda: CollectorLoop(once(), n * 50), 50),
+            ("gym_sync", "gymnasium SyncVectorEnv", lambda: GymVector(gym.vector.SyncVectorEnv([_cartpole] * n), n), 1),
+            ("torchrl_gymwrapper", "TorchRL GymWrapper(SyncVectorEnv, SAME_STEP)",
+             lambda: StepLoop(GymWrapper(gym.vector.SyncVectorEnv(
+                 [_cartpole] * n, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))), 1),
+            ("floor", "TorchRL EnvBase floor (no env work)", lambda: StepLoop(_floor_env(n)), 1),
+        ]
+        if include_slow:
+            together.append(("torchrl_serial", "TorchRL SerialEnv(N, GymEnv)",
+                             lambda: StepLoop(SerialEnv(n, functools.partial(GymEnv, "CartPole-v1"))), 1))
+        makers = {key: make for key, _, make, _ in together}
+        makers.update(_noop_pools(n))
+        steps = {key: steps for key, _, _, steps in together}
+        steps.update(_NOOP_PATHS)
+        failures: dict = {}
+        results = measure_together(makers, envs_per_step=n, seconds=seconds * len(makers), repeats=3,
+                                   steps_per_unit=steps, failures=failures)
+        if "plain" not in results:
+            raise failures["plain"]
+        ref = results["plain"]
+        for key, label, _, _ in together:
+            if key in results:
+                rows.append(_row("cartpole", key, label, n, results[key], ref["rate"]))
+            else:  # a peer that cannot run here is reported, not fatal
+                err = failures[key]
+                rows.append(Row("cartpole", key, f"{label} (failed: {type(err).__name__}: {err})", n, float("nan"), 0, 0))
 
-        def add(key, label, make, steps_per_unit=1, envs=n, **kw):
+        def alone(key, label, make, envs=n):
             try:
-                res = measure(make, envs_per_step=envs, steps_per_unit=steps_per_unit, seconds=seconds)
+                res = measure(make, envs_per_step=envs, seconds=seconds)
             except Exception as err:  # a peer that cannot run here is reported, not fatal
                 rows.append(Row("cartpole", key, f"{label} (failed: {type(err).__name__}: {err})", n, float("nan"), 0, 0))
                 return
-            rows.append(_row("cartpole", key, label, n, res, r, **kw))
+            rows.append(_row("cartpole", key, label, n, res, ref["rate"]))
 
-        add("plain_numpy_actions", "plain loop, numpy integer actions (as SyncVectorEnv and EnvPool pass)",
-            lambda: PlainLoop(n, numpy_actions=True))
-        pool = functools.partial(EnvPool, "CartPole-v1", num_envs=n, seed=0)
-        add("pool_step", "EnvPool, step_and_maybe_reset loop", lambda: StepLoop(pool()))
-        add("pool_rollout", "EnvPool, rollout(100, break_when_any_done=False)", lambda: Rollout(pool()), 100)
-        add("pool_collector", "EnvPool, Collector (random policy)", lambda: CollectorLoop(pool(), n * 50), 50)
-        once = functools.partial(EnvPool, "CartPole-v1", num_envs=n, seed=0, seed_every_episode=False)
-        add("pool_step_once", "EnvPool(seed_every_episode=False), step loop", lambda: StepLoop(once()))
-        add("pool_rollout_once", "EnvPool(seed_every_episode=False), rollout(100)", lambda: Rollout(once()), 100)
-        add("pool_collector_once", "EnvPool(seed_every_episode=False), Collector", lambda: CollectorLoop(once(), n * 50), 50)
-        # TorchRL re-casts the carrier to the env's device every step unless the collector is given one
-        add("pool_collector_once_device", "EnvPool(seed_every_episode=False), Collector(device='cpu')",
-            lambda: CollectorLoop(once(), n * 50, device="cpu"), 50)
-        add("gym_sync", "gymnasium SyncVectorEnv",
-            lambda: GymVector(gym.vector.SyncVectorEnv([_cartpole] * n), n))
         if n <= 32:
-            add("gym_async", "gymnasium AsyncVectorEnv (one process per env)",
-                lambda: GymVector(gym.vector.AsyncVectorEnv([_cartpole] * n, context="spawn"), n))
-        add("torchrl_gymwrapper", "TorchRL GymWrapper(SyncVectorEnv, SAME_STEP)",
-            lambda: StepLoop(GymWrapper(gym.vector.SyncVectorEnv(
-                [_cartpole] * n, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))))
-        if include_slow:
-            add("torchrl_serial", "TorchRL SerialEnv(N, GymEnv)",
-                lambda: StepLoop(SerialEnv(n, functools.partial(GymEnv, "CartPole-v1"))))
-            if n >= 2:  # 2 x (N // 2) envs: credited with those it steps (odd N: one fewer)
-                add("torchrl_parallel", "TorchRL ParallelEnv(2 workers x SerialEnv(N/2))",
-                    lambda: StepLoop(ParallelEnv(2, functools.partial(
-                        SerialEnv, n // 2, functools.partial(GymEnv, "CartPole-v1")))), envs=2 * (n // 2))
-        add("floor", "TorchRL EnvBase floor (no env work)", lambda: StepLoop(_floor_env(n)))
+            alone("gym_async", "gymnasium AsyncVectorEnv (one process per env)",
+                  lambda: GymVector(gym.vector.AsyncVectorEnv([_cartpole] * n, context="spawn"), n))
+        if include_slow and n >= 2:  # 2 x (N // 2) envs: credited with those it steps (odd N: one fewer)
+            alone("torchrl_parallel", "TorchRL ParallelEnv(2 workers x SerialEnv(N/2))",
+                  lambda: StepLoop(ParallelEnv(2, functools.partial(
+                      SerialEnv, n // 2, functools.partial(GymEnv, "CartPole-v1")))), envs=2 * (n // 2))
+        rows += ceilings(n, results)
+    return rows
+
+
+#: TorchRL's own per-step cost of rollout and Collector is measured on these NoopEnv pools (see :func:`ceilings`)
+_NOOP_PATHS = {"noop_step": 1, "noop_rollout": 100, "noop_collector": 50}
+
+
+def _noop_pools(n) -> dict:
+    """Makers of the :func:`ceilings` subjects: a pool of :class:`NoopEnv` whose episodes last as long as
+    CartPole's under random actions (12 to 32 steps, 22 on average: as many partial resets per step)."""
+    from ..pool import EnvPool
+
+    fns = [functools.partial(NoopEnv, 12 + (i * 7) % 21) for i in range(n)]
+    return {
+        "noop_step": lambda: StepLoop(EnvPool(fns, seed=0)),
+        "noop_rollout": lambda: Rollout(EnvPool(fns, seed=0), 100),
+        "noop_collector": lambda: CollectorLoop(EnvPool(fns, seed=0), n * 50),
+    }
+
+
+def ceilings(n, results) -> list[Row]:
+    """The best ratio to the plain loop that TorchRL's ``rollout`` and ``Collector`` leave any env.
+
+    Their own cost per batched step is their time on the :func:`_noop_pools` minus the step loop's
+    (all measured in the same interleaved rounds as the plain loop, ``results``). A row's ``ratio`` is
+    the plain loop's time over (that time plus this overhead): what an env exactly as fast as the plain
+    loop would reach through that path. An upper bound: next to real envs, which touch more memory per
+    step, TorchRL's overhead measured higher here.
+    """
+    us = {key: results[key]["us_per_call"] for key in _NOOP_PATHS}  # per batched step
+    plain_us = results["plain"]["us_per_call"]
+    rows = []
+    for key, label in (("rollout", "rollout(100, break_when_any_done=False)"), ("collector", "Collector")):
+        overhead = us[f"noop_{key}"] - us["noop_step"]
+        total = plain_us + overhead
+        rows.append(Row("cartpole", f"ceiling_{key}", f"ceiling: the plain loop + TorchRL's own {label} cost "
+                        f"({overhead:.0f} µs/step on NoopEnv)", n, n / total * 1e6, results[f"noop_{key}"]["spread"],
+                        total, plain_us / total, {"torchrl_overhead_us": overhead, "noop_step_us": us["noop_step"]}))
     return rows
 
 
