@@ -259,6 +259,11 @@ def _row(section, key, label, n, result, ref=None, **extra) -> Row:
                None if ref is None else result["rate"] / ref, extra)
 
 
+def _failed_row(section, key, label, n, err) -> Row:
+    """A peer that cannot run here: reported with its error (a NaN rate, ``null`` in the JSON), not fatal."""
+    return Row(section, key, f"{label} (failed: {type(err).__name__}: {err})", n, float("nan"), 0, 0)
+
+
 def cartpole(ns=(16, 256), seconds=2.0, include_slow=True) -> list[Row]:
     """CartPole-v1 rows. The subjects that run in this process are measured together, interleaved
     round by round (:func:`~.harness.measure_together`), so their ratios to the plain loop hold on a
@@ -310,14 +315,13 @@ def cartpole(ns=(16, 256), seconds=2.0, include_slow=True) -> list[Row]:
             if key in results:
                 rows.append(_row("cartpole", key, label, n, results[key], ref["rate"]))
             else:  # a peer that cannot run here is reported, not fatal
-                err = failures[key]
-                rows.append(Row("cartpole", key, f"{label} (failed: {type(err).__name__}: {err})", n, float("nan"), 0, 0))
+                rows.append(_failed_row("cartpole", key, label, n, failures[key]))
 
         def alone(key, label, make, envs=n):
             try:
                 res = measure(make, envs_per_step=envs, seconds=seconds)
             except Exception as err:  # a peer that cannot run here is reported, not fatal
-                rows.append(Row("cartpole", key, f"{label} (failed: {type(err).__name__}: {err})", n, float("nan"), 0, 0))
+                rows.append(_failed_row("cartpole", key, label, n, err))
                 return
             rows.append(_row("cartpole", key, label, n, res, ref["rate"]))
 
