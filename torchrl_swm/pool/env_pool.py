@@ -146,10 +146,11 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             convention: only the first reset after a seed gets one and later
             episodes continue the env's random stream (still deterministic, and
             faster: ``env.reset(seed=...)`` rebuilds the env's RNG, ~7 µs for
-            CartPole alone, ~13 µs inside a pool's loop). ``None`` (default): ``True``, except over a natively batched
-            ``VectorEnv`` (one RNG for the whole batch, as ``CartPoleVectorEnv``),
-            whose episodes no seed of their own could replay: reseeding it at every
-            partial reset would only cost time, so it follows gymnasium's convention.
+            CartPole alone, ~13 µs inside a pool's loop). ``None`` (default):
+            ``True``, except over a natively batched ``VectorEnv`` (one RNG for the
+            whole batch, as ``CartPoleVectorEnv``), whose episodes no seed of their
+            own could replay: reseeding it at every partial reset would only cost
+            time, so it follows gymnasium's convention.
         masked_reset: for a ``VectorEnv`` only: ``True`` declares that it honours
             ``options["reset_mask"]``, or a function ``fn(venv, mask, seed, options)``
             (see :func:`torchrl_swm.pool.vector.register_masked_reset`).
