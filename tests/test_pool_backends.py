@@ -315,8 +315,12 @@ def test_vector_env_every_autoreset_mode_exact_terminal_obs_no_ghosts(mode):
 
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED])
 def test_sync_vector_pool_equals_single_env_pool(mode):
-    single = EnvPool("CartPole-v1", num_envs=4, seed=11)
+    # a SAME_STEP vector env resets finished envs itself, unseeded: by default its episodes continue each
+    # env's stream, as a single-env pool's do with seed_every_episode=False
+    seeds = dict(seed_every_episode=False) if mode is AutoresetMode.SAME_STEP else {}
+    single = EnvPool("CartPole-v1", num_envs=4, seed=11, **seeds)
     vector = EnvPool(_vector(mode, 4), seed=11)
+    assert vector.seed_every_episode is (mode is not AutoresetMode.SAME_STEP)
     assert_same(drive(single, 150), drive(vector, 150))
     single.close()
     vector.close()
@@ -339,7 +343,8 @@ def test_sync_vector_pool_info_masks_equal_single_env_pool(mode):
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED])
 def test_sync_vector_pool_of_dict_observations_equals_single_env_pool(mode):
     # nested Dict leaves and a Discrete(start=1) leaf; SAME_STEP's final_obs are written row by row
-    single = EnvPool([DictObsEnv] * 3, seed=5)
+    seeds = dict(seed_every_episode=False) if mode is AutoresetMode.SAME_STEP else {}  # as the vector pool's default
+    single = EnvPool([DictObsEnv] * 3, seed=5, **seeds)
     vector = EnvPool(gym.vector.SyncVectorEnv([DictObsEnv] * 3, autoreset_mode=mode), seed=5)
     a, b = drive(single, 45), drive(vector, 45)
     assert sum(int(td["next", "done"].sum()) for td in a[1::2]) >= 6  # episodes of 20 steps ended
@@ -767,7 +772,7 @@ def test_batched_vector_env_with_a_masked_reset_gets_one_seed_and_resets_only_ma
     pool.close()
 
 
-def test_a_natively_batched_vector_env_is_seeded_once_by_default_and_single_envs_every_episode():
+def test_a_natively_batched_or_same_step_vector_env_is_seeded_once_by_default_and_single_envs_every_episode():
     # one RNG for the batch: reseeding it at every partial reset would replay no episode, so by default the
     # pool follows gymnasium's convention (seed once, the stream continues); envs with an RNG each are reseeded
     venv = MaskedCounter()
@@ -783,9 +788,38 @@ def test_a_natively_batched_vector_env_is_seeded_once_by_default_and_single_envs
         explicit = EnvPool(MaskedCounter(), seed=10, seed_every_episode=True)
         assert explicit.seed_every_episode
         explicit.close()
+        # a SAME_STEP vector env resets finished envs itself, unseeded: seeded once too (one reset per episode)
+        cases = [(gym.vector.SyncVectorEnv, mode) for mode in AutoresetMode]
+        for kind, mode in [*cases, (gym.vector.AsyncVectorEnv, AutoresetMode.SAME_STEP)]:
+            other = EnvPool(kind([lambda: gym.make("CartPole-v1")] * 2, autoreset_mode=mode), seed=10)
+            assert other.seed_every_episode is (mode is not AutoresetMode.SAME_STEP), (kind, mode)
+            other.close()
     finally:
         for p in (pool, sync, single):
             p.close()
+
+
+@pytest.mark.parametrize("seed_every_episode, resets_per_episode", [(None, 1), (True, 2)])
+def test_a_same_step_vector_env_resets_each_episode_once_by_default(seed_every_episode, resets_per_episode):
+    # the vector env resets a finished env inside its step (unseeded); by default that reset is the one the pool
+    # keeps. A seed for every episode can only come from a second, seeded, masked reset: twice the resets
+    venv = gym.vector.SyncVectorEnv([functools.partial(CountingEnv, length=4)] * 3,
+                                    autoreset_mode=AutoresetMode.SAME_STEP)
+    pool = EnvPool(venv, seed=0, seed_every_episode=seed_every_episode)
+    envs = venv.envs
+    before = [env.unwrapped.resets_called for env in envs]
+    td, steps = pool.reset(), []
+    for _ in range(40):  # 10 episodes per env, each reset by maybe_reset
+        td["action"] = torch.ones(3, dtype=torch.int64)
+        step, td = pool.step_and_maybe_reset(td)
+        steps.append(step)
+    rollout = torch.stack(steps, 1)
+    assert rollout["next", "done"].squeeze(-1).sum(1).tolist() == [10, 10, 10]
+    resets = [env.unwrapped.resets_called - b for env, b in zip(envs, before)]
+    assert resets == [1 + 10 * resets_per_episode] * 3  # the first reset, then each episode's
+    # the kept reset is the real one either way: every episode starts at t = 0 and runs 4 steps
+    assert (rollout["observation"][:, ::4, 0] == 0).all() and (rollout["next", "observation"][:, 3::4, 0] == 4).all()
+    pool.close()
 
 
 @pytest.mark.parametrize("bad, match", [

@@ -150,7 +150,9 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             ``True``, except over a natively batched ``VectorEnv`` (one RNG for the
             whole batch, as ``CartPoleVectorEnv``), whose episodes no seed of their
             own could replay: reseeding it at every partial reset would only cost
-            time, so it follows gymnasium's convention.
+            time, so it follows gymnasium's convention; and over a ``SAME_STEP``
+            ``VectorEnv``, which resets finished envs itself, unseeded: a seed of
+            their own would reset every episode twice.
         masked_reset: for a ``VectorEnv`` only: ``True`` declares that it honours
             ``options["reset_mask"]``, or a function ``fn(venv, mask, seed, options)``
             (see :func:`torchrl_swm.pool.vector.register_masked_reset`).

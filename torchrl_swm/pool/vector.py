@@ -103,8 +103,12 @@ class VectorBackend(InProcessBackend):
         self.action_space = venv.single_action_space
         #: Whether each row can get its own seed (gymnasium's Sync/AsyncVectorEnv), or one seeds the batch.
         self.per_env_seeds = isinstance(_innermost(venv), (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv))
-        #: ``None`` resolves to ``per_env_seeds``: a batch RNG reseeded at every partial reset replays no episode.
-        self.seed_every_episode = self.per_env_seeds if seed_every_episode is None else bool(seed_every_episode)
+        #: ``None`` resolves to ``per_env_seeds``, except in SAME_STEP mode: a batch RNG reseeded at every partial
+        #: reset replays no episode, and a SAME_STEP env has already reset its finished rows (unseeded), so a
+        #: seed of their own would cost every episode a second reset.
+        if seed_every_episode is None:
+            seed_every_episode = self.per_env_seeds and self.mode is not AutoresetMode.SAME_STEP
+        self.seed_every_episode = bool(seed_every_episode)
         self._everyone = np.ones(self.num_envs, dtype=bool)
         self._everyone.flags.writeable = False
         self._masked_reset = self._find_masked_reset(masked_reset)
