@@ -772,6 +772,48 @@ def test_batched_vector_env_with_a_masked_reset_gets_one_seed_and_resets_only_ma
     pool.close()
 
 
+class MaskIgnoringCounter(MaskedCounter):
+    """A DISABLED vector env whose reset ignores ``options["reset_mask"]``: it restarts every row."""
+
+    def reset(self, *, seed=None, options=None):
+        return super().reset(seed=seed, options=None)
+
+
+class NanCounter(MaskedCounter):
+    """:class:`MaskedCounter` whose second observation entry is NaN: an honoured mask must not look violated."""
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        self.obs[:, 1] = np.nan
+        return self.obs.copy(), info
+
+
+def test_a_vector_env_whose_masked_reset_touches_other_rows_is_an_error_never_a_silent_desync():
+    venv = MaskIgnoringCounter()
+    pool = EnvPool(venv, seed=0)
+    td = pool.reset()
+    td["action"] = torch.zeros(3, dtype=torch.int64)
+    td = pool.step(td)["next"]
+    before = td["observation"].clone()
+    td["_reset"] = torch.tensor([[False], [True], [False]])
+    with pytest.raises(EnvError, match=r"env 0.*masked reset \(rows \[1\]\) changed the observation of env 0, which "
+                       r"was not being reset: it ignores options\['reset_mask'\]") as info:
+        pool.reset(td)
+    assert info.value.env_index == 0 and info.value.phase == "reset"
+    # nothing was written: the pool's rows are the step's, and a full reset starts again
+    td["_reset"] = torch.tensor([[False], [False], [False]])
+    assert torch.equal(pool.reset(td)["observation"], before)
+    assert pool.reset()["observation"][:, 0].tolist() == [0.0, 0.0, 0.0]
+    pool.close()
+    # a masked reset that honours the mask passes the check, NaN observations included
+    for honest in (MaskedCounter(), NanCounter()):
+        pool = EnvPool(honest, seed=0)
+        assert pool._backend._verify_masked_reset
+        rollout = pool.rollout(12, break_when_any_done=False)  # a masked reset every 3 steps
+        assert rollout["next", "observation"][0, :, 0].tolist() == [1, 2, 3] * 4
+        pool.close()
+
+
 def test_a_natively_batched_or_same_step_vector_env_is_seeded_once_by_default_and_single_envs_every_episode():
     # one RNG for the batch: reseeding it at every partial reset would replay no episode, so by default the
     # pool follows gymnasium's convention (seed once, the stream continues); envs with an RNG each are reseeded

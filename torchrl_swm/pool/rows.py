@@ -62,12 +62,17 @@ def observation_leaves(space: gym.Space, prefix: Key = ()) -> dict[Key, gym.Spac
     return {prefix: space}
 
 
+def _start(space: gym.Space) -> np.ndarray | None:
+    """A ``Discrete(n, start)``/``MultiDiscrete`` leaf's nonzero ``start`` (stored as indices ``0..n-1``, as
+    Categorical specs), else ``None``."""
+    start = getattr(space, "start", None) if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) else None
+    return None if start is None or not np.any(start) else np.asarray(start, dtype=np.int64)
+
+
 def _leaf_writer(key: Key, space: gym.Space, buf: np.ndarray) -> Callable[[int, object, str], None]:
     shape = buf.shape[1:]
     dtype = buf.dtype
-    # Discrete(n, start) observations are stored as indices 0..n-1, like Categorical specs.
-    start = getattr(space, "start", None) if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) else None
-    start = None if start is None or not np.any(start) else np.asarray(start, dtype=np.int64)
+    start = _start(space)
 
     def write(i: int, value, phase: str) -> None:
         if value.__class__ is not np.ndarray or value.shape != shape:
@@ -81,8 +86,7 @@ def _leaf_writer(key: Key, space: gym.Space, buf: np.ndarray) -> Callable[[int, 
 
 def _leaf_batch_writer(key: Key, space: gym.Space, buf: np.ndarray):
     """Writes a batched leaf ``(N, *shape)`` (from a VectorEnv) into the rows ``select``."""
-    start = getattr(space, "start", None) if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) else None
-    start = None if start is None or not np.any(start) else np.asarray(start, dtype=np.int64)
+    start = _start(space)
 
     def write(select, values, phase: str) -> None:
         array = np.asarray(values)
@@ -166,6 +170,8 @@ class RowWriter:
         paths = _dict_paths(observation_space)  # the env's own Dict keys (1, not "1") to read each leaf with
         self.leaves = [(paths[key], _leaf_writer(key, space, arrays[key])) for key, space in leaves.items()]
         self.batch_leaves = [(paths[key], _leaf_batch_writer(key, space, arrays[key])) for key, space in leaves.items()]
+        self.batch_buffers = [(key, arrays[key]) for key in leaves]
+        self.batch_starts = {key: _start(space) for key, space in leaves.items()}
         self.is_dict = isinstance(observation_space, gym.spaces.Dict)
         self.write_single = self.leaves[0][1] if not self.is_dict else None
         #: ``(buffer, row shape)`` when the observation is one Box array:
@@ -230,6 +236,23 @@ class RowWriter:
                 except (KeyError, TypeError):
                     raise EnvError(None, phase, f"vector observation is missing Dict key {list(key)}") from None
             write(select, value, phase)
+
+    def first_changed_row(self, keep: np.ndarray, obs) -> int | None:
+        """The first row in ``keep`` (bool mask) whose batched observation ``obs`` differs from what the
+        buffers hold (NaN equal to NaN); ``None`` when every kept row is unchanged."""
+        for (path, _), (key, buf) in zip(self.batch_leaves, self.batch_buffers):
+            value = np.asarray(_dict_leaf(obs, path) if self.is_dict else obs)
+            if value.shape != buf.shape:
+                continue  # a malformed batch: the write that follows names it
+            start = self.batch_starts[key]
+            new, old = (value if start is None else value - start)[keep], buf[keep]
+            same = new == old
+            if new.dtype.kind == "f":
+                same |= np.isnan(new) & np.isnan(old)
+            rows = ~same.reshape(len(new), -1).all(1)
+            if rows.any():
+                return int(np.flatnonzero(keep)[np.argmax(rows)])
+        return None
 
     def step_flags(self, index, rows, rewards: list, terminated: list, truncated: list) -> None:
         """Write reward and done flags of the stepped ``rows`` (global indices).

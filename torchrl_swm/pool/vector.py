@@ -19,8 +19,11 @@ step, exact terminal observations, no ghost transitions):
 
 A vector env that has no masked reset needs an adapter
 (:func:`register_masked_reset`); gymnasium's numpy ``CartPoleVectorEnv`` has
-one here. Each step advances every row, so ``"_step"`` masks are refused:
-use a pool of single envs to freeze rows.
+one here. A masked reset that changes the observation of a row it was not
+asked to reset (a vector env that ignores the mask) is an error naming that
+row, not a silent desync: checked for every vector env but gymnasium's own.
+Each step advances every row, so ``"_step"`` masks are refused: use a pool of
+single envs to freeze rows.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ def _cartpole_masked_reset(venv, mask, seed, options):
 
 
 register_masked_reset(CartPoleVectorEnv, _cartpole_masked_reset)
+_OWN_MASKED_RESETS = frozenset({_cartpole_masked_reset})  # tested here: their resets are not re-checked at run time
 
 
 def _innermost(venv):
@@ -131,6 +135,11 @@ class VectorBackend(InProcessBackend):
 
     def _find_masked_reset(self, declared):
         inner = _innermost(self.venv)
+        native = (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv)
+        #: whether each masked reset is checked to leave the other rows' observations as they were: any but
+        #: gymnasium's own vector envs and this package's adapters (a reset that ignores the mask would
+        #: otherwise desync those rows from the pool's buffers without a word)
+        self._verify_masked_reset = not isinstance(inner, native)
         if callable(declared):
             return lambda mask, seed, options: declared(self.venv, mask, seed, options)
         for cls, fn in _MASKED_RESETS.items():
@@ -140,8 +149,8 @@ class VectorBackend(InProcessBackend):
                         f"{type(inner).__name__} is wrapped in {type(self.venv).__name__}; its masked reset adapter "
                         "bypasses wrappers. Pass the unwrapped vector env, or wrappers that reset rows themselves."
                     )
+                self._verify_masked_reset = fn not in _OWN_MASKED_RESETS
                 return lambda mask, seed, options: fn(inner, mask, seed, options)
-        native = (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv)
         if declared or isinstance(inner, native) or self.mode is AutoresetMode.DISABLED:
             return self._native_masked_reset
         if self.mode is AutoresetMode.NEXT_STEP:
@@ -296,6 +305,8 @@ class VectorBackend(InProcessBackend):
                     obs, info = self._masked_reset(fresh, seed_arg, option)
                 except Exception as err:
                     raise EnvError(int(rows[~reuse][0]), "reset", f"{type(err).__name__}: {err}") from err
+                if self._verify_masked_reset:
+                    self._check_untouched(~fresh & ~self.stashed, obs)
                 writer.observations(fresh, obs, "reset")
                 writer.info.write_batch(info, fresh, "reset")
             self.pending_done[select] = False
@@ -312,6 +323,23 @@ class VectorBackend(InProcessBackend):
                 self._stream_seed = seeded if seeded is not None else int(episode_seeds[0])
             episode_seeds = [self._stream_seed] * len(episode_seeds)
         writer.reset_flags(index, episode_seeds)
+
+    def _check_untouched(self, keep: np.ndarray, obs) -> None:
+        """A masked reset must leave the rows in ``keep`` as they were: one that changed their observation
+        ignored ``options["reset_mask"]`` (or reset other rows too), and the pool's rows no longer match
+        the vector env's. Said before anything is written: the buffers still hold the rows as they were."""
+        if not keep.any():
+            return
+        changed = self.writer.first_changed_row(keep, obs)
+        if changed is not None:
+            raise EnvError(
+                changed, "reset",
+                f"{type(_innermost(self.venv)).__name__}'s masked reset (rows {np.flatnonzero(~keep).tolist()}) "
+                f"changed the observation of env {changed}, which was not being reset: it ignores "
+                "options['reset_mask'] or resets other rows too, so its envs no longer match the pool's rows. "
+                "Reset every row (pool.reset()) to start again; give the pool a vector env whose reset honours "
+                "the mask, or an adapter (masked_reset=fn, or torchrl_swm.pool.vector.register_masked_reset).",
+            )
 
     def step(self, actions: np.ndarray, rows) -> None:
         """Step every row with the batched ``actions``."""
