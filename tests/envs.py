@@ -181,6 +181,20 @@ class FailingEnv(CountingEnv):
         return super().step(action)
 
 
+class StubbornError(Exception):
+    """An exception whose ``__init__`` takes other arguments than its ``args``: pickles, but cannot be rebuilt."""
+
+    def __init__(self, code: int, detail: str):
+        super().__init__(f"code {code}: {detail}")
+
+
+class StubbornFailingEnv(CountingEnv):
+    """A counting env whose first step raises :class:`StubbornError`."""
+
+    def step(self, action):
+        raise StubbornError(7, "stuck")
+
+
 class SlowCloseEnv(CountingEnv):
     """A counting env whose ``close()`` takes ``close_s`` seconds (a video written at close); with
     ``fail_at`` it raises on that step."""

@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from envs import ActionRecordingEnv, CountingEnv, DictObsEnv, FailingEnv, counting, sparse_info
+from envs import ActionRecordingEnv, CountingEnv, DictObsEnv, FailingEnv, StubbornFailingEnv, counting, sparse_info
 from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict
 from torchrl.envs.utils import check_env_specs
@@ -213,6 +213,22 @@ def test_env_raising_inside_a_worker_is_named_with_traceback_and_pool_closes():
     with pytest.raises(EnvError, match=r"env 3 \(step\): ValueError: boom.*worker 1 traceback.*FailingEnv|boom") as err:
         pool.step(td)
     assert err.value.env_index == 3 and "Traceback" in str(err.value)
+    # the env's own exception is chained, as the serial backend chains it
+    assert type(err.value.__cause__) is ValueError and str(err.value.__cause__) == "boom at step 3"
+    pool.close()
+    _assert_reaped(pids)
+
+
+def test_an_exception_a_worker_cannot_send_back_whole_still_names_the_env_with_its_traceback():
+    # StubbornError pickles but cannot be rebuilt (its __init__ wants other arguments): nothing is chained,
+    # and the error still names the env, the exception and the worker's traceback
+    pool = EnvPool([counting, StubbornFailingEnv], backend="process", num_workers=2, seed=0, info_keys=[])
+    pids = pool._backend.pids
+    td = pool.reset()
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(EnvError, match=r"(?s)env 1 \(step\): StubbornError: code 7: stuck.*worker 1 traceback") as err:
+        pool.step(td)
+    assert err.value.__cause__ is None
     pool.close()
     _assert_reaped(pids)
 

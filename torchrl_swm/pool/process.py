@@ -10,7 +10,7 @@ its command never preempts the pool's process while it sends the others theirs.
 
 Faults never hang the pool: an env that raises inside a worker comes back as an
 :class:`~torchrl_swm.errors.EnvError` naming the env, with the worker's
-traceback; a worker that dies is noticed through its process sentinel at once;
+traceback and the env's exception chained; a worker that dies is noticed through its process sentinel at once;
 ``close()`` always reaps every worker and frees the shared memory, also after
 errors and at interpreter exit.
 """
@@ -63,6 +63,19 @@ def _release_interrupts(held) -> None:
             previous(signal.SIGINT, caught[0])  # Python's default handler raises KeyboardInterrupt here
         elif previous == signal.SIG_DFL:
             os.kill(os.getpid(), signal.SIGINT)
+
+
+def _unpickled_cause(data: bytes | None) -> BaseException | None:
+    """The env's exception a worker sent (:func:`~.worker._pickled_cause`); ``None`` when there is none or it
+    cannot be rebuilt here (an exception class whose ``__init__`` takes other arguments than its ``args``):
+    the error's message still carries the worker's traceback."""
+    if data is None:
+        return None
+    try:
+        cause = cloudpickle.loads(data)
+    except Exception:
+        return None
+    return cause if isinstance(cause, BaseException) else None
 
 
 def _split(n: int, k: int) -> list[range]:
@@ -317,12 +330,14 @@ class ProcessBackend:
                 if status == REPLY_OK:
                     replies[w] = value
                 else:
-                    index, where, message, trace, missing_attribute = value
+                    index, where, message, trace, missing_attribute, cause = value
                     # as in the serial backend: a missing attribute is also an AttributeError
                     cls = EnvAttributeError if missing_attribute else EnvError
                     error = cls(index, where, f"{message}\n--- worker {w} traceback ---\n{trace}")
-                    if missing_attribute:
-                        error.__cause__ = AttributeError(message)
+                    cause = _unpickled_cause(cause)
+                    if cause is None and missing_attribute:
+                        cause = AttributeError(message)
+                    error.__cause__ = cause  # the env's own exception, as the serial backend chains it
                     errors.setdefault(w, error)
             elif item in sentinels:
                 w = sentinels.pop(item)

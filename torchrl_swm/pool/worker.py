@@ -166,4 +166,18 @@ def _error_payload(err: BaseException) -> tuple:
         err.message if isinstance(err, EnvError) else f"{type(err).__name__}: {err}",
         "".join(traceback.format_exception(err)),
         isinstance(err, AttributeError) or isinstance(err.__cause__, AttributeError),  # a missing attribute
+        _pickled_cause(err),
     )
+
+
+def _pickled_cause(err: BaseException) -> bytes | None:
+    """The env's own exception (what an :class:`EnvError` wraps, or ``err`` itself), pickled so the pool's
+    process can chain it as the serial backend does; ``None`` when there is none or it cannot be pickled
+    (its traceback travels as text either way)."""
+    cause = err.__cause__ if isinstance(err, EnvError) else err
+    if cause is None:
+        return None
+    try:
+        return cloudpickle.dumps(cause)
+    except Exception:
+        return None
