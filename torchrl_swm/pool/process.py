@@ -10,9 +10,9 @@ its command never preempts the pool's process while it sends the others theirs.
 
 Faults never hang the pool: an env that raises inside a worker comes back as an
 :class:`~torchrl_swm.errors.EnvError` naming the env, with the worker's
-traceback and the env's exception chained; a worker that dies is noticed through its process sentinel at once;
-``close()`` always reaps every worker and frees the shared memory, also after
-errors and at interpreter exit.
+traceback and the env's exception chained; a worker that dies is noticed
+through its process sentinel at once; ``close()`` always reaps every worker and
+frees the shared memory, also after errors and at interpreter exit.
 """
 
 from __future__ import annotations

@@ -241,9 +241,12 @@ class RowWriter:
         """The first row in ``keep`` (bool mask) whose batched observation ``obs`` differs from what the
         buffers hold (NaN equal to NaN); ``None`` when every kept row is unchanged."""
         for (path, _), (key, buf) in zip(self.batch_leaves, self.batch_buffers):
-            value = np.asarray(_dict_leaf(obs, path) if self.is_dict else obs)
-            if value.shape != buf.shape:
+            try:
+                value = np.asarray(_dict_leaf(obs, path) if self.is_dict else obs)
+            except (KeyError, TypeError, ValueError):
                 continue  # a malformed batch: the write that follows names it
+            if value.shape != buf.shape or value.dtype.kind not in "biuf":
+                continue
             start = self.batch_starts[key]
             new, old = (value if start is None else value - start)[keep], buf[keep]
             same = new == old

@@ -306,7 +306,7 @@ class VectorBackend(InProcessBackend):
                 except Exception as err:
                     raise EnvError(int(rows[~reuse][0]), "reset", f"{type(err).__name__}: {err}") from err
                 if self._verify_masked_reset:
-                    self._check_untouched(~fresh & ~self.stashed, obs)
+                    self._check_untouched(fresh, obs)
                 writer.observations(fresh, obs, "reset")
                 writer.info.write_batch(info, fresh, "reset")
             self.pending_done[select] = False
@@ -324,17 +324,20 @@ class VectorBackend(InProcessBackend):
             episode_seeds = [self._stream_seed] * len(episode_seeds)
         writer.reset_flags(index, episode_seeds)
 
-    def _check_untouched(self, keep: np.ndarray, obs) -> None:
-        """A masked reset must leave the rows in ``keep`` as they were: one that changed their observation
-        ignored ``options["reset_mask"]`` (or reset other rows too), and the pool's rows no longer match
-        the vector env's. Said before anything is written: the buffers still hold the rows as they were."""
+    def _check_untouched(self, reset: np.ndarray, obs) -> None:
+        """A masked reset of the rows ``reset`` must leave the others as they were: one that changed their
+        observation ignored ``options["reset_mask"]`` (or reset other rows too), and the pool's rows no longer
+        match the vector env's. Said before anything is written: the buffers still hold the rows as they were.
+        Rows the vector env reset itself (SAME_STEP, not yet reset here) hold their reset observation there
+        and their terminal one here: not compared."""
+        keep = ~reset & ~self.stashed
         if not keep.any():
             return
         changed = self.writer.first_changed_row(keep, obs)
         if changed is not None:
             raise EnvError(
                 changed, "reset",
-                f"{type(_innermost(self.venv)).__name__}'s masked reset (rows {np.flatnonzero(~keep).tolist()}) "
+                f"{type(_innermost(self.venv)).__name__}'s masked reset (rows {np.flatnonzero(reset).tolist()}) "
                 f"changed the observation of env {changed}, which was not being reset: it ignores "
                 "options['reset_mask'] or resets other rows too, so its envs no longer match the pool's rows. "
                 "Reset every row (pool.reset()) to start again; give the pool a vector env whose reset honours "
