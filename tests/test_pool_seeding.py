@@ -64,7 +64,29 @@ def test_reset_seed_forms(seed, expected):
     pool.close()
 
 
-@pytest.mark.parametrize("seed, error", [([1, 2], ValueError), (np.arange(4), ValueError), (-1, ValueError), (1.5, TypeError)])
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_a_none_seed_entry_leaves_that_env_on_its_own_schedule(backend):
+    # as the README says: [7, None, 9] after seed 5 (and one reset) gives env 1 its next scheduled seed, 6 + 3
+    kwargs = {"num_workers": 2} if backend == "process" else {}
+    pool = EnvPool([functools.partial(counting, length=2)] * 3, seed=5, backend=backend, **kwargs)
+    assert seeds_of(pool.reset()) == [5, 6, 7]
+    assert seeds_of(pool.reset(seed=[7, None, 9])) == [7, 9, 9]
+    assert seeds_of(pool.reset(seed=np.array([None, 40, None], dtype=object))) == [10, 40, 12]
+    # the restarted schedules go on from their new bases; env 1's was never restarted before this
+    assert seeds_of(pool.reset(seed=[None, None, None])) == [13, 43, 15]
+    if backend == "serial":
+        assert [env.last_seed for env in pool.envs] == [13, 43, 15]
+    # a partial reset: the masked rows only, None rows on their schedule
+    assert seeds_of(td := pool.reset()) == [16, 46, 18]
+    td["_reset"] = torch.tensor([[True], [True], [False]])
+    assert seeds_of(pool.reset(td, seed=[100, None, 300])) == [100, 49, 18]
+    pool.close()
+
+
+@pytest.mark.parametrize("seed, error", [
+    ([1, 2], ValueError), (np.arange(4), ValueError), (-1, ValueError), (1.5, TypeError), ([1, None, 2.5], TypeError),
+    ([1, None, -3], ValueError),
+])
 def test_bad_seeds(seed, error):
     pool = EnvPool([functools.partial(counting, length=2)] * 3)
     with pytest.raises(error, match="seed"):

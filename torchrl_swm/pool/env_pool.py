@@ -308,7 +308,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             # a mask resets rows, even all of them (TorchRL's maybe_reset when every env is done): a
             # SAME_STEP vector env has reset them already; a full reset would reset them twice
             rows = np.arange(self.num_envs)
-        override = broadcast_seeds(seed, self.num_envs)
+        override = broadcast_seeds(seed, self.num_envs, allow_none=True)
         options = broadcast_options(options, self.num_envs)
         if rows is None or rows.size:
             if rows is not None:

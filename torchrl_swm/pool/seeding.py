@@ -11,7 +11,8 @@ reset uses ``b_i + k_i * N`` (``N`` envs), then ``k_i`` grows by one. So:
   each other's episodes;
 * each env's schedule depends only on its own resets: resetting env ``k``
   never changes the seeds of the others (mask isolation holds for seeds too);
-* ``reset(seed=[s_0, ..., s_{N-1}])`` sets ``b_i = s_i`` for the reset rows;
+* ``reset(seed=[s_0, ..., s_{N-1}])`` sets ``b_i = s_i`` for the reset rows (a ``None``
+  entry leaves that env on its own schedule);
 * seeds wrap modulo ``2**63`` (``b_i + k_i * N`` past ``2**63 - 1`` continues from 0), so a
   large base seed never overflows into an invalid (negative) one mid-run.
 
@@ -31,16 +32,21 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-__all__ = ["SeedSchedule", "broadcast_seeds", "broadcast_options"]
+__all__ = ["SeedSchedule", "broadcast_seeds", "broadcast_options", "NO_SEED"]
 
 _MAX_SEED = 2**63 - 1
 
 
-def broadcast_seeds(seed, num_envs: int) -> np.ndarray | None:
+#: An env given no seed of its own in a list of seeds (``None``): it keeps its schedule.
+NO_SEED = -1
+
+
+def broadcast_seeds(seed, num_envs: int, allow_none: bool = False) -> np.ndarray | None:
     """``seed`` as ``num_envs`` int64 base seeds: an int ``s`` gives ``s + i``.
 
     Accepts ``None``, a Python or numpy integer, or a sequence/array/tensor of
-    ``num_envs`` integers.
+    ``num_envs`` integers; with ``allow_none``, ``None`` entries too (each becomes
+    :data:`NO_SEED`: that env keeps its schedule; all ``None`` is ``None``).
 
     Raises:
         ValueError: wrong length, or a negative seed.
@@ -61,14 +67,30 @@ def broadcast_seeds(seed, num_envs: int) -> np.ndarray | None:
             raise ValueError(
                 f"seed: expected an int or {num_envs} seeds (one per env), got shape {np.shape(seed)}"
             )
+        if isinstance(seed, np.ndarray) and seed.dtype == object and allow_none:
+            seed = seed.tolist()  # may hold None entries
         if isinstance(seed, np.ndarray) and seed.dtype.kind not in "iu":
             raise TypeError(f"seed: expected integer seeds, got dtype {seed.dtype}")
-        bad = [s for s in seed if isinstance(s, (bool, np.bool_)) or not isinstance(s, (numbers.Integral, np.integer))]
+        missing = [s is None for s in seed] if allow_none else [False] * num_envs
+        if all(missing):
+            return None
+        bad = [s for s, skip in zip(seed, missing) if not skip and (
+            isinstance(s, (bool, np.bool_)) or not isinstance(s, (numbers.Integral, np.integer)))]
         if bad:
-            raise TypeError(f"seed: expected integer seeds, got {bad[0]!r} ({type(bad[0]).__name__})")
+            expected = "integer seeds (or None to keep an env's schedule)" if allow_none else "integer seeds"
+            raise TypeError(f"seed: expected {expected}, got {bad[0]!r} ({type(bad[0]).__name__})")
+        if any(missing):
+            given = [int(s) for s, skip in zip(seed, missing) if not skip]
+            _check_range(given, seed)
+            return np.array([NO_SEED if skip else int(s) for s, skip in zip(seed, missing)], dtype=np.int64)
         values = [int(s) for s in seed]
     else:
         raise TypeError(f"seed: expected an int or a sequence of {num_envs} ints, got {type(seed).__name__}")
+    _check_range(values, seed)
+    return np.array(values, dtype=np.int64)
+
+
+def _check_range(values: list[int], seed) -> None:
     if min(values) < 0:
         raise ValueError(f"seed: seeds must be non-negative (gymnasium requires it), got {min(values)}")
     if max(values) > _MAX_SEED:
@@ -77,7 +99,6 @@ def broadcast_seeds(seed, num_envs: int) -> np.ndarray | None:
             f"seed: seeds must be below 2**63 (the pool keeps int64 seeds), got {max(values)}"
             + (f" (seed {int(seed)} + env index)" if one else "")
         )
-    return np.array(values, dtype=np.int64)
 
 
 def broadcast_options(options, num_envs: int) -> list:
@@ -141,7 +162,7 @@ class SeedSchedule:
         Returns ``(reset_seeds, episode_seeds)``: what to pass to ``env.reset``
         (``None`` where the env continues its stream) and what to record as each
         episode's seed. ``override`` (``num_envs`` seeds) restarts those rows'
-        schedules first.
+        schedules first, but for rows given :data:`NO_SEED`.
         """
         if rows is not None and override is None and len(rows) <= 8:
             # the usual partial reset: a few rows, no override; plain Python is cheapest
@@ -160,8 +181,10 @@ class SeedSchedule:
             return reset_seeds, episode_seeds
         index = slice(None) if rows is None else rows
         if override is not None:
-            self.base[index] = override[index]
-            self.count[index] = 0
+            restart = np.arange(self.num_envs)[index]
+            restart = restart[override[restart] != NO_SEED]
+            self.base[restart] = override[restart]
+            self.count[restart] = 0
         count = self.count[index]
         if self.every_episode:
             # int64 arithmetic wraps modulo 2**64; the mask keeps the seed modulo 2**63 (non-negative, as gymnasium
