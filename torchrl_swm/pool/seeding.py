@@ -77,8 +77,8 @@ def broadcast_seeds(seed, num_envs: int, allow_none: bool = False) -> np.ndarray
         bad = [s for s, skip in zip(seed, missing) if not skip and (
             isinstance(s, (bool, np.bool_)) or not isinstance(s, (numbers.Integral, np.integer)))]
         if bad:
-            expected = "integer seeds (or None to keep an env's schedule)" if allow_none else "integer seeds"
-            raise TypeError(f"seed: expected {expected}, got {bad[0]!r} ({type(bad[0]).__name__})")
+            hint = " (a None entry keeps that env's schedule)" if allow_none else ""
+            raise TypeError(f"seed: expected integer seeds, got {bad[0]!r} ({type(bad[0]).__name__}){hint}")
         if any(missing):
             given = [int(s) for s, skip in zip(seed, missing) if not skip]
             _check_range(given, seed)
