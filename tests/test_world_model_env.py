@@ -1915,3 +1915,67 @@ def test_start_states_whose_padding_mask_selects_nothing_are_refused_at_construc
     with pytest.raises(ValueError, match="padding mask .* selects no entry"):
         WorldModelEnv(CountingModel(5), gym.spaces.Box(-np.inf, np.inf, (3,), np.float32), ACT1, num_envs=2,
                       start_states=data, seed=0)
+
+
+def test_an_adapter_parameter_named_for_another_argument_is_refused_not_misbound():
+    # by count, transition_fn(model, action) fits (state, action), reward_fn(model, obs, action) fits
+    # (state, obs, action) and reset_fn(options) fits (model): each named parameter would get another argument
+    model = nn.Linear(2, 2)
+
+    def transition(model, action):
+        return action
+
+    with pytest.raises(AdapterError, match=r"transition\(model, action\): parameter 'model' would receive the state"):
+        WorldModelEnv(model, BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2), transition_fn=transition)
+
+    def reset_fn(options):
+        return torch.zeros(2)
+
+    with pytest.raises(AdapterError, match=r"reset_fn\(options\): parameter 'options' would receive the model.*"
+                                           r"reset_fn\(seed, options\)"):
+        WorldModelEnv(model, BOX2, BOX2, num_envs=2, reset_fn=reset_fn, transition_fn=lambda s, a: s + a)
+
+    def reward_fn(model, obs, action):
+        return obs.sum(-1)
+
+    env = make_world_model_env(model, BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2),
+                               transition_fn=lambda s, a: (s + a, s + a, None), reward_fn=reward_fn)
+    with pytest.raises(AdapterError, match=r"reward_fn\(model, obs, action\): parameter 'model' would receive the "
+                                           r"state"):
+        env.rollout(1)
+
+    def swapped(action, state):
+        return state + action
+
+    with pytest.raises(AdapterError, match=r"parameter 'action' would receive the state"):
+        WorldModelEnv(model, BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2), transition_fn=swapped)
+    # names the convention does not know, or that agree with it, bind as before
+    for fn, form in ((lambda s, a: s + a, ("state", "action")), (lambda m, s, a: s + a, ("model", "state", "action")),
+                     (lambda model, state, action: state + action, ("model", "state", "action"))):
+        env = WorldModelEnv(model, BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2), transition_fn=fn)
+        assert env._transition.form == form
+
+
+class PosteriorEncoder(nn.Module):
+    """An RSSM-style posterior ``encode(obs, prev_state, prev_action)``: not callable as ``encode(obs)``."""
+
+    def encode(self, obs, prev_state, prev_action):
+        return obs + prev_state
+
+    def imagine_step(self, state, action):
+        return state + action, state + action, state.sum(-1)
+
+
+def test_a_model_encode_of_another_signature_is_an_error_only_when_an_observation_must_be_encoded():
+    # initial_state= never encodes: the env builds and runs
+    env = WorldModelEnv(PosteriorEncoder(), BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2))
+    assert env.rollout(3)["next", "observation"].shape == (2, 3, 2)
+    # initial_observation= must be encoded into the start state: the error says how to proceed
+    with pytest.raises(AdapterError, match=r"model.encode.*fits none of the accepted calling conventions.*needed to "
+                                           r"encode an observation.*encode_fn=False"):
+        WorldModelEnv(PosteriorEncoder(), BOX2, BOX2, num_envs=2, initial_observation=torch.zeros(2))
+    # encode_fn=True asks for model.encode: refused at once
+    with pytest.raises(AdapterError, match=r"model.encode"):
+        WorldModelEnv(PosteriorEncoder(), BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2), encode_fn=True)
+    env = WorldModelEnv(PosteriorEncoder(), BOX2, BOX2, num_envs=2, initial_observation=torch.ones(2), encode_fn=False)
+    assert torch.equal(env.reset()["observation"], torch.ones(2, 2))

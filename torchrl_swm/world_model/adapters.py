@@ -252,6 +252,41 @@ def bind(
             f"{'' if var_positional else f' and at most {len(positional)}'}, which fits none of the accepted "
             f"calling conventions: {accepted}"
         )
+    # A user's adapter whose parameter is named like one argument (the model, or one of ``args``) must not
+    # receive another: ``transition_fn(model, action)`` fits ``(state, action)`` by count, with the state in
+    # ``model``. The model's own methods are bound by position, as the seed design does.
+    consistent = [f for f in candidates if _misnamed(positional, f, args) is None] if with_model else candidates
+    if not consistent:
+        late = [p.name for p in positional[1:] if p.name in MODEL_NAMES]
+        if late:  # the model goes first or not at all
+            raise AdapterError(
+                f"{role} {text}: parameter {late[0]!r} looks like the model but is not the first parameter; the model "
+                f"is passed first or not at all: accepted calling conventions: {accepted}"
+            )
+        form = _preferred(candidates, positional, args, with_model, var_positional, required)
+        param, given = _misnamed(positional, form, args)
+        raise AdapterError(
+            f"{role} {text}: parameter {param!r} would receive the {given}, which no accepted calling convention "
+            f"fits by name: {accepted}"
+        )
+    form = _preferred(consistent, positional, args, with_model, var_positional, required)
+    return _make(fn, role, name, str(sig), form, args, model, {k: extras[k] for k in extra_names})
+
+
+def _misnamed(positional, form, args) -> tuple[str, str] | None:
+    """The first ``(parameter, argument)`` where a parameter named like the model or one of ``args`` would
+    receive another argument under ``form``; ``None`` when the names agree (or say nothing)."""
+    for param, given in zip(positional, form):
+        name = "model" if param.name in MODEL_NAMES else param.name
+        if (name == "model" or name in args) and name != given:
+            return param.name, given
+    return None
+
+
+def _preferred(candidates, positional, args, with_model, var_positional, required):
+    """The form to bind among ``candidates`` (all fit the signature): the one the first parameter's name
+    picks (the model, or a role argument), else the one taking exactly the required arguments, else the
+    longest, model first (the seed design's convention)."""
     first = positional[0].name if positional else None
     if len(candidates) > 1 and first is not None:
         if first in MODEL_NAMES and with_model:
@@ -266,17 +301,7 @@ def bind(
             exact = [f for f in candidates if len(f) == len(required)]
             if exact and not var_positional:
                 candidates = exact
-    form = candidates[0]
-    if with_model:
-        # The model goes first or not at all: a later parameter named like the model (``fn(state, action,
-        # model)``) would otherwise receive a role argument while the model lands in the first parameter.
-        late = [p.name for p in positional[1 : len(form)] if p.name in MODEL_NAMES]
-        if late:
-            raise AdapterError(
-                f"{role} {text}: parameter {late[0]!r} looks like the model but is not the first parameter; the model "
-                f"is passed first or not at all: accepted calling conventions: {accepted}"
-            )
-    return _make(fn, role, name, str(sig), form, args, model, {k: extras[k] for k in extra_names})
+    return candidates[0]
 
 
 def _make(fn, role, name, sig_text, form, args, model, extras) -> Bound:

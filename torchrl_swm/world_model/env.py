@@ -43,6 +43,7 @@ from . import _tree
 from .adapters import (
     MISSING,
     RESET_METHODS,
+    AdapterError,
     Bound,
     ReturnFormError,
     bind,
@@ -771,8 +772,13 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             return bind(encode_fn, "encode_fn", ("obs",), model=model, extras={"generator": self._reset_generator})
         method = getattr(model, "encode", None)
         if callable(method):
-            return bind(method, "model.encode", ("obs",), with_model=False,
-                        extras={"generator": self._reset_generator})
+            try:
+                return bind(method, "model.encode", ("obs",), with_model=False,
+                            extras={"generator": self._reset_generator})
+            except AdapterError as err:
+                if encode_fn is True:
+                    raise
+                return _deferred_encode_error(method, err)
         if encode_fn is True:
             raise TypeError("encode_fn=True but the model has no encode method")
         return None
@@ -1770,6 +1776,21 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             f"transition={self._transition.description!r}, "
             f"start={self._start_kind!r}, state_key={self._state_key!r}, differentiable={self._differentiable})"
         )
+
+
+def _deferred_encode_error(method, err: AdapterError) -> Bound:
+    """A discovered ``model.encode`` that cannot be called as ``encode(obs)`` (an RSSM posterior taking the
+    previous state and action): the env still builds, since a start given as a state (``initial_state``, a
+    ``reset_fn`` returning one) never encodes; the error comes when an observation must be encoded."""
+
+    def call(*args, **kwargs):
+        raise AdapterError(
+            f"{err}; it is needed to encode an observation into a start state here. Pass encode_fn=fn([model,] obs) "
+            "that encodes it, a start as a state (initial_state=, or a reset_fn returning the state), or "
+            "encode_fn=False to use the observation itself as the state"
+        ) from err
+
+    return Bound(call, ("obs",), (), "model.encode (not callable as encode(obs))", method)
 
 
 def _merge_reset_group(old: TensorDictBase, new, rows: torch.Tensor) -> dict:
