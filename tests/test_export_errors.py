@@ -241,7 +241,7 @@ class _IntBoxAction(gym.Env):
     observation_space = gym.spaces.Box(-1000, 1000, (2,), np.float32)
 
     def __init__(self, dtype=np.int64):
-        self.action_space = gym.spaces.Box(0, 5 if dtype == np.int64 else 255, (2,), dtype)
+        self.action_space = gym.spaces.Box(0, 5 if dtype == np.int64 else np.iinfo(dtype).max, (2,), dtype)
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -263,8 +263,20 @@ def test_integer_box_actions_are_never_truncated_or_wrapped():
         with pytest.raises(ValueError, match=r"must fit Box\(0, 255, \(2,\), uint8\)'s dtype \(0\.\.255\).*wrap"):
             u8.step(bad)
     assert u8.step(np.array([[3, 255], [0, 7]]))[0].tolist() == [[3, 255], [0, 7]]
-    envs.close()
-    u8.close()
+    # a same-width cast between signed and unsigned round-trips bit for bit: the values are what is checked
+    for bad in (np.array([[3, -1], [0, 7]], np.int8), torch.tensor([[3, -1], [0, 7]], dtype=torch.int8)):
+        with pytest.raises(ValueError, match=r"must fit .*uint8\)'s dtype \(0\.\.255\).*min -1 and max 7; casting"):
+            u8.step(bad)
+    with pytest.raises(ValueError, match=r"must fit Box\(0, 5, \(2,\), int64\)'s dtype .*max 9223372036854775813"):
+        envs.step(np.array([[2**63 + 5, 0], [1, 2]], np.uint64))
+    assert envs.step(np.array([[2, 4], [0, 1]], np.uint64))[0].tolist() == [[2, 4], [0, 1]]
+    i8 = to_gymnasium(EnvPool([lambda: _IntBoxAction(np.int8)] * 2, seed=0))
+    i8.reset(seed=0)
+    with pytest.raises(ValueError, match=r"must fit .*int8\)'s dtype \(-128\.\.127\).*min 0 and max 200"):
+        i8.step(np.array([[200, 0], [1, 2]], np.uint8))
+    assert i8.step(np.array([[100, 0], [1, 2]], np.uint8))[0].tolist() == [[100, 0], [1, 2]]
+    for env in (envs, u8, i8):
+        env.close()
 
 
 def test_uint64_actions_past_int64_are_out_of_range_with_a_start():

@@ -1073,3 +1073,55 @@ def test_np_random_seed_is_one_seed_per_env_as_on_sync_vector_env(source):
         assert venv.np_random_seed == sync.np_random_seed == ((0, 1, 2) if seed == 0 else (7, 8, 9))
     venv.close()
     sync.close()
+
+
+class _RunningSum(EnvBase):
+    """A TorchRL env with batch ``[n]`` whose state lives in the tensordict: obs += action + 1, ending at >= 6."""
+
+    def __init__(self, n, unlocked):
+        super().__init__(batch_size=torch.Size([n]))
+        flag = lambda: Categorical(2, (n, 1), dtype=torch.bool)  # noqa: E731
+        self.observation_spec = Composite(observation=Unbounded((n, 1)), shape=(n,))
+        self.action_spec = Categorical(3, shape=(n,))
+        self.reward_spec = Unbounded((n, 1))
+        self.done_spec = Composite(done=flag(), terminated=flag(), truncated=flag(), shape=(n,))
+        if unlocked:
+            self._batch_locked = False
+
+    def _reset(self, td):
+        bs = td.batch_size if td is not None else self.batch_size
+        obs = torch.zeros(*bs, 1)
+        if td is not None and "_reset" in td.keys() and "observation" in td.keys():
+            obs = torch.where(td["_reset"], 0.0, td["observation"])
+        z = torch.zeros(*bs, 1, dtype=torch.bool)
+        return TensorDict({"observation": obs, "done": z, "terminated": z.clone(), "truncated": z.clone()}, bs)
+
+    def _step(self, td):
+        a = td["action"].float().unsqueeze(-1)
+        s = td["observation"] + a + 1
+        term = s >= 6
+        return TensorDict({"observation": s, "reward": a + 1, "done": term, "terminated": term,
+                           "truncated": torch.zeros_like(term)}, td.batch_size)
+
+    def _set_seed(self, seed):
+        pass
+
+
+@pytest.mark.parametrize("mode", ["next_step", "same_step"])
+def test_a_batch_unlocked_env_with_a_batch_dim_exports_as_its_batch_locked_twin(mode):
+    # TorchRL steps an unlocked env's "_step" rows as a sub-batch, which an env with a batch dim cannot take:
+    # the export steps every row of it (as for any env that cannot freeze rows), and matches the locked twin
+    outputs = []
+    for unlocked in (False, True):
+        env = to_gymnasium(_RunningSum(4, unlocked), autoreset_mode=mode)
+        steps = [env.reset()[0]]
+        for _ in range(8):  # row 0 ends every 2 steps, the others every 6
+            steps.append(env.step(np.array([2, 0, 0, 0]))[:4])
+        outputs.append(steps)
+        env.close()
+    locked, unlocked = outputs
+    for a, b in zip(locked, unlocked):
+        for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
+            assert np.array_equal(x, y)
+    if mode == "next_step":  # row 0: 3, 6 (end), reset 0, 3, 6, reset 0, ...
+        assert [float(s[0][0, 0]) for s in locked[1:]] == [3, 6, 0, 3, 6, 0, 3, 6]

@@ -124,8 +124,10 @@ def traits(env: EnvBase) -> Traits:
     package = is_pool or is_package_env(base)
     # SerialEnv/ParallelEnv honour "_step" when it selects whole workers: one row per worker
     workers = isinstance(base, BatchedEnvBase) and len(base.batch_size) == 1
-    # a pool over a gymnasium VectorEnv steps every row at once: it cannot freeze rows
-    partial = base.freezes_rows if is_pool else (package or workers or not base.batch_locked)
+    # a pool over a gymnasium VectorEnv steps every row at once: it cannot freeze rows. TorchRL steps a
+    # batch-unlocked env's "_step" rows as a sub-batch, which an env with a batch dim cannot take (its
+    # reward spec is the whole batch's): such an env steps every row
+    partial = base.freezes_rows if is_pool else (package or workers)
     return Traits(
         pool=base if is_pool else None,
         partial_steps=bool(partial),
@@ -649,16 +651,27 @@ class Layout:
         elif isinstance(spec, OneHot):
             tensor = tensor.to(self.device, torch.int64, non_blocking=True)
             tensor = F.one_hot(tensor, int(spec.space.n))
-        out = tensor.to(self.device, self.action_torch_dtype, non_blocking=True)
-        if self._action_int_box and tensor.dtype != out.dtype:
-            if bool((out.to(tensor.device, tensor.dtype) != tensor).any()):  # the cast wrapped a value
-                info = torch.iinfo(out.dtype)
+        if self._action_int_box and tensor.dtype != self.action_torch_dtype and tensor.numel():
+            # checked on the values, not by casting back: uint8 200 -> int8 -56 -> uint8 200 round-trips
+            low, high = _int_range(tensor)
+            info = torch.iinfo(self.action_torch_dtype)
+            if low < info.min or high > info.max:
                 raise ValueError(
                     f"action: every value must fit {self.single_action_space}'s dtype ({info.min}..{info.max}), got "
-                    f"{describe(action)} with min {tensor.min().item()} and max {tensor.max().item()}; casting would "
-                    "wrap them"
+                    f"{describe(action)} with min {low} and max {high}; casting would wrap them"
                 )
-        return out
+        return tensor.to(self.device, self.action_torch_dtype, non_blocking=True)
+
+
+def _int_range(tensor: torch.Tensor) -> tuple[int, int]:
+    """The smallest and largest value of an integer (or bool) tensor, as Python ints: through numpy on the
+    host (torch has no comparisons for uint16/32/64)."""
+    if tensor.device.type != "cpu" and tensor.dtype in (torch.uint16, torch.uint32, torch.uint64):
+        tensor = tensor.cpu()
+    if tensor.device.type == "cpu":
+        values = tensor.numpy()
+        return int(values.min()), int(values.max())
+    return int(tensor.min().item()), int(tensor.max().item())
 
 
 def _binary_from_float(tensor, array, action, space):
