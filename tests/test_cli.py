@@ -251,6 +251,9 @@ def test_dataset_flags_that_contradict_are_usage_errors(maze_data, capsys):
     assert code == 2 and "past the end of 4 of the 4 dataset episodes" in err
     code, err = error("eval", "CartPole-v1", "--episodes", 2, "--start-step", 4, "--no-progress")
     assert code == 2 and "only used with --dataset" in err
+    # --pixels renders at the dataset's frame size (goals are its frames), as when no flag asks for pixels
+    assert cli.main([*map(str, base), "--goal-offset", "1", "--eval-budget", "3", "--episodes", "2", "--pixels"]) == 0
+    capsys.readouterr()
     # what is valid still runs: the first --episodes dataset episodes, judged within the eval budget
     assert cli.main([*map(str, base), "--goal-offset", "2", "--eval-budget", "6", "--episodes", "3",
                      "--start-step", "1"]) == 0
@@ -381,3 +384,21 @@ def test_image_shape_other_than_the_datasets_pixels_is_a_usage_error(maze_data, 
                      "--eval-budget", "6", "--image-shape", "8", "8", "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2 and "the dataset's pixels are 16 x 16" in err, err
+
+
+def test_an_empty_dataset_is_a_usage_error(tmp_path, capsys):
+    # a collect stopped before any episode ended leaves a dataset with no episodes
+    from torchrl_swm import World
+
+    world = World("CartPole-v1", num_envs=2)
+
+    def interrupted(td):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        world.collect(tmp_path / "empty", 4, seed=0, policy=interrupted, progress=False)
+    world.close()
+    code = cli.main(["eval", "CartPole-v1", "--dataset", str(tmp_path / "empty"), "--goal-offset", "1",
+                     "--eval-budget", "3", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "holds no episodes" in err and "Traceback" not in err

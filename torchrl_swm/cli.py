@@ -364,6 +364,8 @@ def _eval(args) -> int:
         start = 0 if args.start_step is None else args.start_step
         if start < 0:
             raise CLIError(f"--start-step must be >= 0, got {start}")
+        if ds.num_episodes == 0:
+            raise CLIError(f"--dataset {args.dataset} holds no episodes (a collect stopped before any episode ended?)")
         count = ds.num_episodes if args.episodes is None else args.episodes
         if count > ds.num_episodes:
             raise CLIError(f"--episodes {count}: the dataset {args.dataset} holds only {ds.num_episodes} episodes")
@@ -376,8 +378,8 @@ def _eval(args) -> int:
                 f"{count} dataset episodes (e.g. episode {short[0][0]}, length {short[0][2]})"
             )
         pixels = ds.td.get("pixels").shape[1:3] if ds.td is not None and "pixels" in ds.td.keys() else None
-        if pixels is not None and args.image_shape is None and not args.pixels:
-            args.image_shape = list(pixels)  # render goals and frames alike
+        if pixels is not None and args.image_shape is None:
+            args.image_shape = list(pixels)  # render goals and frames alike (--pixels too: goals are its frames)
         elif pixels is not None and args.image_shape is not None and list(args.image_shape) != list(pixels):
             raise CLIError(
                 f"--image-shape {' '.join(map(str, args.image_shape))}: the dataset's pixels are {pixels[0]} x "
