@@ -1979,3 +1979,14 @@ def test_a_model_encode_of_another_signature_is_an_error_only_when_an_observatio
         WorldModelEnv(PosteriorEncoder(), BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2), encode_fn=True)
     env = WorldModelEnv(PosteriorEncoder(), BOX2, BOX2, num_envs=2, initial_observation=torch.ones(2), encode_fn=False)
     assert torch.equal(env.reset()["observation"], torch.ones(2, 2))
+
+
+def test_a_batched_initial_state_tensordict_is_refused_at_construction():
+    state = TensorDict({"deter": torch.zeros(3, 2), "stoch": torch.zeros(3, 2)}, batch_size=[3])
+    with pytest.raises(ValueError, match=r"initial_state: one env's state, broadcast to every env; got a TensorDict "
+                                         r"with batch_size \[3\]"):
+        WorldModelEnv(object(), BOX2, BOX2, num_envs=3, initial_state=state, initial_observation=torch.zeros(2),
+                      transition_fn=lambda s, a: (s, s["deter"] + a, None))
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, initial_state=state[0], initial_observation=torch.zeros(2),
+                        transition_fn=lambda s, a: (s, s["deter"] + a, None))
+    assert env.rollout(2)["next", "observation"].shape == (3, 2, 2)

@@ -668,6 +668,13 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         else:
             self._transition = discover_transition(model, extras=gen_extra)
         self._encode = self._bind_encode(model, encode_fn)
+        if isinstance(initial_state, TensorDictBase) and initial_state.batch_dims:
+            # a batch size would be broadcast again, to (num_envs, *batch_size): say so now, not at the first step
+            raise ValueError(
+                f"initial_state: one env's state, broadcast to every env; got a TensorDict with batch_size "
+                f"{list(initial_state.batch_size)}. Pass it with batch_size=[] (e.g. initial_state[0]), or give each "
+                "env its own start with reset_fn= or start_states="
+            )
         self._initial_state = None if initial_state is None else _to_device(initial_state, device)
         self._initial_obs = (
             None
