@@ -1120,8 +1120,8 @@ def test_a_batch_unlocked_env_with_a_batch_dim_exports_as_its_batch_locked_twin(
         outputs.append(steps)
         env.close()
     locked, unlocked = outputs
-    for a, b in zip(locked, unlocked):
-        for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
+    for a, b in zip(locked, unlocked, strict=True):
+        for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,), strict=True):
             assert np.array_equal(x, y)
     if mode == "next_step":  # row 0: 3, 6 (end), reset 0, 3, 6, reset 0, ...
         assert [float(s[0][0, 0]) for s in locked[1:]] == [3, 6, 0, 3, 6, 0, 3, 6]

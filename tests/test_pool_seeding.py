@@ -77,7 +77,8 @@ def test_a_none_seed_entry_leaves_that_env_on_its_own_schedule(backend):
     if backend == "serial":
         assert [env.last_seed for env in pool.envs] == [13, 43, 15]
     # a partial reset: the masked rows only, None rows on their schedule
-    assert seeds_of(td := pool.reset()) == [16, 46, 18]
+    td = pool.reset()
+    assert seeds_of(td) == [16, 46, 18]
     td["_reset"] = torch.tensor([[True], [True], [False]])
     assert seeds_of(pool.reset(td, seed=[100, None, 300])) == [100, 49, 18]
     pool.close()
