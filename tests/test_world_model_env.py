@@ -1990,3 +1990,44 @@ def test_a_batched_initial_state_tensordict_is_refused_at_construction():
     env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, initial_state=state[0], initial_observation=torch.zeros(2),
                         transition_fn=lambda s, a: (s, s["deter"] + a, None))
     assert env.rollout(2)["next", "observation"].shape == (3, 2, 2)
+
+
+def test_a_decoder_on_a_batch_unlocked_env_is_probed_with_a_batch():
+    # a decoder takes a batch: the unlocked env's spec (no batch dim) is probed as a batch of one
+    box, act = gym.spaces.Box(-1, 1, (3,), np.float32), gym.spaces.Box(-1, 1, (2,), np.float32)
+
+    def step(state, action):
+        return {"state": torch.tanh(state + action.sum(-1, keepdim=True))}
+
+    def decoder(obs):  # indexes the batch dim
+        return ((obs[:, :2] + 1) * 127).round().to(torch.uint8).unsqueeze(-1).expand(-1, 2, 4).clone()
+
+    env = make_world_model_env(object(), box, act, num_envs=None, state_key="observation",
+                               initial_state=torch.zeros(3), transition_fn=step, decoder=decoder)
+    assert env.observation_spec["pixels"].shape == (2, 4) and env.observation_spec["pixels"].dtype == torch.uint8
+    td = env.reset(TensorDict(batch_size=[5]))
+    assert td["pixels"].shape == (5, 2, 4) and (td["pixels"] == 127).all()
+    td["action"] = torch.full((5, 2), 0.5)
+    assert env.step(td)["next", "pixels"].shape == (5, 2, 4)
+
+
+@pytest.mark.parametrize("action, space", [
+    (torch.tensor([0.0, 1, 2, 0]), gym.spaces.Discrete(3)),  # a float index
+    (torch.tensor([[0], [1], [2], [0]]), gym.spaces.Discrete(3)),  # an (N, 1) index
+    (torch.tensor([[1, 2, 0]] * 4), gym.spaces.MultiDiscrete([2, 3])),  # the wrong width
+])
+def test_an_adapted_env_checks_the_outside_action_before_the_adapter_sees_it(action, space):
+    calls = []
+
+    def adapt(a):
+        calls.append(a)
+        return a.float().sum(-1, keepdim=True) if a.ndim > 1 else a.float().unsqueeze(-1)
+
+    env = make_world_model_env(object(), BOX2, space, num_envs=4, initial_state=torch.zeros(2),
+                               transition_fn=lambda s, a: s + a, action_transform_fn=adapt,
+                               model_action_space=gym.spaces.Box(-9, 9, (1,), np.float32))
+    td = env.reset()
+    with pytest.raises(ValueError, match=r"ActionAdapter: the outside action: expected dtype torch.int64 and shape "
+                                         rf"\({4}, ?{'2' if space.shape else ''}\)"):
+        env.step(td.set("action", action))
+    assert not calls  # refused before action_transform_fn ran

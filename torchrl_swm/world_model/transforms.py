@@ -119,9 +119,20 @@ class ActionAdapter(_WorldModelTransform):
     def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
         base = self._base()
         bound = self._adapter(self._fn, "action_transform_fn", ("action",))
-        action = tensordict.get(self.action_key)
+        action = tensordict.get(self.action_key, None)
         check, shape = self._outer_check, self._outer.shape
-        if check is not None and isinstance(action, torch.Tensor) and action.shape[action.ndim - len(shape):] == shape:
+        expected = (*tensordict.batch_size, *shape)
+        if not isinstance(action, torch.Tensor) or action.shape != expected or action.dtype != self._outer.dtype:
+            # the outside action, as the base env checks its own: a policy's mistake is named as such, not
+            # blamed on action_transform_fn (or silently range-check-free with the wrong width)
+            if action is None:
+                raise KeyError(f"ActionAdapter: the input tensordict has no {self.action_key!r} entry "
+                               f"(keys: {list(tensordict.keys())})")
+            raise ValueError(
+                f"ActionAdapter: the outside action: expected dtype {self._outer.dtype} and shape {expected} "
+                f"(the action space {self._outer_space_text()}), got {describe(action)}"
+            )
+        if check is not None:
             # before the fn (table[-1] would pass); frozen rows' actions are ignored, as by the base env
             stepped = _stepped_rows(tensordict, tensordict.batch_size[0]) if base._locked else None
             action = check.refuse(action, "ActionAdapter: the outside action",
@@ -150,6 +161,9 @@ class ActionAdapter(_WorldModelTransform):
             )
         tensordict.set(self.action_key, model_action)
         return tensordict
+
+    def _outer_space_text(self) -> str:
+        return f"{type(self._outer).__name__}(shape={tuple(self._outer.shape)}, dtype={self._outer.dtype})"
 
     def transform_input_spec(self, input_spec: TensorSpec) -> TensorSpec:
         input_spec = input_spec.clone()
@@ -448,11 +462,13 @@ class ObservationDecoder(_WorldModelTransform):
         in_spec = observation_spec[self.in_keys[0]]
         bs = tuple(observation_spec.shape)
         if self._spec is None:
-            probe = self._decode(in_spec.zero(), "probe")
-            shape = tuple(probe.shape[len(bs) :])
-            if tuple(probe.shape[: len(bs)]) != bs:
+            # a decoder takes a batch: a batch-unlocked env's (unbatched) spec is probed as a batch of one
+            probe_bs = bs or (1,)
+            probe = self._decode(in_spec.zero(probe_bs) if not bs else in_spec.zero(), "probe")
+            shape = tuple(probe.shape[len(probe_bs) :])
+            if tuple(probe.shape[: len(probe_bs)]) != probe_bs:
                 raise ReturnFormError(
-                    f"decoder returned {describe(probe)} for a batch {bs}; expected leading dims {bs}"
+                    f"decoder returned {describe(probe)} for a batch {probe_bs}; expected leading dims {probe_bs}"
                 )
             if probe.dtype == torch.uint8:
                 self._spec = Bounded(0, 255, shape=shape, dtype=torch.uint8)
