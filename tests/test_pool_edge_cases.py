@@ -1159,3 +1159,36 @@ def test_a_vector_env_pool_reports_a_missing_attribute_as_env_attribute_error():
                 call()
     finally:
         pool.close()
+
+
+# -- a caught Ctrl-C, then a step that freezes rows (process backend) --------------------------------
+class PayingSlowEnv(SlowEnv):
+    """A SlowEnv whose every step pays reward 1."""
+
+    def step(self, action):
+        obs, _, term, trunc, info = super().step(action)
+        return obs, 1.0, term, trunc, info
+
+
+def test_process_backend_frozen_rows_report_zero_reward_after_an_interrupted_step():
+    # the interrupted step's slow workers finish it after the pool's process has moved on: their rewards
+    # must not land on the zeros the next step gives its frozen rows
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a background run may ignore SIGINT
+    fns = [PayingSlowEnv, PayingSlowEnv, functools.partial(PayingSlowEnv, 1.0), functools.partial(PayingSlowEnv, 1.0)]
+    try:
+        with _process_pool(fns, 2) as pool:
+            td = pool.reset()
+            td["action"] = torch.zeros(4, dtype=torch.int64)
+            timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                pool.step(td)  # worker 1's envs sleep 1 s: the Ctrl-C lands while they step
+                time.sleep(3)  # (a signal that came late lands here, not in pytest)
+            timer.cancel()
+            td["_step"] = torch.tensor([[True], [True], [False], [False]])
+            out = pool.step(td)
+            assert out["next", "reward"].view(-1).tolist() == [1.0, 1.0, 0.0, 0.0]
+            # the interrupted step happened in every env; the frozen rows keep its observation
+            assert out["next", "observation"].view(-1).tolist() == [2.0, 2.0, 1.0, 1.0]
+    finally:
+        signal.signal(signal.SIGINT, previous)

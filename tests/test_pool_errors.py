@@ -101,9 +101,13 @@ def test_env_raising_in_reset_is_named():
     pool.close()
 
 
-def test_factory_returning_a_non_env():
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_factory_returning_a_non_env_or_not_callable_is_the_same_type_error_on_both_backends(backend):
+    kwargs = {"backend": "process", "num_workers": 2} if backend == "process" else {}
     with pytest.raises(TypeError, match=r"env_fns\[1\] returned builtins.int, expected a gymnasium.Env"):
-        EnvPool([CountingEnv, lambda: 3])
+        EnvPool([CountingEnv, functools.partial(int, 3)], **kwargs)
+    with pytest.raises(TypeError, match=r"env_fns\[1\]: expected a zero-argument callable returning a gymnasium.Env"):
+        EnvPool([CountingEnv, "not callable"], **kwargs)
 
 
 def test_factory_raising_is_named_and_earlier_envs_are_closed():

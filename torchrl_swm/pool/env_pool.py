@@ -314,6 +314,8 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             if rows is not None:
                 options = [options[j] for j in rows]
             self._reset_rows(rows, override, options)
+        else:
+            self._backend.settle()  # nothing to reset, but the snapshot must not race an interrupted step
         return self._host.snapshot(self._reset_keys, self.batch_size)
 
     def _reset_rows(self, rows: np.ndarray | None, seed_override=None, options=None) -> None:
@@ -340,6 +342,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         actions = self._codec.decode(tensordict.get("action"), rows, self._backend.batched_actions)
         self._host.wait_for_copy()
         if rows is not None:
+            self._backend.settle()  # an interrupted step's late rewards must not land on the zeros
             self._host.arrays[("reward",)].fill(0.0)  # frozen rows report reward 0
         self._backend.step(actions, rows)
         self._resize_frames(rows)

@@ -330,11 +330,17 @@ class ProcessBackend:
                 if status == REPLY_OK:
                     replies[w] = value
                 else:
-                    index, where, message, trace, missing_attribute, cause = value
+                    index, where, message, trace, missing_attribute, cause, wrapped = value
+                    cause = _unpickled_cause(cause)
+                    if not wrapped and isinstance(cause, Exception) and not missing_attribute:
+                        # the pool's own check (a factory that returned no env): raised with its own type,
+                        # as the serial backend raises it
+                        cause.add_note(f"--- raised in worker {w} ---\n{trace}")
+                        errors.setdefault(w, cause)
+                        continue
                     # as in the serial backend: a missing attribute is also an AttributeError
                     cls = EnvAttributeError if missing_attribute else EnvError
                     error = cls(index, where, f"{message}\n--- worker {w} traceback ---\n{trace}")
-                    cause = _unpickled_cause(cause)
                     if cause is None and missing_attribute:
                         cause = AttributeError(message)
                     error.__cause__ = cause  # the env's own exception, as the serial backend chains it
@@ -401,6 +407,12 @@ class ProcessBackend:
                 args = (local, [seeds[k] for k in pos], opts, [episode_seeds[k] for k in pos])
                 messages.append((w, self._encode(w, "reset", args, rows[pos], opts, "the reset options")))
         self._gather(self._broadcast(messages), "reset")
+
+    def settle(self) -> None:
+        """Wait until no worker is still writing the buffers: the workers of a command a Ctrl-C interrupted
+        finish it (and write their rows) after the pool's process has moved on. The pool settles them
+        before it touches the buffers itself (a frozen row's zero reward) or reads them."""
+        self._drain_owed()
 
     def step(self, actions: np.ndarray, rows) -> None:
         self._drain_owed()  # an interrupted step's workers may still read the action buffer

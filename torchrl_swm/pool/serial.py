@@ -162,6 +162,9 @@ class InProcessBackend:
         self.writer = RowWriter(self.observation_space, arrays, InfoWriter(info_schema, arrays))
         self.frames = None if frame_key is None else arrays[frame_key]
 
+    def settle(self) -> None:
+        """Nothing writes the buffers behind the pool's back here (see ``ProcessBackend.settle``)."""
+
 
 class SerialBackend(InProcessBackend):
     """Steps envs ``first .. first + len(env_fns) - 1`` in this process.

@@ -167,6 +167,7 @@ def _error_payload(err: BaseException) -> tuple:
         "".join(traceback.format_exception(err)),
         isinstance(err, AttributeError) or isinstance(err.__cause__, AttributeError),  # a missing attribute
         _pickled_cause(err),
+        isinstance(err, EnvError),  # else the pool's own check raised it (a factory returning no env)
     )
 
 
