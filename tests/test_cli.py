@@ -387,13 +387,19 @@ def test_image_shape_other_than_the_datasets_pixels_is_a_usage_error(maze_data, 
 
 
 def test_an_empty_dataset_is_a_usage_error(tmp_path, capsys):
-    # a collect stopped before any episode ended leaves a dataset with no episodes
+    # a collect stopped after its first steps, before any episode ended, leaves a dataset with no episodes
+    import torch
+
     from torchrl_swm import World
 
     world = World("CartPole-v1", num_envs=2)
+    calls = []
 
     def interrupted(td):
-        raise KeyboardInterrupt
+        calls.append(1)
+        if len(calls) == 3:  # CartPole's episodes last 8 steps or more
+            raise KeyboardInterrupt
+        return td.set("action", torch.zeros(2, dtype=torch.int64))
 
     with pytest.raises(KeyboardInterrupt):
         world.collect(tmp_path / "empty", 4, seed=0, policy=interrupted, progress=False)

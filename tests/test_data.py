@@ -385,6 +385,50 @@ def test_bad_collect_arguments_write_nothing_and_the_path_stays_usable(tmp_path)
     assert ds.num_episodes == 2 and ds.metadata["complete"]
 
 
+def test_a_collect_failing_at_its_first_step_leaves_the_path_and_an_old_dataset_as_they_were(tmp_path):
+    # exclude_keys are checked against the first recorded step: a typo must not leave an empty dataset behind,
+    # nor (overwrite=True) delete the complete one it was meant to replace
+    world = World(counting_pool(2))
+    path = tmp_path / "ds"
+    with pytest.raises(ValueError, match="are not keys of the recorded steps"):
+        world.collect(path, 2, seed=0, max_steps=10, exclude_keys=["typo"], progress=False)
+    assert not path.exists()
+    old = world.collect(path, 2, seed=0, max_steps=10, progress=False)  # the corrected retry
+    steps = old.num_steps
+    with pytest.raises(ValueError, match="are not keys of the recorded steps"):
+        world.collect(path, 3, seed=1, max_steps=10, exclude_keys=["typo"], overwrite=True, progress=False)
+    kept = load_dataset(path)
+    assert kept.num_episodes == 2 and kept.num_steps == steps and kept.metadata["complete"]
+
+
+def test_a_key_written_at_some_steps_only_is_an_error_never_uninitialised_memory(tmp_path):
+    def first_step_only(td):  # "extra" only on the first step of the collection
+        td["action"] = torch.zeros(td.batch_size, dtype=torch.int64)
+        if not hasattr(first_step_only, "done"):
+            first_step_only.done = True
+            td["extra"] = torch.full(td.batch_size, 7.0)
+        return td
+
+    world = World(counting_pool(2))
+    with pytest.raises(ValueError, match=r"'extra' was written at the first step but not at this one.*exclude_keys="):
+        world.collect(tmp_path / "a", 2, seed=0, max_steps=10, policy=first_step_only, progress=False)
+
+    def later_steps_only(td):
+        td["action"] = torch.zeros(td.batch_size, dtype=torch.int64)
+        if hasattr(later_steps_only, "seen"):
+            td["late"] = torch.ones(td.batch_size)
+        later_steps_only.seen = True
+        return td
+
+    with pytest.raises(ValueError, match=r"'late' was not written at the first step but is at this one"):
+        world.collect(tmp_path / "b", 2, seed=0, max_steps=10, policy=later_steps_only, progress=False)
+    # excluded, the key is no trouble
+    first_step_only.__dict__.pop("done")
+    ds = world.collect(tmp_path / "c", 2, seed=0, max_steps=10, policy=first_step_only, exclude_keys=["extra"],
+                       progress=False)
+    assert "extra" not in ds.td.keys()
+
+
 def test_excluding_the_reward_keeps_the_dataset_summarisable(tmp_path):
     world = World(counting_pool(2))
     ds = world.collect(tmp_path / "ds", 3, seed=0, max_steps=10, exclude_keys=[("next", "reward")], progress=False)

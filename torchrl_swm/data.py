@@ -114,7 +114,8 @@ def _disk_usage(path: Path) -> tuple[int, int]:
     return used, apparent
 
 
-def _check_target(path: Path, overwrite: bool) -> None:
+def _check_target(path: Path, overwrite: bool, remove: bool = True) -> None:
+    """Refuse a path that is not free (or, with ``overwrite``, not a dataset); ``remove`` the dataset there."""
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"dataset path {str(path)!r} exists and is not a directory")
     if path.is_dir() and any(path.iterdir()):
@@ -128,7 +129,8 @@ def _check_target(path: Path, overwrite: bool) -> None:
                 f"refusing to overwrite {str(path)!r}: it is not empty and is not a torchrl_swm dataset "
                 f"(no {METADATA_FILE})"
             )
-        shutil.rmtree(path)
+        if remove:
+            shutil.rmtree(path)
 
 
 class DatasetWriter:
@@ -143,6 +145,10 @@ class DatasetWriter:
 
     :meth:`close` with ``complete=True`` and ``compact=True`` rewrites the
     storage at its exact size, episodes sorted by id.
+
+    With ``lazy=True`` the path is only checked here; the directory is created (and a dataset
+    ``overwrite`` replaces removed) by :meth:`open`, or the first :meth:`add`: a run that fails
+    before it writes nothing and leaves the path as it was.
     """
 
     def __init__(
@@ -153,17 +159,14 @@ class DatasetWriter:
         metadata: Mapping | None = None,
         overwrite: bool = False,
         commit_every: float = 2.0,
+        lazy: bool = False,
     ):
-        from torchrl.data import LazyMemmapStorage, RandomSampler, ReplayBuffer, RoundRobinWriter
-
         self.path = Path(path)
-        _check_target(self.path, overwrite)
-        self.path.mkdir(parents=True, exist_ok=True)
         self.capacity = int(capacity)
         if self.capacity < 1:
             raise ValueError(f"DatasetWriter: capacity must be positive, got {capacity}")
-        self.storage = LazyMemmapStorage(self.capacity, scratch_dir=self.path / "storage", existsok=False)
-        self.rb = ReplayBuffer(storage=self.storage, writer=RoundRobinWriter(), sampler=RandomSampler())
+        _check_target(self.path, overwrite, remove=False)
+        self._overwrite = overwrite
         self.commit_every = float(commit_every)
         self.metadata = {
             "format": FORMAT,
@@ -182,12 +185,28 @@ class DatasetWriter:
         self._last_commit = 0.0
         self._committed = (0, 0)
         self.closed = False
+        self.opened = False
+        if not lazy:
+            self.open()
+
+    def open(self) -> None:
+        """Create the dataset directory (removing the dataset ``overwrite`` replaces) and its storage."""
+        if self.opened:
+            return
+        from torchrl.data import LazyMemmapStorage, RandomSampler, ReplayBuffer, RoundRobinWriter
+
+        _check_target(self.path, self._overwrite)  # again: the path may have changed since
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.storage = LazyMemmapStorage(self.capacity, scratch_dir=self.path / "storage", existsok=False)
+        self.rb = ReplayBuffer(storage=self.storage, writer=RoundRobinWriter(), sampler=RandomSampler())
+        self.opened = True
         self._write_metadata(complete=False)
 
     def add(self, episode: TensorDictBase) -> None:
         """Append one complete episode (batch ``[L]``) to the storage."""
         if self.closed:
             raise RuntimeError("DatasetWriter: add() after close()")
+        self.open()
         length = int(episode.batch_size[0])
         if self.num_steps + length > self.capacity:
             raise RuntimeError(
@@ -228,10 +247,13 @@ class DatasetWriter:
         _write_json_atomic(self.path / METADATA_FILE, meta)
 
     def close(self, *, complete: bool, interrupted: str | None = None, compact: bool = True) -> None:
-        """Commit what was added. ``complete=False`` marks an interrupted collection."""
+        """Commit what was added. ``complete=False`` marks an interrupted collection. A lazy writer never
+        opened writes nothing."""
         if self.closed:
             return
         self.closed = True
+        if not self.opened:
+            return
         self.commit()
         compacted = False
         if complete and compact and self.episode_ids:

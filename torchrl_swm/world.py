@@ -385,6 +385,17 @@ class _EpisodeBuffer:
             for key, leaf in leaves:
                 views[key][rows, t] = leaf.detach().numpy()[rows]
             return
+        if len(leaves) != len(self._dtypes) or any(key not in self._dtypes for key, _ in leaves):
+            # the buffer is torch.empty: a key some step leaves out would store whatever memory held
+            keys = {key for key, _ in leaves}
+            missing = [key for key in self._dtypes if key not in keys]
+            new = [key for key in keys if key not in self._dtypes]
+            what = f"{missing[0]!r} was written at the first step but not at this one" if missing else (
+                f"{new[0]!r} was not written at the first step but is at this one")
+            raise ValueError(
+                f"World.collect: {what} (by the env, a transform or the policy); a dataset entry holds a value for "
+                "every step: write it at every step (zeros where it has no value), or leave it out with exclude_keys="
+            )
         r = torch.as_tensor(rows)
         self.buf[r, torch.as_tensor(t)] = td[r]
 
@@ -985,7 +996,9 @@ class World:
             "excluded_keys": [list(k) if len(k) > 1 else k[0] for k in exclude_keys],
         }
         _Run.check_arguments(self, plans, exploration, used_policy)
-        writer = DatasetWriter(path, capacity=episodes * max_steps, metadata=metadata, overwrite=overwrite)
+        # lazy: nothing is created or replaced until the first step is recorded (a bad exclude_keys, a policy
+        # or env failing at the start leave the path as it was)
+        writer = DatasetWriter(path, capacity=episodes * max_steps, metadata=metadata, overwrite=overwrite, lazy=True)
         try:
             run = _Run(
                 self, plans, reset_mode=reset_mode, max_steps=max_steps, success_fn=None, video=None,
@@ -1313,6 +1326,8 @@ class _Run:
             nxt.set("step_count", torch.as_tensor(self.t).view(n, 1).to(self.device))
             if self._exclude_unchecked:
                 self._check_excluded(td)
+            if self.writer is not None and not self.writer.opened:
+                self.writer.open()  # the first recorded step, checked: the dataset directory is created now
             # the goals this run injected are not the env's: an env's own "goal" observation is recorded
             injected = () if self.goals is None else (self.goal_key,)
             record = td.exclude(*[k for k in td.keys() if k.startswith("_")], *injected, *self.exclude_keys)
