@@ -892,3 +892,30 @@ def test_vector_env_fields_of_the_wrong_shape_are_errors_never_broadcast(bad, ma
         td = pool.reset()
         td["action"] = torch.zeros(3, dtype=torch.int64)
         pool.step(td)
+
+
+def test_vector_pool_refuses_options_for_some_rows_and_none_for_others():
+    # a VectorEnv takes one options dict for every row it resets: the dict would reach the rows given None
+    venv = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 3)
+    pool = EnvPool(venv, seed=0)
+    with pytest.raises(ValueError, match=r"got a dict for some rows and None for others"):
+        pool.reset(options=[None, {"low": 0.3, "high": 0.3}, None])
+    # the same dict for every row reset is fine, and a '_reset' mask picks the rows
+    td = pool.reset()
+    td["_reset"] = torch.tensor([[False], [True], [False]])
+    out = pool.reset(td, options={"low": 0.3, "high": 0.3})
+    assert torch.allclose(out["observation"][1], torch.full((4,), 0.3))
+    assert not torch.allclose(out["observation"][0], torch.full((4,), 0.3))
+    pool.close()
+
+
+@pytest.mark.parametrize("kind", [gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv])
+def test_vector_pool_set_attr_sets_a_new_attribute_as_gymnasium_does(kind):
+    venv = kind([lambda: gym.make("CartPole-v1")] * 2)
+    pool = EnvPool(venv, seed=0)
+    pool.set_attr("foo", [1, 2])  # the envs have no "foo" yet
+    assert pool.get_attr("foo") == [1, 2]
+    pool.set_attr("foo", [5], indices=[1])
+    assert pool.get_attr("foo") == [1, 5]
+    assert pool.rollout(3, break_when_any_done=False).batch_size == (2, 3)  # the vector env still works
+    pool.close()

@@ -458,7 +458,15 @@ class VectorBackend(InProcessBackend):
                 )
             self._per_env("call")("__setattr__", name, values[0])
             return None
-        current = list(self.venv.get_attr(name))
+        inner = _innermost(self.venv)
+        if isinstance(inner, gym.vector.SyncVectorEnv) and inner is self.venv:
+            return set_envs_attr(inner.envs, rows, name, values, outermost=False)  # as its own set_attr, row by row
+        if sorted(rows) == list(range(self.num_envs)):
+            current = [None] * self.num_envs  # every row is set: nothing to read (the attribute may be new)
+        else:
+            # the vector env sets one value per env: the rows not set keep theirs (an attribute they lack is an
+            # EnvAttributeError; gymnasium's AsyncVectorEnv then shuts its workers down)
+            current = list(_attribute_errors(self.venv.get_attr, "set_attr", name))
         for j, value in zip(rows, values):
             current[j] = value
         set_attr(name, current)
@@ -492,6 +500,12 @@ def _single_options(options):
     given = [o for o in options if o is not None]
     if not given:
         return None
+    if len(given) < len(options):  # the dict would reach the rows given none too
+        raise ValueError(
+            "options: a VectorEnv takes one options dict for every row it resets; got a dict for some rows and None "
+            "for others. Reset those rows in separate calls (a '_reset' mask), or use EnvPool over single-env "
+            "factories for per-env options."
+        )
     if any(not data_equivalence(o, given[0], exact=True) for o in given[1:]):  # values may be arrays
         raise ValueError(
             "options: a VectorEnv takes one options dict for every row it resets; got different dicts per env. "
