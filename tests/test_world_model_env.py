@@ -29,6 +29,7 @@ from wm_models import ACT1, OBS3, CountingModel, EncoderModel, NoisyModel, Point
 
 from torchrl_swm import WorldModelEnv, make_world_model_env
 from torchrl_swm.world_model import ActionAdapter, ObservationDecoder, RewardAdapter
+from torchrl_swm.errors import SpecError
 from torchrl_swm.world_model.adapters import AdapterError, ReturnFormError
 
 BOX2 = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
@@ -2031,3 +2032,67 @@ def test_an_adapted_env_checks_the_outside_action_before_the_adapter_sees_it(act
                                          rf"\({4}, ?{'2' if space.shape else ''}\)"):
         env.step(td.set("action", action))
     assert not calls  # refused before action_transform_fn ran
+
+
+class _EncodingStepper(nn.Module):
+    """``encode(obs) = 100 * obs`` (a start state apart from the observation); ``step(state, action)``."""
+
+    def encode(self, obs):
+        return obs * 100
+
+    def step(self, state, action):
+        nxt = state + action
+        return nxt, nxt, state[:, :1]
+
+
+def test_state_key_naming_the_observation_refuses_a_start_state_apart_from_it():
+    # the first step reads the observation back as the state: an encoded or separate start state would be lost
+    kw = dict(num_envs=2, state_key="observation", seed=0)
+    data = TensorDict(observation=torch.ones(10, 2), batch_size=[10])
+    with pytest.raises(SpecError, match=r"state_key='observation' declares that the observation is the state, but "
+                                        r"start_states would be encoded.*encode_fn=False"):
+        WorldModelEnv(_EncodingStepper(), BOX2, BOX2, start_states=data, **kw)
+    with pytest.raises(SpecError, match=r"initial_observation would be encoded"):
+        WorldModelEnv(_EncodingStepper(), BOX2, BOX2, initial_observation=torch.ones(2), **kw)
+    with pytest.raises(SpecError, match=r"pass initial_state= or initial_observation=, not both"):
+        WorldModelEnv(_EncodingStepper(), BOX2, BOX2, initial_state=torch.full((2,), 7.0),
+                      initial_observation=torch.ones(2), **kw)
+    with pytest.raises(ReturnFormError, match=r"with a state apart from the observation"):
+        WorldModelEnv(object(), BOX2, BOX2, reset_fn=lambda num_envs: (torch.zeros(num_envs, 2), torch.ones(num_envs, 2)),
+                      transition_fn=lambda s, a: s + a, encode_fn=False, **kw).reset()
+    # the observation as the start state is fine: encode_fn=False, or no encoder at all
+    env = WorldModelEnv(_EncodingStepper(), BOX2, BOX2, start_states=data, encode_fn=False, **kw)
+    td = env.reset().set("action", torch.ones(2, 2))
+    assert env.step(td)["next", "observation"].tolist() == [[2.0, 2.0], [2.0, 2.0]]
+
+
+def test_frozen_rows_build_no_graph_unless_the_env_is_differentiable():
+    # a caller's state that requires grad (replayed latents from an encoder): the frozen-row selects ran with grad
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, state_key="observation", initial_state=torch.zeros(2),
+                        transition_fn=lambda s, a: s + a)
+    td = env.reset()
+    td["observation"] = torch.ones(3, 2, requires_grad=True)
+    td["action"] = torch.ones(3, 2)
+    td["_step"] = torch.tensor([[True], [False], [True]])
+    out = env.step(td)["next"]
+    assert not out["observation"].requires_grad and not env.state.requires_grad
+    assert out["observation"].tolist() == [[2.0, 2.0], [1.0, 1.0], [2.0, 2.0]]
+
+
+def test_a_step_mask_before_the_first_reset_is_a_clear_error():
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=2, state_key="observation", initial_state=torch.zeros(2),
+                        transition_fn=lambda s, a: s + a)
+    td = TensorDict(observation=torch.ones(2, 2), action=torch.ones(2, 2), _step=torch.tensor([[True], [False]]),
+                    batch_size=[2])
+    with pytest.raises(RuntimeError, match=r"'_step' mask freezes rows.*has not been reset yet"):
+        env.step(td)
+    td.pop("_step")
+    assert env.step(td)["next", "observation"].tolist() == [[2.0, 2.0], [2.0, 2.0]]  # every row: fine
+
+
+@pytest.mark.parametrize("key", ["info", "next", "action", "reward", "_private"])
+def test_dict_observation_keys_that_torchrl_writes_itself_are_refused(key):
+    space = gym.spaces.Dict({"pos": BOX2, key: BOX2})
+    with pytest.raises(SpecError, match=rf"observation_space: Dict keys \['{key}'\] clash with keys"):
+        WorldModelEnv(object(), space, BOX2, num_envs=2, initial_state={"pos": torch.zeros(2), key: torch.zeros(2)},
+                      transition_fn=lambda s, a: s)

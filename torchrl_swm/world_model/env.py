@@ -56,6 +56,8 @@ from .adapters import (
 __all__ = ["WorldModelEnv"]
 
 _DONE_KEYS = ("done", "terminated", "truncated")
+#: Root keys TorchRL or this env write themselves: no observation entry or state_key may take them.
+_RESERVED_KEYS = frozenset(("reward", *_DONE_KEYS, "info", "action", "next", "_reset", "_step"))
 _FLOAT_TYPES = (int, float, np.integer, np.floating)
 
 # Seed-design keyword arguments that are transforms here: explain instead of a bare TypeError.
@@ -547,6 +549,13 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         self._obs_leaves = obs_leaves
         self._obs_leaf = obs_leaves[0] if not self._obs_is_mapping else None
         self._obs_top_keys = frozenset(obs_root.keys())
+        clash = sorted(str(k) for k in self._obs_top_keys if k in _RESERVED_KEYS or str(k).startswith("_"))
+        if self._obs_is_mapping and clash:
+            raise SpecError(
+                f"observation_space: Dict keys {clash} clash with keys TorchRL or this env write themselves "
+                f"({sorted(_RESERVED_KEYS)}, and keys starting with '_'); the entry would be lost or overwritten. "
+                "Rename them (e.g. 'obs_info' for 'info')."
+            )
         # a mapping with exactly these keys is the observation, even with reserved names (adapters.split_*)
         self._obs_keys = self._obs_top_keys if self._obs_is_mapping else None
         if isinstance(act_spec, Composite):
@@ -603,17 +612,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                         "exposed under its own key (with state_spec=)"
                     )
             else:
-                if skey[0] in (
-                    "reward",
-                    "done",
-                    "terminated",
-                    "truncated",
-                    "info",
-                    "action",
-                    "next",
-                    "_reset",
-                    "_step",
-                ):
+                if skey[0] in _RESERVED_KEYS:
                     raise SpecError(f"state_key={state_key!r} collides with a reserved TorchRL key")
                 if state_spec is None:
                     if initial_state is None:
@@ -668,6 +667,12 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         else:
             self._transition = discover_transition(model, extras=gen_extra)
         self._encode = self._bind_encode(model, encode_fn)
+        if self._obs_is_state and initial_state is not None and initial_observation is not None:
+            raise SpecError(
+                f"state_key={state_key!r} declares that the observation is the state: pass initial_state= or "
+                "initial_observation=, not both (the first step would read the observation back and lose the state), "
+                "or a state_key of its own (e.g. state_key='latent', with state_spec=) to keep a separate state"
+            )
         if isinstance(initial_state, TensorDictBase) and initial_state.batch_dims:
             # a batch size would be broadcast again, to (num_envs, *batch_size): say so now, not at the first step
             raise ValueError(
@@ -689,6 +694,8 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                 raise TypeError("WorldModelEnv: pass reset_fn= or start_states=, not both")
             self._start_kind = "data"
             self._start_data = self._check_start_data(start_states)
+            if self._obs_is_state and self._encode is not None:
+                self._refuse_encoded_start("start_states")  # said now, not at the first reset
         elif reset_fn is not None:
             self._start_kind = "fn"
             self._reset_bound = bind(
@@ -1177,19 +1184,27 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         if partial is not None:
             rows = row_mask(partial, bs[0], "_step")
             if not bool(rows.all()):
-                # frozen rows keep their state, observation, flags and info, and report reward 0
-                shared = obs is state and rt.obs is rt.state  # obs = state: one select serves both
-                state = _tree.where_rows(rows, state, state_in)
-                obs = state if shared else _tree.where_rows(rows, obs, rt.obs)
-                view = rows.view(-1, 1)
-                reward = torch.where(view, reward, torch.zeros((), dtype=reward.dtype, device=reward.device))
-                terminated = torch.where(view, terminated, rt.term)
-                truncated = torch.where(view, truncated, rt.trunc)
-                done = terminated | truncated
-                if info is not None:
-                    last = rt.info or {}
-                    info = {k: _tree.where_rows(rows, v, last[k] if k in last else torch.zeros_like(v))
-                            for k, v in info.items()}
+                if rt.term is None:
+                    raise RuntimeError(
+                        "WorldModelEnv.step: a '_step' mask freezes rows, which keep their last observation and "
+                        "flags, but this env has not been reset yet (its state came from the tensordict): reset() "
+                        "first, or step every row"
+                    )
+                # frozen rows keep their state, observation, flags and info, and report reward 0; the selects
+                # build no graph unless the env is differentiable (a caller's state may require grad)
+                with contextlib.nullcontext() if self._differentiable else torch.no_grad():
+                    shared = obs is state and rt.obs is rt.state  # obs = state: one select serves both
+                    state = _tree.where_rows(rows, state, state_in)
+                    obs = state if shared else _tree.where_rows(rows, obs, rt.obs)
+                    view = rows.view(-1, 1)
+                    reward = torch.where(view, reward, torch.zeros((), dtype=reward.dtype, device=reward.device))
+                    terminated = torch.where(view, terminated, rt.term)
+                    truncated = torch.where(view, truncated, rt.trunc)
+                    done = terminated | truncated
+                    if info is not None:
+                        last = rt.info or {}
+                        info = {k: _tree.where_rows(rows, v, last[k] if k in last else torch.zeros_like(v))
+                                for k, v in info.items()}
         rt.state = state
         rt.obs = obs
         rt.term = terminated
@@ -1288,6 +1303,14 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             ) from err
         return state, obs
 
+    def _refuse_encoded_start(self, what: str):
+        raise SpecError(
+            f"state_key={self._state_key!r} declares that the observation is the state, but {what} would be encoded "
+            f"into a start state apart from it ({self._encode.description}): the first step would read the "
+            "observation back and lose the encoded state. Pass encode_fn=False (the observation is the state), "
+            "or a state_key of its own (e.g. state_key='latent', with state_spec=) to keep the state."
+        )
+
     def _start_looks_batched(self, bs) -> bool:
         """Whether initial_observation (or initial_state read as the observation) has a leading batch dim."""
         leaf = self._obs_leaf
@@ -1305,6 +1328,8 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         """
         if self._encode is None:
             return nest(obs) if self._obs_is_mapping else obs
+        if self._obs_is_state:
+            self._refuse_encoded_start(what)
         state = self._encode.call(nest(obs) if self._obs_is_mapping else obs)  # grad mode: the reset's
         if state is None:
             raise ReturnFormError(f"{self._encode.description} returned None for {what}; expected the encoded state")
@@ -1424,6 +1449,8 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         result = bound.call(seed, options, **kwargs)  # grad mode: the reset's (see _graph_free)
         where = bound.description
         form, state, obs, info = split_reset(result, where, self._obs_keys)
+        if self._obs_is_state and state is not MISSING and obs is not MISSING and state is not obs:
+            self._separate_state(form, where)  # the next step would read the observation back as the state
         # what tells whether the state is batched: the returned observation, the state itself (obs = state),
         # or nothing (the observation is initial_observation's broadcast)
         obs_hint = "obs"
@@ -1449,6 +1476,8 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             self._check_reset_rows(obs, bs, bound, where, form)
             obs = self._read_obs(obs, bs, where, form)
         if state is MISSING:
+            if self._obs_is_state and self._initial_state is not None and obs_hint is not None:
+                self._separate_state(form, f"{where} (with initial_state=)")
             state = (
                 _tree.broadcast_rows(self._initial_state, bs)
                 if self._initial_state is not None
