@@ -2096,3 +2096,51 @@ def test_dict_observation_keys_that_torchrl_writes_itself_are_refused(key):
     with pytest.raises(SpecError, match=rf"observation_space: Dict keys \['{key}'\] clash with keys"):
         WorldModelEnv(object(), space, BOX2, num_envs=2, initial_state={"pos": torch.zeros(2), key: torch.zeros(2)},
                       transition_fn=lambda s, a: s)
+
+
+def _reset_without_arguments():
+    return torch.zeros(2)
+
+
+def _add(state, action):
+    return state + action
+
+
+def _ones_policy(td):
+    return td.set("action", torch.ones(*td.batch_size, 2))
+
+
+def _reset_with_the_model_only(model):
+    return torch.zeros(2)
+
+
+class _KeepsItsOwnState(nn.Module):
+    """``step(action)``: the model keeps its state (discovered as ``method(action)``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.h = torch.zeros(3, 2)
+
+    def step(self, action):
+        self.h = self.h + action
+        return self.h, self.h, self.h[:, :1]
+
+
+@pytest.mark.parametrize("case", ["reset_fn()", "reset_fn(model)", "model.step(action)", "deferred encode"])
+def test_envs_with_prefix_adapters_or_deferred_errors_pickle(case):
+    import pickle
+
+    kw = dict(num_envs=3, seed=0)
+    if case == "reset_fn()":
+        env = WorldModelEnv(nn.Linear(2, 2), BOX2, BOX2, reset_fn=_reset_without_arguments,
+                            transition_fn=_add, **kw)
+    elif case == "reset_fn(model)":
+        env = WorldModelEnv(nn.Linear(2, 2), BOX2, BOX2, reset_fn=_reset_with_the_model_only,
+                            transition_fn=_add, **kw)
+    elif case == "model.step(action)":
+        env = WorldModelEnv(_KeepsItsOwnState(), BOX2, BOX2, initial_state=torch.zeros(2), **kw)
+    else:
+        env = WorldModelEnv(PosteriorEncoder(), BOX2, BOX2, initial_state=torch.zeros(2), **kw)
+    copy_ = pickle.loads(pickle.dumps(env))
+    expected = env.rollout(3, _ones_policy)["next", "observation"]
+    assert torch.equal(copy_.rollout(3, _ones_policy)["next", "observation"], expected)

@@ -313,20 +313,33 @@ def _make(fn, role, name, sig_text, form, args, model, extras) -> Bound:
     if used == args:
         call = functools.partial(target, model) if takes_model else target
     else:
-        # a prefix of the arguments (reset_fn only): select them
-        n = len(used)
-        if takes_model:
-
-            def call(*a, _t=target, _m=model, _n=n, **kw):
-                return _t(_m, *a[:_n], **kw)
-        else:
-
-            def call(*a, _t=target, _n=n, **kw):
-                return _t(*a[:_n], **kw)
-
+        call = _Prefix(target, model, len(used), takes_model)  # a prefix of the arguments (reset_fn only)
     shown = (*form, *(f"{k}=..." for k in (*call_extras, *per_call)))
     description = f"{role} {name}{sig_text} called as {role}({', '.join(shown)})"
     return Bound(call, form, tuple(per_call), description, fn)
+
+
+class _Prefix:
+    """``fn([model,] *args[:n], **kwargs)``: an adapter taking a prefix of its role's arguments. A class, not a
+    closure, so that envs holding it pickle."""
+
+    def __init__(self, fn, model, n: int, takes_model: bool):
+        self.fn, self.model, self.n, self.takes_model = fn, model, n, takes_model
+
+    def __call__(self, *args, **kwargs):
+        if self.takes_model:
+            return self.fn(self.model, *args[: self.n], **kwargs)
+        return self.fn(*args[: self.n], **kwargs)
+
+
+class _ActionOnly:
+    """A model method that keeps its own state, called as ``method(action)`` for ``(state, action)`` (picklable)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, state, action, **kwargs):
+        return self.fn(action, **kwargs)
 
 
 def discover_method(model, names: Sequence[str]):
@@ -363,11 +376,7 @@ def discover_transition(model, extras: Mapping[str, Any] | None = None) -> Bound
     )
     if bound is None:
         single = bind(method, f"model.{name}", ("action",), with_model=False, extras=extras)
-
-        def call(state, action, _f=single.call, **kwargs):
-            return _f(action, **kwargs)
-
-        bound = Bound(call, ("action",), single.extras, single.description, method)
+        bound = Bound(_ActionOnly(single.call), ("action",), single.extras, single.description, method)
     return bound
 
 

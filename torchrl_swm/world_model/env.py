@@ -1819,14 +1819,21 @@ def _deferred_encode_error(method, err: AdapterError) -> Bound:
     previous state and action): the env still builds, since a start given as a state (``initial_state``, a
     ``reset_fn`` returning one) never encodes; the error comes when an observation must be encoded."""
 
-    def call(*args, **kwargs):
-        raise AdapterError(
-            f"{err}; it is needed to encode an observation into a start state here. Pass encode_fn=fn([model,] obs) "
-            "that encodes it, a start as a state (initial_state=, or a reset_fn returning the state), or "
-            "encode_fn=False to use the observation itself as the state"
-        ) from err
+    return Bound(_RaiseWhenCalled(err), ("obs",), (), "model.encode (not callable as encode(obs))", method)
 
-    return Bound(call, ("obs",), (), "model.encode (not callable as encode(obs))", method)
+
+class _RaiseWhenCalled:
+    """The deferred error of :func:`_deferred_encode_error` (a class, not a closure: envs holding it pickle)."""
+
+    def __init__(self, err: AdapterError):
+        self.err = err
+
+    def __call__(self, *args, **kwargs):
+        raise AdapterError(
+            f"{self.err}; it is needed to encode an observation into a start state here. Pass "
+            "encode_fn=fn([model,] obs) that encodes it, a start as a state (initial_state=, or a reset_fn returning "
+            "the state), or encode_fn=False to use the observation itself as the state"
+        ) from self.err
 
 
 def _merge_reset_group(old: TensorDictBase, new, rows: torch.Tensor) -> dict:
