@@ -509,3 +509,27 @@ def test_ctrl_c_during_the_final_compaction_leaves_one_complete_dataset_and_no_l
         ep = ds.episode(k)
         assert ep["step_count"].view(-1).tolist() == list(range([2, 5, 3][int(ds.episode_ids[k]) % 3]))
     pool.close()
+
+
+def test_a_damaged_or_partial_dataset_is_a_dataset_error_never_a_silent_load(tmp_path):
+    # tensordict would load without a missing file (the entry silently gone) and grow a short one (zeros)
+    world = World(counting_pool(2))
+    for name in ("missing", "short", "no_meta", "not_object"):
+        world.collect(tmp_path / name, 2, seed=0, max_steps=10, progress=False)
+    (tmp_path / "missing" / "storage" / "next" / "observation.memmap").unlink()
+    with pytest.raises(DatasetError, match=r"entry 'next.observation' is missing from the storage"):
+        load_dataset(tmp_path / "missing")
+    short = tmp_path / "short" / "storage" / "observation.memmap"
+    size = short.stat().st_size
+    with open(short, "r+b") as f:
+        f.truncate(size // 2)
+    with pytest.raises(DatasetError, match=rf"entry 'observation' is cut short: .* holds {size // 2} bytes, "
+                                           rf"expected {size}"):
+        load_dataset(tmp_path / "short")
+    assert short.stat().st_size == size // 2  # reading never grows the file back
+    (tmp_path / "no_meta" / "storage" / "meta.json").unlink()
+    with pytest.raises(DatasetError, match=r"the storage cannot be read \(FileNotFoundError"):
+        load_dataset(tmp_path / "no_meta")
+    (tmp_path / "not_object" / "dataset.json").write_text("[]")
+    with pytest.raises(DatasetError, match=r"dataset.json': expected a JSON object, got list"):
+        load_dataset(tmp_path / "not_object")

@@ -431,6 +431,8 @@ class WorldDataset:
             self.metadata = json.loads(meta_path.read_text())
         except json.JSONDecodeError as err:
             raise DatasetError(f"{str(meta_path)!r} is not valid JSON: {err}") from err
+        if not isinstance(self.metadata, dict):
+            raise DatasetError(f"{str(meta_path)!r}: expected a JSON object, got {type(self.metadata).__name__}")
         if self.metadata.get("format") != FORMAT:
             raise DatasetError(
                 f"{str(self.path)!r}: unknown format {self.metadata.get('format')!r}, expected {FORMAT!r}"
@@ -446,14 +448,51 @@ class WorldDataset:
             storage = self.path / "storage"
             if not storage.is_dir():
                 raise DatasetError(f"{str(self.path)!r}: the storage directory is missing")
-            full = _copy_on_write(TensorDict.load_memmap(storage))
+            self._check_storage_files(storage)
+            try:
+                full = _copy_on_write(TensorDict.load_memmap(storage))
+            except Exception as err:  # a file tensordict needs is gone or damaged (meta.json...)
+                raise DatasetError(
+                    f"{str(self.path)!r}: the storage cannot be read ({type(err).__name__}: {err}); the dataset is "
+                    "damaged or incomplete (a partial copy?)"
+                ) from err
             if full.batch_size[0] < self.num_steps:
                 raise DatasetError(
                     f"{str(self.path)!r}: storage has {full.batch_size[0]} rows, dataset.json says {self.num_steps}"
                 )
+            missing = sorted(set(self.metadata.get("keys") or ()) - {_key_str(k) for k in full.keys(True, True)})
+            if missing:
+                raise DatasetError(f"{str(self.path)!r}: the storage lacks the entries {missing} that dataset.json lists")
             self.td = full[: self.num_steps]
         self._episodes = None
         self._obs_keys = None
+
+    def _check_storage_files(self, storage: Path) -> None:
+        """Every entry ``dataset.json`` lists has its memmap file, at its full size: tensordict would load
+        without a missing file (the entry silently gone) and grow a short one (its rows read as zeros)."""
+        keys, rows = self.metadata.get("keys"), int(self.metadata.get("storage_rows") or 0)
+        if not isinstance(keys, dict) or not rows:
+            return
+        for name, desc in keys.items():
+            parts = name.split(".")
+            file = storage.joinpath(*parts[:-1], parts[-1] + ".memmap")
+            dtype = getattr(torch, str(desc.get("dtype", "")).removeprefix("torch."), None)
+            if not file.is_file():
+                raise DatasetError(
+                    f"{str(self.path)!r}: entry {name!r} is missing from the storage ({str(file)!r} not found); the "
+                    "dataset is incomplete (a partial copy?)"
+                )
+            if not isinstance(dtype, torch.dtype):
+                continue
+            itemsize = torch.empty((), dtype=dtype).element_size()
+            expected = rows * int(np.prod(desc.get("shape", []), dtype=np.int64)) * itemsize
+            size = file.stat().st_size
+            if size < expected:
+                raise DatasetError(
+                    f"{str(self.path)!r}: entry {name!r} is cut short: {str(file)!r} holds {size} bytes, expected "
+                    f"{expected} ({rows} rows of shape {desc.get('shape')} and dtype {desc.get('dtype')}); the dataset "
+                    "is damaged or incomplete"
+                )
 
     # -- episodes -------------------------------------------------------------------------------------
     def _index(self):
