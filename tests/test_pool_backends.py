@@ -919,3 +919,34 @@ def test_vector_pool_set_attr_sets_a_new_attribute_as_gymnasium_does(kind):
     assert pool.get_attr("foo") == [1, 5]
     assert pool.rollout(3, break_when_any_done=False).batch_size == (2, 3)  # the vector env still works
     pool.close()
+
+
+@pytest.mark.parametrize("seed_every_episode", [False, True])
+def test_same_step_wrapper_stats_are_recorded_at_the_terminal_step(seed_every_episode):
+    # RecordEpisodeStatistics adds "episode" at the top level for finished envs, where gymnasium's SAME_STEP puts
+    # their reset info: the pool records it at the done step (as under NEXT_STEP), never at the next reset or lost
+    from gymnasium.wrappers.vector import RecordEpisodeStatistics
+
+    def make():
+        return gym.make("CartPole-v1", max_episode_steps=15)
+
+    venv = RecordEpisodeStatistics(gym.vector.SyncVectorEnv([make] * 2, autoreset_mode=AutoresetMode.SAME_STEP))
+    spec = {"episode": {"r": np.float64(0), "l": np.int64(0), "t": np.float64(0)}}
+    pool = EnvPool(venv, seed=0, seed_every_episode=seed_every_episode, info_spec=spec)
+    rollout = pool.rollout(60, break_when_any_done=False)
+    done = rollout["next", "done"][..., 0]
+    assert done.sum() >= 4
+    reported = rollout["next", "info_mask", "episode", "r"][..., 0]
+    assert torch.equal(reported, done)  # at every done step, and only there
+    assert not rollout["info_mask", "episode", "r"].any()  # never on a reset root
+    if seed_every_episode:
+        # a seeded episode is a masked reset: gymnasium 1.4's SyncVectorEnv pops options["reset_mask"] before
+        # RecordEpisodeStatistics reads it, so the wrapper restarts every env's statistics (upstream)
+        pool.close()
+        return
+    for row in range(2):  # lengths and returns (CartPole pays 1 per step) match the episodes the pool saw
+        ends = torch.nonzero(done[row]).view(-1).tolist()
+        lengths = [b - a for a, b in zip([-1, *ends[:-1]], ends, strict=True)]
+        assert rollout["next", "info", "episode", "l"][row, ends, 0].tolist() == lengths
+        assert rollout["next", "info", "episode", "r"][row, ends, 0].tolist() == [float(n) for n in lengths]
+    pool.close()

@@ -15,7 +15,9 @@ step, exact terminal observations, no ghost transitions):
 * ``SAME_STEP``: the vector env resets done rows inside the step and reports
   the terminal observation in ``info["final_obs"]``. The pool writes the
   terminal observation (and ``final_info``) into ``"next"`` and keeps the
-  reset observation until TorchRL's reset of those rows asks for it.
+  reset observation until TorchRL's reset of those rows asks for it. A
+  top-level info entry the env's reset never reports (a wrapper's
+  end-of-episode ``"episode"``) is recorded at the terminal step too.
 
 A vector env that has no masked reset needs an adapter
 (:func:`register_masked_reset`); gymnasium's numpy ``CartPoleVectorEnv`` has
@@ -132,6 +134,7 @@ class VectorBackend(InProcessBackend):
         self._stash_obs = None
         self._stash_info: list = []
         self._stream_seed: int | None = None  # batch-RNG envs: the seed the vector env was last seeded with
+        self._reset_info_names: frozenset = frozenset()  # top-level info keys the env's reset reported (probe)
 
     def _find_masked_reset(self, declared):
         inner = _innermost(self.venv)
@@ -184,6 +187,9 @@ class VectorBackend(InProcessBackend):
         step_info = None
         try:
             reset_obs, reset_info = self.venv.reset(seed=self._seed_arg(seeds))
+            # what the env's reset reports: SAME_STEP tells a finished env's reset info from a wrapper's
+            # end-of-episode entries at the top level by it (see _terminal_extras)
+            self._reset_info_names = frozenset(k for k in reset_info if not str(k).startswith("_"))
             frame_shape = self._render().shape[1:] if self.pixels else None
             if step:
                 phase = "step"
@@ -378,12 +384,15 @@ class VectorBackend(InProcessBackend):
         if self.mode is AutoresetMode.SAME_STEP and done.any():
             # the vector env has already reset the done rows: keep their reset observation and
             # info for TorchRL's reset of those rows, and write their terminal ones
-            self._stash_obs, self._stash_info = obs, info
+            final_info = info.get("final_info", {})
+            terminal = self._terminal_extras(info, final_info)
+            self._stash_obs = obs
+            self._stash_info = {k: v for k, v in info.items() if k not in terminal} if terminal else info
             self.stashed |= done
             writer.observations(None, obs, "step")
             self._write_final_obs(info, done)
             writer.info.write_batch(info, ~done, "step")
-            writer.info.write_batch(info.get("final_info", {}), done, "step")
+            writer.info.write_batch({**terminal, **final_info} if terminal else final_info, done, "step")
         else:
             writer.observations(None, obs, "step")
             writer.info.write_batch(info, everyone, "step")
@@ -392,6 +401,23 @@ class VectorBackend(InProcessBackend):
             self.pending_done = done
         if self.frames is not None:
             self._store_frames(None)
+
+    def _terminal_extras(self, info: Mapping, final_info: Mapping) -> dict:
+        """SAME_STEP: top-level info entries that belong to the terminal step, not to the reset.
+
+        Gymnasium puts a finished env's reset info at the top level and its last step's in
+        ``final_info``; but vector wrappers add their end-of-episode entries at the top level too
+        (``RecordEpisodeStatistics``' ``"episode"``). An entry the env's reset never reported (in the
+        construction probe) and ``final_info`` lacks is such an entry: recorded at the terminal step, as
+        under NEXT_STEP, not at the reset that follows (nor lost to a seeded reset's own info)."""
+        names = [
+            k for k in info
+            if not str(k).startswith("_") and k not in ("final_info", "final_obs")
+            and k not in self._reset_info_names and k not in final_info
+        ]
+        extras = {k: info[k] for k in names}
+        extras.update((f"_{k}", info[f"_{k}"]) for k in names if f"_{k}" in info)
+        return extras
 
     def _write_final_obs(self, info, done) -> None:
         """SAME_STEP: write ``info["final_obs"]`` (the terminal observations) into the done rows."""
