@@ -630,3 +630,28 @@ def test_a_bad_device_is_refused_before_any_env_is_built():
         with pytest.raises(RuntimeError, match="bogus"):
             EnvPool([make] * 2, device="bogus", backend=backend)
     assert built == []  # (a process pool used to spawn its workers first, and the serial envs were never closed)
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_stepping_an_env_never_reset_is_an_error_not_a_transition_of_no_episode(backend):
+    # the construction probe reset and stepped every env once: a step before reset() would continue it
+    kwargs = {"backend": "process", "num_workers": 2} if backend == "process" else {}
+    pool = EnvPool([functools.partial(counting, length=50)] * 3, seed=10, **kwargs)
+    td = TensorDict({"action": torch.zeros(3, dtype=torch.int64)}, batch_size=[3])
+    with pytest.raises(EnvError, match=r"env 0 \(step\): envs \[0, 1, 2\] have not been reset since the pool was "
+                                       r"built: call reset\(\) first"):
+        pool.step(td)
+    # a partial first reset: the rows it reset may step (the others frozen), not the others
+    td["_reset"] = torch.tensor([[False], [True], [False]])
+    td = pool.reset(td)
+    assert td["observation"][1, 0] == 0  # a fresh episode, t = 0
+    td["action"] = torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(EnvError, match=r"env 0 \(step\): envs \[0, 2\] have not been reset"):
+        pool.step(td)
+    td["_step"] = torch.tensor([[False], [True], [False]])
+    assert pool.step(td)["next", "observation"][1, 0] == 1
+    td = pool.reset()
+    td["action"] = torch.zeros(3, dtype=torch.int64)
+    assert pool.step(td)["next", "observation"][:, 0].tolist() == [1.0, 1.0, 1.0]
+    assert td["episode_seed"].view(-1).tolist() == [10, 14, 12]  # env 1 starts its second episode
+    pool.close()

@@ -29,7 +29,7 @@ from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
 from .._meta import NoAutoResetMeta
-from ..errors import check_indices, check_int
+from ..errors import EnvError, check_indices, check_int
 from ..masks import mask_rows, row_mask, row_view
 from ..specs import batch_spec, space_to_spec
 from .buffers import BufferLayout, HostBuffers
@@ -233,6 +233,8 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         obs_spaces = observation_leaves(self.single_observation_space)
 
         self._seeds = SeedSchedule(n, seed, every_episode=seed_every_episode)
+        # rows not reset since construction (the probe left them mid-way); None once every row was reset
+        self._unreset: np.ndarray | None = np.ones(n, dtype=bool)
         info_keys = chosen_info_keys(info_keys)  # once: an iterator would be used up by the first reader
         probe = backend.probe(self._seeds.next(None)[1], step=needs_step_probe(info_keys, info_spec))
         self._seeds.count[:] = 0  # the probe does not use up the first seeds
@@ -332,6 +334,10 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         except BaseException:
             seeds.rewind(rows, saved)
             raise
+        if self._unreset is not None:
+            self._unreset[slice(None) if rows is None else rows] = False
+            if not self._unreset.any():
+                self._unreset = None
         self._resize_frames(rows)
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
@@ -339,6 +345,8 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
 
     def _step_rows(self, tensordict: TensorDictBase, step_mask: torch.Tensor | None) -> TensorDictBase:
         rows = mask_rows(step_mask, self.num_envs, "_step")
+        if self._unreset is not None:
+            self._refuse_unreset(rows)
         actions = self._codec.decode(tensordict.get("action"), rows, self._backend.batched_actions)
         self._host.wait_for_copy()
         if rows is not None:
@@ -347,6 +355,17 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         self._backend.step(actions, rows)
         self._resize_frames(rows)
         return self._host.snapshot(self._step_keys, self.batch_size)
+
+    def _refuse_unreset(self, rows: np.ndarray | None) -> None:
+        """Stepping an env never reset would continue the construction probe's step: a transition of no episode."""
+        unreset = self._unreset if rows is None else self._unreset[rows]
+        if unreset.any():
+            first = int(np.flatnonzero(unreset)[0]) if rows is None else int(rows[np.flatnonzero(unreset)[0]])
+            raise EnvError(
+                first, "step",
+                f"envs {np.flatnonzero(self._unreset).tolist()} have not been reset since the pool was built: call "
+                "reset() first (rollout, collectors and World do), or reset those rows with a '_reset' mask",
+            )
 
     def _step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
         """TorchRL's ``step`` → ``step_mdp`` → ``maybe_reset``, with the reset folded in.
