@@ -2144,3 +2144,13 @@ def test_envs_with_prefix_adapters_or_deferred_errors_pickle(case):
     copy_ = pickle.loads(pickle.dumps(env))
     expected = env.rollout(3, _ones_policy)["next", "observation"]
     assert torch.equal(copy_.rollout(3, _ones_policy)["next", "observation"], expected)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_a_cuda_device_without_cuda_is_a_clear_error():
+    with pytest.raises(RuntimeError, match=r"device 'cuda': CUDA is not available here"):
+        WorldModelEnv(object(), BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2), transition_fn=_add,
+                      device="cuda")
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2), transition_fn=_add)
+    with pytest.raises(RuntimeError, match=r"CUDA is not available here"):
+        env.to("cuda")

@@ -137,6 +137,8 @@ def _model_device(model) -> torch.device | None:
 def _resolve_device(device) -> torch.device:
     """The device tensors made there report: ``cuda`` gets the current index, ``cpu:0`` is ``cpu``."""
     device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {str(device)!r}: CUDA is not available here (torch {torch.__version__})")
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     if device.type == "cpu":
