@@ -533,3 +533,26 @@ def test_a_damaged_or_partial_dataset_is_a_dataset_error_never_a_silent_load(tmp
     (tmp_path / "not_object" / "dataset.json").write_text("[]")
     with pytest.raises(DatasetError, match=r"dataset.json': expected a JSON object, got list"):
         load_dataset(tmp_path / "not_object")
+
+
+class _DottedInfo(gym.Wrapper):
+    """CartPole with an info key holding a '.' ("cost.total")."""
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return obs, {**info, "cost.total": 0.0}
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, reward, terminated, truncated, {**info, "cost.total": 1.0}
+
+
+def test_entries_whose_names_hold_a_dot_are_found_on_disk(tmp_path):
+    # dataset.json joins a key's parts with "." (info.cost.total); its file is info/cost.total.memmap
+    world = World(EnvPool([lambda: _DottedInfo(gym.make("CartPole-v1"))] * 2, seed=0))
+    ds = world.collect(tmp_path / "ds", 2, seed=0, max_steps=50, progress=False)
+    assert "info.cost.total" in ds.metadata["keys"]
+    assert load_dataset(tmp_path / "ds").td["next", "info", "cost.total"].sum() == ds.num_steps
+    (tmp_path / "ds" / "storage" / "info" / "cost.total.memmap").unlink()
+    with pytest.raises(DatasetError, match=r"entry 'info.cost.total' is missing from the storage"):
+        load_dataset(tmp_path / "ds")

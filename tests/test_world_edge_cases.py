@@ -549,3 +549,13 @@ def test_collect_refuses_an_entry_that_changes_dtype_between_steps_naming_it(tmp
         with pytest.raises(TypeError, match=r"\('policy', 'value'\) changed dtype between steps, from torch.int64 to "
                                             r"torch.float32"):
             world.collect(tmp_path / "ds", 2, seed=0, progress=False)
+
+
+def test_world_over_a_vector_env_pool_takes_options_with_fewer_episodes_than_envs():
+    # the idle envs are reset in the same call (a VectorEnv steps every row): they get the episodes' options,
+    # since a VectorEnv takes one options dict for every row it resets
+    pool = EnvPool(gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4), seed=0)
+    world = World(pool)
+    out = world.evaluate(2, seed=0, options={"low": 0.02, "high": 0.02}, progress=False)
+    assert len(out["episode_lengths"]) == 2
+    pool.close()

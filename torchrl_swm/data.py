@@ -473,13 +473,20 @@ class WorldDataset:
         keys, rows = self.metadata.get("keys"), int(self.metadata.get("storage_rows") or 0)
         if not isinstance(keys, dict) or not rows:
             return
+        # the files by entry name, named as dataset.json names them (the key's parts joined by "."; a part
+        # may hold a "." itself: "info.cost.total" is info/cost.total.memmap)
+        files = {}
+        for root, _, names in os.walk(storage):
+            parts = Path(root).relative_to(storage).parts
+            for file_name in names:
+                if file_name.endswith(".memmap"):
+                    files[".".join((*parts, file_name[: -len(".memmap")]))] = Path(root) / file_name
         for name, desc in keys.items():
-            parts = name.split(".")
-            file = storage.joinpath(*parts[:-1], parts[-1] + ".memmap")
+            file = files.get(name)
             dtype = getattr(torch, str(desc.get("dtype", "")).removeprefix("torch."), None)
-            if not file.is_file():
+            if file is None:
                 raise DatasetError(
-                    f"{str(self.path)!r}: entry {name!r} is missing from the storage ({str(file)!r} not found); the "
+                    f"{str(self.path)!r}: entry {name!r} is missing from the storage (no memmap file for it); the "
                     "dataset is incomplete (a partial copy?)"
                 )
             if not isinstance(dtype, torch.dtype):

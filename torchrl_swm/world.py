@@ -1139,6 +1139,8 @@ class _Run:
         options = {i: plan.options for i, plan in zip(rows, plans) if plan.options}
         for i in fill:
             seeds[i] = self._fill_seed(i)
+            if options:  # a VectorEnv takes one options dict for every row it resets; idle rows run no episode
+                options[i] = next(iter(options.values()))
         td = self._reset_rows(seeds, options, td)
         self._begin(rows, plans, td)
         self.is_init[list(fill)] = True
