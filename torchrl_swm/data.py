@@ -462,7 +462,9 @@ class WorldDataset:
                 )
             missing = sorted(set(self.metadata.get("keys") or ()) - {_key_str(k) for k in full.keys(True, True)})
             if missing:
-                raise DatasetError(f"{str(self.path)!r}: the storage lacks the entries {missing} that dataset.json lists")
+                raise DatasetError(
+                    f"{str(self.path)!r}: the storage lacks the entries {missing} that dataset.json lists"
+                )
             self.td = full[: self.num_steps]
         self._episodes = None
         self._obs_keys = None
@@ -491,8 +493,7 @@ class WorldDataset:
                 )
             if not isinstance(dtype, torch.dtype):
                 continue
-            itemsize = torch.empty((), dtype=dtype).element_size()
-            expected = rows * int(np.prod(desc.get("shape", []), dtype=np.int64)) * itemsize
+            expected = rows * int(np.prod(desc.get("shape", []), dtype=np.int64)) * dtype.itemsize
             size = file.stat().st_size
             if size < expected:
                 raise DatasetError(

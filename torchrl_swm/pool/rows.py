@@ -65,7 +65,9 @@ def observation_leaves(space: gym.Space, prefix: Key = ()) -> dict[Key, gym.Spac
 def _start(space: gym.Space) -> np.ndarray | None:
     """A ``Discrete(n, start)``/``MultiDiscrete`` leaf's nonzero ``start`` (stored as indices ``0..n-1``, as
     Categorical specs), else ``None``."""
-    start = getattr(space, "start", None) if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) else None
+    if not isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+        return None
+    start = space.start
     return None if start is None or not np.any(start) else np.asarray(start, dtype=np.int64)
 
 
@@ -170,8 +172,8 @@ class RowWriter:
         paths = _dict_paths(observation_space)  # the env's own Dict keys (1, not "1") to read each leaf with
         self.leaves = [(paths[key], _leaf_writer(key, space, arrays[key])) for key, space in leaves.items()]
         self.batch_leaves = [(paths[key], _leaf_batch_writer(key, space, arrays[key])) for key, space in leaves.items()]
-        self.batch_buffers = [(key, arrays[key]) for key in leaves]
-        self.batch_starts = {key: _start(space) for key, space in leaves.items()}
+        #: ``(Dict path, buffer, start)`` per leaf: what :meth:`first_changed_row` compares
+        self.batch_views = [(paths[key], arrays[key], _start(space)) for key, space in leaves.items()]
         self.is_dict = isinstance(observation_space, gym.spaces.Dict)
         self.write_single = self.leaves[0][1] if not self.is_dict else None
         #: ``(buffer, row shape)`` when the observation is one Box array:
@@ -240,14 +242,13 @@ class RowWriter:
     def first_changed_row(self, keep: np.ndarray, obs) -> int | None:
         """The first row in ``keep`` (bool mask) whose batched observation ``obs`` differs from what the
         buffers hold (NaN equal to NaN); ``None`` when every kept row is unchanged."""
-        for (path, _), (key, buf) in zip(self.batch_leaves, self.batch_buffers):
+        for path, buf, start in self.batch_views:
             try:
                 value = np.asarray(_dict_leaf(obs, path) if self.is_dict else obs)
             except (KeyError, TypeError, ValueError):
                 continue  # a malformed batch: the write that follows names it
             if value.shape != buf.shape or value.dtype.kind not in "biuf":
                 continue
-            start = self.batch_starts[key]
             new, old = (value if start is None else value - start)[keep], buf[keep]
             same = new == old
             if new.dtype.kind == "f":

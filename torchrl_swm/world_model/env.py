@@ -794,7 +794,8 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             except AdapterError as err:
                 if encode_fn is True:
                     raise
-                return _deferred_encode_error(method, err)
+                # the env still builds: a start given as a state never encodes; the error comes when one must
+                return Bound(_RaiseWhenCalled(err), ("obs",), (), "model.encode (not callable as encode(obs))", method)
         if encode_fn is True:
             raise TypeError("encode_fn=True but the model has no encode method")
         return None
@@ -1816,16 +1817,11 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         )
 
 
-def _deferred_encode_error(method, err: AdapterError) -> Bound:
-    """A discovered ``model.encode`` that cannot be called as ``encode(obs)`` (an RSSM posterior taking the
-    previous state and action): the env still builds, since a start given as a state (``initial_state``, a
-    ``reset_fn`` returning one) never encodes; the error comes when an observation must be encoded."""
-
-    return Bound(_RaiseWhenCalled(err), ("obs",), (), "model.encode (not callable as encode(obs))", method)
-
-
 class _RaiseWhenCalled:
-    """The deferred error of :func:`_deferred_encode_error` (a class, not a closure: envs holding it pickle)."""
+    """A discovered ``model.encode`` that cannot be called as ``encode(obs)`` (an RSSM posterior taking the
+    previous state and action), bound so that it raises when an observation must be encoded (a start given as
+    a state, ``initial_state`` or a ``reset_fn`` returning one, never encodes). A class, not a closure: envs
+    holding it pickle."""
 
     def __init__(self, err: AdapterError):
         self.err = err

@@ -464,7 +464,7 @@ class ObservationDecoder(_WorldModelTransform):
         if self._spec is None:
             # a decoder takes a batch: a batch-unlocked env's (unbatched) spec is probed as a batch of one
             probe_bs = bs or (1,)
-            probe = self._decode(in_spec.zero(probe_bs) if not bs else in_spec.zero(), "probe")
+            probe = self._decode(in_spec.zero() if bs else in_spec.zero(probe_bs), "probe")
             shape = tuple(probe.shape[len(probe_bs) :])
             if tuple(probe.shape[: len(probe_bs)]) != probe_bs:
                 raise ReturnFormError(
