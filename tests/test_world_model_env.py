@@ -491,6 +491,8 @@ def test_env_does_not_own_or_move_the_model():
     assert env.to("cpu") is env
     with pytest.raises(RuntimeError, match="cannot be moved to meta"):
         env.to("meta")
+    with pytest.raises(TypeError, match=r"expected a device.*model.to\(torch.float64\)"):
+        env.to(torch.float64)
 
 
 def test_device_mismatch_is_an_error():
@@ -2154,3 +2156,28 @@ def test_a_cuda_device_without_cuda_is_a_clear_error():
     env = WorldModelEnv(object(), BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2), transition_fn=_add)
     with pytest.raises(RuntimeError, match=r"CUDA is not available here"):
         env.to("cuda")
+
+
+@pytest.mark.parametrize("with_truncated", [False, True])
+def test_step_flags_are_separate_tensors(with_truncated):
+    """An in-place write to next's done (a caller ending an episode early) leaves terminated, and the
+    flags the env keeps for frozen rows, alone; so does a write to terminated for done."""
+
+    def transition(state, action):
+        out = {"state": state + 1, "terminated": state[:, 0] > 100}
+        if with_truncated:
+            out["truncated"] = state[:, 0] > 200
+        return out
+
+    env = WorldModelEnv(object(), OBS3, ACT1, num_envs=3, initial_state=torch.zeros(3), transition_fn=transition)
+    td = env.reset()
+    td["action"] = torch.zeros(3, 1)
+    nxt = env.step(td)["next"]
+    flags = [nxt["done"], nxt["terminated"], nxt["truncated"]]
+    assert len({t.untyped_storage().data_ptr() for t in flags}) == 3
+    nxt["done"][0] = True
+    assert not nxt["terminated"].any() and not nxt["truncated"].any()
+    # a frozen row keeps the flags the env computed, not the caller's write
+    step = torch.tensor([False, True, True]).unsqueeze(-1)
+    td2 = env.step(TensorDict({"action": torch.zeros(3, 1), "_step": step}, batch_size=[3]))["next"]
+    assert not td2["terminated"].any() and not td2["done"].any()

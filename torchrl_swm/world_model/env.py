@@ -1177,7 +1177,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             truncated = self._flag(truncated, bs, bs1, "truncated", where, form)
         if truncated is MISSING or truncated is None:
             truncated = shapes.false()
-            done = terminated
+            done = terminated.clone()  # separate memory: an in-place write to done must not end an episode
         else:
             done = terminated | truncated
         if info or self._info_leaves:
@@ -1801,6 +1801,11 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
 
     def to(self, device) -> WorldModelEnv:
         """The env lives on its model's device; moving it is an error (build it on the new device instead)."""
+        if isinstance(device, torch.dtype):  # EnvBase.to takes a device only; a dtype belongs to the model
+            raise TypeError(
+                f"WorldModelEnv.to({device}): expected a device; the env's dtypes are its model's and its specs': "
+                f"build it from a model of that dtype (e.g. model.to({device})) with spaces of that dtype"
+            )
         device = _resolve_device(device)
         if device == self._dev:
             return self
