@@ -279,6 +279,31 @@ def test_integer_box_actions_are_never_truncated_or_wrapped():
         env.close()
 
 
+class _BoolBoxAction(gym.Env):
+    observation_space = gym.spaces.Box(0, 1, (3,), np.float32)
+    action_space = gym.spaces.Box(0, 1, (3,), bool)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        assert action in self.action_space
+        return np.asarray(action, np.float32), 0.0, False, False, {}
+
+
+def test_bool_box_actions_take_bools_or_exact_zeros_and_ones():
+    envs = to_gymnasium(EnvPool([_BoolBoxAction] * 2, seed=0))
+    envs.reset(seed=0)
+    for bad in (np.array([[0.5, 0, 1], [0, 0, 0]]), np.array([[2, 0, -3], [0, 0, 0]]),
+                np.array([[np.nan, 0, 0], [0, 0, 0]], np.float32), torch.tensor([[0.0, 0.5, 1.0], [0.0, 0.0, 0.0]])):
+        with pytest.raises(ValueError, match=r"every value must be 0 or 1 for Box\(False, True, \(3,\), bool\)"):
+            envs.step(bad)
+    for good in (np.array([[1, 0, 1], [0, 1, 0]]), np.array([[1.0, 0, 1], [0, 1, 0]]), np.array([[True, False, True], [False, True, False]])):
+        assert envs.step(good)[0].tolist() == [[1, 0, 1], [0, 1, 0]]
+    envs.close()
+
+
 def test_uint64_actions_past_int64_are_out_of_range_with_a_start():
     envs = to_gymnasium(EnvPool([StartActionEnv] * 2, seed=0))
     envs.reset(seed=0)

@@ -369,6 +369,26 @@ def test_integer_action_that_does_not_fit_an_integer_box_is_named():
     pool.close()
 
 
+@pytest.mark.parametrize("space_dtype, action_dtype, big", [(np.float32, torch.float64, 1e300), (np.float16, torch.float32, 1e6)])
+def test_a_float_action_that_overflows_the_box_dtype_is_named_never_inf(space_dtype, action_dtype, big):
+    pool = EnvPool([functools.partial(IntBoxActionEnv, space_dtype, -1, 1)] * 2, seed=0)
+    td = fresh(pool)
+    td["action"] = torch.tensor([[0.5, 0.25], [big, 0.0]], dtype=action_dtype)
+    with pytest.raises(ValueError, match=rf"action for env 1: .*{np.dtype(space_dtype)}.*overflows"):
+        pool.step(td)
+    td["action"] = torch.tensor([[0.5, 0.25], [-0.75, 0.0]], dtype=action_dtype)  # a wider dtype that fits: cast
+    assert pool.step(td)["next", "observation"].tolist() == [[0.5, 0.25], [-0.75, 0.0]]
+    pool.close()
+
+
+def test_a_bfloat16_box_action_reaches_the_env_exactly():
+    pool = EnvPool([functools.partial(IntBoxActionEnv, np.float32, -1, 1)] * 2, seed=0)
+    td = fresh(pool)
+    td["action"] = torch.tensor([[0.5, 0.25], [-0.75, 0.125]], dtype=torch.bfloat16)
+    assert pool.step(td)["next", "observation"].tolist() == [[0.5, 0.25], [-0.75, 0.125]]
+    pool.close()
+
+
 # -- the process backend: a command that cannot be sent leaves no stale reply ------------------
 
 

@@ -460,3 +460,45 @@ def test_dict_observation_keys_that_become_the_same_string_are_a_spec_error():
 
     with pytest.raises(SpecError, match=r"Dict keys \[1, '1'\].*same TensorDict key '1'"):
         EnvPool([TwoOnes] * 2)
+
+
+@pytest.mark.parametrize("first, second", [
+    (np.float32(0.5), 2**40 + 1),    # torch's promotion (float32) would round it to 2**40
+    (np.float16(0.5), 2049),         # float16 would store 2048
+    (np.float16(0.5), 70000),        # float16 would refuse the value it was inferred from
+    (np.int8(-3), np.float32(0.25)),  # numpy: float32 holds every int8
+])
+def test_dtypes_promoted_across_envs_keep_every_value_exact(first, second):
+    # (a SyncVectorEnv types its info array by the first env's value: its rows arrive already cast)
+    pool = info_pool([{"x": first}, {"x": second}], [[{}]] * 2)
+    values = pool.reset()["info", "x"].view(-1).tolist()
+    assert values == [float(first), float(second)] and all(type(v) is float for v in values)
+    assert pool.observation_spec["info", "x"].dtype == torch.float64 or values == [float(np.float32(v)) for v in values]
+    pool.close()
+
+
+@pytest.mark.parametrize("key_dtype, value", [
+    (torch.float32, 2**24 + 1),
+    (torch.float32, np.int64(2**24 + 1)),
+    (torch.float64, 2**53 + 1),       # numpy calls int64 -> float64 a safe cast
+    (torch.float16, np.int16(2049)),
+])
+def test_an_integer_a_float_key_cannot_hold_exactly_is_an_error(key_dtype, value):
+    pool = info_pool([{}] * 2, [[{}], [{"x": value}]], info_spec={"x": Unbounded(shape=(), dtype=key_dtype)})
+    with pytest.raises(EnvError, match=rf"env 1 \(step\).*'x'.*integer {int(value)} is not exactly representable"):
+        step(pool)
+    pool.close()
+    big = 2048 if key_dtype == torch.float16 else 2**24  # a large but exact integer is fine
+    exact = info_pool([{}] * 2, [[{}], [{"x": big}]], info_spec={"x": Unbounded(shape=(), dtype=key_dtype)})
+    assert step(exact)["info", "x"].view(-1).tolist() == [0.0, float(big)]
+    exact.close()
+
+
+def test_unstorable_info_dtypes_are_spec_errors_naming_the_key():
+    with pytest.raises(SpecError, match=r"info key 'x': dtype uint64 is not supported.*info_spec=\{'x': np.int64"):
+        info_pool([{"x": np.int64(-1)}, {"x": np.uint64(2**63)}], [[{}]] * 2)
+    if np.dtype(np.longdouble).itemsize > 8:
+        with pytest.raises(SpecError, match=r"info key 'x': dtype float128 is not supported.*np.float64"):
+            info_pool([{"x": np.longdouble(0.5)}] * 2, [[{}]] * 2)
+    with pytest.raises(EnvError, match=r"env 0 \(reset\).*info key 'x'.*18446744073709551615 is outside int64"):
+        info_pool([{"x": 2**64 - 1}] * 2, [[{}]] * 2)

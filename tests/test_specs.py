@@ -123,3 +123,59 @@ def test_unsigned_dtypes_torch_cannot_clone_are_refused_with_a_way_out(dtype):
 
         check_env_specs(pool)
         pool.close()
+
+
+_HALF_OPEN = [
+    gym.spaces.Box(np.array([-np.inf, 0.0]), np.array([1.0, np.inf]), dtype=np.float32),
+    gym.spaces.Box(np.array([-np.inf, -1.0]), np.array([np.inf, 1.0]), dtype=np.float64),
+    gym.spaces.Box(-3e38, 3e38, shape=(4,), dtype=np.float32),  # finite, but high - low overflows float32
+    gym.spaces.Box(-6e4, 6e4, shape=(3,), dtype=np.float16),
+]
+
+
+@pytest.mark.parametrize("space", _HALF_OPEN, ids=str)
+def test_box_rand_samples_inside_half_open_and_overwide_boxes(space):
+    """Bounded.rand computes low + (high - low) * u in the spec's dtype: NaN/inf where a bound is infinite, the
+    upper bound every time where the span overflows. These Boxes sample as gymnasium's Box.sample does."""
+    from torchrl_swm.specs import BoxBounded
+
+    spec = space_to_spec(space)
+    assert isinstance(spec, BoxBounded) and isinstance(spec, Bounded)
+    draws = spec.rand((2000,)).numpy()
+    assert draws.dtype == space.dtype and np.isfinite(draws).all()
+    assert all(space.contains(d) for d in draws)
+    assert (draws.std(0) > 0).all()  # not one value repeated
+    # the batched spec of a pool, a copy, a moved or recast spec keep this rand
+    for derived in (spec.expand(5, *spec.shape), spec.clone(), spec.expand(3, *spec.shape)[1], spec.to(torch.float64)):
+        assert type(derived) is BoxBounded
+        assert torch.isfinite(derived.rand()).all()
+    assert torch.equal(spec.space.low, torch.as_tensor(space.low)) and torch.equal(spec.space.high, torch.as_tensor(space.high))
+    assert spec_to_space(spec) == space
+
+
+def test_a_collector_without_policy_sends_half_open_box_actions_inside_the_space():
+    from torchrl.collectors import Collector
+
+    from torchrl_swm import EnvPool
+
+    space = _HALF_OPEN[0]
+    received = []
+
+    class HalfOpen(gym.Env):
+        observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+        action_space = space
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return np.zeros(1, np.float32), {}
+
+        def step(self, action):
+            received.append(np.array(action))
+            return np.zeros(1, np.float32), 0.0, False, False, {}
+
+    pool = EnvPool([HalfOpen] * 2, seed=0, info_keys=[])
+    collector = Collector(pool, None, frames_per_batch=20, total_frames=40)
+    for _ in collector:
+        pass
+    collector.shutdown()
+    assert len(received) >= 40 and all(space.contains(a) for a in received)

@@ -11,7 +11,10 @@ default):
 gymnasium space          TorchRL spec (unbatched)
 =======================  =======================================================
 ``Box``                  ``Bounded`` (``Unbounded`` when every bound is infinite
-                         or at the float dtype's extremes), the space's shape and dtype
+                         or at the float dtype's extremes), the space's shape and dtype;
+                         a float Box with some infinite bounds, or wider than its dtype
+                         can subtract, is a :class:`BoxBounded`, whose ``rand()`` samples
+                         as gymnasium's ``Box.sample`` (``Bounded.rand`` gives NaN/inf)
 ``Discrete(n, start)``   ``Categorical(n)`` int64, shape ``()``; or ``OneHot(n)``
                          int64 with ``categorical=False``. Values are indices
                          ``0..n-1``; the pool adds ``start`` for the env.
@@ -45,6 +48,7 @@ from torchrl.data import (
     TensorSpec,
     Unbounded,
 )
+from torchrl.data.tensor_specs import BoundedContinuous, _BoundedMeta
 
 from .errors import SpecError
 
@@ -57,6 +61,7 @@ __all__ = [
     "numpy_dtype",
     "torch_dtype",
     "SUPPORTED_SPACES",
+    "BoxBounded",
 ]
 
 SUPPORTED_SPACES = ("Box", "Discrete", "MultiDiscrete", "MultiBinary", "Dict")
@@ -72,6 +77,8 @@ def torch_dtype(dtype) -> torch.dtype:
 #: numpy dtypes torch stores but tensordict cannot clone (no arithmetic kernels): TorchRL's checks,
 #: collectors and replay buffers fail on them, so they are refused with a way out instead
 _UNSTORABLE = {np.dtype(np.uint16): "int32", np.dtype(np.uint32): "int64", np.dtype(np.uint64): None}
+if np.dtype(np.longdouble).itemsize > 8:  # x86's float128: torch has no such dtype
+    _UNSTORABLE[np.dtype(np.longdouble)] = "float64"
 
 
 def check_storable(dtype, what: str, info_key: str | None = None) -> None:
@@ -80,8 +87,18 @@ def check_storable(dtype, what: str, info_key: str | None = None) -> None:
     ``info_key``: the error is about this info key, which ``info_spec=`` can declare wider.
     """
     dtype = np.dtype(dtype)
-    if dtype in _UNSTORABLE:
-        wider = _UNSTORABLE[dtype]
+    if dtype not in _UNSTORABLE:
+        return
+    wider = _UNSTORABLE[dtype]
+    if dtype.kind == "f":  # float128
+        why = "torch has no such dtype"
+        if info_key is not None:
+            fix = (f"declare it float64 with info_spec={{{info_key}: np.float64(0)}} (values are rounded to "
+                   "float64; one that overflows it is an error)")
+        else:
+            fix = "cast it to float64 (rounding), e.g. gymnasium.wrappers.DtypeObservation(env, np.float64)"
+    else:
+        why = "torch has no arithmetic for it, so TorchRL's tensordicts cannot be cloned, checked or collected"
         if info_key is not None:
             fix = (
                 f"declare it {wider or 'int64'} with info_spec={{{info_key}: np.{wider or 'int64'}(0)}} (each value "
@@ -94,10 +111,10 @@ def check_storable(dtype, what: str, info_key: str | None = None) -> None:
             )
         else:
             fix = "cast it to int64 or float64 if its values allow (not exact in general)"
-        raise SpecError(
-            f"{what}: dtype {dtype} is not supported: torch has no arithmetic for it, so TorchRL's tensordicts "
-            f"cannot be cloned, checked or collected. Expected bool, int8/16/32/64, uint8 or float; {fix}."
-        )
+    raise SpecError(
+        f"{what}: dtype {dtype} is not supported: {why}. Expected bool, int8/16/32/64, uint8 or "
+        f"float16/32/64; {fix}."
+    )
 
 
 def numpy_dtype(dtype) -> np.dtype:
@@ -127,6 +144,50 @@ def _unbounded(low: np.ndarray, high: np.ndarray) -> bool:
     top = np.finfo(low.dtype).max
     near = top * (1 - 1e-6)
     return bool(np.all(np.isinf(low) | (low <= -near)) and np.all(np.isinf(high) | (high >= near)))
+
+
+def _rand_overflows(low: np.ndarray, high: np.ndarray) -> bool:
+    """Whether TorchRL's ``Bounded.rand`` (``low + (high - low) * u`` in the spec's dtype) gives NaN, inf or
+    the upper bound every time: some bound infinite, or a span the dtype cannot hold (``Box(-3e38, 3e38)``)."""
+    if low.dtype.kind != "f":
+        return False
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(not np.all(np.isfinite(high - low)))
+
+
+class _KeepClass(_BoundedMeta):
+    """``Bounded``'s metaclass turns every instance into a ``BoundedContinuous``/``BoundedDiscrete``;
+    a subclass keeps its own class, through the ``self.__class__(...)`` of clone/expand/index/reshape."""
+
+    def __call__(cls, *args, **kwargs):
+        return type.__call__(cls, *args, **kwargs)
+
+
+class BoxBounded(BoundedContinuous, metaclass=_KeepClass):
+    """A float ``Bounded`` spec whose :meth:`rand` samples as gymnasium's ``Box.sample``: uniform where both
+    bounds are finite (computed in float64, so a span wider than the dtype is fine), ``low`` plus an
+    exponential where only ``low`` is, ``high`` minus one where only ``high`` is, a standard normal where
+    neither is. :func:`space_to_spec` gives it to the Boxes ``Bounded.rand`` cannot sample: with
+    ``Box([-inf, 0], [1, inf])`` it draws ``[nan, inf]``, which a ``Collector`` with ``policy=None`` would
+    send to every env. Everything else (bounds, ``is_in``, ``project``, shape ops) is ``Bounded``'s.
+    """
+
+    def rand(self, shape: torch.Size | Sequence[int] | None = None) -> torch.Tensor:
+        size = (*(() if shape is None else tuple(shape)), *self.shape)
+        low, high = self.space.low.double(), self.space.high.double()
+        low_inf, high_inf = torch.isinf(low), torch.isinf(high)
+        f64 = {"dtype": torch.float64, "device": self.device}
+        uniform = low + (high - low) * torch.rand(size, **f64)
+        tail = torch.empty(size, **f64).exponential_()
+        out = torch.where(low_inf, high - tail, torch.where(high_inf, low + tail, uniform))
+        out = torch.where(low_inf & high_inf, torch.randn(size, **f64), out)
+        return torch.minimum(torch.maximum(out, low), high).to(self.dtype)
+
+    def to(self, dest) -> BoxBounded:
+        out = super().to(dest)  # Bounded.to builds a plain Bounded when the device or dtype changes
+        if type(out) is not type(self) and isinstance(out, BoundedContinuous):
+            out.__class__ = type(self)
+        return out
 
 
 def space_to_spec(
@@ -160,7 +221,7 @@ def space_to_spec(
         high = np.broadcast_to(space.high, space.shape)
         if _unbounded(low, high):
             return Unbounded(shape=space.shape, dtype=dtype, device=device)
-        return Bounded(
+        return (BoxBounded if _rand_overflows(low, high) else Bounded)(
             low=torch.as_tensor(np.array(low), dtype=dtype),
             high=torch.as_tensor(np.array(high), dtype=dtype),
             shape=space.shape,

@@ -345,6 +345,8 @@ class Layout:
         self._action_int = isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary))
         # an integer Box takes integers that fit its dtype: a cast would truncate or wrap them
         self._action_int_box = isinstance(space, gym.spaces.Box) and space.dtype.kind in "iu"
+        # a bool Box takes bools, or numbers that are exactly 0 or 1: a cast would make 0.5, 2 or NaN True
+        self._action_bool_box = isinstance(space, gym.spaces.Box) and space.dtype.kind == "b"
         self._action_high = None
         if isinstance(space, gym.spaces.Discrete):
             self._action_high = int(space.n)
@@ -619,6 +621,8 @@ class Layout:
                 f"action: expected integers for {self.single_action_space} (an integer Box), got {describe(action)}; "
                 "casting would truncate the values: round or cast the action first"
             )
+        elif self._action_bool_box and kind != "b":
+            tensor, array = _binary_from_float(tensor, array, action, self.single_action_space)
         if tensor is None:
             if not array.flags.c_contiguous or not array.dtype.isnative:
                 array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))

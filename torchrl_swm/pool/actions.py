@@ -82,7 +82,12 @@ class ActionCodec:
         if rows is None and self.kind == "discrete" and self.categorical and not batched:
             # the hot path of Discrete pools: no numpy call (each costs microseconds in the loop)
             return self._categorical_list(action, action.dtype, rows)
-        array = action.numpy()
+        try:
+            array = action.numpy()
+        except TypeError:  # bfloat16, float8: numpy has no such dtype, and float32 holds their values exactly
+            if not action.is_floating_point():
+                raise
+            array = action.float().numpy()
         if rows is not None:
             array = array[rows]
         if self.kind == "discrete" and self.categorical and not batched:
@@ -161,6 +166,12 @@ class ActionCodec:
         if target.kind == "f":
             if array.dtype.kind != "f":
                 raise TypeError(f"action: expected a floating dtype for a Box action (space dtype {self.np_dtype}), got {dtype}")
+            if array.dtype.itemsize > target.itemsize:  # float64 1e300 would reach a float32 Box as inf
+                found = first_cast_problem(array, target)
+                if found is not None:
+                    j, problem = found
+                    self._bad(f"expected values that fit the Box's dtype {self.np_dtype}, got {dtype}: {problem}",
+                              rows, [j])
         elif array.dtype != target:
             # an integer (or bool) Box: a float action would be truncated, and an integer one of
             # another width or sign wrap, without an error

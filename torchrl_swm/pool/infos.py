@@ -18,11 +18,12 @@ The rule, applied to every ``info`` dict a sub-env returns from ``reset`` and ``
   restrict them (``info_keys=``). Dtypes follow numpy, as gymnasium's vector
   infos do, in every backend and process: Python floats are float64 (stored
   exactly), ints int64, bools bool; numpy and torch values keep their dtype;
-  differing dtypes across envs are promoted with ``torch.promote_types``.
+  differing dtypes across envs are promoted as numpy does (``np.promote_types``:
+  int64 with float32 is float64, which holds both values exactly).
 * At run time a value must have the spec's shape and a dtype that casts to the
-  spec's within its kind (int into float is fine, 0.75 into int is an error);
-  integers of another width or sign are range-checked (300 into a uint8 key is
-  an error, never a wrapped 44), see :func:`cast_problem`.
+  spec's within its kind (int into float is fine when the float holds it exactly,
+  0.75 into int is an error); integers of another width or sign are range-checked
+  (300 into a uint8 key is an error, never a wrapped 44), see :func:`cast_problem`.
   A numeric key that is not in the spec is an error (it would otherwise be
   dropped), unless ``info_keys=`` restricted the recorded keys.
 * A key may not be a value in one info and a dict in another (an error at
@@ -66,6 +67,9 @@ Key = tuple[str, ...]
 INFO_MASK_KEY = "info_mask"
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 class SkippedValue:
     """Stands for an info value the rule skips, in the picklable probe infos (see ``numeric_only``)."""
 
@@ -88,6 +92,11 @@ def numeric_value(value) -> np.ndarray | None:
     if kind is bool:
         return np.asarray(value, dtype=np.bool_)
     if kind is int:
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise OverflowError(
+                f"the Python int {value} is outside int64's range, the widest integer a TensorDict holds exactly; "
+                "report it as a float (if its precision may be lost) or a string (skipped), or leave it out"
+            )
         return np.asarray(value, dtype=np.int64)
     if kind is float:
         return np.asarray(value, dtype=np.float64)
@@ -144,6 +153,10 @@ def cast_problem(source: np.ndarray, dtype: np.dtype) -> str | None:
     src = source.dtype
     if src.kind not in "biuf":
         return f"dtype {src} is not a bool, integer or float dtype"
+    if src.kind in "iu" and dtype.kind == "f" and source.size:  # numpy calls int64 -> float64 safe; 2**53 + 1 is not
+        inexact = _inexact_int(source, dtype)
+        if inexact is not None:
+            return inexact
     if np.can_cast(src, dtype, "safe"):
         return None
     if src.kind in "iu" and dtype.kind in "iu":
@@ -164,6 +177,20 @@ def cast_problem(source: np.ndarray, dtype: np.dtype) -> str | None:
                 return f"value {bad} overflows {dtype} (largest {top:g})"
         return None
     return f"dtype {src} does not cast to {dtype} without changing the values"
+
+
+def _inexact_int(source: np.ndarray, dtype: np.dtype) -> str | None:
+    """The first integer of ``source`` that float ``dtype`` does not hold exactly (``2**24 + 1`` in float32)."""
+    exact = 2 ** (np.finfo(dtype).nmant + 1)  # every integer up to this is exact
+    wide = source[np.abs(source.astype(np.float64)) >= exact]  # rounding may bring 2**53 + 1 down to 2**53
+    for value in wide.tolist():
+        with np.errstate(over="ignore"):
+            stored = float(np.asarray(value).astype(dtype))
+        if math.isinf(stored):
+            return f"value {value} overflows {dtype} (largest {float(np.finfo(dtype).max):g})"
+        if int(stored) != value:
+            return f"integer {value} is not exactly representable in {dtype} (it would read {int(stored)})"
+    return None
 
 
 def first_cast_problem(array: np.ndarray, dtype: np.dtype, rows=None) -> tuple[int, str] | None:
@@ -260,7 +287,7 @@ def vector_values(value: np.ndarray, present=None, key: Key = ("?",), phase: str
                 f"gave shape {array0.shape}. Every env must report the same shape.",
             )
         if array.dtype != dtype:
-            dtype = _promote(dtype, array.dtype)
+            dtype = _promote(dtype, array.dtype, key)
     out = np.zeros((len(value), *array0.shape), dtype)
     for j, array in numeric:
         out[j] = array
@@ -361,7 +388,7 @@ class InfoSchema:
                         f"shape {seen.shape} at {phase0}. Every env must report the same shape; "
                         "declare the key with info_spec= or leave it out with info_keys=.",
                     )
-                promoted = _promote(seen.dtype, array.dtype)
+                promoted = _promote(seen.dtype, array.dtype, key)
                 if promoted != seen.dtype:
                     leaves[key] = InfoLeaf(seen.shape, promoted)
         declared = _declared(info_spec)
@@ -453,13 +480,15 @@ def _check_nesting(leaves: Mapping[Key, InfoLeaf], origins: Mapping[Key, tuple[i
             raise EnvError(later[0], later[1], message)
 
 
-def _promote(a: np.dtype, b: np.dtype) -> np.dtype:
-    """torch's type promotion (int64 with float32 is float32, not numpy's float64)."""
-    import torch
+def _promote(a: np.dtype, b: np.dtype, key: Key) -> np.dtype:
+    """The dtype holding values of both ``a`` and ``b``: numpy's promotion, which keeps integers exact where it
+    can (int64 with float32 is float64; torch's rule, float32, would round 2**24 + 1). Dtypes a TensorDict
+    cannot hold are refused first, naming the key."""
+    from ..specs import check_storable
 
-    from ..specs import numpy_dtype, torch_dtype
-
-    return numpy_dtype(torch.promote_types(torch_dtype(a), torch_dtype(b)))
+    for dtype in (a, b):
+        check_storable(dtype, f"info key {_key_str(key)}", info_key=_key_str(key))
+    return np.promote_types(a, b)
 
 
 def chosen_info_keys(info_keys) -> list[Key] | None:
@@ -656,10 +685,16 @@ class InfoWriter:
                         f"which is out of its range; storing it would change its value. Declare the key with a "
                         "wider dtype via info_spec=."
                     ) from err
-                if not (kind == "f" and vtype is not bool and array.itemsize < 8 and math.isinf(array[i, 0])
-                        and not math.isinf(value)):
+                if kind != "f" or vtype is bool:
                     return
-                # a finite number became inf in a float16/32 key: undo it, and let cast_problem below name it
+                stored = array[i, 0]
+                if vtype is float:
+                    if array.itemsize == 8 or not math.isinf(stored) or math.isinf(value):
+                        return
+                elif math.isfinite(stored) and int(stored) == value:
+                    return
+                # a finite number became inf in a float16/32 key, or an int was rounded: undo it, and let
+                # cast_problem below name it
                 array[i, 0] = 0
         source = numeric_value(value)
         expected = f"dtype {array.dtype}, shape {array.shape[2:]}"

@@ -22,7 +22,7 @@ __all__ = ["SerialBackend", "InProcessBackend", "call_envs", "make_envs", "numer
            "action_mask", "set_envs_attr"]
 
 
-def numeric_only(info: Mapping) -> dict:
+def numeric_only(info: Mapping, prefix: tuple = ()) -> dict:
     """``info`` for spec inference, picklable: numeric leaves as arrays, nested dicts, and a
     :class:`SkippedValue` for every other value (inference must see a key that is numeric in
     one env and ``None`` in another)."""
@@ -31,10 +31,14 @@ def numeric_only(info: Mapping) -> dict:
     out = {}
     for key, value in info.items():
         if isinstance(value, Mapping):
-            out[key] = numeric_only(value)
-        else:
+            out[key] = numeric_only(value, (*prefix, key))
+            continue
+        try:
             array = numeric_value(value)
-            out[key] = SkippedValue(describe(value)) if array is None else array
+        except OverflowError as err:
+            path = (*prefix, key)
+            raise OverflowError(f"info key {path[0] if len(path) == 1 else path!r}: {err}") from None
+        out[key] = SkippedValue(describe(value)) if array is None else array
     return out
 
 
