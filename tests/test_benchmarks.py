@@ -6,6 +6,9 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+import pytest
+
 
 def test_pool_benchmark_smoke(tmp_path):
     out = tmp_path / "bench.json"
@@ -49,9 +52,14 @@ def test_a_failed_row_is_written_as_strict_json():
     from torchrl_swm.benchmarks.__main__ import _no_nan
     from torchrl_swm.benchmarks.harness import Row
 
+    from torchrl_swm.benchmarks.pool import _failed_row
+
     row = Row("cartpole", "peer", "a peer (failed: ...)", 1, float("nan"), 0, 0, float("nan"), {"x": float("inf")})
     text = json.dumps(_no_nan(row.as_dict()), allow_nan=False)
     assert json.loads(text)["rate"] is None and json.loads(text)["extra"] == {"x": None}
+    # a failed peer has no figures at all: not 0 µs per step (infinitely fast) or a 0 % spread
+    failed = json.loads(json.dumps(_no_nan(_failed_row("cartpole", "peer", "a peer", 4, OSError("x")).as_dict())))
+    assert failed["rate"] is None and failed["spread"] is None and failed["us_per_call"] is None
 
 
 def test_measure_together_credits_steps_per_unit_and_reports_subjects_that_cannot_be_built():
@@ -77,3 +85,52 @@ def test_measure_together_credits_steps_per_unit_and_reports_subjects_that_canno
     # the same time per unit: ten batched steps per unit make each step ten times cheaper
     assert results["ten"]["us_per_call"] < results["one"]["us_per_call"] / 5
     assert results["ten"]["rate"] > 5 * results["one"]["rate"]
+
+
+def test_measure_together_reports_a_subject_that_fails_while_warming_up_or_running():
+    from torchrl_swm.benchmarks.harness import measure_together
+
+    class Failing:
+        """Fails at its first call (warm-up), or at its second timed round (``later``), or never."""
+
+        closed = 0
+
+        def __init__(self, when):
+            self.when, self.calls, self.units, self.rounds = when, 0, [], 0
+
+        def run(self, units):
+            self.calls += 1
+            # calibration doubles units; the timed rounds repeat one count
+            self.rounds += bool(self.units) and units == self.units[-1]
+            self.units.append(units)
+            if self.when == "warmup" or (self.when == "later" and self.rounds == 2):
+                raise RuntimeError(f"failed at call {self.calls}")
+            time.sleep(0.001 * units)
+
+        def close(self):
+            Failing.closed += 1
+
+    failures = {}
+    results = measure_together({"ok": lambda: Failing(None), "warmup": lambda: Failing("warmup"),
+                                "later": lambda: Failing("later")},
+                               envs_per_step=2, seconds=0.2, repeats=3, failures=failures)
+    assert set(results) == {"ok"} and set(failures) == {"warmup", "later"}
+    assert "call 1" in str(failures["warmup"]) and results["ok"]["rate"] > 0 and Failing.closed == 3
+    with pytest.raises(RuntimeError, match="failed at call 1"):  # without failures=, the error propagates
+        measure_together({"warmup": lambda: Failing("warmup")}, envs_per_step=2, seconds=0.1, repeats=2)
+
+
+def test_the_ceiling_pools_end_episodes_at_scattered_steps_like_cartpole():
+    """Most batched steps of a CartPole pool hold a partial reset; the ceilings' no-op pools must too, or
+    they undercount TorchRL's reset round trips (lengths in lockstep clumps gave 16 % at N=16)."""
+    from torchrl_swm.benchmarks.pool import _noop_pools
+
+    for n, least in ((16, 0.35), (256, 0.9)):
+        subject = _noop_pools(n)["noop_step"]()
+        env, td, any_done = subject.env, subject.td, []
+        for s in range(400):
+            td["action"] = subject.acts[s % len(subject.acts)]
+            out, td = env.step_and_maybe_reset(td)
+            any_done.append(bool(out["next", "done"].any()))
+        subject.close()
+        assert np.mean(any_done) > least, (n, np.mean(any_done))

@@ -109,38 +109,60 @@ def measure_together(makers: dict, *, envs_per_step: int, seconds: float = 2.0, 
     absolute rates move. Returns ``{key: measure()-style dict}``.
 
     ``steps_per_unit``: ``{key: batched steps per unit}`` (default 1). ``failures``: a dict that
-    collects ``{key: exception}`` for subjects that cannot be built (a peer that cannot run here),
-    which are then left out; without it such an error propagates.
+    collects ``{key: exception}`` for subjects that fail to build, warm up or run (a peer that cannot
+    run here), which are then left out; without it such an error propagates.
     """
     subjects, setup, units = {}, {}, {}
     steps_per_unit = steps_per_unit or {}
+
+    def failed(key, err):
+        if failures is None:
+            raise err
+        failures[key] = err
+        subject = subjects.pop(key, None)
+        if subject is not None:
+            try:
+                subject.close()
+            except Exception:  # the failure itself is what gets reported
+                pass
+
     try:
         for key, make in makers.items():
             t0 = time.perf_counter()
             try:
                 subjects[key] = make()
             except Exception as err:
-                if failures is None:
-                    raise
-                failures[key] = err
+                failed(key, err)
                 continue
             setup[key] = time.perf_counter() - t0
-        for key, subject in subjects.items():
-            u, dt = _calibrate(subject)
-            units[key] = max(1, int(math.ceil(seconds / repeats / len(subjects) * u / max(dt, 1e-9))))
+        calibration = {}
+        for key, subject in list(subjects.items()):
+            try:
+                calibration[key] = _calibrate(subject)
+            except Exception as err:
+                failed(key, err)
+        for key, (u, dt) in calibration.items():
+            if key in subjects:
+                units[key] = max(1, int(math.ceil(seconds / repeats / len(subjects) * u / max(dt, 1e-9))))
         times = {key: [] for key in subjects}
         counts = {key: [] for key in subjects}
         order = list(subjects)
         for r in range(repeats):
             for key in order[r % len(order):] + order[: r % len(order)]:
+                if key not in subjects:
+                    continue
                 t0 = time.perf_counter()
-                counts[key].append(subjects[key].run(units[key]))
+                try:
+                    counts[key].append(subjects[key].run(units[key]))
+                except Exception as err:
+                    failed(key, err)
+                    continue
                 times[key].append(time.perf_counter() - t0)
     finally:
         for subject in subjects.values():
             subject.close()
-    return {key: _summary(units[key], steps_per_unit.get(key, 1), envs_per_step, ts, setup[key], counts[key])
-            for key, ts in times.items()}
+    return {key: _summary(units[key], steps_per_unit.get(key, 1), envs_per_step, times[key], setup[key], counts[key])
+            for key in subjects}
 
 
 def is_next_step(venv) -> bool:

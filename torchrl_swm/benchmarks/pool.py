@@ -27,7 +27,7 @@ import torch
 
 from .harness import Row, is_next_step, measure, step_next_step
 
-__all__ = ["run", "SECTIONS", "BusyEnv", "NoopEnv"]
+__all__ = ["run", "SECTIONS", "BusyEnv", "NoopEnv", "RandomLengthNoopEnv"]
 
 K_ACTIONS = 64  # pre-drawn action batches, cycled
 
@@ -50,6 +50,20 @@ class NoopEnv(gym.Env):
     def step(self, action):
         self.t += 1
         return self.obs, 1.0, bool(self.period) and self.t >= self.period, False, {}
+
+
+class RandomLengthNoopEnv(NoopEnv):
+    """A :class:`NoopEnv` whose every episode lasts a random number of steps in ``[low, high]`` (its own RNG,
+    seeded at construction: the pool's per-episode seeds leave the lengths alone), so that, as CartPole's
+    under random actions, episodes of different envs end at scattered steps, not in synchronized clumps."""
+
+    def __init__(self, seed: int, low: int = 12, high: int = 32):
+        super().__init__(0)
+        self.rng, self.low, self.high = np.random.default_rng(seed), low, high
+
+    def reset(self, *, seed=None, options=None):
+        self.period = int(self.rng.integers(self.low, self.high + 1))
+        return super().reset(seed=seed, options=options)
 
 
 class BusyEnv(gym.Env):
@@ -260,8 +274,9 @@ def _row(section, key, label, n, result, ref=None, **extra) -> Row:
 
 
 def _failed_row(section, key, label, n, err) -> Row:
-    """A peer that cannot run here: reported with its error (a NaN rate, ``null`` in the JSON), not fatal."""
-    return Row(section, key, f"{label} (failed: {type(err).__name__}: {err})", n, float("nan"), 0, 0)
+    """A peer that cannot run here: reported with its error (NaN figures, ``null`` in the JSON), not fatal."""
+    nan = float("nan")
+    return Row(section, key, f"{label} (failed: {type(err).__name__}: {err})", n, nan, nan, nan)
 
 
 def cartpole(ns=(16, 256), seconds=2.0, include_slow=True) -> list[Row]:
@@ -342,11 +357,12 @@ _NOOP_PATHS = {"noop_step": 1, "noop_rollout": 100, "noop_collector": 50}
 
 
 def _noop_pools(n) -> dict:
-    """Makers of the :func:`ceilings` subjects: a pool of :class:`NoopEnv` whose episodes last as long as
-    CartPole's under random actions (12 to 32 steps, 22 on average: as many partial resets per step)."""
+    """Makers of the :func:`ceilings` subjects: a pool of :class:`RandomLengthNoopEnv` whose episodes last
+    about as long as CartPole's under random actions (12 to 32 steps, 22 on average) and end at scattered
+    steps, so that about as many batched steps hold a partial reset (half of them at N=16, nearly all at 256)."""
     from ..pool import EnvPool
 
-    fns = [functools.partial(NoopEnv, 12 + (i * 7) % 21) for i in range(n)]
+    fns = [functools.partial(RandomLengthNoopEnv, i) for i in range(n)]
     return {
         "noop_step": lambda: StepLoop(EnvPool(fns, seed=0)),
         "noop_rollout": lambda: Rollout(EnvPool(fns, seed=0), 100),
