@@ -370,3 +370,32 @@ def test_sb3_indices_refuse_a_boolean_mask_and_floats():
     assert venv.get_attr("tag") == ["a"] * 3
     assert venv.get_attr("tag", indices=np.flatnonzero([True, False, True])) == ["a", "a"]
     venv.close()
+
+
+class _RgbOnly(gym.Env):
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, render_mode=None):
+        self.render_mode = render_mode
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+    def render(self):
+        return np.zeros((4, 4, 3), np.uint8)
+
+
+@pytest.mark.parametrize("render_mode", [None, "rgb_array"])
+def test_metadata_is_the_envs_own_as_on_dummy_vec_env(render_mode):
+    make = functools.partial(_RgbOnly, render_mode)
+    ours, ref = to_sb3_vec_env(EnvPool([make] * 2, seed=0)), DummyVecEnv([make] * 2)
+    assert ours.metadata["render_modes"] == ref.metadata["render_modes"] == ["rgb_array"]
+    assert ours.metadata["render_fps"] == ref.metadata["render_fps"] == 10
+    ours.close()
+    ref.close()

@@ -988,6 +988,46 @@ def test_pool_over_a_sync_vector_env_matches_sync_vector_env(inner, mode):
     ref.close()
 
 
+class _ResetCounter(gym.Env):
+    """Ends every ``length`` steps; each reset draws its observation from the env's RNG and is counted."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float64)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, length):
+        self.length, self.resets, self.t = length, 0, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.resets = 0, self.resets + 1
+        return np.array([self.np_random.normal(), 0.0]), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.array([0.0, self.t]), 1.0, self.t >= self.length, False, {}
+
+
+@pytest.mark.parametrize("lengths", [[2, 3, 2], [2, 2, 2]])  # some envs ended, or all of them
+def test_a_full_reset_after_a_same_step_vector_env_reset_rows_itself_resets_each_env_once(lengths):
+    """Exported DISABLED over a SAME_STEP SyncVectorEnv: reset() after some envs ended resets every env once, as
+    SyncVectorEnv(DISABLED) does; the rows the inner env had already reset take that reset, not a second one."""
+    fns = [functools.partial(_ResetCounter, k) for k in lengths]
+    inner = gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+    ours = to_gymnasium(EnvPool(inner, seed_every_episode=False), autoreset_mode="disabled")
+    ref = gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.DISABLED)
+    for env in (ours, ref):
+        env.reset(seed=0)
+        for _ in range(2):
+            env.step(np.zeros(3, np.int64))
+    ref_obs, _ = ref.reset()
+    our_obs, _ = ours.reset()
+    np.testing.assert_array_equal(our_obs, ref_obs)
+    # one reset more each: the pool's construction probe
+    assert [r + 1 for r in ref.get_attr("resets")] == list(ours.get_attr("resets"))
+    ours.close()
+    ref.close()
+
+
 def test_pool_over_a_natively_batched_vector_env_exports():
     venv = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="vector_entry_point")
     pool = EnvPool(venv, seed=0)

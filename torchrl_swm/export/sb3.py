@@ -91,8 +91,9 @@ def _sb3_class():
             )
             self._actions = None
             super().__init__(self.venv.num_envs, self.venv.single_observation_space, self.venv.single_action_space)
-            if "render_fps" in self.venv.metadata:  # VecVideoRecorder's frame rate (SB3 keeps render_modes only)
-                self.metadata = {**self.metadata, "render_fps": self.venv.metadata["render_fps"]}
+            # as DummyVecEnv, the envs' own render modes and frame rate (VecVideoRecorder reads render_fps)
+            own = {key: self.venv.metadata[key] for key in ("render_modes", "render_fps") if key in self.venv.metadata}
+            self.metadata = {**self.metadata, **own}
 
         @property
         def env(self) -> EnvBase:
