@@ -116,6 +116,10 @@ def test_measure_together_reports_a_subject_that_fails_while_warming_up_or_runni
                                envs_per_step=2, seconds=0.2, repeats=3, failures=failures)
     assert set(results) == {"ok"} and set(failures) == {"warmup", "later"}
     assert "call 1" in str(failures["warmup"]) and results["ok"]["rate"] > 0 and Failing.closed == 3
+    failures = {}
+    assert measure_together({"a": lambda: Failing("warmup"), "b": lambda: Failing("later")},
+                            envs_per_step=2, seconds=0.1, repeats=2, failures=failures) == {}
+    assert set(failures) == {"a", "b"}
     with pytest.raises(RuntimeError, match="failed at call 1"):  # without failures=, the error propagates
         measure_together({"warmup": lambda: Failing("warmup")}, envs_per_step=2, seconds=0.1, repeats=2)
 

@@ -502,3 +502,8 @@ def test_unstorable_info_dtypes_are_spec_errors_naming_the_key():
             info_pool([{"x": np.longdouble(0.5)}] * 2, [[{}]] * 2)
     with pytest.raises(EnvError, match=r"env 0 \(reset\).*info key 'x'.*18446744073709551615 is outside int64"):
         info_pool([{"x": 2**64 - 1}] * 2, [[{}]] * 2)
+    pool = info_pool([{"x": 0.5}] * 2, [[{"x": 0.5}], [{"x": 0.5}, {"x": 10**30}]])  # later, into a float64 key
+    td = step(pool)
+    with pytest.raises(EnvError, match=r"env 1 \(step\): info key 'x':.*10{30} is outside int64"):
+        step(pool, td.clone())
+    pool.close()

@@ -130,6 +130,7 @@ _HALF_OPEN = [
     gym.spaces.Box(np.array([-np.inf, -1.0]), np.array([np.inf, 1.0]), dtype=np.float64),
     gym.spaces.Box(-3e38, 3e38, shape=(4,), dtype=np.float32),  # finite, but high - low overflows float32
     gym.spaces.Box(-6e4, 6e4, shape=(3,), dtype=np.float16),
+    gym.spaces.Box(-1e308, 1e308, shape=(3,), dtype=np.float64),  # high - low overflows float64 itself
 ]
 
 
@@ -139,8 +140,9 @@ def test_box_rand_samples_inside_half_open_and_overwide_boxes(space):
     upper bound every time where the span overflows. These Boxes sample as gymnasium's Box.sample does."""
     from torchrl_swm.specs import BoxBounded
 
-    spec = space_to_spec(space)
-    assert isinstance(spec, BoxBounded) and isinstance(spec, Bounded)
+    spec = space_to_spec(space, action=True)
+    assert type(spec) is BoxBounded and isinstance(spec, Bounded)
+    assert type(space_to_spec(space)) is not BoxBounded  # observations keep TorchRL's own spec
     draws = spec.rand((2000,)).numpy()
     assert draws.dtype == space.dtype and np.isfinite(draws).all()
     assert all(space.contains(d) for d in draws)
@@ -151,6 +153,56 @@ def test_box_rand_samples_inside_half_open_and_overwide_boxes(space):
         assert torch.isfinite(derived.rand()).all()
     assert torch.equal(spec.space.low, torch.as_tensor(space.low)) and torch.equal(spec.space.high, torch.as_tensor(space.high))
     assert spec_to_space(spec) == space
+
+
+def test_box_bounded_specs_equal_and_stack_with_torchrl_bounded_specs():
+    """TorchRL compares specs by exact type and stacks them only when each is an instance of the first one's
+    class: a BoxBounded action spec must still equal, and stack with, the Bounded spec of the same Box."""
+    from torchrl.envs import SerialEnv
+
+    from torchrl_swm import EnvPool
+    from torchrl_swm.specs import BoxBounded
+
+    space = _HALF_OPEN[0]
+    ours, plain = space_to_spec(space, action=True), space_to_spec(space)
+    assert type(ours) is BoxBounded and type(plain) is not BoxBounded
+    assert ours == plain and plain == ours and not (ours != plain)
+    assert ours != space_to_spec(_HALF_OPEN[1], action=True)
+    for pair in ([ours, plain], [plain, ours]):
+        stacked = torch.stack([s.expand(2, 2) for s in pair], 0)
+        assert stacked.shape == (2, 2, 2) and torch.isfinite(stacked.rand()).all() == (stacked.__class__ is BoxBounded)
+    finite = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def env_with(action_space):
+        class Env(gym.Env):
+            observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+
+            def reset(self, *, seed=None, options=None):
+                super().reset(seed=seed)
+                return np.zeros(1, np.float32), {}
+
+            def step(self, action):
+                return np.zeros(1, np.float32), 0.0, False, False, {}
+
+        Env.action_space = action_space
+        return lambda: EnvPool([Env] * 2, seed=0, info_keys=[])
+
+    for order in ((space, finite), (finite, space)):  # pools with different action specs, either first
+        serial = SerialEnv(2, [env_with(order[0]), env_with(order[1])])
+        assert serial.action_spec.shape == (2, 2, 2)
+        assert serial.rollout(3)["action"].shape == (2, 2, 3, 2)  # (workers, envs, time, action)
+        serial.close()
+
+
+def test_pool_observation_specs_equal_torchrl_gym_env_specs():
+    from torchrl.envs import GymEnv
+
+    from torchrl_swm import EnvPool
+
+    pool, ref = EnvPool("CartPole-v1", num_envs=2, seed=0), GymEnv("CartPole-v1")
+    assert pool.observation_spec["observation"][0] == ref.observation_spec["observation"]  # infinite velocity bounds
+    pool.close()
+    ref.close()
 
 
 def test_a_collector_without_policy_sends_half_open_box_actions_inside_the_space():

@@ -12,9 +12,10 @@ gymnasium space          TorchRL spec (unbatched)
 =======================  =======================================================
 ``Box``                  ``Bounded`` (``Unbounded`` when every bound is infinite
                          or at the float dtype's extremes), the space's shape and dtype;
-                         a float Box with some infinite bounds, or wider than its dtype
-                         can subtract, is a :class:`BoxBounded`, whose ``rand()`` samples
-                         as gymnasium's ``Box.sample`` (``Bounded.rand`` gives NaN/inf)
+                         as an action space (``action=True``), a float Box with some
+                         infinite bounds, or wider than its dtype can subtract, is a
+                         :class:`BoxBounded`, whose ``rand()`` samples as gymnasium's
+                         ``Box.sample`` (``Bounded.rand`` gives NaN/inf: random actions)
 ``Discrete(n, start)``   ``Categorical(n)`` int64, shape ``()``; or ``OneHot(n)``
                          int64 with ``categorical=False``. Values are indices
                          ``0..n-1``; the pool adds ``start`` for the env.
@@ -157,27 +158,47 @@ def _rand_overflows(low: np.ndarray, high: np.ndarray) -> bool:
 
 class _KeepClass(_BoundedMeta):
     """``Bounded``'s metaclass turns every instance into a ``BoundedContinuous``/``BoundedDiscrete``;
-    a subclass keeps its own class, through the ``self.__class__(...)`` of clone/expand/index/reshape."""
+    a subclass keeps its own class, through the ``self.__class__(...)`` of clone/expand/index/reshape.
+
+    And any continuous ``Bounded`` passes ``isinstance(spec, BoxBounded)``: TorchRL stacks specs (a
+    ``SerialEnv`` of pools) only when each is an instance of the first one's class, and a ``BoxBounded``
+    is a ``Bounded`` in all but sampling."""
 
     def __call__(cls, *args, **kwargs):
         return type.__call__(cls, *args, **kwargs)
+
+    def __instancecheck__(cls, instance):
+        return super().__instancecheck__(instance) or isinstance(instance, BoundedContinuous)
 
 
 class BoxBounded(BoundedContinuous, metaclass=_KeepClass):
     """A float ``Bounded`` spec whose :meth:`rand` samples as gymnasium's ``Box.sample``: uniform where both
     bounds are finite (computed in float64, so a span wider than the dtype is fine), ``low`` plus an
     exponential where only ``low`` is, ``high`` minus one where only ``high`` is, a standard normal where
-    neither is. :func:`space_to_spec` gives it to the Boxes ``Bounded.rand`` cannot sample: with
+    neither is. :func:`space_to_spec` gives it to the action Boxes ``Bounded.rand`` cannot sample: with
     ``Box([-inf, 0], [1, inf])`` it draws ``[nan, inf]``, which a ``Collector`` with ``policy=None`` would
-    send to every env. Everything else (bounds, ``is_in``, ``project``, shape ops) is ``Bounded``'s.
+    send to every env. Everything else (bounds, ``is_in``, ``project``, shape ops) is ``Bounded``'s, and it
+    equals a ``Bounded`` of the same bounds (TorchRL compares specs by exact type).
     """
+
+    def __eq__(self, other) -> bool:
+        return (
+            isinstance(other, BoundedContinuous)
+            and self.device == other.device
+            and self.shape == other.shape
+            and self.space == other.space
+            and self.dtype == other.dtype
+        )
+
+    __hash__ = BoundedContinuous.__hash__
 
     def rand(self, shape: torch.Size | Sequence[int] | None = None) -> torch.Tensor:
         size = (*(() if shape is None else tuple(shape)), *self.shape)
         low, high = self.space.low.double(), self.space.high.double()
         low_inf, high_inf = torch.isinf(low), torch.isinf(high)
         f64 = {"dtype": torch.float64, "device": self.device}
-        uniform = low + (high - low) * torch.rand(size, **f64)
+        u = torch.rand(size, **f64)
+        uniform = low * (1 - u) + high * u  # not low + (high - low) * u: high - low overflows Box(-1e308, 1e308)
         tail = torch.empty(size, **f64).exponential_()
         out = torch.where(low_inf, high - tail, torch.where(high_inf, low + tail, uniform))
         out = torch.where(low_inf & high_inf, torch.randn(size, **f64), out)
@@ -196,6 +217,7 @@ def space_to_spec(
     categorical: bool = True,
     device: torch.device | str | None = None,
     name: str = "space",
+    action: bool = False,
 ) -> TensorSpec:
     """Convert a gymnasium space to an unbatched TorchRL spec.
 
@@ -205,6 +227,8 @@ def space_to_spec(
             ``MultiCategorical`` (default) rather than ``OneHot`` / ``MultiOneHot``.
         device: device of the spec.
         name: what the space is, used in error messages (e.g. ``"observation_space"``).
+        action: an action space, whose specs' ``rand()`` draws random actions: a float Box that TorchRL's
+            ``Bounded.rand`` cannot sample becomes a :class:`BoxBounded`.
 
     Raises:
         SpecError: for a space type outside :data:`SUPPORTED_SPACES`.
@@ -221,7 +245,7 @@ def space_to_spec(
         high = np.broadcast_to(space.high, space.shape)
         if _unbounded(low, high):
             return Unbounded(shape=space.shape, dtype=dtype, device=device)
-        return (BoxBounded if _rand_overflows(low, high) else Bounded)(
+        return (BoxBounded if action and _rand_overflows(low, high) else Bounded)(
             low=torch.as_tensor(np.array(low), dtype=dtype),
             high=torch.as_tensor(np.array(high), dtype=dtype),
             shape=space.shape,
@@ -249,7 +273,7 @@ def space_to_spec(
     if isinstance(space, gym.spaces.Dict):
         return Composite(
             {
-                key: space_to_spec(sub, categorical=categorical, device=device, name=f"{name}[{key!r}]")
+                key: space_to_spec(sub, categorical=categorical, device=device, name=f"{name}[{key!r}]", action=action)
                 for key, sub in space.spaces.items()
             },
             device=device,
@@ -276,13 +300,14 @@ def unbatch_spec(spec: TensorSpec, batch_ndim: int) -> TensorSpec:
 
 
 def as_spec(
-    space_or_spec, *, categorical: bool = True, device=None, name: str = "space"
+    space_or_spec, *, categorical: bool = True, device=None, name: str = "space", action: bool = False
 ) -> TensorSpec:
-    """Accept either a gymnasium space or a TorchRL spec; return an unbatched spec."""
+    """Accept either a gymnasium space or a TorchRL spec; return an unbatched spec (``action``: see
+    :func:`space_to_spec`)."""
     if isinstance(space_or_spec, TensorSpec):
         return space_or_spec.to(device) if device is not None else space_or_spec
     if isinstance(space_or_spec, gym.Space):
-        return space_to_spec(space_or_spec, categorical=categorical, device=device, name=name)
+        return space_to_spec(space_or_spec, categorical=categorical, device=device, name=name, action=action)
     raise SpecError(
         f"{name}: expected a gymnasium.Space or a torchrl TensorSpec, got {type(space_or_spec).__name__}"
     )

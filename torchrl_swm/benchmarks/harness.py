@@ -147,7 +147,7 @@ def measure_together(makers: dict, *, envs_per_step: int, seconds: float = 2.0, 
         times = {key: [] for key in subjects}
         counts = {key: [] for key in subjects}
         order = list(subjects)
-        for r in range(repeats):
+        for r in range(repeats if order else 0):  # every subject failed: nothing to time
             for key in order[r % len(order):] + order[: r % len(order)]:
                 if key not in subjects:
                     continue

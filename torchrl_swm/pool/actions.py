@@ -40,7 +40,7 @@ class ActionCodec:
                 "ActionWrapper."
             )
         self.space = action_space
-        self.spec = space_to_spec(action_space, categorical=categorical, name="action_space")
+        self.spec = space_to_spec(action_space, categorical=categorical, name="action_space", action=True)
         self.categorical = categorical
         self.num_envs = num_envs
         self.shape = torch.Size((num_envs, *self.spec.shape))

@@ -56,7 +56,7 @@ from ..errors import EnvError, SpecError, describe
 # torch and torchrl are imported where needed: worker processes write infos
 # with this module and start faster without them.
 
-__all__ = ["InfoSchema", "InfoWriter", "SkippedValue", "numeric_value", "vector_values", "cast_problem",
+__all__ = ["InfoSchema", "InfoWriter", "SkippedValue", "numeric_value", "numeric_info_value", "vector_values", "cast_problem",
            "first_cast_problem",
            "flatten_vector_info", "check_vector_mask", "batch_wide_error", "INFO_MASK_KEY",
            "needs_step_probe", "chosen_info_keys"]
@@ -68,6 +68,8 @@ INFO_MASK_KEY = "info_mask"
 
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+#: the largest integer magnitude up to which every integer is exact, by float itemsize (float16/32/64)
+_EXACT_INT = {2: 2**11, 4: 2**24, 8: 2**53}
 
 
 class SkippedValue:
@@ -114,6 +116,14 @@ def numeric_value(value) -> np.ndarray | None:
                 return tensor.float().numpy()
             raise
     return None
+
+
+def numeric_info_value(value, key: Key, env_index: int | None, phase: str) -> np.ndarray | None:
+    """:func:`numeric_value`, with a value no dtype holds (a Python int past int64) an error naming env and key."""
+    try:
+        return numeric_value(value)
+    except OverflowError as err:
+        raise EnvError(env_index, phase, f"info key {_key_str(key)}: {err}") from None
 
 
 def _string_key(key, mapping: Mapping, prefix: Key, env_index: int | None, phase: str) -> str:
@@ -265,7 +275,7 @@ def vector_values(value: np.ndarray, present=None, key: Key = ("?",), phase: str
     if value.ndim != 1:
         return value
     rows = range(len(value)) if present is None else np.flatnonzero(np.asarray(present, dtype=bool)).tolist()
-    converted = [(j, numeric_value(value[j])) for j in rows]
+    converted = [(j, numeric_info_value(value[j], key, j, phase)) for j in rows]
     numeric = [(j, a) for j, a in converted if a is not None]
     if not numeric:
         return value
@@ -369,7 +379,7 @@ class InfoSchema:
         skipped: dict[Key, tuple[int, str, object]] = {}  # a non-numeric value's first probe
         for env_index, phase, info in probes:
             for key, value in _flatten(info, (), env_index, phase):
-                array = numeric_value(value)
+                array = numeric_info_value(value, key, env_index, phase)
                 if array is None:
                     skipped.setdefault(key, (env_index, phase, value))
                     continue
@@ -604,7 +614,7 @@ class InfoWriter:
         for key, value in _flatten(info, (), i, phase):
             array = arrays.get(key)
             if array is None:
-                if not self.schema.selected and numeric_value(value) is not None:
+                if not self.schema.selected and numeric_info_value(value, key, i, phase) is not None:
                     self._raise_unknown(i, key, value, phase)
                 continue
             self._store(i, key, array, value, phase)
@@ -635,7 +645,7 @@ class InfoWriter:
             array = self.arrays.get(key)
             if array is None and self.schema.selected:
                 continue
-            source = numeric_value(value)
+            source = numeric_info_value(value, key, None, phase)
             if source is not None and (source.ndim == 0 or len(source) != len(select)):
                 raise batch_wide_error(key, value, len(select), phase)
             if array is None:
@@ -687,16 +697,19 @@ class InfoWriter:
                     ) from err
                 if kind != "f" or vtype is bool:
                     return
-                stored = array[i, 0]
                 if vtype is float:
-                    if array.itemsize == 8 or not math.isinf(stored) or math.isinf(value):
+                    if array.itemsize == 8 or not math.isinf(array[i, 0]) or math.isinf(value):
                         return
-                elif math.isfinite(stored) and int(stored) == value:
-                    return
+                else:  # an int into a float key: exact up to 2**(mantissa bits + 1), checked past that
+                    if -2048 <= value <= 2048 or abs(value) <= _EXACT_INT[array.itemsize]:
+                        return
+                    stored = array[i, 0]
+                    if math.isfinite(stored) and int(stored) == value:
+                        return
                 # a finite number became inf in a float16/32 key, or an int was rounded: undo it, and let
                 # cast_problem below name it
                 array[i, 0] = 0
-        source = numeric_value(value)
+        source = numeric_info_value(value, key, i, phase)
         expected = f"dtype {array.dtype}, shape {array.shape[2:]}"
         if source is None:
             raise EnvError(i, phase, f"info key {_key_str(key)}: expected a numeric value ({expected}), got {describe(value)}")
@@ -715,7 +728,7 @@ class InfoWriter:
 
     def _check_unknown(self, i, info, phase):
         for key, value in _flatten(info, (), i, phase):
-            if numeric_value(value) is not None:
+            if numeric_info_value(value, key, i, phase) is not None:
                 self._raise_unknown(i, key, value, phase)
 
     def _not_reported(self, key: Key, rows, phase: str) -> None:

@@ -40,7 +40,7 @@ from gymnasium.utils.env_checker import data_equivalence
 from gymnasium.vector import AutoresetMode
 
 from ..errors import EnvAttributeError, EnvError, SpecError, describe
-from .infos import batch_wide_error, check_vector_mask, flatten_vector_info, numeric_value
+from .infos import batch_wide_error, check_vector_mask, flatten_vector_info, numeric_info_value
 from .rows import RowWriter
 from .serial import PROBE_HINT, InProcessBackend, action_mask, call_envs, env_is_wrapped, probe_action, set_envs_attr
 
@@ -557,7 +557,7 @@ def _split_vector_info(info, num_envs, phase: str = "reset", batch_wide: dict | 
     out = [dict() for _ in range(num_envs)]
     for key, value, present in flatten_vector_info(info, phase=phase):
         check_vector_mask(key, present, num_envs, phase)
-        array = numeric_value(value)
+        array = numeric_info_value(value, key, None, phase)
         if array is None:
             continue
         if array.ndim == 0 or len(array) != num_envs:

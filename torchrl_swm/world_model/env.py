@@ -535,7 +535,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             )
         obs_spec = self._unbatched(observation_space, "observation_space")
         _refuse_start(action_space)
-        act_spec = self._unbatched(action_space, "action_space")
+        act_spec = self._unbatched(action_space, "action_space", action=True)
         self._obs_is_mapping = isinstance(obs_spec, Composite)
         if self._obs_is_mapping:
             obs_leaves = [
@@ -754,8 +754,8 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         self.is_closed = False  # TorchRL's EnvBase starts closed; only its wrappers say otherwise
 
     # -- construction helpers ------------------------------------------------------------------
-    def _unbatched(self, space, name) -> TensorSpec:
-        spec = as_spec(space, device=self.device, name=name)
+    def _unbatched(self, space, name, action: bool = False) -> TensorSpec:
+        spec = as_spec(space, device=self.device, name=name, action=action)
         if isinstance(spec, Composite) and tuple(spec.shape) != ():
             raise SpecError(
                 f"{name}: expected an unbatched (per-env) spec, got a Composite of shape {tuple(spec.shape)}"

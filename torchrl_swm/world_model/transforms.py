@@ -110,7 +110,7 @@ class ActionAdapter(_WorldModelTransform):
         super().__init__(in_keys=[], out_keys=[], in_keys_inv=[action_key], out_keys_inv=[action_key], model=model)
         self.__dict__["_fn"] = action_transform_fn
         _refuse_start(action_space)
-        self._outer = as_spec(action_space, name="action_space")
+        self._outer = as_spec(action_space, name="action_space", action=True)
         if isinstance(self._outer, Composite):
             raise TypeError("ActionAdapter: the outside action space must be a single (non-Dict) space")
         self._outer_check = ActionRange.of(self._outer)  # discrete outside actions: range-checked
@@ -591,7 +591,7 @@ def make_world_model_env(
 
 def _probe_model_action(model, fn, action_space, device, differentiable) -> TensorSpec:
     """The model's action spec, from transforming one zero outside action (batch of 1)."""
-    outer = as_spec(action_space, name="action_space")
+    outer = as_spec(action_space, name="action_space", action=True)
     if device is None:
         from .env import _model_device
 
