@@ -82,6 +82,11 @@ if np.dtype(np.longdouble).itemsize > 8:  # x86's float128: torch has no such dt
     _UNSTORABLE[np.dtype(np.longdouble)] = "float64"
 
 
+def storable(dtype) -> bool:
+    """Whether the pool's tensordicts can hold ``dtype`` (see :func:`check_storable`)."""
+    return np.dtype(dtype) not in _UNSTORABLE
+
+
 def check_storable(dtype, what: str, info_key: str | None = None) -> None:
     """Raise a :class:`SpecError` for a dtype the pool's tensordicts cannot hold (uint16/32/64).
 

@@ -297,7 +297,7 @@ def vector_values(value: np.ndarray, present=None, key: Key = ("?",), phase: str
                 f"gave shape {array0.shape}. Every env must report the same shape.",
             )
         if array.dtype != dtype:
-            dtype = _promote(dtype, array.dtype, key)
+            dtype = _promote(dtype, array.dtype)
     out = np.zeros((len(value), *array0.shape), dtype)
     for j, array in numeric:
         out[j] = array
@@ -398,7 +398,7 @@ class InfoSchema:
                         f"shape {seen.shape} at {phase0}. Every env must report the same shape; "
                         "declare the key with info_spec= or leave it out with info_keys=.",
                     )
-                promoted = _promote(seen.dtype, array.dtype, key)
+                promoted = seen.dtype if array.dtype == seen.dtype else _promote(seen.dtype, array.dtype)
                 if promoted != seen.dtype:
                     leaves[key] = InfoLeaf(seen.shape, promoted)
         declared = _declared(info_spec)
@@ -462,6 +462,10 @@ class InfoSchema:
 
     def buffer_leaves(self, num_envs: int):
         """``{key: (shape, dtype)}`` of the ``"info"`` and ``"info_mask"`` leaves, for the buffer layout."""
+        from ..specs import check_storable
+
+        for key, leaf in self.leaves.items():  # before any buffer: torch cannot even wrap a float128 array
+            check_storable(leaf.dtype, f"info key {_key_str(key)}", info_key=_key_str(key))
         out = {("info", *key): ((num_envs, 1, *leaf.shape), leaf.dtype) for key, leaf in self.leaves.items()}
         out.update({(INFO_MASK_KEY, *key): ((num_envs, 1), np.dtype(bool)) for key in self.masked})
         return out
@@ -490,14 +494,16 @@ def _check_nesting(leaves: Mapping[Key, InfoLeaf], origins: Mapping[Key, tuple[i
             raise EnvError(later[0], later[1], message)
 
 
-def _promote(a: np.dtype, b: np.dtype, key: Key) -> np.dtype:
+def _promote(a: np.dtype, b: np.dtype) -> np.dtype:
     """The dtype holding values of both ``a`` and ``b``: numpy's promotion, which keeps integers exact where it
-    can (int64 with float32 is float64; torch's rule, float32, would round 2**24 + 1). Dtypes a TensorDict
-    cannot hold are refused first, naming the key."""
-    from ..specs import check_storable
+    can (int64 with float32 is float64; torch's rule, float32, would round 2**24 + 1). A dtype a TensorDict
+    cannot hold wins, so that the spec refuses it naming the key, unless ``info_spec=`` declares the key
+    (numpy would make uint64 with int64 a float64, rounding both)."""
+    from ..specs import storable
 
     for dtype in (a, b):
-        check_storable(dtype, f"info key {_key_str(key)}", info_key=_key_str(key))
+        if not storable(dtype):
+            return dtype
     return np.promote_types(a, b)
 
 
