@@ -31,6 +31,15 @@ def test_console_script_is_installed_and_lists_commands():
         assert name in out.stdout
 
 
+def test_python_dash_m_runs_the_command():
+    out = subprocess.run([sys.executable, "-m", "torchrl_swm", "--help"], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: torchrl-swm") and "collect" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "torchrl_swm", "info", "no/such/dataset"], capture_output=True,
+                         text=True, timeout=240)
+    assert out.returncode == 2 and "no dataset at 'no/such/dataset'" in out.stderr
+
+
 def test_collect_info_eval_round_trip(tmp_path, capsys):
     data = tmp_path / "data" / "cartpole"  # a missing parent is created, as World.collect does (README's data/maze)
     out = run("collect", "CartPole-v1", "--episodes", 5, "--num-envs", 2, "--out", data, "--seed", 3)

@@ -314,6 +314,35 @@ def test_writer_rejects_overflow_and_late_adds(tmp_path):
     assert load_dataset(tmp_path / "w").num_steps == 2
 
 
+def test_an_interrupt_inside_the_storage_write_leaves_no_rows_of_that_episode_for_rb_loads(tmp_path):
+    """TorchRL's writer advances its cursor and the storage length before writing: a Ctrl-C landing there
+    must not leave rows of no episode in the storage metadata that a plain ``rb.loads(path)`` reads."""
+    writer = DatasetWriter(tmp_path / "w", capacity=20)
+
+    def episode(i, n):
+        return TensorDict({"episode": torch.full((n,), i), "x": torch.arange(n, dtype=torch.float32) + 1}, [n])
+
+    writer.add(episode(0, 3))
+    storage = writer.storage
+    advance = storage._get_new_len
+
+    def advance_then_interrupt(*args, **kwargs):
+        advance(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    storage._get_new_len = advance_then_interrupt
+    with pytest.raises(KeyboardInterrupt):
+        writer.add(episode(1, 5))
+    storage._get_new_len = advance
+    writer.add(episode(2, 4))  # the next episode lands right after the last complete one
+    writer.close(complete=False, interrupted="KeyboardInterrupt")
+    assert load_dataset(tmp_path / "w").num_steps == 7
+    rb = TensorDictReplayBuffer(storage=LazyMemmapStorage(20))
+    rb.loads(tmp_path / "w")
+    assert len(rb) == 7
+    assert rb[:7]["episode"].tolist() == [0] * 3 + [2] * 4 and rb[:7]["x"].tolist() == [1, 2, 3, 1, 2, 3, 4]
+
+
 def test_exclude_keys_are_not_stored(tmp_path):
     pool = counting_pool(2, pixels=True)
     ds = World(pool, max_episode_steps=8).collect(tmp_path / "d", 3, seed=0, progress=False,

@@ -214,8 +214,16 @@ class DatasetWriter:
             )
         if self.keys is None:
             self.keys = _describe_keys(episode)
-        with _quiet_storage_init() if not self.storage.initialized else contextlib.nullcontext():
-            self.rb.extend(episode)
+        writer, storage = self.rb._writer, self.storage
+        before = (writer._cursor, writer._write_count, storage._len)
+        try:
+            with _quiet_storage_init() if not storage.initialized else contextlib.nullcontext():
+                self.rb.extend(episode)
+        except BaseException:
+            # TorchRL advances the cursor and the length before it writes: an interrupt (Ctrl-C) inside
+            # extend would leave them counting rows of no episode, which commit() saves for rb.loads(path)
+            writer._cursor, writer._write_count, storage._len = before
+            raise
         self.episode_ids.append(int(episode.get("episode")[0]))
         self.episode_lengths.append(length)
         self.num_steps += length

@@ -45,7 +45,8 @@ ENV = "torchrl_swm/PointMaze-v0"
 
 # --- 1. Collect ------------------------------------------------------------------------------------------
 # World builds an EnvPool from the gymnasium id: 8 envs, 64x64 pixels. Episode j runs on env j % 8 from
-# seed 0 + j, whichever episodes finish first: the dataset is the same on any number of envs.
+# seed 0 + j, whichever episodes finish first. A policy that reads only the observation gives the same dataset
+# on any number of envs; this expert's noise is one torch draw for the whole batch, so it depends on the number.
 world = World(ENV, num_envs=args.num_envs, image_shape=(64, 64))
 dataset = world.collect(out / "dataset", args.episodes, seed=0, policy=PointMazeExpert("u", noise=0.5))
 print(dataset.summary())
