@@ -181,6 +181,25 @@ class FailingEnv(CountingEnv):
         return super().step(action)
 
 
+class ExitingEnv(CountingEnv):
+    """A counting env that raises ``SystemExit`` (a ``BaseException``, not an ``Exception``) at its first step or,
+    with ``in_reset``, at its second reset."""
+
+    def __init__(self, in_reset: bool = False, **kwargs):
+        super().__init__(length=100, **kwargs)
+        self.in_reset = in_reset
+
+    def reset(self, *, seed=None, options=None):
+        if self.in_reset and self.resets_called >= 1:
+            raise SystemExit(5)
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        if not self.in_reset:
+            raise SystemExit(5)
+        return super().step(action)
+
+
 class StubbornError(Exception):
     """An exception whose ``__init__`` takes other arguments than its ``args``: pickles, but cannot be rebuilt."""
 

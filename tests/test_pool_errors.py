@@ -389,6 +389,34 @@ def test_a_bfloat16_box_action_reaches_the_env_exactly():
     pool.close()
 
 
+@pytest.mark.parametrize("in_reset", [False, True])
+def test_an_env_raising_a_base_exception_is_named_by_both_backends(in_reset):
+    """SystemExit/KeyboardInterrupt from an env pass through the serial backend as they are (tagged with the env),
+    and come back from a worker as an EnvError naming the env, like any other env error."""
+    from envs import CountingEnv, ExitingEnv
+
+    fns = [CountingEnv] * 3 + [functools.partial(ExitingEnv, in_reset=in_reset)] + [CountingEnv]
+    phase = "reset" if in_reset else "step"
+
+    def act(pool):
+        td = pool.reset()
+        if in_reset:
+            pool.reset(TensorDict({"_reset": torch.ones(5, 1, dtype=torch.bool)}, [5]))
+        td["action"] = torch.zeros(5, dtype=torch.int64)
+        pool.step(td)
+
+    serial = EnvPool(fns, seed=0, info_keys=[])
+    with pytest.raises(SystemExit) as err:
+        act(serial)
+    assert (err.value.env_index, err.value.phase) == (3, phase)
+    serial.close()
+    process = EnvPool(fns, backend="process", num_workers=2, seed=0, info_keys=[])
+    with pytest.raises(EnvError, match=rf"^env 3 \({phase}\): SystemExit: 5") as err:
+        act(process)
+    assert err.value.env_index == 3
+    process.close()
+
+
 # -- the process backend: a command that cannot be sent leaves no stale reply ------------------
 
 

@@ -296,6 +296,9 @@ class SerialBackend(InProcessBackend):
             raise
         except Exception as err:
             raise EnvError(first + j, "reset", f"{type(err).__name__}: {err}") from err
+        except BaseException as err:  # KeyboardInterrupt, SystemExit: raised as they are, tagged with the env
+            err.env_index, err.phase = first + j, "reset"  # (a worker reports it naming the env)
+            raise
         writer.reset_flags(self._index(rows)[0], seeds if episode_seeds is None else episode_seeds)
 
     def step(self, actions: Sequence, rows: np.ndarray | None) -> None:
@@ -320,6 +323,9 @@ class SerialBackend(InProcessBackend):
                     append(envs[j].step(action))
         except Exception as err:
             raise EnvError(first + order[len(results)], "step", f"{type(err).__name__}: {err}") from err
+        except BaseException as err:  # KeyboardInterrupt, SystemExit: raised as they are, tagged with the env
+            err.env_index, err.phase = first + order[len(results)], "step"  # (a worker reports it naming the env)
+            raise
         if not results:
             return
         index, global_rows = self._index(rows)
