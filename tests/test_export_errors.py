@@ -299,7 +299,8 @@ def test_bool_box_actions_take_bools_or_exact_zeros_and_ones():
                 np.array([[np.nan, 0, 0], [0, 0, 0]], np.float32), torch.tensor([[0.0, 0.5, 1.0], [0.0, 0.0, 0.0]])):
         with pytest.raises(ValueError, match=r"every value must be 0 or 1 for Box\(False, True, \(3,\), bool\)"):
             envs.step(bad)
-    for good in (np.array([[1, 0, 1], [0, 1, 0]]), np.array([[1.0, 0, 1], [0, 1, 0]]), np.array([[True, False, True], [False, True, False]])):
+    for good in (np.array([[1, 0, 1], [0, 1, 0]]), np.array([[1.0, 0, 1], [0, 1, 0]]),
+                 np.array([[True, False, True], [False, True, False]])):
         assert envs.step(good)[0].tolist() == [[1, 0, 1], [0, 1, 0]]
     envs.close()
 

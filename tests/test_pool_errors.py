@@ -369,7 +369,8 @@ def test_integer_action_that_does_not_fit_an_integer_box_is_named():
     pool.close()
 
 
-@pytest.mark.parametrize("space_dtype, action_dtype, big", [(np.float32, torch.float64, 1e300), (np.float16, torch.float32, 1e6)])
+@pytest.mark.parametrize("space_dtype, action_dtype, big",
+                         [(np.float32, torch.float64, 1e300), (np.float16, torch.float32, 1e6)])
 def test_a_float_action_that_overflows_the_box_dtype_is_named_never_inf(space_dtype, action_dtype, big):
     pool = EnvPool([functools.partial(IntBoxActionEnv, space_dtype, -1, 1)] * 2, seed=0)
     td = fresh(pool)

@@ -151,7 +151,8 @@ def test_box_rand_samples_inside_half_open_and_overwide_boxes(space):
     for derived in (spec.expand(5, *spec.shape), spec.clone(), spec.expand(3, *spec.shape)[1], spec.to(torch.float64)):
         assert type(derived) is BoxBounded
         assert torch.isfinite(derived.rand()).all()
-    assert torch.equal(spec.space.low, torch.as_tensor(space.low)) and torch.equal(spec.space.high, torch.as_tensor(space.high))
+    assert torch.equal(spec.space.low, torch.as_tensor(space.low))
+    assert torch.equal(spec.space.high, torch.as_tensor(space.high))
     assert spec_to_space(spec) == space
 
 

@@ -56,8 +56,8 @@ from ..errors import EnvError, SpecError, describe
 # torch and torchrl are imported where needed: worker processes write infos
 # with this module and start faster without them.
 
-__all__ = ["InfoSchema", "InfoWriter", "SkippedValue", "numeric_value", "numeric_info_value", "vector_values", "cast_problem",
-           "first_cast_problem",
+__all__ = ["InfoSchema", "InfoWriter", "SkippedValue", "numeric_value", "numeric_info_value", "vector_values",
+           "cast_problem", "first_cast_problem",
            "flatten_vector_info", "check_vector_mask", "batch_wide_error", "INFO_MASK_KEY",
            "needs_step_probe", "chosen_info_keys"]
 

@@ -257,8 +257,8 @@ class VectorBackend(InProcessBackend):
             option is None and self.stashed.all() and all(s is None for s in seeds)
         ):
             rows = None  # every row, not all reset by the vector env itself: a full reset needs no masked reset
-        elif rows is None and option is None and self.stashed.any() and (seeds is None or all(s is None for s in seeds)) \
-                and (self._masked_reset is not None or self.stashed.all()):
+        elif (rows is None and option is None and self.stashed.any() and not any(s is not None for s in seeds or ())
+              and (self._masked_reset is not None or self.stashed.all())):
             # an unseeded full reset after a SAME_STEP vector env reset finished rows itself: their new episodes
             # have begun, and resetting them again would draw from their streams twice (SyncVectorEnv's own
             # reset() resets each env once); they take that reset, the others a masked one
