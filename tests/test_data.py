@@ -343,6 +343,27 @@ def test_an_interrupt_inside_the_storage_write_leaves_no_rows_of_that_episode_fo
     assert rb[:7]["episode"].tolist() == [0] * 3 + [2] * 4 and rb[:7]["x"].tolist() == [1, 2, 3, 1, 2, 3, 4]
 
 
+def test_an_interrupt_while_the_first_episode_creates_the_storage_leaves_the_writer_usable(tmp_path, monkeypatch):
+    from tensordict import TensorDictBase
+
+    writer = DatasetWriter(tmp_path / "w", capacity=20)
+    memmap_like = TensorDictBase.memmap_like
+
+    def create_then_interrupt(self, *args, **kwargs):
+        memmap_like(self, *args, **kwargs)  # the storage files exist now
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(TensorDictBase, "memmap_like", create_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        writer.add(TensorDict({"episode": torch.zeros(3, dtype=torch.int64), "x": torch.ones(3)}, [3]))
+    monkeypatch.setattr(TensorDictBase, "memmap_like", memmap_like)
+    assert writer.num_steps == 0 and writer.episode_ids == []
+    writer.add(TensorDict({"episode": torch.ones(2, dtype=torch.int64), "x": torch.full((2,), 2.0)}, [2]))
+    writer.close(complete=True)
+    ds = load_dataset(tmp_path / "w")
+    assert ds.num_episodes == 1 and ds.episode(0)["x"].tolist() == [2.0, 2.0]
+
+
 def test_exclude_keys_are_not_stored(tmp_path):
     pool = counting_pool(2, pixels=True)
     ds = World(pool, max_episode_steps=8).collect(tmp_path / "d", 3, seed=0, progress=False,

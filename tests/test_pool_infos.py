@@ -494,6 +494,20 @@ def test_an_integer_a_float_key_cannot_hold_exactly_is_an_error(key_dtype, value
     exact.close()
 
 
+def test_an_unsigned_dtype_promoted_with_a_wider_signed_one_is_recorded_exactly():
+    pool = info_pool([{"x": np.uint16(7)}, {"x": np.int64(-1)}], [[{}]] * 2)  # numpy: int64 holds both
+    assert pool.observation_spec["info", "x"].dtype == torch.int64
+    assert pool.reset()["info", "x"].view(-1).tolist() == [7, -1]
+    pool.close()
+    # uint16 with uint32: the advice must hold both (int64, not uint16's int32)
+    with pytest.raises(SpecError, match=r"dtype uint32 is not supported.*info_spec=\{'x': np.int64"):
+        info_pool([{"x": np.uint16(1)}, {"x": np.uint32(3_000_000_000)}], [[{}]] * 2)
+    declared = info_pool([{"x": np.uint16(1)}, {"x": np.uint32(3_000_000_000)}], [[{}]] * 2,
+                         info_spec={"x": np.int64(0)})
+    assert declared.reset()["info", "x"].view(-1).tolist() == [1, 3_000_000_000]
+    declared.close()
+
+
 def test_unstorable_info_dtypes_are_spec_errors_naming_the_key():
     with pytest.raises(SpecError, match=r"info key 'x': dtype uint64 is not supported.*info_spec=\{'x': np.int64"):
         info_pool([{"x": np.int64(-1)}, {"x": np.uint64(2**63)}], [[{}]] * 2)
@@ -502,7 +516,12 @@ def test_unstorable_info_dtypes_are_spec_errors_naming_the_key():
             info_pool([{"x": np.longdouble(0.5)}] * 2, [[{}]] * 2)
     with pytest.raises(EnvError, match=r"env 0 \(reset\).*info key 'x'.*18446744073709551615 is outside int64"):
         info_pool([{"x": 2**64 - 1}] * 2, [[{}]] * 2)
-    pool = info_pool([{"x": 0.5}] * 2, [[{"x": 0.5}], [{"x": 0.5}, {"x": 10**30}]])  # later, into a float64 key
+    pool = info_pool([{"x": 0.5}] * 2, [[{"x": 0.5}], [{"x": 0.5}, {"x": 2**63}]])  # later, into a float64 key
+    td = step(pool)
+    with pytest.raises(EnvError, match=r"env 1 \(step\): info key 'x':.*9223372036854775808 is outside int64"):
+        step(pool, td.clone())  # exact in float64, but past int64: the rule is the same as at construction
+    pool.close()
+    pool = info_pool([{"x": 0.5}] * 2, [[{"x": 0.5}], [{"x": 0.5}, {"x": 10**30}]])
     td = step(pool)
     with pytest.raises(EnvError, match=r"env 1 \(step\): info key 'x':.*10{30} is outside int64"):
         step(pool, td.clone())

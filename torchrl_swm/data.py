@@ -193,14 +193,18 @@ class DatasetWriter:
         """Create the dataset directory (removing the dataset ``overwrite`` replaces) and its storage."""
         if self.opened:
             return
-        from torchrl.data import LazyMemmapStorage, RandomSampler, ReplayBuffer, RoundRobinWriter
-
         _check_target(self.path, self._overwrite)  # again: the path may have changed since
         self.path.mkdir(parents=True, exist_ok=True)
-        self.storage = LazyMemmapStorage(self.capacity, scratch_dir=self.path / "storage", existsok=False)
-        self.rb = ReplayBuffer(storage=self.storage, writer=RoundRobinWriter(), sampler=RandomSampler())
+        self._new_storage()
         self.opened = True
         self._write_metadata(complete=False)
+
+    def _new_storage(self) -> None:
+        from torchrl.data import LazyMemmapStorage, RandomSampler, ReplayBuffer, RoundRobinWriter
+
+        shutil.rmtree(self.path / "storage", ignore_errors=True)
+        self.storage = LazyMemmapStorage(self.capacity, scratch_dir=self.path / "storage", existsok=False)
+        self.rb = ReplayBuffer(storage=self.storage, writer=RoundRobinWriter(), sampler=RandomSampler())
 
     def add(self, episode: TensorDictBase) -> None:
         """Append one complete episode (batch ``[L]``) to the storage."""
@@ -216,17 +220,22 @@ class DatasetWriter:
             self.keys = _describe_keys(episode)
         writer, storage = self.rb._writer, self.storage
         before = (writer._cursor, writer._write_count, storage._len)
+        initialized, episode_id, count = storage.initialized, int(episode.get("episode")[0]), len(self.episode_ids)
         try:
-            with _quiet_storage_init() if not storage.initialized else contextlib.nullcontext():
+            with _quiet_storage_init() if not initialized else contextlib.nullcontext():
                 self.rb.extend(episode)
+            self.episode_ids.append(episode_id)
+            self.episode_lengths.append(length)
+            self.num_steps += length
         except BaseException:
             # TorchRL advances the cursor and the length before it writes: an interrupt (Ctrl-C) inside
             # extend would leave them counting rows of no episode, which commit() saves for rb.loads(path)
             writer._cursor, writer._write_count, storage._len = before
+            del self.episode_ids[count:], self.episode_lengths[count:]
+            self.num_steps = sum(self.episode_lengths)
+            if not initialized:  # its files may exist already: a fresh storage, or the next add would fail
+                self._new_storage()
             raise
-        self.episode_ids.append(int(episode.get("episode")[0]))
-        self.episode_lengths.append(length)
-        self.num_steps += length
         if time.monotonic() - self._last_commit >= self.commit_every:
             self.commit()
 

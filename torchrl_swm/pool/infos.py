@@ -496,15 +496,17 @@ def _check_nesting(leaves: Mapping[Key, InfoLeaf], origins: Mapping[Key, tuple[i
 
 def _promote(a: np.dtype, b: np.dtype) -> np.dtype:
     """The dtype holding values of both ``a`` and ``b``: numpy's promotion, which keeps integers exact where it
-    can (int64 with float32 is float64; torch's rule, float32, would round 2**24 + 1). A dtype a TensorDict
-    cannot hold wins, so that the spec refuses it naming the key, unless ``info_spec=`` declares the key
-    (numpy would make uint64 with int64 a float64, rounding both)."""
+    can (int64 with float32 is float64; torch's rule, float32, would round 2**24 + 1; uint16 with int64 is
+    int64). Where that is a dtype a TensorDict cannot hold, or a float for two integer dtypes (uint64 with int64),
+    the widest unstorable input comes back instead, so that the spec refuses it naming the key, unless
+    ``info_spec=`` declares the key."""
     from ..specs import storable
 
-    for dtype in (a, b):
-        if not storable(dtype):
-            return dtype
-    return np.promote_types(a, b)
+    promoted = np.promote_types(a, b)
+    if storable(promoted) and not (promoted.kind == "f" and a.kind in "biu" and b.kind in "biu"):
+        return promoted
+    unstorable = [dtype for dtype in (a, b, promoted) if not storable(dtype)]
+    return max(unstorable, key=lambda dtype: dtype.itemsize)
 
 
 def chosen_info_keys(info_keys) -> list[Key] | None:
@@ -710,7 +712,7 @@ class InfoWriter:
                     if -2048 <= value <= 2048 or abs(value) <= _EXACT_INT[array.itemsize]:
                         return
                     stored = array[i, 0]
-                    if math.isfinite(stored) and int(stored) == value:
+                    if math.isfinite(stored) and int(stored) == value and _INT64_MIN <= value <= _INT64_MAX:
                         return
                 # a finite number became inf in a float16/32 key, or an int was rounded: undo it, and let
                 # cast_problem below name it

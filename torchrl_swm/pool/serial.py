@@ -145,6 +145,15 @@ def _bad_step_result(i: int, result) -> EnvError:
     return EnvError(i, "step", f"expected step() to return (obs, reward, terminated, truncated, info), got {describe(result)}")
 
 
+def _tag(err: BaseException, env_index: int, phase: str) -> None:
+    """Record which env raised ``err`` on it, unless its class forbids the attributes (the env's own exception
+    must reach the caller, never an AttributeError about tagging it)."""
+    try:
+        err.env_index, err.phase = env_index, phase
+    except Exception:
+        pass
+
+
 def _close_quietly(env) -> None:
     try:
         env.close()
@@ -297,7 +306,7 @@ class SerialBackend(InProcessBackend):
         except Exception as err:
             raise EnvError(first + j, "reset", f"{type(err).__name__}: {err}") from err
         except BaseException as err:  # KeyboardInterrupt, SystemExit: raised as they are, tagged with the env
-            err.env_index, err.phase = first + j, "reset"  # (a worker reports it naming the env)
+            _tag(err, first + j, "reset")  # (a worker reports it naming the env)
             raise
         writer.reset_flags(self._index(rows)[0], seeds if episode_seeds is None else episode_seeds)
 
@@ -324,7 +333,7 @@ class SerialBackend(InProcessBackend):
         except Exception as err:
             raise EnvError(first + order[len(results)], "step", f"{type(err).__name__}: {err}") from err
         except BaseException as err:  # KeyboardInterrupt, SystemExit: raised as they are, tagged with the env
-            err.env_index, err.phase = first + order[len(results)], "step"  # (a worker reports it naming the env)
+            _tag(err, first + order[len(results)], "step")  # (a worker reports it naming the env)
             raise
         if not results:
             return
