@@ -182,21 +182,21 @@ class FailingEnv(CountingEnv):
 
 
 class ExitingEnv(CountingEnv):
-    """A counting env that raises ``SystemExit`` (a ``BaseException``, not an ``Exception``) at its first step or,
-    with ``in_reset``, at its second reset."""
+    """A counting env that raises ``error(5)`` (by default ``SystemExit``, a ``BaseException``, not an
+    ``Exception``) at its first step or, with ``in_reset``, at its second reset."""
 
-    def __init__(self, in_reset: bool = False, **kwargs):
+    def __init__(self, in_reset: bool = False, error: type = SystemExit, **kwargs):
         super().__init__(length=100, **kwargs)
-        self.in_reset = in_reset
+        self.in_reset, self.error = in_reset, error
 
     def reset(self, *, seed=None, options=None):
         if self.in_reset and self.resets_called >= 1:
-            raise SystemExit(5)
+            raise self.error(5)
         return super().reset(seed=seed, options=options)
 
     def step(self, action):
         if not self.in_reset:
-            raise SystemExit(5)
+            raise self.error(5)
         return super().step(action)
 
 

@@ -424,20 +424,10 @@ class _ReadOnlyTagExit(SystemExit):
         return "mine"
 
 
-class _RaisesReadOnlyTag(gym.Env):
-    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
-    action_space = gym.spaces.Discrete(2)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return np.zeros(1, np.float32), {}
-
-    def step(self, action):
-        raise _ReadOnlyTagExit(3)
-
-
 def test_an_exception_that_cannot_be_tagged_still_reaches_the_caller():
-    pool = EnvPool([_RaisesReadOnlyTag] * 2, seed=0, info_keys=[])
+    from envs import ExitingEnv
+
+    pool = EnvPool([functools.partial(ExitingEnv, error=_ReadOnlyTagExit)] * 2, seed=0, info_keys=[])
     td = pool.reset()
     td["action"] = torch.zeros(2, dtype=torch.int64)
     with pytest.raises(_ReadOnlyTagExit):  # never an AttributeError about the tag

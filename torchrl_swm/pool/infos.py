@@ -191,8 +191,8 @@ def cast_problem(source: np.ndarray, dtype: np.dtype) -> str | None:
 
 def _inexact_int(source: np.ndarray, dtype: np.dtype) -> str | None:
     """The first integer of ``source`` that float ``dtype`` does not hold exactly (``2**24 + 1`` in float32)."""
-    exact = 2 ** (np.finfo(dtype).nmant + 1)  # every integer up to this is exact
-    wide = source[np.abs(source.astype(np.float64)) >= exact]  # rounding may bring 2**53 + 1 down to 2**53
+    # >=: rounding may bring 2**53 + 1 down to 2**53
+    wide = source[np.abs(source.astype(np.float64)) >= _EXACT_INT[np.dtype(dtype).itemsize]]
     for value in wide.tolist():
         with np.errstate(over="ignore"):
             stored = float(np.asarray(value).astype(dtype))

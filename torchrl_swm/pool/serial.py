@@ -15,29 +15,25 @@ import gymnasium as gym
 import numpy as np
 
 from ..errors import EnvAttributeError, EnvError, describe
-from .infos import InfoWriter, SkippedValue, numeric_value
+from .infos import InfoWriter, SkippedValue, numeric_info_value
 from .rows import RowWriter
 
 __all__ = ["SerialBackend", "InProcessBackend", "call_envs", "make_envs", "numeric_only", "probe_action",
            "action_mask", "set_envs_attr"]
 
 
-def numeric_only(info: Mapping, prefix: tuple = ()) -> dict:
-    """``info`` for spec inference, picklable: numeric leaves as arrays, nested dicts, and a
-    :class:`SkippedValue` for every other value (inference must see a key that is numeric in
-    one env and ``None`` in another)."""
+def numeric_only(info: Mapping, env_index: int, phase: str, prefix: tuple = ()) -> dict:
+    """``info`` of env ``env_index`` at ``phase`` for spec inference, picklable: numeric leaves as arrays,
+    nested dicts, and a :class:`SkippedValue` for every other value (inference must see a key that is numeric
+    in one env and ``None`` in another)."""
     if not isinstance(info, Mapping):
         raise TypeError(f"expected the env's info to be a dict, got {describe(info)}")
     out = {}
     for key, value in info.items():
         if isinstance(value, Mapping):
-            out[key] = numeric_only(value, (*prefix, key))
+            out[key] = numeric_only(value, env_index, phase, (*prefix, key))
             continue
-        try:
-            array = numeric_value(value)
-        except OverflowError as err:
-            path = (*prefix, key)
-            raise OverflowError(f"info key {path[0] if len(path) == 1 else path!r}: {err}") from None
+        array = numeric_info_value(value, (*prefix, key), env_index, phase)
         out[key] = SkippedValue(describe(value)) if array is None else array
     return out
 
@@ -231,7 +227,7 @@ class SerialBackend(InProcessBackend):
             phase = "reset"
             try:
                 obs, info = env.reset(seed=int(seeds[j]))
-                infos.append((i, "reset", numeric_only(info)))
+                infos.append((i, "reset", numeric_only(info, i, "reset")))
                 if self.pixels:
                     phase = "render"
                     shape = self._frame(j, env).shape
@@ -246,7 +242,7 @@ class SerialBackend(InProcessBackend):
                 if not isinstance(result, tuple) or len(result) != 5:
                     raise _bad_step_result(i, result)
                 info = result[4]
-                infos.append((i, "step", numeric_only(info)))
+                infos.append((i, "step", numeric_only(info, i, "step")))
             except EnvError:
                 raise
             except Exception as err:
