@@ -666,6 +666,11 @@ def test_bug_garbage_returns_raise(result, match):
             r"reward: expected dtype torch.float32 \(the reward spec\), got Tensor\(dtype=torch.float64",
         ),
         (
+            # named as the model returned it: a numpy array of shape (2,), not the tensor it was converted to
+            (torch.zeros(2, 2), torch.zeros(2, 2), np.ones(2)),
+            r"reward: expected dtype torch.float32 \(the reward spec\), got ndarray\(dtype=float64, shape=\(2,\)\)",
+        ),
+        (
             (torch.zeros(2), torch.zeros(2), torch.zeros(2, dtype=torch.bool), {}),
             r"4-tuple read as \(obs, reward, done, info\): observation: "
             r"expected dtype torch.float32 and shape \(2, 2\)",

@@ -2181,3 +2181,26 @@ def test_step_flags_are_separate_tensors(with_truncated):
     step = torch.tensor([False, True, True]).unsqueeze(-1)
     td2 = env.step(TensorDict({"action": torch.zeros(3, 1), "_step": step}, batch_size=[3]))["next"]
     assert not td2["terminated"].any() and not td2["done"].any()
+
+
+@pytest.mark.parametrize("state_key", ["latent", "observation"])
+def test_state_key_is_an_input_so_parallel_env_hands_the_callers_state_to_the_worker(state_key):
+    # TorchRL's ParallelEnv sends its workers only the input spec's keys: a state read back from the
+    # tensordict must be declared in state_spec, or an edited state is silently replaced by the worker's own
+    from torchrl.envs import ParallelEnv
+    from wm_models import make_counting_env
+
+    env = make_counting_env(3, state_key=state_key)
+    assert list(env.state_spec.keys()) == [state_key]
+    check_env_specs(env)
+    parallel = ParallelEnv(1, functools.partial(make_counting_env, 3, state_key=state_key))
+    try:
+        for e in (env, parallel):
+            td = e.reset()
+            td[state_key] = torch.full_like(td[state_key], 7.0)  # start from the caller's state: t = 7
+            td["action"] = e.action_spec.zero() + 1
+            out = e.step(td)["next"]
+            assert out[state_key][..., 0].flatten().tolist() == [8.0, 8.0, 8.0]
+    finally:
+        if not parallel.is_closed:
+            parallel.close()

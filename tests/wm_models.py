@@ -98,9 +98,9 @@ class PointMass(nn.Module):
         return {"state": torch.cat([pos, vel], -1), "reward": -(pos - self.goal).norm(dim=-1, keepdim=True)}
 
 
-def make_counting_env(num_envs=4):
-    """A picklable env factory for multi-process collectors."""
-    return counting_env(num_envs, length=torch.tensor([2, 3, 5, 7][:num_envs]))
+def make_counting_env(num_envs=4, **kwargs):
+    """A picklable env factory for multi-process collectors (``kwargs`` go to :class:`WorldModelEnv`)."""
+    return counting_env(num_envs, length=torch.tensor([2, 3, 5, 7][:num_envs]), **kwargs)
 
 
 class EncoderModel(nn.Module):

@@ -647,6 +647,12 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                 info[leaf.key[1:]] = Unbounded(shape=(*bs, 1, *leaf.shape), dtype=leaf.dtype, device=device)
             observation_spec["info"] = info
         self.observation_spec = observation_spec
+        if self._state_key is not None:
+            # read back from the input at each step: an input of the env, as in TorchRL's Pendulum, so that
+            # ParallelEnv and other input-spec-driven wrappers hand the caller's state to the env
+            self.state_spec = Composite(
+                {self._state_key: observation_spec[self._state_key].clone()}, shape=batch_size, device=device
+            )
         full_action = Composite(shape=batch_size, device=device)
         for key, spec in act_root.items():
             full_action[key] = batch_spec(spec, bs)
@@ -1010,19 +1016,20 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
     def _reward(self, value, bs, bs1, where, form):
         if value is MISSING or value is None:
             return None
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, (torch.Tensor, np.ndarray)):  # numpy converts, then the same checks
+            returned = value  # named in errors as the model returned it
+            if isinstance(value, np.ndarray):
+                value = torch.as_tensor(value, device=self.device)
             value = self._one_per_env(value, bs, bs1, "reward", "reward", where, form)
             if value.dtype != self._reward_dtype:
                 raise ReturnFormError(
                     f"{where} returned {form}: reward: expected dtype {self._reward_dtype} (the reward spec), "
-                    f"got {describe(value)}"
+                    f"got {describe(returned)}"
                 )
             self._check_device(value, "reward", where, form)
             return value
         if isinstance(value, _FLOAT_TYPES) and not isinstance(value, (bool, np.bool_)):
             return torch.full(bs1, float(value), dtype=self._reward_dtype, device=self.device)
-        if isinstance(value, np.ndarray):
-            return self._reward(torch.as_tensor(value, device=self.device), bs, bs1, where, form)
         raise ReturnFormError(
             f"{where} returned {form}: reward: expected a float tensor of shape {tuple(bs1)}, got {describe(value)}"
         )
