@@ -600,7 +600,8 @@ def test_subclasses_of_package_envs_export_like_the_package_envs():
     for t in range(6):
         action = np.full((3, 2), 0.5, np.float32)
         out, out_ref = ours.step(action), base.step(action)
-        assert out[4]["x"].shape == (3,)
+        # the NEXT_STEP reset step (t = 4) reports the reset's info, which has no "x": absent, as on SyncVectorEnv
+        assert ("x" in out[4]) == (t != 4) and (t == 4 or out[4]["x"].shape == (3,))
         assert_same(out, out_ref, f"world model step {t}")
 
 
@@ -832,6 +833,71 @@ def test_torchrl_serial_env(mode):
             counts.append(obs[0, 0])
     expected = {"next_step": [1, 2, 3, 0, 1, 2], "same_step": [1, 2, 0, 1, 2, 0], "disabled": [1, 2, 3, 0, 1, 2, 3, 0]}
     assert counts == expected[mode]  # NEXT_STEP: 0 on the reset step, then 1: the frozen worker was not stepped
+
+
+def _counting_gym_env_of_length(length):
+    from torchrl.envs import GymWrapper
+
+    return GymWrapper(CountingEnv(length=length))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_torchrl_serial_env_under_a_reshaping_transform_matches_sync_vector_env(mode):
+    """CatFrames reshapes the SerialEnv's own "observation": TorchRL's partial step then fails
+    (it copies the stacked root into the workers' buffers), so such an env steps every row, and
+    its episodes still match SyncVectorEnv over FrameStackObservation in every mode."""
+    from torchrl.envs import CatFrames, SerialEnv
+
+    lengths = (2, 3, 5)
+    serial = SerialEnv(3, [functools.partial(_counting_gym_env_of_length, k) for k in lengths])
+    ours = to_gymnasium(TransformedEnv(serial, CatFrames(N=2, dim=-1, in_keys=["observation"])),
+                        autoreset_mode=mode, info_keys=[])
+    assert not ours.traits.partial_steps
+    ref = gym.vector.SyncVectorEnv(
+        [functools.partial(lambda k: gym.wrappers.FrameStackObservation(CountingEnv(length=k), 2,
+                                                                        padding_type="reset"), k) for k in lengths],
+        autoreset_mode=AutoresetMode[mode.upper()],
+    )
+    # [t, last_action] of both frames (TorchRL's GymWrapper resets each env once more when it builds, so
+    # the episode counters differ by one)
+    flat = lambda obs: np.asarray(obs).reshape(3, 2, 3)[..., [0, 2]]  # noqa: E731
+    assert np.array_equal(flat(ours.reset(seed=0)[0]), flat(ref.reset(seed=0)[0]))
+    finishes = 0
+    for t, action in enumerate(action_stream(ours.action_space, 24)):
+        out, out_ref = ours.step(action), ref.step(action)
+        assert np.array_equal(flat(out[0]), flat(out_ref[0])), f"step {t}"
+        np.testing.assert_array_equal(out[1], out_ref[1])
+        assert np.array_equal(out[2], out_ref[2]) and np.array_equal(out[3], out_ref[3]), f"step {t}"
+        done = out_ref[2] | out_ref[3]
+        finishes += int(done.sum())
+        if mode == "disabled" and done.any():
+            mask = {"reset_mask": done.copy()}
+            assert np.array_equal(flat(ours.reset(options=dict(mask))[0]), flat(ref.reset(options=dict(mask))[0]))
+    assert finishes >= 8
+    ours.close()
+
+
+def test_gym_wrapper_of_a_vector_env_refuses_next_step_and_matches_sync_vector_env_otherwise():
+    """TorchRL's GymWrapper over a gymnasium VectorEnv steps and auto-resets every row at once: NEXT_STEP
+    could not hold a finished row back, and once crashed at the first uneven episode end."""
+    from torchrl.envs import GymWrapper
+
+    def inner(mode):
+        return gym.vector.SyncVectorEnv(
+            [functools.partial(gym.make, "CartPole-v1", max_episode_steps=k) for k in (3, 5, 8)], autoreset_mode=mode
+        )
+
+    with pytest.raises(ValueError, match="GymWrapper wraps an already-batched env.*'same_step' or 'disabled'"):
+        to_gymnasium(GymWrapper(inner(AutoresetMode.SAME_STEP)))
+    ours = to_gymnasium(GymWrapper(inner(AutoresetMode.SAME_STEP)), autoreset_mode="same_step", info_keys=[])
+    ref = inner(AutoresetMode.SAME_STEP)
+    assert np.array_equal(ours.reset(seed=0)[0], ref.reset(seed=0)[0])
+    for t, action in enumerate(action_stream(ours.action_space, 20)):
+        out, out_ref = ours.step(action), ref.step(action)
+        assert_same((out[0], *out[2:4]), (out_ref[0], *out_ref[2:4]), f"step {t}")
+        for i in np.flatnonzero(out_ref[2] | out_ref[3]):
+            assert np.array_equal(out[4]["final_obs"][i], out_ref[4]["final_obs"][i])
+    ours.close()
 
 
 @pytest.mark.parametrize("seed_every_episode", [True, False])

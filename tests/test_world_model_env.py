@@ -2204,3 +2204,79 @@ def test_state_key_is_an_input_so_parallel_env_hands_the_callers_state_to_the_wo
     finally:
         if not parallel.is_closed:
             parallel.close()
+
+
+def _bonus_on_even_steps(state, action):
+    # state = [t, length]: the episode of a row ends at t == length; "bonus" is reported on even steps only
+    t = state[:, :1] + 1
+    info = {"bonus": t[:, 0] * 10} if int(t[0, 0]) % 2 == 0 else {}
+    return {"state": torch.cat([t, state[:, 1:]], -1), "reward": torch.zeros(len(t), 1),
+            "terminated": t >= state[:, 1:], "info": info}
+
+
+def test_declared_info_keys_get_presence_masks_false_where_the_model_omitted_them():
+    """As an EnvPool's declared keys: a declared key the model did not return reads 0 with its
+    ("info_mask", key) False, never a made-up 0 that looks reported."""
+    env = WorldModelEnv(object(), gym.spaces.Box(-np.inf, np.inf, (2,), np.float32), gym.spaces.Discrete(2), num_envs=3,
+                        initial_state=torch.tensor([0.0, 100.0]), transition_fn=_bonus_on_even_steps,
+                        info_spec={"bonus": torch.zeros(())})
+    assert env.observation_spec["info_mask", "bonus"].shape == (3, 1)
+    check_env_specs(env)
+    td = env.reset()
+    assert not td["info_mask", "bonus"].any()  # a constant start reports no info
+    td["action"] = env.action_spec.zero()
+    for t in range(1, 5):
+        td = env.step(td)
+        assert td["next", "info_mask", "bonus"].flatten().tolist() == [t % 2 == 0] * 3
+        assert td["next", "info", "bonus"].flatten().tolist() == [10.0 * t if t % 2 == 0 else 0.0] * 3
+        td = env.step_mdp(td)
+    # a partial reset clears the reset row's mask (its start reported nothing) and keeps the others'
+    td["_reset"] = torch.tensor([[False], [True], [False]])
+    out = env.reset(td)
+    assert out["info_mask", "bonus"].flatten().tolist() == [True, False, True]
+    assert out["info", "bonus"].flatten().tolist() == [40.0, 0.0, 40.0]
+
+
+@pytest.mark.parametrize("mode", ["next_step", "same_step", "disabled"])
+def test_an_info_key_the_model_omits_is_absent_from_the_export_as_on_sync_vector_env(mode):
+    from torchrl_swm import to_gymnasium
+
+    class Twin(gym.Env):  # the same dynamics as a gymnasium env
+        observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        action_space = gym.spaces.Discrete(2)
+
+        def __init__(self, length):
+            self.length = length
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.t = 0
+            return np.array([0, self.length], np.float32), {}
+
+        def step(self, action):
+            self.t += 1
+            info = {"bonus": np.float32(10 * self.t)} if self.t % 2 == 0 else {}
+            return np.array([self.t, self.length], np.float32), 0.0, self.t >= self.length, False, info
+
+    ours = to_gymnasium(
+        WorldModelEnv(object(), Twin.observation_space, Twin.action_space, num_envs=2, transition_fn=_bonus_on_even_steps,
+                      initial_state=torch.tensor([0.0, 4.0]), info_spec={"bonus": torch.zeros(())}, seed=0),
+        autoreset_mode=mode,
+    )
+    ref = gym.vector.SyncVectorEnv([functools.partial(Twin, 4)] * 2, autoreset_mode=ours.autoreset_mode)
+    out, out_ref = ours.reset(seed=0), ref.reset(seed=0)
+    assert out[1] == out_ref[1] == {}
+    for t in range(12):
+        action = np.zeros(2, np.int64)
+        out, out_ref = ours.step(action), ref.step(action)
+        assert np.array_equal(out[0], out_ref[0]) and np.array_equal(out[2], out_ref[2]), f"step {t}"
+        info = {k: v for k, v in out[4].items() if k not in ("final_obs", "_final_obs", "final_info", "_final_info")}
+        info_ref = {k: v for k, v in out_ref[4].items() if k not in ("final_obs", "_final_obs", "final_info", "_final_info")}
+        assert info.keys() == info_ref.keys(), f"step {t}: {out[4]} vs {out_ref[4]}"
+        for key in info:
+            np.testing.assert_array_equal(info[key], info_ref[key])
+        if "final_info" in out_ref[4]:
+            assert out[4]["final_info"].keys() == out_ref[4]["final_info"].keys()
+        if mode == "disabled" and out[2].any():
+            assert ours.reset(options={"reset_mask": out[2].copy()})[1] == {}
+            ref.reset(options={"reset_mask": out[2].copy()})

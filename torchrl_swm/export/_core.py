@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torchrl.data import Binary, Composite, MultiOneHot, OneHot, TensorSpec
-from torchrl.envs import EnvBase, TransformedEnv
+from torchrl.envs import EnvBase, GymWrapper, TransformedEnv
 from torchrl.envs.batched_envs import BatchedEnvBase
 
 from ..errors import SpecError, describe
@@ -99,6 +99,7 @@ class Traits:
     frozen_rows_exact: bool  # a frozen row reports its current (reset) outputs itself: untransformed package env
     package_env: bool  # an env of this package: info leaves follow its (N, 1, *v) convention
     world_model: bool = False  # a WorldModelEnv at the base: reset(seed=, options=) reach its reset_fn
+    batched_wrapper: bool = False  # a TorchRL wrapper of an already-batched env (GymWrapper of a VectorEnv)
 
 
 def is_package_env(env: EnvBase) -> bool:
@@ -122,8 +123,10 @@ def traits(env: EnvBase) -> Traits:
     base = base_env(env)
     is_pool = isinstance(base, EnvPool)
     package = is_pool or is_package_env(base)
-    # SerialEnv/ParallelEnv honour "_step" when it selects whole workers: one row per worker
-    workers = isinstance(base, BatchedEnvBase) and len(base.batch_size) == 1
+    # SerialEnv/ParallelEnv honour "_step" when it selects whole workers: one row per worker. Under a
+    # transform that reshapes one of their own observation keys (CatFrames on "observation"), TorchRL's
+    # partial step copies the transformed root into their buffers and fails: such an env steps every row
+    workers = isinstance(base, BatchedEnvBase) and len(base.batch_size) == 1 and _keeps_base_shapes(env, base)
     # a pool over a gymnasium VectorEnv steps every row at once: it cannot freeze rows. TorchRL steps a
     # batch-unlocked env's "_step" rows as a sub-batch, which an env with a batch dim cannot take (its
     # reward spec is the whole batch's): such an env steps every row
@@ -134,6 +137,21 @@ def traits(env: EnvBase) -> Traits:
         frozen_rows_exact=(is_pool or package) and env is base,
         package_env=package,
         world_model=isinstance(base, WorldModelEnv),
+        # TorchRL's GymWrapper of a gymnasium VectorEnv or an SB3 VecEnv: one env.step steps (and auto-resets)
+        # every row, and a masked reset must match its done rows
+        batched_wrapper=isinstance(base, GymWrapper) and bool(base._is_batched),
+    )
+
+
+def _keeps_base_shapes(env: EnvBase, base: EnvBase) -> bool:
+    """Whether every observation key of ``base`` that ``env``'s transforms keep has the same shape in ``env``."""
+    if env is base:
+        return True
+    outer = env.full_observation_spec
+    return all(
+        outer[key].shape == spec.shape
+        for key, spec in base.full_observation_spec.items(True, True)
+        if key in outer.keys(True, True)
     )
 
 

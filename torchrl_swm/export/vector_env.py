@@ -28,10 +28,13 @@ Autoreset modes (gymnasium's exact semantics, https://farama.org/Vector-Autorese
   ``get_attr()`` see it, as on ``SyncVectorEnv``. That step freezes them with
   ``"_step"`` while the others step, then resets them and reports the reset, so
   a transform's own per-row state (``CatFrames``' frames) is rebuilt by its
-  reset. Other envs are stepped without a reset (``env.step``); on the next
+  reset. Other envs (a ``SerialEnv``/``ParallelEnv`` under a transform that
+  reshapes one of their own observation keys, which TorchRL's partial step
+  cannot take) are stepped without a reset (``env.step``); on the next
   step the finished rows are stepped once more (the action is discarded), then
   reset once and report that reset, so they must tolerate a step past the end
-  of an episode.
+  of an episode. TorchRL's ``GymWrapper`` of a gymnasium ``VectorEnv`` steps and
+  auto-resets every row itself: it is refused in this mode.
 * ``DISABLED``: no reset inside ``step``. Stepping an env that finished raises;
   reset finished envs with ``reset(options={"reset_mask": mask})``.
 
@@ -55,7 +58,7 @@ from gymnasium.vector.utils import batch_space
 from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
-from ._core import Layout, attribute_errors, nest, to_host, torch_copies, traits
+from ._core import Layout, attribute_errors, base_env, nest, to_host, torch_copies, traits
 from ._core import autoreset_mode as _autoreset_mode
 from .seeding import check_options, normalize_seed, reset_kwargs, seed_groups
 
@@ -109,6 +112,13 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         self.num_envs = int(env.batch_size[0])
         self.autoreset_mode = _autoreset_mode(autoreset_mode)
         pool = self.traits.pool
+        if self.autoreset_mode is AutoresetMode.NEXT_STEP and self.traits.batched_wrapper:
+            raise ValueError(
+                f"to_gymnasium(autoreset_mode='next_step'): {type(base_env(env)).__name__} wraps an already-batched "
+                "env, which steps and auto-resets every row at once, so the step after an episode ends could not "
+                "leave that env unstepped (NEXT_STEP) nor reset it alone. Use autoreset_mode='same_step' or "
+                "'disabled', or the wrapped vector env itself (a gymnasium VectorEnv needs no export)."
+            )
         if self.autoreset_mode is AutoresetMode.NEXT_STEP and pool is not None and not pool.freezes_rows:
             raise ValueError(
                 "to_gymnasium(autoreset_mode='next_step'): the EnvPool runs a gymnasium VectorEnv, which steps every "

@@ -436,7 +436,9 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             step and reset.
         reward_spec: unbatched reward spec, shape ``(1,)`` (default float32 Unbounded).
         info_spec: ``{key: spec, space or example tensor}`` (unbatched) for info entries to
-            record under ``("info", key)`` with shape ``(N, 1, *shape)``. Other info keys
+            record under ``("info", key)`` with shape ``(N, 1, *shape)``, each with a presence mask
+            ``("info_mask", key)`` (bool ``(N, 1)``, False where the model's return omitted the key,
+            whose value then reads 0), as an ``EnvPool``'s declared keys. Other info keys
             trigger a one-time warning (never silently dropped).
         device: the model's device (default: where its parameters are; else CPU).
         differentiable: keep the autograd graph through steps and resets (Dreamer-style
@@ -642,10 +644,14 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         if state_entry is not None:
             observation_spec[self._state_key] = batch_spec(state_entry, bs)
         if self._info_leaves:
+            # each declared key gets a presence mask, as an EnvPool's declared keys: a model may omit a key
             info = Composite(shape=batch_size, device=device)
+            info_mask = Composite(shape=batch_size, device=device)
             for leaf in self._info_leaves:
                 info[leaf.key[1:]] = Unbounded(shape=(*bs, 1, *leaf.shape), dtype=leaf.dtype, device=device)
+                info_mask[leaf.key[1:]] = Categorical(2, shape=(*bs, 1), dtype=torch.bool, device=device)
             observation_spec["info"] = info
+            observation_spec["info_mask"] = info_mask
         self.observation_spec = observation_spec
         if self._state_key is not None:
             # read back from the input at each step: an input of the env, as in TorchRL's Pendulum, so that
@@ -738,7 +744,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             (
                 *self._obs_top_keys,
                 *(() if self._state_key is None else (self._state_key,)),
-                *(("info",) if self._info_leaves else ()),
+                *(("info", "info_mask") if self._info_leaves else ()),
                 *_DONE_KEYS,
             )
         )
@@ -1035,8 +1041,10 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         )
 
     def _read_info(self, info, bs, where, form, broadcast: bool = False) -> dict | None:
-        """The declared info leaves, ``(*bs, 1, *shape)``; ``broadcast``: a reset's unbatched return, whose
-        one-row values (shaped like the leaf) are repeated over the rows, as its observation is."""
+        """The declared info leaves, ``(*bs, 1, *shape)``, and their presence masks, ``(*bs, 1)``, as
+        ``{("info", key): value, ("info_mask", key): mask}`` (a key the model omitted reads 0, its mask
+        False); ``broadcast``: a reset's unbatched return, whose one-row values (shaped like the leaf)
+        are repeated over the rows, as its observation is."""
         if not info and not self._info_leaves:
             return None
         keys = set(info.keys()) if info else set()
@@ -1052,9 +1060,10 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                         value = one.expand(*bs, *leaf.shape).clone()
                 if isinstance(value, torch.Tensor) and value.shape == (*bs, *leaf.shape):
                     value = value.unsqueeze(len(bs))
-                out[name] = self._tensor(value, full, leaf.dtype, f"info[{name!r}]", where, form)
+                out[leaf.key] = self._tensor(value, full, leaf.dtype, f"info[{name!r}]", where, form)
             else:
-                out[name] = torch.zeros(full, dtype=leaf.dtype, device=self.device)
+                out[leaf.key] = torch.zeros(full, dtype=leaf.dtype, device=self.device)
+            out["info_mask", name] = torch.full((*bs, 1), name in keys, dtype=torch.bool, device=self.device)
         undeclared = keys - {leaf.key[1] for leaf in self._info_leaves} - {"model_state"}
         if undeclared and not undeclared <= self._warned_info:
             self._warned_info |= undeclared
@@ -1275,8 +1284,9 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             source = {"observation": obs}
         if self._state_key is not None and not self._obs_is_state:
             source[self._state_key] = state
-        if info is not None:
-            source["info"] = info
+        if info is not None:  # {("info", key): value, ("info_mask", key): mask}
+            source["info"] = {key[1]: value for key, value in info.items() if key[0] == "info"}
+            source["info_mask"] = {key[1]: value for key, value in info.items() if key[0] == "info_mask"}
         return source
 
     # -- resets ------------------------------------------------------------------------------------
@@ -1581,10 +1591,11 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
     def _zero_info(self, bs):
         if not self._info_leaves:
             return None
-        return {
-            leaf.key[1]: torch.zeros((*bs, 1, *leaf.shape), dtype=leaf.dtype, device=self.device)
-            for leaf in self._info_leaves
-        }
+        zeros = {leaf.key: torch.zeros((*bs, 1, *leaf.shape), dtype=leaf.dtype, device=self.device)
+                 for leaf in self._info_leaves}
+        absent = {("info_mask", leaf.key[1]): torch.zeros((*bs, 1), dtype=torch.bool, device=self.device)
+                  for leaf in self._info_leaves}
+        return {**zeros, **absent}
 
     def _false_flags(self, shape):
         """Three all-False flag tensors (separate memory: in-place writes to one never reach another)."""
