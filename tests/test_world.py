@@ -624,6 +624,20 @@ def test_eval_result_mapping_summary_and_json():
     pool.close()
 
 
+def _limited_counting_env(length, limit):
+    return gym.wrappers.TimeLimit(CountingEnv(length=length), limit)
+
+
+def test_summary_counts_an_episode_both_terminated_and_truncated_once():
+    # terminating on the time limit's own step sets both flags (gymnasium): the summary must not count it twice
+    pool = EnvPool([functools.partial(_limited_counting_env, k, 3) for k in (2, 3, 5)], seed=0)
+    result = World(pool).evaluate(3, seed=0, progress=False)
+    assert result["episode_terminated"].tolist() == [True, True, False]
+    assert result["episode_truncated"].tolist() == [False, True, True]
+    assert "ended by      terminated 1, truncated 1, both 1" in result.summary()
+    pool.close()
+
+
 def test_progress_bar_runs(capsys):
     pool = fixed_length_pool([2, 2])
     World(pool, ones(2)).evaluate(4, seed=0, progress=True)

@@ -206,9 +206,11 @@ class EvalResult(Mapping):
             f"  return        mean {r.mean():.3f} ± {r.std():.3f} (std), min {r.min():.3f}, max {r.max():.3f}"
         )
         lines.append(f"  length        mean {L.mean():.1f} ± {L.std():.1f}, min {L.min()}, max {L.max()}")
+        term, trunc = np.asarray(d["episode_terminated"], bool), np.asarray(d["episode_truncated"], bool)
+        both = int((term & trunc).sum())  # terminated on the step limit's step: gymnasium sets both flags
         lines.append(
-            f"  ended by      terminated {int(d['episode_terminated'].sum())}, "
-            f"truncated {int(d['episode_truncated'].sum())}"
+            f"  ended by      terminated {int((term & ~trunc).sum())}, truncated {int((trunc & ~term).sum())}"
+            + (f", both {both}" if both else "")
             + (f" (step limit {d['max_steps']})" if d.get("max_steps") else "")
         )
         return "\n".join(lines)
