@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 
 from torchrl_swm import cli
@@ -101,6 +102,10 @@ def test_policy_object_from_a_module(tmp_path, monkeypatch, capsys):
     assert "module:attribute" in capsys.readouterr().err
 
 
+def _env_that_fails_to_build():
+    raise RuntimeError("this env was built")
+
+
 def test_clear_errors_for_unknown_envs_and_bad_paths(tmp_path, capsys):
     out = run("eval", "CartPol-v1", "--episodes", 1)
     assert out.returncode == 2 and "unknown environment id 'CartPol-v1'" in out.stderr and "CartPole" in out.stderr
@@ -118,6 +123,15 @@ def test_clear_errors_for_unknown_envs_and_bad_paths(tmp_path, capsys):
     (tmp_path / "full" / "x.txt").write_text("x")
     code, err = error("collect", "CartPole-v1", "--episodes", 1, "--out", tmp_path / "full")
     assert code == 2 and "not empty" in err
+    # --overwrite replaces a dataset only: any other directory is refused before an env is built
+    gym.register("tests/BuildFails-v0", entry_point=_env_that_fails_to_build)
+    try:
+        code, err = error("collect", "tests/BuildFails-v0", "--episodes", 1, "--max-steps", 5,
+                          "--out", tmp_path / "full", "--overwrite")
+    finally:
+        gym.registry.pop("tests/BuildFails-v0")
+    assert code == 2 and "not a torchrl_swm dataset" in err and "built" not in err
+    assert (tmp_path / "full" / "x.txt").read_text() == "x"
     (tmp_path / "file").write_text("x")
     code, err = error("collect", "CartPole-v1", "--episodes", 1, "--out", tmp_path / "file" / "dir")
     assert code == 2 and "is not a directory" in err

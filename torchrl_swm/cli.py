@@ -43,6 +43,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 __all__ = ["main", "register_command", "COMMANDS", "COMMAND_MODULES", "CLIError"]
 
@@ -289,6 +290,12 @@ def _collect(args) -> int:
     _check_output_dir(args.out, "--out")
     if os.path.isdir(out) and os.listdir(out) and not args.overwrite:
         raise CLIError(f"--out {args.out}: directory exists and is not empty (pass --overwrite to replace a dataset)")
+    from .data import _check_target
+
+    try:  # --overwrite replaces a dataset only: refuse any other directory now, before an env is built
+        _check_target(Path(out), args.overwrite, remove=False)
+    except FileExistsError as err:
+        raise CLIError(f"--out {args.out}: {err}") from None
     if args.episodes < 1:
         raise CLIError(f"--episodes must be >= 1, got {args.episodes}")
     _check_env_args(args)
