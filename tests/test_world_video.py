@@ -39,6 +39,22 @@ def test_one_file_per_episode_with_reset_frame_and_one_frame_per_step(tmp_path, 
     pool.close()
 
 
+def test_reusing_a_video_directory_warns_that_older_files_stay(tmp_path):
+    # as gymnasium's RecordVideo: a shorter second run would leave the first run's later episodes beside its own
+    import warnings
+
+    pool = pixel_pool([2, 3])
+    World(pool, ones(2)).evaluate(4, seed=0, video=tmp_path, progress=False)
+    with pytest.warns(UserWarning, match=r"already holds 4 video\(s\) \(episode_00000.mp4, ...\).*leaves the rest"):
+        World(pool, ones(2)).evaluate(2, seed=0, video=tmp_path, progress=False)
+    assert len(list(tmp_path.glob("*.mp4"))) == 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # another prefix or layout in the same directory is a fresh run
+        VideoRecorder(tmp_path, prefix="other")
+        VideoRecorder(tmp_path, layout="grid")
+    pool.close()
+
+
 def test_frames_show_the_episode_in_order(tmp_path):
     import imageio
 

@@ -19,8 +19,10 @@ imageio and imageio-ffmpeg are an optional extra: ``pip install "torchrl-swm[vid
 
 from __future__ import annotations
 
+import glob
 import math
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +95,14 @@ class VideoRecorder:
         self.imageio = require_imageio()
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        old = sorted(self.directory.glob(f"{glob.escape(prefix)}_*.mp4" if layout == "episodes" else "grid.mp4"))
+        if old:
+            # as gymnasium's RecordVideo: a shorter run overwrites some files and leaves the others beside them
+            warnings.warn(
+                f"VideoRecorder: {self.directory} already holds {len(old)} video(s) ({old[0].name}, ...): this run "
+                "overwrites those of the same names and leaves the rest; use a new directory to keep runs apart",
+                stacklevel=2,
+            )
         self.layout = layout
         self.fps = fps
         self.prefix = prefix
