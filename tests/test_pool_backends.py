@@ -255,6 +255,75 @@ def test_worker_failing_at_construction_is_reported_and_reaped():
         EnvPool([CountingEnv, CountingEnv, bad, CountingEnv], backend="process", num_workers=2)
 
 
+def test_an_id_registered_only_in_this_process_is_made_in_the_workers():
+    """An id registered under `if __name__ == "__main__":` or in a notebook is unknown to spawned workers:
+    the factories carry the resolved EnvSpec, as gymnasium's AsyncVectorEnv sends it."""
+    gym.register("tests/OnlyInTheMainProcess-v0", entry_point=CountingEnv, kwargs={"length": 4})
+    try:
+        pool = EnvPool("tests/OnlyInTheMainProcess-v0", 3, backend="process", num_workers=2, seed=0, info_keys=[])
+        serial = EnvPool("tests/OnlyInTheMainProcess-v0", 3, seed=0, info_keys=[])
+    finally:
+        gym.registry.pop("tests/OnlyInTheMainProcess-v0")
+    try:
+        assert pool.env_spec.id == "tests/OnlyInTheMainProcess-v0"
+        ones = lambda td: td.set("action", torch.ones(3, dtype=torch.int64))  # noqa: E731
+        a, b = (env.rollout(10, ones, break_when_any_done=False) for env in (pool, serial))
+        assert set(a.keys(True, True)) == set(b.keys(True, True))
+        assert all(torch.equal(a[key], b[key]) for key in a.keys(True, True))
+        assert a["next", "terminated"].sum() == 6  # episodes of 4 steps
+    finally:
+        pool.close()
+        serial.close()
+
+
+def test_num_workers_without_a_backend_is_an_error():
+    # TorchRL's GymEnv(id, num_workers=k) starts k processes: the pool never runs serially without a word
+    with pytest.raises(ValueError, match=r"num_workers=2 is for backend='process'; the default serial backend"):
+        EnvPool("CartPole-v1", 2, num_workers=2)
+    # an explicit backend="serial" ignores it: one configuration can switch backends
+    pool = EnvPool("CartPole-v1", 2, backend="serial", num_workers=2)
+    assert type(pool._backend).__name__ == "SerialBackend"
+    pool.close()
+
+
+@pytest.mark.parametrize("kwargs", [{"backend": "process"}, {"num_workers": 2}])
+def test_a_vector_env_refuses_backend_and_num_workers(kwargs):
+    vec = gym.vector.SyncVectorEnv([functools.partial(CountingEnv, length=3)] * 2)
+    with pytest.raises(ValueError, match=r"EnvPool\(VectorEnv\): backend=.* do not apply: a vector env runs as it is"):
+        EnvPool(vec, **kwargs)
+    vec.close()
+
+
+def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
+    # the commonest spawn mistake: each worker re-runs the script, which builds a pool at import time
+    import subprocess
+    import sys
+
+    script = tmp_path / "no_guard.py"
+    script.write_text("from torchrl_swm import EnvPool\n"
+                      "pool = EnvPool('CartPole-v1', 2, backend='process', num_workers=2)\n"
+                      "pool.close()\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert "died with exit code 1 before it made its envs" in last and 'if __name__ == "__main__":' in last
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_pickling_or_copying_a_pool_says_to_pass_its_factory(backend):
+    import copy
+    import pickle
+
+    pool = EnvPool("CartPole-v1", 2, backend=backend, **({"num_workers": 1} if backend == "process" else {}))
+    try:
+        for clone in (pickle.dumps, copy.deepcopy):
+            with pytest.raises(TypeError, match=r"EnvPool cannot be pickled or copied.*pass EnvPool.factory\(...\)"):
+                clone(pool)
+        assert pool.rollout(3).shape == (2, 3)  # still usable
+    finally:
+        pool.close()
+
+
 def test_unpicklable_factory_says_what_to_change():
     import threading
 

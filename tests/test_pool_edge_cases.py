@@ -1077,6 +1077,31 @@ def test_process_close_waits_for_a_slow_env_close_as_the_serial_backend(tmp_path
         _reap(processes)
 
 
+def test_a_process_pool_collected_unclosed_in_a_cycle_waits_for_a_slow_env_close(tmp_path, monkeypatch):
+    """The backend's finalizer runs before EnvPool.__del__ when the cyclic GC frees a pool (weakref callbacks
+    come first): it used to give the worker 5 s and terminate it silently, so a close() longer than that
+    (a video flushed) never finished. It waits for an idle worker, as close() and the serial backend do."""
+    import gc
+
+    from torchrl_swm.pool import process
+
+    monkeypatch.setattr(process, "_CLOSE_TIMEOUT", 0.2)  # the limit for busy workers only: idle ones are waited for
+    path = tmp_path / "closed"
+    pool = EnvPool([functools.partial(_SlowCloseEnv, str(path), 5.5)], backend="process", num_workers=1)
+    processes = _workers(pool)
+    try:
+        pool.reset()
+        holder = {"pool": pool}
+        holder["self"] = holder  # owned by an object graph with a cycle (a trainer, a collector...)
+        del pool, holder
+        with warnings_as_errors():
+            gc.collect()
+        assert path.read_text() == "closed"
+        assert not any(proc.is_alive() for proc in processes)
+    finally:
+        _reap(processes)
+
+
 @contextlib.contextmanager
 def warnings_as_errors():
     import warnings

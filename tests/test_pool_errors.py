@@ -309,6 +309,29 @@ def test_render_raising_during_a_step_is_named():
                              r"env 1 \(render\): RuntimeError: display lost", pixels=True)
 
 
+class _RenderFailsAfterReset(CountingEnv):
+    """render() raises once the env has been reset twice (the construction probe's reset, then the user's)."""
+
+    def render(self):
+        if self.resets_called > 1:
+            raise RuntimeError("display lost")
+        return super().render()
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_render_raising_after_a_reset_is_named_render_not_reset(backend):
+    # the reset itself succeeded: the error must point at render(), as it does on a step
+    kwargs = {"num_workers": 2} if backend == "process" else {}
+    pool = EnvPool([functools.partial(counting, render_mode="rgb_array"),
+                    functools.partial(_RenderFailsAfterReset, render_mode="rgb_array")],
+                   pixels=True, backend=backend, **kwargs)
+    try:
+        with pytest.raises(EnvError, match=r"env 1 \(render\): RuntimeError: display lost"):
+            pool.reset()
+    finally:
+        pool.close()
+
+
 def test_dict_keys_starting_with_an_underscore_are_refused_at_any_depth():
     # the pool keeps "_" keys for its own scratch buffers and TorchRL treats them as private:
     # such a key would be missing from every output

@@ -48,12 +48,12 @@ def register_envs() -> None:
             )
 
 
-def make(env_id: str, **kwargs) -> gym.Env:
+def make(env_id: str | gym.envs.registration.EnvSpec, **kwargs) -> gym.Env:
     """``gym.make`` that registers the torchrl_swm ids first.
 
     Module-level and picklable: ``functools.partial(make, id, ...)`` is a factory
     that also works in spawned worker processes, where ``torchrl_swm.envs`` has
-    not been imported yet.
+    not been imported yet (and with an ``EnvSpec``, where the id is not registered).
     """
     register_envs()
     return gym.make(env_id, **kwargs)

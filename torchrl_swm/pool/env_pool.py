@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 
 import gymnasium as gym
+from gymnasium.envs.registration import parse_env_id
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -54,10 +55,19 @@ def _factories(env_fns, num_envs, pixels, make_kwargs) -> list[Callable[[], gym.
         num_envs = check_int(num_envs, f"EnvPool({env_fns!r}): num_envs", minimum=1)
         from ..envs import make, spec  # gym.make that also knows this package's ids, in any process
 
-        spec(env_fns)  # unknown ids fail here, with gymnasium's "did you mean" message
+        # unknown ids fail here, with gymnasium's "did you mean" message. The factories carry the resolved
+        # spec, not the id: a worker process can then make an id registered only in the user's main
+        # process (under `if __name__ == "__main__":`, in a notebook), as gymnasium's AsyncVectorEnv can
+        env_spec = spec(env_fns)
+        name = env_fns.partition(":")[2] or env_fns
+        if parse_env_id(name)[2] is None and env_spec.id != name:  # gym.make's own warning, which a spec skips
+            gym.logger.warn(
+                f"Using the latest versioned environment `{env_spec.id}` instead of the unversioned "
+                f"environment `{name}`."
+            )
         if pixels:
             make_kwargs = {"render_mode": "rgb_array", **make_kwargs}
-        return [functools.partial(make, env_fns, **make_kwargs)] * int(num_envs)
+        return [functools.partial(make, env_spec, **make_kwargs)] * int(num_envs)
     if make_kwargs:
         raise TypeError(
             f"EnvPool: keyword arguments {sorted(make_kwargs)} are only accepted with a gymnasium id "
@@ -117,7 +127,10 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             cheap envs) or ``"process"`` (``num_workers`` processes, several envs
             each, writing into shared memory: for expensive envs).
         num_workers: worker processes of the process backend (default: one per core,
-            at most one per env).
+            at most one per env). Given without ``backend=``, it is an error (TorchRL's
+            ``GymEnv(id, num_workers=k)`` starts processes; the pool never runs serially
+            without a word); an explicit ``backend="serial"`` ignores it, so that one
+            configuration can switch backends.
         device: where the output tensordicts live. ``None`` (default): on the CPU,
             with no device of its own, as TorchRL's ``GymEnv``; a ``Collector``
             then skips the device cast of its carrier it makes every step for an
@@ -178,7 +191,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         env_fns: Sequence[Callable[[], gym.Env]] | str,
         num_envs: int | None = None,
         *,
-        backend: str = "serial",
+        backend: str | None = None,
         num_workers: int | None = None,
         device: torch.device | str | None = None,
         categorical_action_encoding: bool = True,
@@ -193,6 +206,19 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
     ):
         pixels = bool(pixels or image_shape is not None)
         device = None if device is None else torch.device(device)  # before any env is built: a bad one leaves none open
+        if isinstance(env_fns, gym.vector.VectorEnv) and (backend not in (None, "serial") or num_workers is not None):
+            raise ValueError(
+                f"EnvPool(VectorEnv): backend={backend!r} and num_workers={num_workers!r} do not apply: a vector env "
+                "runs as it is (its own processes, if any: gymnasium's AsyncVectorEnv). Drop them, or pass env "
+                "factories or an id with backend='process'"
+            )
+        if num_workers is not None and backend is None:
+            # TorchRL's GymEnv(id, num_workers=k) starts processes: never run serially without a word
+            raise ValueError(
+                f"EnvPool: num_workers={num_workers!r} is for backend='process'; the default serial backend runs every "
+                "env in this process. Pass backend='process' to run the envs in worker processes, or drop num_workers"
+            )
+        backend = "serial" if backend is None else backend
         if isinstance(env_fns, gym.vector.VectorEnv):
             if make_kwargs or (num_envs is not None and check_int(num_envs, "EnvPool: num_envs") != env_fns.num_envs):
                 raise TypeError(
@@ -507,6 +533,14 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             tensors[("pixels",)].copy_(resized)
         else:
             tensors[("pixels",)][torch.from_numpy(rows)] = resized
+
+    def __reduce_ex__(self, protocol):
+        # its envs, buffers and worker processes live here: a copy in another process could not share them
+        raise TypeError(
+            f"{type(self).__name__} cannot be pickled or copied: it owns live envs (and worker processes). To build "
+            f"one in another process (a multi-process or Ray collector, a ParallelEnv), pass "
+            f"{type(self).__name__}.factory(...) with the same arguments instead of the pool"
+        )
 
     @classmethod
     def factory(cls, *args, **kwargs) -> PoolFactory:

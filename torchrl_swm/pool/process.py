@@ -84,17 +84,28 @@ def _split(n: int, k: int) -> list[range]:
     return [range(bounds[w], bounds[w + 1]) for w in range(k)]
 
 
-def _shutdown(processes, conns, shm) -> None:
-    """Reap every worker and free the shared memory (close() and the finalizer)."""
+def _shutdown(processes, conns, shm, owed: dict, slices) -> None:
+    """Reap every worker and free the shared memory (the end of close(), and the finalizer of a pool
+    collected unclosed, which runs before EnvPool.__del__ in a garbage-collected cycle).
+
+    A worker closes its envs and exits: that is waited for however long it takes, as the serial
+    backend waits for ``env.close()``. A worker that still owes replies (an interrupt left it in an
+    env call, which may never return) gets ``_CLOSE_TIMEOUT``, then is terminated with a warning.
+    """
     for conn in conns:
         try:
             conn.send(("close", None))
         except (OSError, ValueError, BrokenPipeError):
             pass
-    for proc in processes:
-        proc.join(timeout=5)
-    for proc in processes:
+    for w, proc in enumerate(processes):
+        proc.join(timeout=_CLOSE_TIMEOUT if owed.get(w) else None)
+    for w, proc in enumerate(processes):
         if proc.is_alive():
+            rows = slices[w]
+            warnings.warn(
+                f"EnvPool: worker {w} (envs {rows.start}..{rows.stop - 1}) was still in an env call when the pool "
+                "was closed and was terminated; its envs were not closed", RuntimeWarning, stacklevel=2,
+            )
             proc.terminate()
             proc.join(timeout=2)
         if proc.is_alive():
@@ -141,8 +152,9 @@ class ProcessBackend:
         self._shm = None
         self._action_buf = None
         ctx = mp.get_context(start_method)
+        self._start_method, self._started = ctx.get_start_method(), False  # started: every worker made its envs
         self._processes, self._conns = [], []
-        self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._conns, None)
+        self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._conns, None, self._owed, self.slices)
         try:
             for w, rows in enumerate(self.slices):
                 chunk = list(env_fns[rows.start : rows.stop])
@@ -162,6 +174,7 @@ class ProcessBackend:
                 self._processes.append(proc)
                 self._conns.append(parent)
             spaces = self._gather(range(num_workers), "make")
+            self._started = True
             self.observation_space, self.action_space = spaces[0]
             for w, (obs_space, act_space) in enumerate(spaces[1:], 1):
                 if obs_space != self.observation_space or act_space != self.action_space:
@@ -262,9 +275,18 @@ class ProcessBackend:
         proc = self._processes[w]
         proc.join(timeout=0.1)
         rows = self.slices[w]
+        hint = ""
+        if not self._started and self._start_method != "fork":
+            # the usual cause: the worker re-imported the user's main module, which builds a pool at import time
+            hint = (
+                f" before it made its envs (its own error is on stderr above). A {self._start_method!r} worker "
+                "imports the main module again: a script that builds the pool at its top level must do it under "
+                "`if __name__ == \"__main__\":`"
+            )
         return EnvError(  # not one env's error: the worker held several, and which one killed it is unknown
             None, "worker",
-            f"worker {w} (envs {rows.start}..{rows.stop - 1}, pid {proc.pid}) died with exit code {proc.exitcode}",
+            f"worker {w} (envs {rows.start}..{rows.stop - 1}, pid {proc.pid}) died with exit code {proc.exitcode}"
+            + hint,
         )
 
     def _gather(self, workers, phase: str, timeout: float | None = None) -> list:
@@ -381,7 +403,9 @@ class ProcessBackend:
         """The pool's flat buffer, in shared memory that the workers attach to."""
         self._shm = SharedMemory(create=True, size=layout.nbytes)
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._conns, self._shm)
+        self._finalizer = weakref.finalize(
+            self, _shutdown, self._processes, self._conns, self._shm, self._owed, self.slices
+        )
         flat = np.ndarray((layout.nbytes,), dtype=np.uint8, buffer=self._shm.buf)
         flat[:] = 0
         return torch.from_numpy(flat)

@@ -285,10 +285,11 @@ class SerialBackend(InProcessBackend):
         envs, writer, first, frames = self.envs, self.writer, self.first, self.frames
         order = range(len(envs)) if rows is None else rows.tolist()
         write_obs, write_info = writer.observation, writer.info.write
-        j = -1
+        j, phase = -1, "reset"
         try:
             for k, j in enumerate(order):
                 env = envs[j]
+                phase = "reset"
                 if options is None or options[k] is None:
                     obs, info = env.reset(seed=seeds[k])
                 else:
@@ -296,13 +297,14 @@ class SerialBackend(InProcessBackend):
                 write_obs(first + j, obs, "reset")
                 write_info(first + j, info, "reset")
                 if frames is not None:
+                    phase = "render"  # the reset frame: a render() that raises is named as on a step
                     self._store_frame(j, env)
         except EnvError:
             raise
         except Exception as err:
-            raise EnvError(first + j, "reset", f"{type(err).__name__}: {err}") from err
+            raise EnvError(first + j, phase, f"{type(err).__name__}: {err}") from err
         except BaseException as err:  # KeyboardInterrupt, SystemExit: raised as they are, tagged with the env
-            _tag(err, first + j, "reset")  # (a worker reports it naming the env)
+            _tag(err, first + j, phase)  # (a worker reports it naming the env)
             raise
         writer.reset_flags(self._index(rows)[0], seeds if episode_seeds is None else episode_seeds)
 
