@@ -324,6 +324,19 @@ def test_pickling_or_copying_a_pool_says_to_pass_its_factory(backend):
         pool.close()
 
 
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX shared memory listed in /dev/shm")
+def test_the_shared_buffer_leaves_no_name_in_dev_shm_once_the_workers_attached():
+    # a pool whose close() never runs (a Ray actor ended by ray.kill, a SIGKILL) must not leak the segment
+    pool = EnvPool([functools.partial(counting, max_length=4)] * 3, backend="process", num_workers=2, seed=0)
+    try:
+        name = pool._backend._shm.name.lstrip("/")
+        assert not os.path.exists(f"/dev/shm/{name}")
+        rollout = pool.rollout(20, break_when_any_done=False)  # the mappings stay valid
+        rollout_consistency_assertion(rollout, done_key="done", observation_key="observation", done_strict=True)
+    finally:
+        pool.close()
+
+
 def test_unpicklable_factory_says_what_to_change():
     import threading
 

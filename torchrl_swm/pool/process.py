@@ -415,6 +415,9 @@ class ProcessBackend:
         self._action_buf = arrays[("_action",)]
         args = (self._shm.name, layout, info_schema, frame_key, kind)
         self._gather(self._broadcast([(w, self._encode(w, "attach", args)) for w in range(len(self.slices))]), "attach")
+        # every process that uses the segment has mapped it: remove its name now, so that nothing is left in
+        # /dev/shm even when no close() runs (a Ray actor ended by ray.kill, a SIGKILL); the mappings stay valid
+        self._shm.unlink()
 
     def reset(self, rows, seeds, options=None, episode_seeds=None) -> None:
         episode_seeds = seeds if episode_seeds is None else episode_seeds
