@@ -877,6 +877,50 @@ class MaskIgnoringCounter(MaskedCounter):
         return super().reset(seed=seed, options=None)
 
 
+class _Counter(gym.Env):
+    """obs = steps since reset; an episode lasts ``length`` steps."""
+
+    observation_space = gym.spaces.Box(0, 1000, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, length):
+        self.length = length
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.array([float(self.t)], np.float32), 1.0, self.t >= self.length, False, {}
+
+
+class _DropsResetOptions(gym.vector.VectorWrapper):
+    """A user wrapper whose reset forgets to forward ``options`` (and so the mask)."""
+
+    def reset(self, *, seed=None, options=None):
+        return self.env.reset(seed=seed)
+
+
+class _SyncIgnoringTheMask(gym.vector.SyncVectorEnv):
+    def reset(self, *, seed=None, options=None):
+        return super().reset(seed=seed)
+
+
+@pytest.mark.parametrize("kind", ["wrapper", "subclass"])
+def test_a_wrapped_or_subclassed_sync_vector_env_that_drops_the_mask_is_caught(kind):
+    # only gymnasium's own vector envs, used as they are, are trusted to honour options["reset_mask"]
+    fns = [functools.partial(_Counter, 3), functools.partial(_Counter, 10)]
+    venv = _DropsResetOptions(gym.vector.SyncVectorEnv(fns)) if kind == "wrapper" else _SyncIgnoringTheMask(fns)
+    pool = EnvPool(venv, seed=0)
+    name = type(venv).__name__
+    with pytest.raises(EnvError, match=rf"env 1 \(reset\): {name}'s masked reset \(rows \[0\]\) changed the "
+                                       r"observation of env 1"):
+        pool.rollout(8, break_when_any_done=False)
+    pool.close()
+
+
 class NanCounter(MaskedCounter):
     """:class:`MaskedCounter` whose second observation entry is NaN: an honoured mask must not look violated."""
 

@@ -6,7 +6,7 @@ Layout on disk (``DIR``)::
 
     DIR/dataset.json          what was collected, and how (format, counts, env, seeds, keys)
     DIR/storage/              the TorchRL storage: a memory-mapped TensorDict (one file per key)
-    DIR/storage/storage_metadata.json, DIR/writer/, DIR/sampler/, DIR/buffer_metadata.json
+    DIR/storage/storage_metadata.json, DIR/writer/, DIR/buffer_metadata.json, DIR/prefetch.pkl
                               written by ``ReplayBuffer.dumps``: a plain TorchRL buffer whose storage
                               has as many rows as the one on disk (``LazyMemmapStorage(storage_rows)``,
                               ``"storage_rows"`` in ``dataset.json``: ``num_steps`` once a finished

@@ -23,7 +23,8 @@ A vector env that has no masked reset needs an adapter
 (:func:`register_masked_reset`); gymnasium's numpy ``CartPoleVectorEnv`` has
 one here. A masked reset that changes the observation of a row it was not
 asked to reset (a vector env that ignores the mask) is an error naming that
-row, not a silent desync: checked for every vector env but gymnasium's own.
+row, not a silent desync: checked for every vector env but gymnasium's own
+``SyncVectorEnv``/``AsyncVectorEnv`` used as they are (not wrapped, not subclassed).
 Each step advances every row, so ``"_step"`` masks are refused: use a pool of
 single envs to freeze rows.
 """
@@ -140,9 +141,10 @@ class VectorBackend(InProcessBackend):
         inner = _innermost(self.venv)
         native = (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv)
         #: whether each masked reset is checked to leave the other rows' observations as they were: any but
-        #: gymnasium's own vector envs and this package's adapters (a reset that ignores the mask would
-        #: otherwise desync those rows from the pool's buffers without a word)
-        self._verify_masked_reset = not isinstance(inner, native)
+        #: gymnasium's own vector envs, unwrapped and not subclassed (a wrapper or a subclass may drop the
+        #: mask), and this package's adapters (a reset that ignores the mask would otherwise desync those
+        #: rows from the pool's buffers without a word)
+        self._verify_masked_reset = type(self.venv) not in native
         if callable(declared):
             return lambda mask, seed, options: declared(self.venv, mask, seed, options)
         for cls, fn in _MASKED_RESETS.items():
@@ -349,7 +351,7 @@ class VectorBackend(InProcessBackend):
         if changed is not None:
             raise EnvError(
                 changed, "reset",
-                f"{type(_innermost(self.venv)).__name__}'s masked reset (rows {np.flatnonzero(reset).tolist()}) "
+                f"{type(self.venv).__name__}'s masked reset (rows {np.flatnonzero(reset).tolist()}) "
                 f"changed the observation of env {changed}, which was not being reset: it ignores "
                 "options['reset_mask'] or resets other rows too, so its envs no longer match the pool's rows. "
                 "Reset every row (pool.reset()) to start again; give the pool a vector env whose reset honours "
