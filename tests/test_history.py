@@ -2,6 +2,7 @@
 
 import functools
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -9,6 +10,7 @@ from envs import counting
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
+from torchrl.data import Bounded, Categorical, OneHot
 from torchrl.envs import TransformedEnv
 from torchrl.envs.utils import check_env_specs, step_mdp
 
@@ -202,3 +204,50 @@ def test_an_input_without_history_starts_one_even_when_the_feature_size_equals_t
     assert out["observation"].shape == (2, 3, 3)
     assert out["observation"][..., 0].tolist() == [[1, 1, 1]] * 2  # a fresh history of the new observation
     env.close()
+
+
+class _AwayFromZero(gym.Env):
+    """Box(1, 2) observations: zero padding lies outside the observation's bounds."""
+
+    observation_space = gym.spaces.Box(1.0, 2.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.full(2, 1.5, np.float32), {}
+
+    def step(self, action):
+        return np.full(2, 1.5, np.float32), 0.0, False, False, {}
+
+
+def test_zero_padding_is_inside_the_declared_history_spec():
+    from torchrl.envs.utils import check_env_specs
+
+    from torchrl_swm import to_gymnasium
+
+    env = TransformedEnv(EnvPool([_AwayFromZero] * 2, seed=0), History(["observation"], 4, padding="zeros"))
+    spec = env.observation_spec["history", "observation"]
+    td = env.reset()
+    assert td["history", "observation"][0, :3].eq(0).all() and spec.is_in(td["history", "observation"])
+    assert spec.space.low.min() == 0 and spec.space.high.max() == 2  # widened to 0, not unbounded
+    check_env_specs(env)
+    vec = to_gymnasium(env, observation_keys=[("history", "observation")])
+    assert vec.observation_space.contains(vec.reset(seed=0)[0])
+    vec.close()
+    # "same" padding repeats a real observation: the observation's own spec stays
+    first = TransformedEnv(EnvPool([_AwayFromZero] * 2, seed=0), History(["observation"], 4, padding="same"))
+    assert first.observation_spec["history", "observation"].space.low.min() == 1
+    first.close()
+
+
+@pytest.mark.parametrize("spec, kind", [
+    (OneHot(5, shape=(3, 4, 5)), "Binary"),
+    (Bounded(5, 9, shape=(3, 4, 1), dtype=torch.int64), "Bounded"),
+    (Categorical(5, shape=(3, 4, 1)), "Categorical"),  # 0 is a valid index: unchanged
+])
+def test_zero_padded_history_specs_of_discrete_observations_admit_zeros(spec, kind):
+    from torchrl_swm.transforms import _admitting_zeros
+
+    widened = _admitting_zeros(spec)
+    assert type(widened).__name__.startswith(kind) and widened.shape == spec.shape and widened.dtype == spec.dtype
+    assert widened.is_in(torch.zeros(spec.shape, dtype=spec.dtype)) and widened.is_in(spec.rand())

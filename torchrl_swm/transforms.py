@@ -28,9 +28,24 @@ from collections.abc import Sequence
 import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey, unravel_key
+from torchrl.data import Binary, Bounded, MultiOneHot, OneHot, Unbounded
 from torchrl.envs.transforms import Transform
 
 __all__ = ["History"]
+
+
+def _admitting_zeros(spec):
+    """``spec``, widened where needed so that its zero padding is in it: bounds stretched to 0, a one-hot
+    (whose all-zero vector is not one) as the Binary of its shape, anything else unbounded."""
+    if spec.is_in(torch.zeros(spec.shape, dtype=spec.dtype, device=spec.device)):
+        return spec
+    if isinstance(spec, Bounded):
+        zero = torch.zeros((), dtype=spec.space.low.dtype, device=spec.device)
+        return Bounded(torch.minimum(spec.space.low, zero), torch.maximum(spec.space.high, zero), shape=spec.shape,
+                       dtype=spec.dtype, device=spec.device)
+    if isinstance(spec, (OneHot, MultiOneHot)):
+        return Binary(spec.shape[-1], shape=spec.shape, dtype=spec.dtype, device=spec.device)
+    return Unbounded(shape=spec.shape, dtype=spec.dtype, device=spec.device)
 
 
 class History(Transform):
@@ -46,7 +61,8 @@ class History(Transform):
             for each key (e.g. ``("history", "pixels")``). An out key equal to
             its in key replaces the observation by its history.
         padding: ``"same"`` (default; after a reset the history is the reset
-            observation repeated) or ``"zeros"``.
+            observation repeated) or ``"zeros"`` (whose history spec is widened to hold
+            the zeros: bounds stretched to 0, a one-hot as a ``Binary``).
 
     Examples:
         >>> from torchrl.envs import TransformedEnv
@@ -161,7 +177,10 @@ class History(Transform):
                 self._missing(in_key, observation_spec.keys(True, True))
             spec = observation_spec[in_key]
             batch, rest = spec.shape[:nb], spec.shape[nb:]
-            observation_spec[out_key] = spec.clone().unsqueeze(nb).expand(*batch, self.length, *rest)
+            history = spec.clone().unsqueeze(nb).expand(*batch, self.length, *rest)
+            if self.padding == "zeros":
+                history = _admitting_zeros(history)
+            observation_spec[out_key] = history
         return observation_spec
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
