@@ -638,6 +638,30 @@ def test_summary_counts_an_episode_both_terminated_and_truncated_once():
     pool.close()
 
 
+class _SuccessOnlyInStepInfos(gym.Env):
+    """Fetch-style: the reset info is empty, steps report ``is_success`` (1.0 from the first step)."""
+
+    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(1, np.float32), 0.0, True, False, {"is_success": 1.0}
+
+
+def test_start_successes_is_none_when_the_reset_info_has_no_success_signal():
+    # the pool's 0 under ("info", "is_success") at reset is a fill value (its presence mask is False), not "not solved"
+    pool = EnvPool([_SuccessOnlyInStepInfos] * 2, seed=0)
+    assert not pool.reset()["info_mask", "is_success"].any()
+    result = World(pool).evaluate(4, seed=0, progress=False)
+    assert result["start_successes"] is None
+    assert result["success_rate"] == 1.0 and result["steps_to_success"].tolist() == [1.0] * 4
+    pool.close()
+
+
 def test_progress_bar_runs(capsys):
     pool = fixed_length_pool([2, 2])
     World(pool, ones(2)).evaluate(4, seed=0, progress=True)

@@ -3,6 +3,7 @@
 import functools
 import warnings
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -245,3 +246,55 @@ def test_episodes_with_episodes_idx_is_not_truncated_either(maze_dataset):
         with pytest.raises(TypeError, match=r"episodes: expected an int, got float 2\.5"):
             world.evaluate(dataset=maze_dataset, episodes=2.5, episodes_idx=[0, 1], goal_offset=3, eval_budget=5,
                            progress=False)
+
+
+class _NestedReach(gym.Env):
+    """GoalEnv-style Dict observation whose "observation" is itself a Dict(pos, vel); the dataset hook restores
+    both (``vel_error`` spoils the velocity it restores, to check that check_start compares nested leaves)."""
+
+    dataset_state_keys = ("observation",)
+
+    def __init__(self, vel_error=0.0):
+        box = gym.spaces.Box(-10, 10, (2,), np.float32)
+        self.observation_space = gym.spaces.Dict(
+            observation=gym.spaces.Dict(pos=box, vel=box), achieved_goal=box, desired_goal=box
+        )
+        self.action_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+        self.vel_error = vel_error
+
+    def _obs(self):
+        return {"observation": {"pos": self.pos.copy(), "vel": self.vel.copy()}, "achieved_goal": self.pos.copy(),
+                "desired_goal": self.goal.copy()}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.pos = self.np_random.uniform(-5, 5, 2).astype(np.float32)
+        self.vel = self.np_random.uniform(-1, 1, 2).astype(np.float32)
+        self.goal = self.np_random.uniform(-5, 5, 2).astype(np.float32)
+        for name in ("pos", "vel", "goal"):
+            if options and name in options:
+                setattr(self, name, np.asarray(options[name], np.float32).copy())
+        return self._obs(), {}
+
+    def step(self, action):
+        self.vel = np.clip(action, -1, 1).astype(np.float32)
+        self.pos = np.clip(self.pos + self.vel, -10, 10).astype(np.float32)
+        return self._obs(), 0.0, False, False, {"is_success": float(np.linalg.norm(self.pos - self.goal) < 0.5)}
+
+    def reset_options_from_dataset(self, start, goal):
+        obs = start["observation"]
+        return {"pos": obs["pos"], "vel": np.asarray(obs["vel"]) + self.vel_error, "goal": goal["achieved_goal"]}
+
+
+def test_check_start_compares_the_leaves_of_a_nested_observation(tmp_path):
+    pool = EnvPool([_NestedReach] * 2, seed=0)
+    World(pool, max_episode_steps=6).collect(tmp_path / "ds", episodes=2, seed=1, progress=False)
+    ds = load_dataset(tmp_path / "ds")
+    result = World(pool).evaluate(dataset=ds, goal_offset=3, eval_budget=4, check_start=["observation"], progress=False)
+    assert result["num_episodes"] == 2
+    pool.close()
+    spoiled = EnvPool([functools.partial(_NestedReach, vel_error=0.5)] * 2, seed=0)
+    with pytest.raises(RuntimeError, match=r"env 0 did not start from the dataset state for episode 0: "
+                                           r"\('observation', 'vel'\) is"):
+        World(spoiled).evaluate(dataset=ds, goal_offset=3, eval_budget=4, check_start=["observation"], progress=False)
+    spoiled.close()

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from tensordict import TensorDictBase
+from tensordict.utils import unravel_key_list
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
@@ -113,6 +114,11 @@ def _wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     center = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     return (max(0.0, center - half), min(1.0, center + half))
+
+
+
+def _as_tuple(key) -> tuple:
+    return key if isinstance(key, tuple) else (key,)
 
 
 class EvalResult(Mapping):
@@ -1186,10 +1192,14 @@ class _Run:
 
     def _begin(self, rows, plans, td):
         episode_seed = td.get("episode_seed", None)
-        start_flag = None
+        start_flag = start_known = None
         if self.success_key is not None and td.get(self.success_key, None) is not None:
             start_flag = td.get(self.success_key).reshape(self.n, -1).any(-1).cpu().numpy()
-            self.start_success_known = True
+            # a reset info without the key (its presence mask False) is no signal: 0 there is a fill value
+            key = self.success_key
+            present = td.get(("info_mask", *key[1:]), None) if key[0] == "info" else None
+            start_known = (np.ones(self.n, dtype=bool) if present is None
+                           else present.reshape(self.n, -1).any(-1).cpu().numpy())
         pixels = td.get("pixels", None) if self.video is not None else None
         pixels = pixels.cpu().numpy() if pixels is not None else None
         for i, plan in zip(rows, plans):
@@ -1205,8 +1215,9 @@ class _Run:
                 self.r_seed[plan.index] = plan.seed
             else:
                 self.seed_known = False
-            if start_flag is not None:
+            if start_flag is not None and start_known[i]:
                 self.r_start_success[plan.index] = bool(start_flag[i])
+                self.start_success_known = True
             if plan.goal is not None:
                 goal = plan.goal.to(self.device) if self.device is not None else plan.goal
                 if self.goals is None:
@@ -1223,19 +1234,38 @@ class _Run:
                 self.video.start_episode(i, plan.index, pixels[i], goal_px)
 
     def _check_start(self, i, plan, td):
-        for key in self.check_keys:
-            want = plan.start.get(key, None)
-            got = td.get(key, None)
+        for check_key in self.check_keys:
+            want = plan.start.get(check_key, None)
+            got = td.get(check_key, None)
             if want is None or got is None:
-                raise KeyError(f"check_start: key {key} is missing from the dataset or the env's reset output")
+                raise KeyError(f"check_start: key {check_key} is missing from the dataset or the env's reset output")
             got = got[i].cpu()
-            if got.shape != want.shape or not torch.allclose(got.double(), want.double(), atol=1e-5, rtol=1e-5):
-                diff = (got.double() - want.double()).abs().max().item() if got.shape == want.shape else "shape"
-                raise RuntimeError(
-                    f"env {i} did not start from the dataset state for episode {plan.index}: {key} is "
-                    f"{got.tolist()} after reset, the dataset has {want.tolist()} (max diff {diff}). The env's "
-                    "state hook (reset_options_from_dataset / reset(options=...)) does not restore this key."
+            if isinstance(want, TensorDictBase) and isinstance(got, TensorDictBase):  # a nested Dict observation
+                prefix = unravel_key_list([check_key])[0]
+                prefix = prefix if isinstance(prefix, tuple) else (prefix,)
+                for key in want.keys(True, True):
+                    leaf = got.get(key, None)
+                    if leaf is None or isinstance(leaf, TensorDictBase):
+                        raise KeyError(f"check_start: {(*prefix, *_as_tuple(key))} is missing from the env's reset "
+                                       f"output (its leaves: {list(got.keys(True, True))})")
+                    self._check_start_leaf(i, plan, (*prefix, *_as_tuple(key)), leaf, want.get(key))
+            elif isinstance(want, TensorDictBase) or isinstance(got, TensorDictBase):
+                raise TypeError(
+                    f"check_start: {check_key} is a nested entry in the "
+                    f"{'dataset' if isinstance(want, TensorDictBase) else 'env'} only; name leaves to compare"
                 )
+            else:
+                self._check_start_leaf(i, plan, check_key, got, want)
+
+    @staticmethod
+    def _check_start_leaf(i, plan, key, got, want):
+        if got.shape != want.shape or not torch.allclose(got.double(), want.double(), atol=1e-5, rtol=1e-5):
+            diff = (got.double() - want.double()).abs().max().item() if got.shape == want.shape else "shape"
+            raise RuntimeError(
+                f"env {i} did not start from the dataset state for episode {plan.index}: {key} is "
+                f"{got.tolist()} after reset, the dataset has {want.tolist()} (max diff {diff}). The env's "
+                "state hook (reset_options_from_dataset / reset(options=...)) does not restore this key."
+            )
 
     # -- the loop --------------------------------------------------------------------------------------------
     @torch.no_grad()  # as TorchRL's collectors: no graph from a differentiable model or a learned transform
