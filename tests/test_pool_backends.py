@@ -877,25 +877,6 @@ class MaskIgnoringCounter(MaskedCounter):
         return super().reset(seed=seed, options=None)
 
 
-class _Counter(gym.Env):
-    """obs = steps since reset; an episode lasts ``length`` steps."""
-
-    observation_space = gym.spaces.Box(0, 1000, (1,), np.float32)
-    action_space = gym.spaces.Discrete(2)
-
-    def __init__(self, length):
-        self.length = length
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return np.array([0.0], np.float32), {}
-
-    def step(self, action):
-        self.t += 1
-        return np.array([float(self.t)], np.float32), 1.0, self.t >= self.length, False, {}
-
-
 class _DropsResetOptions(gym.vector.VectorWrapper):
     """A user wrapper whose reset forgets to forward ``options`` (and so the mask)."""
 
@@ -911,7 +892,7 @@ class _SyncIgnoringTheMask(gym.vector.SyncVectorEnv):
 @pytest.mark.parametrize("kind", ["wrapper", "subclass"])
 def test_a_wrapped_or_subclassed_sync_vector_env_that_drops_the_mask_is_caught(kind):
     # only gymnasium's own vector envs, used as they are, are trusted to honour options["reset_mask"]
-    fns = [functools.partial(_Counter, 3), functools.partial(_Counter, 10)]
+    fns = [functools.partial(CountingEnv, length=3), functools.partial(CountingEnv, length=10)]
     venv = _DropsResetOptions(gym.vector.SyncVectorEnv(fns)) if kind == "wrapper" else _SyncIgnoringTheMask(fns)
     pool = EnvPool(venv, seed=0)
     name = type(venv).__name__
