@@ -26,7 +26,10 @@ def test_pool_benchmark_smoke(tmp_path):
             ("vector", "raw"), ("vector", "pool"), ("fixed", "pool_k0"), ("fixed", "floor"),
             ("cartpole", "plain_seeded"), ("cartpole", "ceiling_rollout"), ("cartpole", "ceiling_collector")} <= keys
     ceiling = next(r for r in rows if r["key"] == "ceiling_collector")
-    assert 0 < ceiling["ratio"] < 1 and ceiling["extra"]["torchrl_overhead_us"] > 0
+    if ceiling["extra"]["torchrl_overhead_us"] > 0:  # a difference of two timings: noise can swamp it
+        assert 0 < ceiling["ratio"] < 1
+    else:
+        assert ceiling["ratio"] is None and "not measurable" in ceiling["label"]
     assert all(r["rate"] > 0 and not math.isnan(r["rate"]) for r in rows if r["key"] != "gym_async")
     assert plot.stat().st_size > 1000
 
@@ -138,3 +141,21 @@ def test_the_ceiling_pools_end_episodes_at_scattered_steps_like_cartpole():
             any_done.append(bool(out["next", "done"].any()))
         subject.close()
         assert np.mean(any_done) > least, (n, np.mean(any_done))
+
+
+def test_a_ceiling_drowned_in_noise_is_reported_unmeasurable_and_the_plot_still_renders(tmp_path):
+    # noop rollout timed faster than the noop step loop (a loaded machine): no negative or > 1 "upper bound"
+    from torchrl_swm.benchmarks.__main__ import save_plot
+    from torchrl_swm.benchmarks.pool import ceilings
+
+    def timing(us):
+        return {"us_per_call": us, "spread": 0.1, "rate": 3 / us * 1e6}
+
+    results = {"plain": timing(30.0), "noop_step": timing(80.0), "noop_rollout": timing(46.0),
+               "noop_collector": timing(130.0)}
+    rollout, collector = ceilings(3, results)
+    assert math.isnan(rollout.ratio) and math.isnan(rollout.rate) and "not measurable" in rollout.label
+    assert rollout.extra["torchrl_overhead_us"] == -34.0
+    assert collector.ratio == 30.0 / 80.0 and collector.us_per_call == 80.0  # 30 µs + 50 µs of Collector
+    save_plot([rollout, collector], tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 1000

@@ -431,3 +431,14 @@ def test_an_empty_dataset_is_a_usage_error(tmp_path, capsys):
                      "--eval-budget", "3", "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2 and "holds no episodes" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("module", ["torchrl_swm", "torchrl_swm.cli"])
+def test_every_way_of_running_the_cli_has_every_command(module):
+    # `python -m torchrl_swm.cli` runs cli.py as __main__, a second copy of the module: the commands other modules
+    # register (bench, quickstart) must still be there
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for command in ("bench", "quickstart", "eval"):
+        out = subprocess.run([sys.executable, "-m", module, command, "--help"], capture_output=True, text=True,
+                             timeout=120, env=env)
+        assert out.returncode == 0 and f"usage: torchrl-swm {command}" in out.stdout, (command, out.stderr[-300:])

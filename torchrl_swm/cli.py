@@ -520,4 +520,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # `python -m torchrl_swm.cli` runs this file as __main__, a second copy of the module: the commands
+    # registered by COMMAND_MODULES (bench, quickstart) land in torchrl_swm.cli's COMMANDS, so run that one
+    from torchrl_swm.cli import main as _package_main
+
+    sys.exit(_package_main())

@@ -102,8 +102,10 @@ def save_plot(rows, path) -> None:
 
     groups = {}
     for r in rows:
-        if r.ratio is not None and not math.isnan(r.ratio):
+        if r.ratio is not None and r.ratio > 0:  # a log scale: no failed (NaN) or unmeasurable rows
             groups.setdefault((r.section, r.n), []).append(r)
+    if not groups:
+        raise ValueError("save_plot: no row has a measured ratio to plot")
     fig, axes = plt.subplots(len(groups), 1, figsize=(10, 2.2 + 0.35 * max(len(g) for g in groups.values()) * len(groups)),
                              squeeze=False)
     low = min(r.ratio for g in groups.values() for r in g)
@@ -167,6 +169,11 @@ def check_args(args: argparse.Namespace) -> None:
                 _check_output_file(path, flag)
             except CLIError as err:
                 raise ValueError(str(err)) from None
+    if args.plot:
+        try:  # found now, not after the whole run
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ValueError('--plot needs matplotlib: pip install "torchrl-swm[plot]" (or drop --plot)') from None
 
 
 def run(args: argparse.Namespace) -> int:

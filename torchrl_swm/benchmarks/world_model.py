@@ -349,7 +349,7 @@ def _rows_for(model, b: int, seconds: float, device) -> list[Row]:
     )
     reset = row(
         "env/reset",
-        "masked reset of 3 % rows (fast path), per call",
+        f"masked reset of {max(1, round(0.03 * b))} of {b} rows (~3 %, fast path), per call",
         lambda: _ResetOnly(_make_env(model, b, device), b, device),
     )
     reset.extra["fraction_of_step"] = reset.us_per_call / step.us_per_call
