@@ -1231,3 +1231,16 @@ def test_a_batch_unlocked_env_with_a_batch_dim_exports_as_its_batch_locked_twin(
             assert np.array_equal(x, y)
     if mode == "next_step":  # row 0: 3, 6 (end), reset 0, 3, 6, reset 0, ...
         assert [float(s[0][0, 0]) for s in locked[1:]] == [3, 6, 0, 3, 6, 0, 3, 6]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_torchrl_gym_env_with_num_envs_is_refused_in_every_mode(mode):
+    # GymEnv(id, num_envs=N) adds TorchRL's VecGymEnvTransform, which rewrites the vector env's autoreset:
+    # its finished rows came out with terminal (SAME_STEP) or zero (DISABLED) observations
+    from torchrl.envs import GymEnv
+
+    env = GymEnv("CartPole-v1", num_envs=3)
+    with pytest.raises(ValueError,
+                       match=r"GymEnv\(id, num_envs=N\).*NEXT_STEP autoreset.*Export EnvPool\(gym.make_vec"):
+        to_gymnasium(env, autoreset_mode=mode)
+    env.close()

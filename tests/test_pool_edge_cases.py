@@ -1217,3 +1217,55 @@ def test_process_backend_frozen_rows_report_zero_reward_after_an_interrupted_ste
             assert out["next", "observation"].view(-1).tolist() == [2.0, 2.0, 1.0, 1.0]
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_an_out_of_date_id_warns_as_gym_make_does():
+    # the factories carry the resolved EnvSpec: gym.make(spec) would skip gym.make(id)'s version check
+    with pytest.warns(Warning, match="CartPole-v0 is out of date"):
+        pool = EnvPool("CartPole-v0", num_envs=2, seed=0)
+    pool.close()
+
+
+class _IgnoresSigterm(gym.Env):
+    """A simulator-like env whose process handles SIGTERM itself, and whose armed step blocks for a long time."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self):
+        self.armed = False  # the construction probe's step must return
+        signal.signal(signal.SIGTERM, lambda *_: None)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        end = time.time() + (600 if self.armed else 0)
+        while time.time() < end:
+            time.sleep(0.05)
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+def test_close_after_a_ctrl_c_kills_a_stuck_worker_that_ignores_sigterm(monkeypatch):
+    # close() terminates a worker an interrupt left in an env call; one that survives SIGTERM is killed,
+    # never waited for without end by the finalizer that follows
+    import threading
+
+    from torchrl_swm.pool import process
+
+    monkeypatch.setattr(process, "_CLOSE_TIMEOUT", 0.2)
+    pool = EnvPool([_IgnoresSigterm], backend="process", num_workers=1)
+    processes = _workers(pool)
+    try:
+        pool.reset()
+        pool.set_attr("armed", True)
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            pool.rand_step()
+        start = time.monotonic()
+        with pytest.warns(RuntimeWarning, match="was still in an env call and was terminated"):
+            pool.close()
+        assert time.monotonic() - start < 30 and not processes[0].is_alive()
+    finally:
+        _reap(processes)

@@ -95,7 +95,8 @@ class VideoRecorder:
         self.imageio = require_imageio()
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        old = sorted(self.directory.glob(f"{glob.escape(prefix)}_*.mp4" if layout == "episodes" else "grid.mp4"))
+        # (a grid run rewrites its one grid.mp4 whole: nothing of an earlier run is left beside it)
+        old = sorted(self.directory.glob(f"{glob.escape(prefix)}_*.mp4")) if layout == "episodes" else []
         if old:
             # as gymnasium's RecordVideo: a shorter run overwrites some files and leaves the others beside them
             warnings.warn(

@@ -112,6 +112,14 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         self.num_envs = int(env.batch_size[0])
         self.autoreset_mode = _autoreset_mode(autoreset_mode)
         pool = self.traits.pool
+        inner_mode = _vec_gym_autoreset_mode(env)
+        if inner_mode is not None and inner_mode is not AutoresetMode.SAME_STEP:
+            raise ValueError(
+                "to_gymnasium: this env is TorchRL's GymEnv(id, num_envs=N) or GymWrapper over a gymnasium VectorEnv "
+                f"in {inner_mode.name} autoreset mode; TorchRL's VecGymEnvTransform rewrites that autoreset, and the "
+                "finished rows would be reported with the wrong observations in every mode. Export "
+                "EnvPool(gym.make_vec(id, N, ...)) instead, or use the gymnasium VectorEnv itself (it needs no export)."
+            )
         if self.autoreset_mode is AutoresetMode.NEXT_STEP and self.traits.batched_wrapper:
             raise ValueError(
                 f"to_gymnasium(autoreset_mode='next_step'): {type(base_env(env)).__name__} wraps an already-batched "
@@ -534,3 +542,24 @@ def _put(infos: dict, path, value, mask: np.ndarray, anyone: bool | None = None)
         node = node.setdefault(part, {})
     node[path[-1]] = value
     node["_" + path[-1]] = mask.copy()
+
+
+def _vec_gym_autoreset_mode(env):
+    """The autoreset mode of the gymnasium VectorEnv under a TorchRL ``VecGymEnvTransform`` (what ``GymEnv(id,
+    num_envs=N)`` and ``GymWrapper(vector_env)`` add) among ``env``'s transforms; ``None`` without one."""
+    from torchrl.envs import Compose, TransformedEnv, VecGymEnvTransform
+
+    found = False
+    while isinstance(env, TransformedEnv):
+        stack = [env.transform]
+        while stack:
+            t = stack.pop()
+            found = found or isinstance(t, VecGymEnvTransform)
+            if isinstance(t, Compose):
+                stack.extend(t.transforms)
+        env = env.base_env
+    if not found:
+        return None
+    inner = getattr(env, "_env", None)
+    mode = getattr(inner, "metadata", {}).get("autoreset_mode", AutoresetMode.NEXT_STEP)
+    return _autoreset_mode(mode)

@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 
 import gymnasium as gym
-from gymnasium.envs.registration import parse_env_id
+from gymnasium.envs.registration import _find_spec  # gym.make's own id lookup, with its warnings
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -59,12 +59,8 @@ def _factories(env_fns, num_envs, pixels, make_kwargs) -> list[Callable[[], gym.
         # spec, not the id: a worker process can then make an id registered only in the user's main
         # process (under `if __name__ == "__main__":`, in a notebook), as gymnasium's AsyncVectorEnv can
         env_spec = spec(env_fns)
-        name = env_fns.partition(":")[2] or env_fns
-        if parse_env_id(name)[2] is None and env_spec.id != name:  # gym.make's own warning, which a spec skips
-            gym.logger.warn(
-                f"Using the latest versioned environment `{env_spec.id}` instead of the unversioned "
-                f"environment `{name}`."
-            )
+        # gym.make(id)'s version warnings (an unversioned or out-of-date id), which gym.make(spec) skips
+        _find_spec(env_fns.partition(":")[2] or env_fns)
         if pixels:
             make_kwargs = {"render_mode": "rgb_array", **make_kwargs}
         return [functools.partial(make, env_spec, **make_kwargs)] * int(num_envs)
@@ -536,8 +532,8 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
 
     def __reduce_ex__(self, protocol):
         # its envs, buffers and worker processes live here: a copy in another process could not share them
-        raise TypeError(
-            f"{type(self).__name__} cannot be pickled or copied: it owns live envs (and worker processes). To build "
+        raise TypeError(  # "cannot pickle": the words TorchRL's multi-process collectors pass an error on for
+            f"cannot pickle or copy an {type(self).__name__}: it owns live envs (and worker processes). To build "
             f"one in another process (a multi-process or Ray collector, a ParallelEnv), pass "
             f"{type(self).__name__}.factory(...) with the same arguments instead of the pool"
         )

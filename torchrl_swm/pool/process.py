@@ -518,6 +518,10 @@ class ProcessBackend:
                         "and was terminated; its envs were not closed", RuntimeWarning, stacklevel=3,
                     )
                     self._processes[w].terminate()
+                    self._processes[w].join(timeout=2)
+                    if self._processes[w].is_alive():  # it handles SIGTERM itself: the finalizer must not wait on it
+                        self._processes[w].kill()
+                        self._processes[w].join()
                 self._owed.clear()
                 self._finalizer()
         if error is not None:
