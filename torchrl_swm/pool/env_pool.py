@@ -21,7 +21,6 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 
 import gymnasium as gym
-from gymnasium.envs.registration import _find_spec  # gym.make's own id lookup, with its warnings
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -43,6 +42,11 @@ from .serial import SerialBackend
 from .vector import VectorBackend
 
 __all__ = ["EnvPool"]
+
+try:  # gym.make's own id lookup, which emits its version warnings (private: a later gymnasium may move it)
+    from gymnasium.envs.registration import _find_spec
+except ImportError:  # pragma: no cover
+    _find_spec = gym.spec
 
 Key = tuple[str, ...]
 _DONE_KEYS = (("done",), ("terminated",), ("truncated",))
