@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from tensordict import TensorDictBase
-from tensordict.utils import unravel_key_list
+from tensordict.utils import unravel_key
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
@@ -114,7 +114,6 @@ def _wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     center = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     return (max(0.0, center - half), min(1.0, center + half))
-
 
 
 def _as_tuple(key) -> tuple:
@@ -1241,14 +1240,13 @@ class _Run:
                 raise KeyError(f"check_start: key {check_key} is missing from the dataset or the env's reset output")
             got = got[i].cpu()
             if isinstance(want, TensorDictBase) and isinstance(got, TensorDictBase):  # a nested Dict observation
-                prefix = unravel_key_list([check_key])[0]
-                prefix = prefix if isinstance(prefix, tuple) else (prefix,)
+                prefix = _as_tuple(unravel_key(check_key))
                 for key in want.keys(True, True):
-                    leaf = got.get(key, None)
+                    path, leaf = (*prefix, *_as_tuple(key)), got.get(key, None)
                     if leaf is None or isinstance(leaf, TensorDictBase):
-                        raise KeyError(f"check_start: {(*prefix, *_as_tuple(key))} is missing from the env's reset "
-                                       f"output (its leaves: {list(got.keys(True, True))})")
-                    self._check_start_leaf(i, plan, (*prefix, *_as_tuple(key)), leaf, want.get(key))
+                        raise KeyError(f"check_start: {path} is missing from the env's reset output "
+                                       f"(its leaves: {list(got.keys(True, True))})")
+                    self._check_start_leaf(i, plan, path, leaf, want.get(key))
             elif isinstance(want, TensorDictBase) or isinstance(got, TensorDictBase):
                 raise TypeError(
                     f"check_start: {check_key} is a nested entry in the "

@@ -60,6 +60,7 @@ from torchrl.envs import EnvBase
 
 from ._core import Layout, attribute_errors, base_env, nest, to_host, torch_copies, traits
 from ._core import autoreset_mode as _autoreset_mode
+from ..introspect import transforms_of
 from .seeding import check_options, normalize_seed, reset_kwargs, seed_groups
 
 __all__ = ["TorchRLVectorEnv"]
@@ -547,19 +548,9 @@ def _put(infos: dict, path, value, mask: np.ndarray, anyone: bool | None = None)
 def _vec_gym_autoreset_mode(env):
     """The autoreset mode of the gymnasium VectorEnv under a TorchRL ``VecGymEnvTransform`` (what ``GymEnv(id,
     num_envs=N)`` and ``GymWrapper(vector_env)`` add) among ``env``'s transforms; ``None`` without one."""
-    from torchrl.envs import Compose, TransformedEnv, VecGymEnvTransform
+    from torchrl.envs import VecGymEnvTransform
 
-    found = False
-    while isinstance(env, TransformedEnv):
-        stack = [env.transform]
-        while stack:
-            t = stack.pop()
-            found = found or isinstance(t, VecGymEnvTransform)
-            if isinstance(t, Compose):
-                stack.extend(t.transforms)
-        env = env.base_env
-    if not found:
+    if not any(isinstance(t, VecGymEnvTransform) for t in transforms_of(env)):
         return None
-    inner = getattr(env, "_env", None)
-    mode = getattr(inner, "metadata", {}).get("autoreset_mode", AutoresetMode.NEXT_STEP)
-    return _autoreset_mode(mode)
+    inner = getattr(base_env(env), "_env", None)
+    return _autoreset_mode(getattr(inner, "metadata", {}).get("autoreset_mode", AutoresetMode.NEXT_STEP))

@@ -84,6 +84,15 @@ def _split(n: int, k: int) -> list[range]:
     return [range(bounds[w], bounds[w + 1]) for w in range(k)]
 
 
+def _end(proc) -> None:
+    """Terminate ``proc``; kill it if it survives SIGTERM (a simulator that handles the signal itself)."""
+    proc.terminate()
+    proc.join(timeout=2)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+
+
 def _shutdown(processes, conns, shm, owed: dict, slices) -> None:
     """Reap every worker and free the shared memory (the end of close(), and the finalizer of a pool
     collected unclosed, which runs before EnvPool.__del__ in a garbage-collected cycle).
@@ -106,11 +115,7 @@ def _shutdown(processes, conns, shm, owed: dict, slices) -> None:
                 f"EnvPool: worker {w} (envs {rows.start}..{rows.stop - 1}) was still in an env call when the pool "
                 "was closed and was terminated; its envs were not closed", RuntimeWarning, stacklevel=2,
             )
-            proc.terminate()
-            proc.join(timeout=2)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+            _end(proc)
     for conn in conns:
         conn.close()
     if shm is not None:
@@ -517,11 +522,7 @@ class ProcessBackend:
                         f"EnvPool.close(): worker {w} (envs {rows.start}..{rows.stop - 1}) was still in an env call "
                         "and was terminated; its envs were not closed", RuntimeWarning, stacklevel=3,
                     )
-                    self._processes[w].terminate()
-                    self._processes[w].join(timeout=2)
-                    if self._processes[w].is_alive():  # it handles SIGTERM itself: the finalizer must not wait on it
-                        self._processes[w].kill()
-                        self._processes[w].join()
+                    _end(self._processes[w])  # here: the finalizer below waits, unbounded, on workers owing nothing
                 self._owed.clear()
                 self._finalizer()
         if error is not None:
