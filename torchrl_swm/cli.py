@@ -288,11 +288,9 @@ def _configure_collect(p: argparse.ArgumentParser) -> None:
 def _collect(args) -> int:
     out = os.path.abspath(args.out)
     _check_output_dir(args.out, "--out")
-    if os.path.isdir(out) and os.listdir(out) and not args.overwrite:
-        raise CLIError(f"--out {args.out}: directory exists and is not empty (pass --overwrite to replace a dataset)")
     from .data import _check_target
 
-    try:  # --overwrite replaces a dataset only: refuse any other directory now, before an env is built
+    try:  # a non-empty directory, or one --overwrite may not replace (not a dataset): refused before an env is built
         _check_target(Path(out), args.overwrite, remove=False)
     except FileExistsError as err:
         raise CLIError(f"--out {args.out}: {err}") from None
