@@ -286,6 +286,22 @@ def test_num_workers_without_a_backend_is_an_error():
     pool.close()
 
 
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_one_factory_and_a_count_is_a_list_of_that_factory(backend):
+    # TorchRL's SerialEnv(num_workers, create_env_fn) takes one factory and a count: so does the pool
+    fn = functools.partial(counting, max_length=6)
+    kwargs = dict(seed=3, backend=backend) | ({"num_workers": 2} if backend == "process" else {})
+    one, listed = EnvPool(fn, 3, **kwargs), EnvPool([fn] * 3, **kwargs)
+    assert one.batch_size == listed.batch_size == torch.Size([3])
+    assert_same(drive(one, 30), drive(listed, 30))
+    one.close()
+    listed.close()
+    with pytest.raises(ValueError, match=r"one factory \(counting\) needs num_envs >= 1, got None"):
+        EnvPool(counting, backend=backend)
+    with pytest.raises(ValueError, match="num_envs: expected an int >= 1, got 0"):
+        EnvPool(counting, 0, backend=backend)
+
+
 @pytest.mark.parametrize("kwargs", [{"backend": "process"}, {"num_workers": 2}])
 def test_a_vector_env_refuses_backend_and_num_workers(kwargs):
     vec = gym.vector.SyncVectorEnv([functools.partial(CountingEnv, length=3)] * 2)

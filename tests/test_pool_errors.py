@@ -181,7 +181,7 @@ def test_unknown_env_id_and_misused_kwargs():
         EnvPool("CartPole-v1")
     with pytest.raises(TypeError, match="only accepted with a gymnasium id"):
         EnvPool([CountingEnv], max_episode_steps=3)
-    with pytest.raises(TypeError, match="sequence of zero-argument factories"):
+    with pytest.raises(TypeError, match="sequence of zero-argument factories returning gymnasium.Env, one such factory with num_envs"):
         EnvPool(CountingEnv())
 
 

@@ -73,10 +73,18 @@ def _factories(env_fns, num_envs, pixels, make_kwargs) -> list[Callable[[], gym.
             f"EnvPool: keyword arguments {sorted(make_kwargs)} are only accepted with a gymnasium id "
             "(they are passed to gym.make); with factories, bind them in the factory"
         )
+    if callable(env_fns) and not isinstance(env_fns, (gym.Env, Sequence)):
+        # one factory and a count, as TorchRL's SerialEnv(num_workers, create_env_fn)
+        if num_envs is None:
+            raise ValueError(
+                f"EnvPool: one factory ({getattr(env_fns, '__name__', type(env_fns).__name__)}) needs num_envs >= 1, "
+                "got None; pass num_envs=, or a sequence of factories (one per env)"
+            )
+        return [env_fns] * check_int(num_envs, "EnvPool: num_envs", minimum=1)
     if isinstance(env_fns, gym.Env) or not isinstance(env_fns, Sequence):
         raise TypeError(
-            "EnvPool: expected a sequence of zero-argument factories returning gymnasium.Env, or a "
-            f"registered gymnasium id, got {type(env_fns).__name__}"
+            "EnvPool: expected a sequence of zero-argument factories returning gymnasium.Env, one such factory "
+            f"with num_envs, or a registered gymnasium id, got {type(env_fns).__name__}"
         )
     env_fns = list(env_fns)
     if not env_fns:
@@ -116,11 +124,12 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
 
     Args:
         env_fns: a sequence of zero-argument factories returning ``gymnasium.Env``,
+            one such factory (called ``num_envs`` times, as TorchRL's ``SerialEnv``),
             a registered gymnasium id (then ``num_envs`` is required and extra
             keyword arguments go to ``gym.make``), or a ``gymnasium.vector.VectorEnv``
             (e.g. ``gym.make_vec(id, n, vectorization_mode="vector_entry_point")``),
             in any autoreset mode: see :mod:`torchrl_swm.pool.vector`.
-        num_envs: number of envs when ``env_fns`` is an id.
+        num_envs: number of envs when ``env_fns`` is an id or one factory.
 
     Keyword Args:
         backend: ``"serial"`` (default: every env in this process, the fastest for
@@ -188,7 +197,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
 
     def __init__(
         self,
-        env_fns: Sequence[Callable[[], gym.Env]] | str,
+        env_fns: Sequence[Callable[[], gym.Env]] | Callable[[], gym.Env] | str | gym.vector.VectorEnv,
         num_envs: int | None = None,
         *,
         backend: str | None = None,
