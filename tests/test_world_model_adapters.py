@@ -260,6 +260,25 @@ def test_reset_fn_keyword_extras_num_envs_mask_generator():
     assert got["num_envs"] == 2 and got["mask"].tolist() == [False, True, False, True, False]
 
 
+def test_reset_fn_gets_an_empty_options_dict_when_none_were_given():
+    # the seed design's reset: options = {} when the caller gives none, so options.get(...) works in every reset
+    seen = []
+
+    def reset_fn(model, seed, options):
+        seen.append(dict(options))
+        options["written"] = True  # a reset_fn may write to its options: each reset gets a fresh dict
+        return torch.full((2,), float(options.get("start", 0.0)))
+
+    def transition(state, action):
+        return {"state": state + 1, "observation": state + 1, "terminated": state[..., :1] >= 2}
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=2, reset_fn=reset_fn, transition_fn=transition, seed=0)
+    assert env.reset(options={"start": 1.0})["observation"].tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    assert env.reset()["observation"].tolist() == [[0.0, 0.0], [0.0, 0.0]]
+    env.rollout(6, break_when_any_done=False)  # automatic resets: TorchRL's maybe_reset and the fast path
+    assert len(seen) > 3 and seen[0] == {"start": 1.0} and all(o == {} for o in seen[1:])
+
+
 def test_transition_generator_extra_is_the_env_generator():
     got = []
 
