@@ -315,7 +315,11 @@ class ObservationDecoder(_WorldModelTransform):
     """Decode an observation (e.g. a latent) into a new entry (e.g. ``"pixels"``) at reset and step.
 
     Args:
-        decoder: ``decoder([model,] obs)`` -> a batched tensor (e.g. ``(N, H, W, 3)`` uint8).
+        decoder: ``decoder([model,] obs)`` -> a batched tensor (e.g. ``(N, H, W, 3)`` uint8). One that
+            samples takes ``generator=``: the env's step stream in steps, its reset stream at resets,
+            drawn once for all the rows reset together (as a sampling ``reset_fn``), so a reset row's
+            pixels depend on which rows reset before it; decode deterministically where rows must
+            not influence each other.
         spec: the decoded entry's unbatched spec or space. Default: probed once by decoding the
             observation spec's zero (uint8 results get ``Bounded(0, 255)``).
 
@@ -343,8 +347,9 @@ class ObservationDecoder(_WorldModelTransform):
 
     def _decode(self, value, phase: str):
         """Decode ``value``; a decoder taking ``generator`` draws from the stream of ``phase``, as the env's
-        own adapters do: the step stream in steps, the reset stream at resets (a partial reset never moves
-        another row's noise), a throwaway one for the spec probe (the streams stay as without a decoder)."""
+        own adapters do: the step stream in steps (which resets never move), the reset stream at resets
+        (one draw for every row, as a sampling ``reset_fn``'s: a reset row's pixels depend on which rows
+        reset before), a throwaway one for the spec probe (the streams stay as without a decoder)."""
         model = self._model
         base = self.parent.base_env if self.parent is not None else None
         base = base if isinstance(base, WorldModelEnv) else None
