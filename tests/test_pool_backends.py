@@ -1044,6 +1044,43 @@ def test_vector_pool_set_attr_sets_a_new_attribute_as_gymnasium_does(kind):
     pool.close()
 
 
+class _LateResetInfoEnv(gym.Env):
+    """Reports its previous episode's length in its reset info, from its second episode on."""
+
+    observation_space = gym.spaces.Box(-100, 100, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self):
+        self.previous = None
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(1, np.float32), ({} if self.previous is None else {"prev_len": self.previous})
+
+    def step(self, action):
+        self.t += 1
+        if self.t >= 3:
+            self.previous = self.t
+        return np.full(1, self.t, np.float32), 0.0, self.t >= 3, False, {}
+
+
+def test_same_step_reset_info_first_reported_after_the_first_episode_stays_at_the_reset():
+    # gymnasium's SAME_STEP puts a finished env's reset info at the top level: a key its first reset lacked is
+    # still reset info (recorded at the reset root, as the pool of single envs records it), not the terminal step's
+    venv = gym.vector.SyncVectorEnv([_LateResetInfoEnv] * 2, autoreset_mode=AutoresetMode.SAME_STEP)
+    kwargs = dict(seed=0, seed_every_episode=False, info_spec={"prev_len": 0})
+    vector, single = EnvPool(venv, **kwargs), EnvPool([_LateResetInfoEnv] * 2, **kwargs)
+    assert_same(drive(single, 9), drive(vector, 9))
+    rollout = vector.rollout(9, break_when_any_done=False)
+    assert not rollout["next", "info_mask", "prev_len"].any()
+    reported = rollout["info_mask", "prev_len"][..., 0]
+    assert reported.nonzero()[:, 1].tolist() == [0, 3, 6] * 2  # every reset root (drive() ended episodes)
+    assert rollout["info", "prev_len"][reported].tolist() == [[3]] * 6
+    vector.close()
+    single.close()
+
+
 @pytest.mark.parametrize("seed_every_episode", [False, True])
 def test_same_step_wrapper_stats_are_recorded_at_the_terminal_step(seed_every_episode):
     # RecordEpisodeStatistics adds "episode" at the top level for finished envs, where gymnasium's SAME_STEP puts

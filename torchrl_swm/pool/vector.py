@@ -15,9 +15,11 @@ step, exact terminal observations, no ghost transitions):
 * ``SAME_STEP``: the vector env resets done rows inside the step and reports
   the terminal observation in ``info["final_obs"]``. The pool writes the
   terminal observation (and ``final_info``) into ``"next"`` and keeps the
-  reset observation until TorchRL's reset of those rows asks for it. A
-  top-level info entry the env's reset never reports (a wrapper's
-  end-of-episode ``"episode"``) is recorded at the terminal step too.
+  reset observation until TorchRL's reset of those rows asks for it. The
+  end-of-episode statistics of gymnasium's vector ``RecordEpisodeStatistics``
+  (``"episode"``), which it adds at the top level where gymnasium puts the reset
+  info, are recorded at the terminal step too; any other top-level entry of a
+  finished row is its reset info, as gymnasium defines it.
 
 A vector env that has no masked reset needs an adapter
 (:func:`register_masked_reset`); gymnasium's numpy ``CartPoleVectorEnv`` has
@@ -39,6 +41,7 @@ from gymnasium.envs.classic_control import utils as classic_control_utils
 from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.utils.env_checker import data_equivalence
 from gymnasium.vector import AutoresetMode
+from gymnasium.wrappers.vector import RecordEpisodeStatistics
 
 from ..errors import EnvAttributeError, EnvError, SpecError, describe
 from .infos import batch_wide_error, check_vector_mask, flatten_vector_info, numeric_info_value
@@ -77,6 +80,16 @@ def _cartpole_masked_reset(venv, mask, seed, options):
 
 register_masked_reset(CartPoleVectorEnv, _cartpole_masked_reset)
 _OWN_MASKED_RESETS = frozenset({_cartpole_masked_reset})  # tested here: their resets are not re-checked at run time
+
+
+def _episode_stat_keys(venv) -> frozenset:
+    """The info keys of the vector ``RecordEpisodeStatistics`` wrappers in ``venv``'s chain (``"episode"``)."""
+    keys = set()
+    while isinstance(venv, gym.vector.VectorWrapper):
+        if isinstance(venv, RecordEpisodeStatistics):
+            keys.add(getattr(venv, "_stats_key", "episode"))  # its stats_key= argument, kept privately
+        venv = venv.env
+    return frozenset(keys)
 
 
 def _innermost(venv):
@@ -135,7 +148,7 @@ class VectorBackend(InProcessBackend):
         self._stash_obs = None
         self._stash_info: list = []
         self._stream_seed: int | None = None  # batch-RNG envs: the seed the vector env was last seeded with
-        self._reset_info_names: frozenset = frozenset()  # top-level info keys the env's reset reported (probe)
+        self._episode_stat_keys = _episode_stat_keys(venv)  # SAME_STEP: top-level entries of the terminal step
 
     def _find_masked_reset(self, declared):
         inner = _innermost(self.venv)
@@ -189,9 +202,6 @@ class VectorBackend(InProcessBackend):
         step_info = None
         try:
             reset_obs, reset_info = self.venv.reset(seed=self._seed_arg(seeds))
-            # what the env's reset reports: SAME_STEP tells a finished env's reset info from a wrapper's
-            # end-of-episode entries at the top level by it (see _terminal_extras)
-            self._reset_info_names = frozenset(k for k in reset_info if not str(k).startswith("_"))
             frame_shape = self._render().shape[1:] if self.pixels else None
             if step:
                 phase = "step"
@@ -414,15 +424,12 @@ class VectorBackend(InProcessBackend):
         """SAME_STEP: top-level info entries that belong to the terminal step, not to the reset.
 
         Gymnasium puts a finished env's reset info at the top level and its last step's in
-        ``final_info``; but vector wrappers add their end-of-episode entries at the top level too
-        (``RecordEpisodeStatistics``' ``"episode"``). An entry the env's reset never reported (in the
-        construction probe) and ``final_info`` lacks is such an entry: recorded at the terminal step, as
-        under NEXT_STEP, not at the reset that follows (nor lost to a seeded reset's own info)."""
-        names = [
-            k for k in info
-            if not str(k).startswith("_") and k not in ("final_info", "final_obs")
-            and k not in self._reset_info_names and k not in final_info
-        ]
+        ``final_info``; but its vector ``RecordEpisodeStatistics`` adds its end-of-episode entry
+        (``"episode"``) at the top level too. Those entries of the wrappers in the vector env's chain are
+        recorded at the terminal step, as under NEXT_STEP, not at the reset that follows (nor lost to a
+        seeded reset's own info). Every other top-level entry is reset info, even one the env's first
+        reset did not report (a reset may report a key from its second episode on)."""
+        names = [k for k in self._episode_stat_keys if k in info and k not in final_info]
         extras = {k: info[k] for k in names}
         extras.update((f"_{k}", info[f"_{k}"]) for k in names if f"_{k}" in info)
         return extras
