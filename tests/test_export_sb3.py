@@ -94,6 +94,38 @@ def test_infos_that_come_and_go_match_dummy_vec_env():
     assert {"bonus", "success", "terminal_observation"} <= seen
 
 
+def test_info_keys_starting_with_an_underscore_are_kept_as_dummy_vec_env_keeps_them():
+    # gymnasium masks "k" with "_k": an env's own "_private" (masked by "__private") is a key, not a mask
+    from envs import InfoEnv
+
+    make = functools.partial(InfoEnv, {"_private": 1.5, "public": 1.5}, [{"_private": 2.5, "public": 2.5}])
+    ours, ref = to_sb3_vec_env(EnvPool([make] * 2, seed=0)), DummyVecEnv([make] * 2)
+    ours.reset()
+    ref.reset()
+    assert [without_seed(info) for info in ours.reset_infos] == ref.reset_infos == [{"_private": 1.5, "public": 1.5}] * 2
+    infos, infos_ref = ours.step(np.zeros(2, np.int64))[3], ref.step(np.zeros(2, np.int64))[3]
+    assert [without_seed(info) for info in infos] == infos_ref
+    assert infos_ref[0]["_private"] == 2.5
+    ours.close()
+
+
+def without_seed(info: dict) -> dict:
+    return {k: v for k, v in info.items() if k != "episode_seed"}
+
+
+def test_env_method_passes_a_name_keyword_and_env_is_wrapped_counts_only_wrappers():
+    from gymnasium.envs.classic_control import CartPoleEnv
+
+    fns = [lambda: gym.make("CartPole-v1")] * 2
+    ours, ref = to_sb3_vec_env(EnvPool(fns)), DummyVecEnv(fns)
+    assert ours.env_method("get_wrapper_attr", name="gravity") == ref.env_method("get_wrapper_attr", name="gravity")
+    # SB3's is_wrapped looks at the wrappers only, never at the env they wrap
+    for cls in (CartPoleEnv, gym.wrappers.TimeLimit, gym.Env, Monitor):
+        assert ours.env_is_wrapped(cls) == ref.env_is_wrapped(cls), cls
+    assert ours.env_is_wrapped(CartPoleEnv) == [False, False]
+    ours.close()
+
+
 def test_per_env_infos_and_terminal_observation():
     n = 3
     venv = to_sb3_vec_env(EnvPool([functools.partial(CountingEnv, length=2)] * n, seed=0))

@@ -760,6 +760,23 @@ def test_vector_env_is_a_gymnasium_vector_env():
     assert envs.closed and envs.env.is_closed
 
 
+class _KeywordMethodEnv(CountingEnv):
+    def echo(self, name=None, indices=None):
+        return (name, indices)
+
+
+def test_call_passes_every_keyword_to_the_sub_env_method():
+    # SyncVectorEnv.call(name, *args, **kwargs) gives all kwargs to the method, an indices= among them
+    ours = to_gymnasium(EnvPool([_KeywordMethodEnv] * 2, seed=0))
+    ref = gym.vector.SyncVectorEnv([_KeywordMethodEnv] * 2)
+    assert ours.call("echo", indices=1) == ref.call("echo", indices=1) == ((None, 1),) * 2
+    # a name= too (which SyncVectorEnv's own name parameter refuses)
+    assert ours.call("echo", name="x", indices=[0]) == (("x", [0]),) * 2
+    assert ours.call("get_wrapper_attr", name="max_length") == (9, 9)
+    ours.close()
+    ref.close()
+
+
 @pytest.mark.parametrize("backend", ["serial", "process"])
 def test_missing_sub_env_attributes_are_attribute_errors(backend):
     """As on SyncVectorEnv: ``except AttributeError`` probes work; the error names the env (EnvAttributeError)."""

@@ -206,6 +206,12 @@ def _sb3_class():
 
 
 
+def _is_mask(key, infos: dict) -> bool:
+    """Whether ``key`` is gymnasium's presence mask of another key (``"_k"`` next to ``"k"``); an info key
+    of the env's own that starts with ``"_"`` is not (its mask is ``"__k"``)."""
+    return isinstance(key, str) and key.startswith("_") and key[1:] in infos
+
+
 def _rows(infos: dict, n: int) -> list[dict]:
     """Every env's :func:`_row` of gymnasium vector infos, built a column at a time.
 
@@ -215,7 +221,7 @@ def _rows(infos: dict, n: int) -> list[dict]:
     """
     out = [{} for _ in range(n)]
     for key, value in infos.items():
-        if key.startswith("_") or key in ("final_obs", "final_info"):
+        if key in ("final_obs", "final_info") or _is_mask(key, infos):
             continue
         mask = infos.get("_" + key)
         if isinstance(value, dict):
@@ -238,7 +244,7 @@ def _row(infos: dict, i: int) -> dict:
     """Env ``i``'s entries of gymnasium vector infos (keys whose ``_key`` mask is set)."""
     out = {}
     for key, value in infos.items():
-        if key.startswith("_") or key in ("final_obs", "final_info"):
+        if key in ("final_obs", "final_info") or _is_mask(key, infos):
             continue
         mask = infos.get("_" + key)
         if mask is not None and not mask[i]:

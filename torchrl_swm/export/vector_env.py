@@ -489,10 +489,12 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
             )
         return self.traits.pool
 
-    def call(self, name: str, *args, **kwargs) -> tuple:
-        """Call method ``name`` of every sub-env (``EnvPool`` only); returns a tuple."""
+    def call(self, name: str, /, *args, **kwargs) -> tuple:
+        """Call method ``name`` of every sub-env with ``args`` and ``kwargs``, all of them the method's (as
+        ``SyncVectorEnv.call``: an ``indices=`` goes to the method, not to the pool) (``EnvPool`` only)."""
+        pool = self._pool(f"call({name!r})")
         with attribute_errors():
-            return tuple(self._pool(f"call({name!r})").call(name, *args, **kwargs))
+            return tuple(pool._backend.call(list(range(pool.num_envs)), name, args, kwargs))
 
     def get_attr(self, name: str) -> tuple:
         """Attribute ``name`` of every sub-env, looked up through gymnasium wrappers (``EnvPool`` only)."""

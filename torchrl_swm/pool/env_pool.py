@@ -622,8 +622,9 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
     def _indices(self, indices) -> list[int]:
         return check_indices(indices, self.num_envs)
 
-    def call(self, name: str, *args, indices=None, **kwargs) -> list:
-        """Call method ``name`` of each sub-env (or read it, if it is not callable)."""
+    def call(self, name: str, /, *args, indices=None, **kwargs) -> list:
+        """Call method ``name`` of each sub-env (or read it, if it is not callable); ``args`` and ``kwargs`` (a
+        ``name=`` among them) go to the method."""
         return self._backend.call(self._indices(indices), name, args, kwargs)
 
     def get_attr(self, name: str, indices=None) -> list:

@@ -99,12 +99,13 @@ def set_envs_attr(envs: Sequence[gym.Env], rows: Sequence[int], name: str, value
 
 
 def env_is_wrapped(env: gym.Env, wrapper_class: type) -> bool:
-    """Whether ``env`` or one of the wrappers inside it is a ``wrapper_class`` (SB3's ``is_wrapped``)."""
+    """Whether ``env`` is wrapped, at any depth, in a ``wrapper_class``, as SB3's ``is_wrapped``: only its
+    wrappers count, not the env they wrap (``env_is_wrapped(CartPoleEnv)`` is False for a CartPole)."""
     while isinstance(env, gym.Wrapper):
         if isinstance(env, wrapper_class):
             return True
         env = env.env
-    return isinstance(env, wrapper_class)
+    return False
 
 
 def make_envs(env_fns: Sequence[Callable[[], gym.Env]], first: int = 0, pixels: bool = False) -> list[gym.Env]:
