@@ -439,6 +439,17 @@ def test_info_keys_that_become_the_same_string_are_an_error_never_a_dropped_valu
     pool.close()
 
 
+def test_vector_env_non_string_info_key_is_masked_by_gymnasiums_string_mask():
+    # SyncVectorEnv masks the int key 3 with the string key "_3": a mask, not an info key of its own
+    info = {3: 1.5, "stats": {4: 2}}
+    serial, vector = info_pool([info] * 2, [[info]] * 2), vector_info_pool([info] * 2, [[info]] * 2)
+    assert set(vector.observation_spec["info"].keys(True, True)) == {"3", ("stats", "4")}
+    assert set(serial.observation_spec["info"].keys(True, True)) == {"3", ("stats", "4")}
+    assert (step(serial)["info"] == step(vector)["info"]).all()
+    serial.close()
+    vector.close()
+
+
 def test_vector_info_keys_that_become_the_same_string_are_an_error():
     from torchrl_swm.pool.infos import flatten_vector_info
 

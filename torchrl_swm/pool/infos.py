@@ -226,6 +226,12 @@ def first_cast_problem(array: np.ndarray, dtype: np.dtype, rows=None) -> tuple[i
 _VECTOR_SPECIAL = frozenset({"final_obs", "final_info", "final_observation"})
 
 
+def _masks_a_key(base: str, info: Mapping) -> bool:
+    """Whether ``info`` has the key ``"_" + base`` masks: ``base`` itself, or a non-string key written as
+    ``base`` (gymnasium masks an int key ``1`` with the string ``"_1"``)."""
+    return base in info or any(k.__class__ is not str and str(k) == base for k in info)
+
+
 def flatten_vector_info(info: Mapping, prefix: Key = (), present=None, phase: str = "info"):
     """Yield ``(key, value, present)`` for a gymnasium vector info dict.
 
@@ -239,7 +245,7 @@ def flatten_vector_info(info: Mapping, prefix: Key = (), present=None, phase: st
     for key, value in info.items():
         if key.__class__ is not str:
             key = _string_key(key, info, prefix, None, phase)
-        if (key[:1] == "_" and key[1:] in info) or (not prefix and key in _VECTOR_SPECIAL):
+        if (key[:1] == "_" and _masks_a_key(key[1:], info)) or (not prefix and key in _VECTOR_SPECIAL):
             continue
         mask = info.get("_" + key, present)
         path = (*prefix, key)
