@@ -439,6 +439,30 @@ def test_info_keys_that_become_the_same_string_are_an_error_never_a_dropped_valu
     pool.close()
 
 
+def test_int_and_float_subclass_infos_are_recorded_as_their_numbers():
+    import enum
+
+    class Phase(enum.IntEnum):
+        A = 1
+        B = 2
+
+    class Share(float):
+        pass
+
+    reset_info, step_info = {"phase": Phase.A, "share": Share(0.5)}, {"phase": Phase.B, "share": Share(0.25)}
+    for pool in (info_pool([reset_info] * 2, [[step_info]] * 2), vector_info_pool([reset_info] * 2, [[step_info]] * 2)):
+        assert pool.observation_spec["info", "phase"].dtype == torch.int64
+        assert pool.reset()["info", "phase"].view(-1).tolist() == [1, 1]
+        out = step(pool)
+        assert out["info", "phase"].view(-1).tolist() == [2, 2]
+        assert out["info", "share"].view(-1).tolist() == [0.25, 0.25]
+        pool.close()
+    # an env reporting the plain int and another the IntEnum: one int key
+    mixed = info_pool([{"phase": 1}, {"phase": Phase.A}], [[{"phase": 2}], [{"phase": Phase.B}]])
+    assert step(mixed)["info", "phase"].view(-1).tolist() == [2, 2]
+    mixed.close()
+
+
 def test_vector_env_non_string_info_key_is_masked_by_gymnasiums_string_mask():
     # SyncVectorEnv masks the int key 3 with the string key "_3": a mask, not an info key of its own
     info = {3: 1.5, "stats": {4: 2}}

@@ -115,6 +115,8 @@ def numeric_value(value) -> np.ndarray | None:
             if tensor.dtype.is_floating_point:
                 return tensor.float().numpy()
             raise
+    if isinstance(value, (int, float)):  # a subclass (IntEnum, IntFlag): its plain number, as int/float above
+        return numeric_value(int(value) if isinstance(value, int) else float(value))
     return None
 
 
