@@ -914,6 +914,14 @@ def test_gym_wrapper_of_a_vector_env_refuses_next_step_and_matches_sync_vector_e
         assert_same((out[0], *out[2:4]), (out_ref[0], *out_ref[2:4]), f"step {t}")
         for i in np.flatnonzero(out_ref[2] | out_ref[3]):
             assert np.array_equal(out[4]["final_obs"][i], out_ref[4]["final_obs"][i])
+    # TorchRL resets it as a whole or exactly in its finished rows: any other mask is refused, naming both
+    ours.reset(seed=0)
+    for _ in range(3):
+        done = np.logical_or(*ours.step(np.zeros(3, np.int64))[2:4])
+    assert done.tolist() == [True, False, False]
+    with pytest.raises(ValueError, match=r"finished on the last step \(\[0\]\); got a mask of rows \[1, 2\]"):
+        ours.reset(options={"reset_mask": ~done})
+    assert ours.reset(options={"reset_mask": done})[0].shape == (3, 4)
     ours.close()
 
 

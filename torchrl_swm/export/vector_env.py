@@ -39,7 +39,9 @@ Autoreset modes (gymnasium's exact semantics, https://farama.org/Vector-Autorese
   reset finished envs with ``reset(options={"reset_mask": mask})``.
 
 ``reset(options={"reset_mask": mask})`` resets only the masked envs in every
-mode, as gymnasium's own vector envs do; infos then report only those envs,
+mode, as gymnasium's own vector envs do (over TorchRL's ``GymWrapper`` of a
+vector env, the mask must be every row or exactly those that finished: all that
+TorchRL can reset there; others are refused); infos then report only those envs,
 and the others show their last observation (the final one for an env waiting
 for its NEXT_STEP autoreset). An env waiting for its NEXT_STEP autoreset is not
 reset a second time by a gymnasium reset without seed or options (it starts the
@@ -478,6 +480,14 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
             raise ValueError("options['reset_mask'] must select at least one env")
         if self._root is None:
             raise RuntimeError("options['reset_mask'] needs a previous full reset(); call reset() first")
+        if self.traits.batched_wrapper and not mask.all() and not np.array_equal(mask, self._done):
+            # TorchRL's GymWrapper of a vector env resets all its rows, or exactly those that finished
+            raise ValueError(
+                f"options['reset_mask']: {type(base_env(self.env)).__name__} wraps an already-batched env, which "
+                "TorchRL resets as a whole or exactly in the rows that finished on the last step "
+                f"({np.flatnonzero(self._done).tolist()}); got a mask of rows {np.flatnonzero(mask).tolist()}. "
+                "Export EnvPool(vector_env) instead to reset any rows."
+            )
         return mask
 
     # -- sub-env access (EnvPool) --------------------------------------------------------------
