@@ -1202,6 +1202,14 @@ def test_np_random_seed_is_one_seed_per_env_as_on_sync_vector_env(source):
         venv.reset(seed=seed)
         sync.reset(seed=seed)
         assert venv.np_random_seed == sync.np_random_seed == ((0, 1, 2) if seed == 0 else (7, 8, 9))
+        ours_rng, sync_rng = venv.np_random, sync.np_random  # the sub-envs' generators, at the same point
+        if source == "serial":
+            assert isinstance(ours_rng, tuple) and len(ours_rng) == n
+            assert [g.random() for g in ours_rng] == [g.random() for g in sync_rng]
+        else:  # a pool of one SyncVectorEnv: that vector env's own
+            assert ours_rng == pool._backend.venv.np_random
+    with pytest.raises(AttributeError, match="seed them with reset"):
+        venv.np_random = np.random.default_rng(0)
     venv.close()
     sync.close()
 

@@ -526,6 +526,27 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
             return tuple(pool.get_attr("np_random_seed"))
         return pool._backend.venv.np_random_seed
 
+    @property
+    def np_random(self):
+        """Each sub-env's ``np_random`` (a tuple, as ``SyncVectorEnv``'s) over a pool of gymnasium envs (copies,
+        from a process backend's workers); the vector env's own over a pool of one; else gymnasium's ``VectorEnv``
+        generator."""
+        pool = self.traits.pool
+        if pool is None:
+            return super().np_random
+        if pool.freezes_rows:
+            return tuple(pool.get_attr("np_random"))
+        return pool._backend.venv.np_random
+
+    @np_random.setter
+    def np_random(self, value) -> None:
+        if self.traits.pool is not None:
+            raise AttributeError(
+                "TorchRLVectorEnv.np_random: the generators are the sub-envs' own (as SyncVectorEnv's, which has no "
+                "setter); seed them with reset(seed=...)"
+            )
+        gym.vector.VectorEnv.np_random.fset(self, value)
+
     def render(self):
         """The sub-envs' frames (``EnvPool`` only)."""
         return tuple(self._pool("render()").call("render"))
