@@ -10,7 +10,7 @@ import torch
 from envs import counting
 
 import torchrl_swm.envs  # noqa: F401  (registers torchrl_swm/PointMaze-v0)
-from torchrl_swm import EnvPool, World, load_dataset
+from torchrl_swm import EnvError, EnvPool, World, load_dataset
 from torchrl_swm.envs import PointMazeExpert
 
 torch.set_num_threads(1)
@@ -139,6 +139,26 @@ def test_env_without_state_hook_gets_a_clear_error(tmp_path):
     result = world.evaluate(dataset=tmp_path / "d", episodes_idx=[0, 1, 2], goal_offset=1, eval_budget=4,
                             reset_options_fn=lambda start, goal: {"length": 2}, progress=False)
     assert result["episode_lengths"].tolist() == [2, 2, 2]
+    pool.close()
+
+
+class _UnpicklableHookEnv(gym.Wrapper):
+    """A PointMaze whose state hook cannot leave a worker process: the env it is bound to holds a lock."""
+
+    def __init__(self):
+        import threading
+
+        super().__init__(gym.make("torchrl_swm/PointMaze-v0"))
+        self.lock = threading.Lock()
+
+    def reset_options_from_dataset(self, start, goal):
+        return self.env.get_wrapper_attr("reset_options_from_dataset")(start, goal)
+
+
+def test_a_state_hook_a_worker_cannot_send_back_is_named_not_reported_missing(maze_dataset):
+    pool = EnvPool([_UnpicklableHookEnv] * 2, backend="process", num_workers=2, seed=0)
+    with pytest.raises(EnvError, match=r"env 0 has 'reset_options_from_dataset', but it could not be fetched .*pickle"):
+        World(pool).evaluate(dataset=maze_dataset, episodes_idx=[0], goal_offset=1, eval_budget=3, progress=False)
     pool.close()
 
 

@@ -234,7 +234,9 @@ def _check_env_args(args) -> None:
 def _add_env_arguments(p: argparse.ArgumentParser, default_envs: int, mode_help: str) -> None:
     p.add_argument("env", help="a gymnasium id (torchrl_swm/* ids are registered automatically)")
     p.add_argument("--num-envs", type=int, default=default_envs, help=f"parallel envs (default {default_envs})")
-    p.add_argument("--seed", type=int, default=0, help="base seed: episode j starts from seed + j (default 0)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="base seed: episode j starts from seed + j (default 0); eval --dataset starts episodes from "
+                   "the dataset episodes' own seeds, and this seeds the policy's randomness only")
     p.add_argument("--max-steps", type=int, default=None,
                    help="per-episode step limit, also the env's TimeLimit (default: the env's TimeLimit)")
     p.add_argument("--mode", choices=("auto", "wait"), default=None,

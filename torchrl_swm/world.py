@@ -58,7 +58,7 @@ from tensordict.utils import unravel_key
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from .errors import check_int, describe
+from .errors import EnvError, check_int, describe
 from .introspect import step_counter_limit
 
 __all__ = ["World", "EvalResult", "RandomPolicy", "EpisodePlan", "RESET_MODES", "SUCCESS_KEYS"]
@@ -669,7 +669,9 @@ class World:
 
         Keyword Args:
             seed: base seed (default: drawn from OS entropy and reported in the result).
-                The same seed gives the same results. Torch's global generator
+                With ``dataset=``, episodes reset with the dataset episodes' own seeds instead,
+                and ``seed`` only seeds torch's generator (below). The same seed gives the same
+                results. Torch's global generator
                 is forked and seeded with it during the run, so random and
                 stochastic TorchRL policies are reproducible too.
             reset_mode: ``"auto"`` or ``"wait"`` (see the module docstring).
@@ -787,12 +789,17 @@ class World:
     # -- dataset-driven evaluation ----------------------------------------------------------------------
     def _env_attr(self, name: str):
         """Attribute ``name`` of env 0, looked up through its gymnasium wrappers (any backend), or None."""
-        try:
-            if not self.pool.call("has_wrapper_attr", name, indices=[0])[0]:
-                return None
-            return self.pool.call("get_wrapper_attr", name, indices=[0])[0]
-        except Exception:  # e.g. a process backend that cannot pickle the attribute
+        if not self.pool.call("has_wrapper_attr", name, indices=[0])[0]:
             return None
+        try:
+            return self.pool.call("get_wrapper_attr", name, indices=[0])[0]
+        except EnvError as err:  # e.g. a process backend's worker that cannot pickle it (a hook pickles its env)
+            raise EnvError(
+                0, "call",
+                f"evaluate(dataset=...): env 0 has {name!r}, but it could not be fetched ({err.message or err}); "
+                "from a process backend's worker it comes pickled (a method with its env), so make that "
+                "picklable, or pass reset_options_fn=",
+            ) from err
 
     def _state_hook(self, reset_options_fn):
         """The function mapping (start step, goal step) to reset options, and env 0's declared state keys."""
@@ -806,9 +813,9 @@ class World:
             return reset_options_fn, state_keys
         hook = self._env_attr("reset_options_from_dataset")
         if not callable(hook):
-            name = self.env_id or "the env"
+            name = f"env {self.env_id!r}" if self.env_id else "the env"
             raise TypeError(
-                f"evaluate(dataset=...): env {name!r} has no state hook, so it cannot start from dataset states. "
+                f"evaluate(dataset=...): {name} has no state hook, so it cannot start from dataset states. "
                 "Implement `reset_options_from_dataset(self, start, goal) -> dict` on the env (returning reset "
                 "options that its reset() honours, e.g. {'state': ...}), or pass reset_options_fn=."
             )
