@@ -287,6 +287,15 @@ class ClosingEnv(CountingEnv):
         super().close()
 
 
+class CrashingCloseEnv(CountingEnv):
+    """A counting env whose ``close()`` ends its process at once (``os._exit(3)``): a worker dying while closing."""
+
+    def close(self):
+        import os
+
+        os._exit(3)
+
+
 class BadCloseEnv(CountingEnv):
     """A counting env whose ``close()`` raises ``OSError("disk gone")``."""
 

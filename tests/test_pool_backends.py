@@ -325,6 +325,16 @@ def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
     assert "died with exit code 1 before it made its envs" in last and 'if __name__ == "__main__":' in last
 
 
+def _exiting_factory():
+    os._exit(3)
+
+
+def test_a_worker_dying_while_making_its_envs_is_not_blamed_on_a_main_guard():
+    # exit code 3, no traceback: nothing says the script lacks its main guard (this one runs under pytest)
+    with pytest.raises(EnvError, match=r"died with exit code 3 before it made its envs$"):
+        EnvPool([_exiting_factory] * 2, backend="process", num_workers=2)
+
+
 @pytest.mark.parametrize("backend", ["serial", "process"])
 def test_pickling_or_copying_a_pool_says_to_pass_its_factory(backend):
     import copy

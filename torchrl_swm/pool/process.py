@@ -281,36 +281,42 @@ class ProcessBackend:
         proc.join(timeout=0.1)
         rows = self.slices[w]
         hint = ""
-        if not self._started and self._start_method != "fork":
-            # the usual cause: the worker re-imported the user's main module, which builds a pool at import time
-            hint = (
-                f" before it made its envs (its own error is on stderr above). A {self._start_method!r} worker "
-                "imports the main module again: a script that builds the pool at its top level must do it under "
-                "`if __name__ == \"__main__\":`"
-            )
+        if not self._started:
+            hint = " before it made its envs"
+            if proc.exitcode == 1 and self._start_method != "fork":
+                # an uncaught exception (Python exits with 1); the usual one: the worker re-imported the user's
+                # main module, which builds a pool at import time
+                hint += (
+                    f" (its own error is on stderr above). A {self._start_method!r} worker imports the main module "
+                    "again: a script that builds the pool at its top level must do it under "
+                    "`if __name__ == \"__main__\":`"
+                )
         return EnvError(  # not one env's error: the worker held several, and which one killed it is unknown
             None, "worker",
             f"worker {w} (envs {rows.start}..{rows.stop - 1}, pid {proc.pid}) died with exit code {proc.exitcode}"
             + hint,
         )
 
-    def _gather(self, workers, phase: str, timeout: float | None = None) -> list:
+    def _gather(self, workers, phase: str, timeout: float | None = None, errors: dict | None = None) -> list:
         """Wait for one reply from each of ``workers``; after all replied, raise the error of the
         lowest worker that reported one (the env the serial backend would name).
 
-        ``timeout``: seconds to wait in all; workers still silent then are an error."""
+        ``timeout``: seconds to wait in all; workers still silent then are an error. ``errors``: a dict
+        that receives every worker's error (by worker), none raised; their replies are then ``None``."""
+        collect = errors is not None
+        errors = {} if errors is None else errors
         pending = {self._conns[w]: w for w in workers}
         sentinels = {self._processes[w].sentinel: w for w in workers}
-        replies, errors = {}, {}
+        replies = {}
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             self._wait_replies(pending, sentinels, replies, errors, phase, deadline)
         finally:
             for w in pending.values():  # interrupted or past the deadline: their replies will come, for no one
                 self._owed[w] = self._owed.get(w, 0) + 1
-        if errors:
+        if errors and not collect:
             raise errors[min(errors)]
-        return [replies[w] for w in workers]
+        return [replies.get(w) for w in workers]
 
     def _wait_replies(self, pending, sentinels, replies, errors, phase, deadline) -> None:
         """Read replies into ``replies``/``errors`` until none is ``pending`` or the deadline passes."""
@@ -510,7 +516,15 @@ class ProcessBackend:
                 live = [w for w, proc in enumerate(self._processes) if proc.is_alive() and w not in stuck]
                 message = bytes(ForkingPickler.dumps(("close", None)))
                 sent = self._broadcast([(w, message) for w in live])
-                self._gather(sent, "close")
+                errors = {}
+                self._gather(sent, "close", errors=errors)
+                # an env's close() that raised, as the serial backend raises it; else a worker that died
+                # closing its envs. Both are reported: one raised, the others as warnings
+                ordered = sorted(errors.items(), key=lambda item: (item[1].phase != "close", item[0]))
+                if ordered:
+                    error = ordered[0][1]
+                for _, other in ordered[1:]:
+                    warnings.warn(f"EnvPool.close(): also {other}", RuntimeWarning, stacklevel=3)
             except EnvError as err:
                 if err.phase == "close":  # an env's close() raised (a dead worker has nothing to close)
                     error = err
