@@ -325,6 +325,36 @@ def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
     assert "died with exit code 1 before it made its envs" in last and 'if __name__ == "__main__":' in last
 
 
+class _ProcessPoolInside(gym.Env):
+    """An env that builds a process-backend pool: refused where it runs in a daemonic worker."""
+
+    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self):
+        try:
+            EnvPool([CountingEnv] * 2, backend="process", num_workers=2).close()
+            self.error = None
+        except Exception as err:
+            self.error = f"{type(err).__name__}: {err}"
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+
+def test_a_process_pool_inside_a_daemonic_worker_says_to_use_the_serial_backend():
+    # the outer pool's workers are daemonic, as AsyncVectorEnv's and SubprocVecEnv's: multiprocessing
+    # refuses their children with a bare AssertionError
+    pool = EnvPool([_ProcessPoolInside] * 2, backend="process", num_workers=2)
+    errors = pool.get_attr("error")
+    pool.close()
+    assert all(e.startswith("RuntimeError: EnvPool(backend='process'): this is a daemonic process") for e in errors)
+    assert all("use backend='serial' here" in e for e in errors)
+
+
 def _exiting_factory():
     os._exit(3)
 

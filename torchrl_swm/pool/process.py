@@ -12,7 +12,9 @@ Faults never hang the pool: an env that raises inside a worker comes back as an
 :class:`~torchrl_swm.errors.EnvError` naming the env, with the worker's
 traceback and the env's exception chained; a worker that dies is noticed
 through its process sentinel at once; ``close()`` always reaps every worker and
-frees the shared memory, also after errors and at interpreter exit.
+frees the shared memory, also after errors and at interpreter exit. An env call
+that never returns (or a stopped worker) is waited for, as a serial loop would
+wait: Ctrl-C interrupts the wait, and ``close()`` then terminates that worker.
 """
 
 from __future__ import annotations
@@ -147,6 +149,11 @@ class ProcessBackend:
         pixels: bool = False,
         start_method: str = "spawn",
     ):
+        if mp.current_process().daemon:  # multiprocessing's own refusal is a bare AssertionError
+            raise RuntimeError(
+                "EnvPool(backend='process'): this is a daemonic process (a gymnasium AsyncVectorEnv or SB3 "
+                "SubprocVecEnv worker, or a process backend's), which may not start processes; use backend='serial' here"
+            )
         n = len(env_fns)
         num_workers = min(os.cpu_count() or 1, n) if num_workers is None else check_int(num_workers, "num_workers")
         if not 1 <= num_workers <= n:
