@@ -113,7 +113,7 @@ def without_seed(info: dict) -> dict:
     return {k: v for k, v in info.items() if k != "episode_seed"}
 
 
-def test_env_method_passes_a_name_keyword_and_env_is_wrapped_counts_only_wrappers():
+def test_env_method_name_keyword_env_is_wrapped_and_negative_indices_as_dummy_vec_env():
     from gymnasium.envs.classic_control import CartPoleEnv
 
     fns = [lambda: gym.make("CartPole-v1")] * 2
@@ -123,6 +123,9 @@ def test_env_method_passes_a_name_keyword_and_env_is_wrapped_counts_only_wrapper
     for cls in (CartPoleEnv, gym.wrappers.TimeLimit, gym.Env, Monitor):
         assert ours.env_is_wrapped(cls) == ref.env_is_wrapped(cls), cls
     assert ours.env_is_wrapped(CartPoleEnv) == [False, False]
+    ours.set_attr("tag", "last", indices=-1)
+    ref.set_attr("tag", "last", indices=-1)
+    assert ours.get_attr("tag", -1) == ref.get_attr("tag", -1) == ["last"]  # Python's negative indexing
     ours.close()
 
 

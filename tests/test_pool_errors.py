@@ -688,6 +688,10 @@ def test_env_indices_refuse_masks_floats_and_strings(indices, match):
     assert pool.get_attr("tag", indices=np.int64(1)) == ["b"]
     with pytest.raises(IndexError, match=r"env index 3 out of range for 3 envs"):
         pool.get_attr("tag", indices=[3])
+    with pytest.raises(IndexError, match=r"env index -4 out of range for 3 envs \(expected -3 <= index < 3\)"):
+        pool.get_attr("tag", indices=-4)
+    # negative indices count from the end, as Python's (and SB3's DummyVecEnv's) indexing
+    assert pool.get_attr("tag", indices=-1) == ["c"] and pool.get_attr("tag", indices=[-3, -2]) == ["a", "b"]
     pool.close()
 
 

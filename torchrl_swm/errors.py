@@ -66,14 +66,15 @@ def check_int(value, what: str, *, minimum: int | None = None) -> int:
 
 
 def check_indices(indices, n: int, what: str = "indices") -> list[int]:
-    """``indices`` (``None`` = all, one int, or a sequence/1-d array/tensor of ints) as a list of ints in ``[0, n)``.
+    """``indices`` (``None`` = all, one int, or a sequence/1-d array/tensor of ints) as a list of ints in ``[0, n)``;
+    a negative index counts from the end, as in Python.
 
     A boolean mask is refused rather than read as the indices 0 and 1 (``int(True)``);
     the error says to pass ``np.flatnonzero(mask)``.
 
     Raises:
         TypeError: a bool mask, a float, a string...
-        IndexError: an index outside ``[0, n)``.
+        IndexError: an index outside ``[-n, n)``.
     """
     if indices is None:
         return list(range(n))
@@ -96,9 +97,9 @@ def check_indices(indices, n: int, what: str = "indices") -> list[int]:
                 )
             raise TypeError(f"{what}: expected env indices (ints), got {describe(i)} in {describe(indices)}")
         i = int(i)
-        if not 0 <= i < n:
-            raise IndexError(f"{what}: env index {i} out of range for {n} envs (expected 0 <= index < {n})")
-        out.append(i)
+        if not -n <= i < n:
+            raise IndexError(f"{what}: env index {i} out of range for {n} envs (expected -{n} <= index < {n})")
+        out.append(i % n)  # a negative index counts from the end, as Python's (and DummyVecEnv's) indexing
     return out
 
 
