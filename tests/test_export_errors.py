@@ -279,6 +279,36 @@ def test_integer_box_actions_are_never_truncated_or_wrapped():
         env.close()
 
 
+class _EchoBoxAction(gym.Env):
+    """Observes the action it was given (a float32 or float16 Box)."""
+
+    def __init__(self, dtype=np.float32):
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), dtype)
+        self.action_space = gym.spaces.Box(-np.inf, np.inf, (2,), dtype)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, self.observation_space.dtype), {}
+
+    def step(self, action):
+        return np.asarray(action, self.observation_space.dtype), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_a_wider_float_action_that_overflows_the_box_is_an_error_not_inf(dtype):
+    # as the pool's own step refuses it; the export used to cast it to inf before the pool could see it
+    envs = to_gymnasium(EnvPool([lambda: _EchoBoxAction(dtype)] * 2, seed=0))
+    envs.reset(seed=0)
+    big = 1e300 if dtype == np.float32 else 1e5
+    for bad in (np.array([[big, 0.0], [0.0, 0.0]]), torch.tensor([[0.0, 0.0], [0.0, -big]], dtype=torch.float64)):
+        with pytest.raises(ValueError, match=rf"fit Box\(.*\)'s dtype torch.{np.dtype(dtype).name}.*overflows it"):
+            envs.step(bad)
+    # infinities and NaN pass as they are, and values in range are cast
+    obs = envs.step(np.array([[np.inf, 0.5], [np.nan, -2.0]]))[0]
+    assert obs.dtype == dtype and np.isinf(obs[0, 0]) and np.isnan(obs[1, 0]) and obs[0, 1] == 0.5
+    envs.close()
+
+
 class _BoolBoxAction(gym.Env):
     observation_space = gym.spaces.Box(0, 1, (3,), np.float32)
     action_space = gym.spaces.Box(0, 1, (3,), bool)

@@ -682,7 +682,19 @@ class Layout:
                     f"action: every value must fit {self.single_action_space}'s dtype ({info.min}..{info.max}), got "
                     f"{describe(action)} with min {low} and max {high}; casting would wrap them"
                 )
-        return tensor.to(self.device, self.action_torch_dtype, non_blocking=True)
+        target = self.action_torch_dtype
+        if tensor.dtype.is_floating_point and target.is_floating_point and tensor.dtype.itemsize > target.itemsize:
+            # float64 1e300 would reach a float32 Box as inf, as the pool itself refuses it
+            cast = tensor.to(self.device, target, non_blocking=True)
+            overflow = torch.isinf(cast) & torch.isfinite(tensor.to(self.device))
+            if bool(overflow.any()):
+                bad = float(tensor.to(self.device)[overflow].flatten()[0])
+                raise ValueError(
+                    f"action: expected values that fit {self.single_action_space}'s dtype {target}, got "
+                    f"{describe(action)}: value {bad:g} overflows it (largest {torch.finfo(target).max:g})"
+                )
+            return cast
+        return tensor.to(self.device, target, non_blocking=True)
 
 
 def _int_range(tensor: torch.Tensor) -> tuple[int, int]:
