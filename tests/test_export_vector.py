@@ -777,6 +777,49 @@ def test_call_passes_every_keyword_to_the_sub_env_method():
     ref.close()
 
 
+class _IntKeyDictEnv(CountingEnv):
+    """A counting env whose Dict observation has int keys (gymnasium allows any hashable key)."""
+
+    def __init__(self):
+        super().__init__(length=3)
+        self.observation_space = gym.spaces.Dict(
+            {1: gym.spaces.Box(-10, 10, (1,), np.float32), 2: gym.spaces.Dict({3: gym.spaces.Discrete(5, start=2)})})
+
+    def _wrap(self, obs):
+        return {1: obs[:1].astype(np.float32), 2: {3: 2 + int(obs[0]) % 5}}
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        return self._wrap(obs), info
+
+    def step(self, action):
+        obs, *rest = super().step(action)
+        return (self._wrap(obs), *rest)
+
+
+@pytest.mark.parametrize("mode", ["same_step", "next_step"])
+def test_dict_observation_keeps_the_envs_own_keys_as_sync_vector_env(mode):
+    ours = to_gymnasium(EnvPool([_IntKeyDictEnv] * 2, seed=0, seed_every_episode=False), autoreset_mode=mode,
+                        info_keys=[])
+    ref = gym.vector.SyncVectorEnv([_IntKeyDictEnv] * 2, autoreset_mode=AutoresetMode[mode.upper()])
+    assert ours.single_observation_space == ref.single_observation_space
+    assert ours.observation_space == ref.observation_space
+    assert_same(ours.reset(seed=0)[0], ref.reset(seed=0)[0], "reset")
+    for t in range(7):
+        action = np.array([t % 2, 1])
+        out, out_ref = ours.step(action), ref.step(action)
+        assert_same(out[0], out_ref[0], f"step {t}")
+        assert ours.observation_space.contains(out[0]) and list(out[0]) == [1, 2]
+        if mode == "same_step" and out_ref[2].any():
+            space = ours.single_observation_space
+            for i in np.flatnonzero(out_ref[2]):  # the env's Python int is the export's numpy int: same value
+                final, final_ref = out[4]["final_obs"][i], out_ref[4]["final_obs"][i]
+                assert list(final) == [1, 2] and list(final[2]) == [3]
+                assert np.array_equal(gym.spaces.flatten(space, final), gym.spaces.flatten(space, final_ref))
+    ours.close()
+    ref.close()
+
+
 @pytest.mark.parametrize("backend", ["serial", "process"])
 def test_missing_sub_env_attributes_are_attribute_errors(backend):
     """As on SyncVectorEnv: ``except AttributeError`` probes work; the error names the env (EnvAttributeError)."""

@@ -409,6 +409,14 @@ class Layout:
             return gym.spaces.MultiDiscrete(space.nvec, dtype=space.dtype)
         return copy.deepcopy(space)
 
+    def _pool_dict_paths(self) -> dict[Key, tuple]:
+        """``{pool key: the env's own Dict keys to that leaf}`` for a pool with a Dict observation space."""
+        if self._pool is None or not isinstance(self._pool.single_observation_space, gym.spaces.Dict):
+            return {}
+        from ..pool.rows import dict_paths
+
+        return {_key(k): v for k, v in dict_paths(self._pool.single_observation_space).items()}
+
     def _pool_observation_spaces(self) -> dict[Key, gym.Space]:
         spaces = getattr(self, "_pool_obs_spaces", None)
         if spaces is None:
@@ -507,12 +515,16 @@ class Layout:
         if not obs:
             raise SpecError(f"{self.name}: the env has no observation leaf to export (observation_spec keys: {leaves})")
         self.obs_leaves = []
+        own_paths = self._pool_dict_paths()
         for key in obs:
             leaf_spec = _unbatch(spec[key], ndim, f"{self.name}: observation_spec[{key}]")
             space = spaces.get(key)
+            path = key
             if space is None:
                 space = spec_to_space(leaf_spec, name=f"{self.name}: observation_spec[{key}]")
-            self.obs_leaves.append(Leaf(key, key, leaf_spec, space, np.dtype(space.dtype), device=self.device))
+            else:  # the pool's own leaf: under the env's own Dict keys (1, not the TensorDict key "1")
+                path = own_paths.get(key, key)
+            self.obs_leaves.append(Leaf(key, path, leaf_spec, space, np.dtype(space.dtype), device=self.device))
         # one env's row of a Box leaf of shape () is a 0-d array, as gymnasium envs return it (a Discrete's a scalar)
         self.obs_is_box = [isinstance(leaf.space, gym.spaces.Box) for leaf in self.obs_leaves]
         if self.single_leaf:

@@ -111,14 +111,14 @@ def _leaf_batch_writer(key: Key, space: gym.Space, buf: np.ndarray):
     return write
 
 
-def _dict_paths(space: gym.Space, key: Key = (), path: tuple = ()) -> dict[Key, tuple]:
+def dict_paths(space: gym.Space, key: Key = (), path: tuple = ()) -> dict[Key, tuple]:
     """``{pool key: the Dict keys leading to that leaf in the env's observation}`` (keys of any hashable type;
     the pool's keys are their strings, :func:`observation_leaves`)."""
     if not isinstance(space, gym.spaces.Dict):
         return {key or ("observation",): path}
     out = {}
     for name, sub in space.spaces.items():
-        out.update(_dict_paths(sub, (*key, str(name)), (*path, name)))
+        out.update(dict_paths(sub, (*key, str(name)), (*path, name)))
     return out
 
 
@@ -169,7 +169,7 @@ class RowWriter:
 
     def __init__(self, observation_space: gym.Space, arrays: Mapping[Key, np.ndarray], info_writer: InfoWriter):
         leaves = observation_leaves(observation_space)
-        paths = _dict_paths(observation_space)  # the env's own Dict keys (1, not "1") to read each leaf with
+        paths = dict_paths(observation_space)  # the env's own Dict keys (1, not "1") to read each leaf with
         self.leaves = [(paths[key], _leaf_writer(key, space, arrays[key])) for key, space in leaves.items()]
         self.batch_leaves = [(paths[key], _leaf_batch_writer(key, space, arrays[key])) for key, space in leaves.items()]
         #: ``(Dict path, buffer, start)`` per leaf: what :meth:`first_changed_row` compares
