@@ -59,6 +59,25 @@ def test_unsupported_leaf_inside_dict_names_the_key():
         space_to_spec(gym.spaces.Dict({"bad": gym.spaces.Tuple((gym.spaces.Discrete(2),))}), name="obs")
 
 
+@pytest.mark.parametrize("backend", ["serial", "vector"])
+def test_an_empty_dict_observation_entry_is_refused_by_the_pool_naming_it(backend):
+    from torchrl_swm import EnvPool
+
+    class EmptyEntry(gym.Env):
+        observation_space = gym.spaces.Dict({"a": gym.spaces.Box(-1, 1, (2,)), "e": gym.spaces.Dict({})})
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            return {"a": np.zeros(2, np.float32), "e": {}}, {}
+
+        def step(self, action):
+            return {"a": np.zeros(2, np.float32), "e": {}}, 0.0, False, False, {}
+
+    fns = [EmptyEntry] * 2
+    with pytest.raises(SpecError, match=r"its entry \('e',\) is an empty Dict, which holds no value"):
+        EnvPool(gym.vector.SyncVectorEnv(fns) if backend == "vector" else fns)
+
+
 _dtypes = st.sampled_from([np.float32, np.float64, np.int64, np.uint8])
 _shapes = st.lists(st.integers(1, 4), min_size=0, max_size=3).map(tuple)
 

@@ -36,6 +36,12 @@ def observation_leaves(space: gym.Space, prefix: Key = ()) -> dict[Key, gym.Spac
     if not prefix and not isinstance(space, gym.spaces.Dict):
         return {("observation",): space}
     if isinstance(space, gym.spaces.Dict):
+        if not space.spaces:  # nothing to record: it would vanish from every output without a word
+            where = f"its entry {prefix}" if prefix else "it"
+            raise SpecError(
+                f"observation_space: {where} is an empty Dict, which holds no value the pool could record; "
+                "remove it in a gymnasium wrapper (or give it an entry)."
+            )
         out = {}
         names = [str(key) for key in space.spaces]
         if len(set(names)) < len(names):
