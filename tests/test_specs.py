@@ -144,6 +144,35 @@ def test_unsigned_dtypes_torch_cannot_clone_are_refused_with_a_way_out(dtype):
         pool.close()
 
 
+class _Uint16ActionEnv(gym.Env):
+    observation_space = gym.spaces.Box(0, 9, (2,), np.float32)
+    action_space = gym.spaces.Box(0, 9, (2,), np.uint16)
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        assert action in self.action_space
+        return action.astype(np.float32), 0.0, False, False, {}
+
+
+def test_an_unsigned_action_dtype_is_refused_with_an_action_wrapper_as_the_way_out():
+    from torchrl_swm import EnvPool
+
+    with pytest.raises(SpecError, match=r"action_space: dtype uint16 is not supported.*action space of dtype int32.*TransformAction"):
+        EnvPool([_Uint16ActionEnv])
+
+    def wrapped():  # the message's way out
+        return gym.wrappers.TransformAction(_Uint16ActionEnv(), lambda a: a.astype(np.uint16),
+                                            gym.spaces.Box(0, 9, (2,), np.int32))
+
+    pool = EnvPool([wrapped] * 2)
+    td = pool.reset()
+    td["action"] = torch.tensor([[3, 4], [5, 6]], dtype=torch.int32)
+    assert pool.step(td)["next", "observation"].tolist() == [[3, 4], [5, 6]]
+    pool.close()
+
+
 _HALF_OPEN = [
     gym.spaces.Box(np.array([-np.inf, 0.0]), np.array([1.0, np.inf]), dtype=np.float32),
     gym.spaces.Box(np.array([-np.inf, -1.0]), np.array([np.inf, 1.0]), dtype=np.float64),

@@ -87,10 +87,11 @@ def storable(dtype) -> bool:
     return np.dtype(dtype) not in _UNSTORABLE
 
 
-def check_storable(dtype, what: str, info_key: str | None = None) -> None:
+def check_storable(dtype, what: str, info_key: str | None = None, action: bool = False) -> None:
     """Raise a :class:`SpecError` for a dtype the pool's tensordicts cannot hold (uint16/32/64).
 
     ``info_key``: the error is about this info key, which ``info_spec=`` can declare wider.
+    ``action``: about an action space (whose fix is an action wrapper, not an observation one).
     """
     dtype = np.dtype(dtype)
     if dtype not in _UNSTORABLE:
@@ -109,6 +110,11 @@ def check_storable(dtype, what: str, info_key: str | None = None) -> None:
             fix = (
                 f"declare it {wider or 'int64'} with info_spec={{{info_key}: np.{wider or 'int64'}(0)}} (each value "
                 "is range-checked when stored: one that does not fit is an error, never wrapped)"
+            )
+        elif wider and action:
+            fix = (
+                f"give the env an action space of dtype {wider} (exact), e.g. gymnasium.wrappers.TransformAction(env, "
+                f"lambda a: a.astype(np.{dtype}), gymnasium.spaces.Box(low, high, shape, np.{wider}))"
             )
         elif wider:
             fix = (
@@ -244,7 +250,7 @@ def space_to_spec(
         Categorical(...)
     """
     if isinstance(space, gym.spaces.Box):
-        check_storable(space.dtype, name)
+        check_storable(space.dtype, name, action=action)
         dtype = torch_dtype(space.dtype)
         low = np.broadcast_to(space.low, space.shape)
         high = np.broadcast_to(space.high, space.shape)
