@@ -437,10 +437,13 @@ def test_seeding_reproduces_and_lists_of_seeds():
     envs = to_gymnasium(EnvPool("CartPole-v1", num_envs=3))
     obs_list, _ = envs.reset(seed=[7, 8, 9])
     assert np.array_equal(obs_list, a[0])
-    # an int seed also seeds the VectorEnv's own np_random, as gymnasium's VectorEnv.reset does
+    # np_random and np_random_seed are the sub-envs', as SyncVectorEnv's
     envs.reset(seed=7)
-    assert envs.np_random_seed == (7, 8, 9)  # one per sub-env, as SyncVectorEnv's
-    assert np.array_equal(envs.np_random.random(4), gym.utils.seeding.np_random(7)[0].random(4))
+    sync = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 3)
+    sync.reset(seed=7)
+    assert envs.np_random_seed == sync.np_random_seed == (7, 8, 9)
+    assert [g.random() for g in envs.np_random] == [g.random() for g in sync.np_random]
+    sync.close()
 
 
 def test_world_model_seed_goes_through_set_seed():
