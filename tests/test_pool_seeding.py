@@ -33,61 +33,52 @@ def test_set_seed_gives_env_i_seed_s_plus_i_then_unique_later_seeds():
 
 
 @pytest.mark.parametrize("backend", ["serial", "process"])
-def test_collector_set_seed_after_it_was_built_gives_the_seeded_episodes(backend):
-    # a Collector resets its env when it is built; Collector.set_seed comes after (TorchRL's documented use).
-    # Right after a reset the pool reseeds at once, as TorchRL's GymWrapper does: every step is reproducible
+def test_set_seed_between_a_reset_and_a_step_warns_that_the_episodes_in_progress_keep_their_seeds(backend):
+    # a Collector resets its env when it is built, so Collector.set_seed comes after that reset: restarting the
+    # episodes then (TorchRL's GymWrapper does) would pair the Collector's root with another episode's "next".
+    # The pool keeps every transition whole and says how to seed from the first step
     from torchrl.collectors import Collector
 
     kwargs = {"backend": backend, "num_workers": 2} if backend == "process" else {}
+    pool = EnvPool("CartPole-v1", num_envs=4, **kwargs)
+    collector = Collector(pool, None, frames_per_batch=40, total_frames=40)
+    collector.set_seed(7)
+    with pytest.warns(UserWarning, match=r"set_seed\(\) came after the last reset.*EnvPool.factory\(..., seed=s\)"):
+        batch = next(iter(collector))
+    collector.shutdown()
+    # every transition is whole: the root is the previous step's "next" (or the reset), same episode seed
+    assert torch.equal(batch["episode_seed"][:, 1:], torch.where(
+        batch["next", "done"][:, :-1], batch["episode_seed"][:, 1:], batch["next", "episode_seed"][:, :-1]))
+    assert torch.equal(batch["episode_seed"][:, 0], batch["next", "episode_seed"][:, 0])
 
-    def run(seed_at_build):
+    def run():  # the way out the warning gives: a seeded factory
         torch.manual_seed(123)
-        pool = EnvPool("CartPole-v1", num_envs=4, seed=7 if seed_at_build else None, **kwargs)
-        collector = Collector(pool, None, frames_per_batch=200, total_frames=200)
-        if not seed_at_build:
-            collector.set_seed(7)
-        batch = next(iter(collector)).clone()
+        collector = Collector(EnvPool.factory("CartPole-v1", num_envs=4, seed=7, **kwargs), None,
+                              frames_per_batch=200, total_frames=200)
+        out = next(iter(collector)).clone()
         collector.shutdown()
-        return batch
+        return out
 
-    a, b, built = run(False), run(False), run(True)
-    assert (a["next"] == b["next"]).all() and (a["next"] == built["next"]).all()
-    assert torch.equal(a["next", "episode_seed"][:, 0, 0], torch.tensor([7, 8, 9, 10]))
+    a, b = run(), run()
+    assert (a.exclude("collector") == b.exclude("collector")).all()
+    assert a["episode_seed"][:, 0, 0].tolist() == [7, 8, 9, 10]
 
 
-def test_set_seed_right_after_a_reset_reseeds_at_once_and_the_next_plain_reset_keeps_those_episodes():
-    n = 3
-    pool = EnvPool([functools.partial(counting, length=4)] * n, seed=0)
+def test_set_seed_then_reset_starts_the_seeded_episodes_without_a_warning():
+    import warnings
+
+    pool = EnvPool([functools.partial(counting, length=4)] * 3, seed=0)
     pool.reset()
-    pool.set_seed(100)  # no step since the reset: the episodes restart now, seeded
-    assert [env.last_seed for env in pool.envs] == [100, 101, 102]
-    calls = [env.resets_called for env in pool.envs]
-    td = pool.reset()  # a plain reset returns those episodes rather than starting others
-    assert seeds_of(td) == [100, 101, 102] and [env.resets_called for env in pool.envs] == calls
-    # a partial reset of a reseeded row, too; a later one starts that row's next episode
-    pool.set_seed(200)
-    row1 = torch.tensor([[False], [True], [False]])
-    td = pool.reset(td.set("_reset", row1))
-    assert seeds_of(td) == [100, 201, 102]  # TorchRL keeps the caller's rows 0 and 2 (stale since set_seed)
-    td = pool.reset(td.set("_reset", row1))
-    assert seeds_of(td)[1] == 201 + n  # a second reset of that row starts its next episode
-    assert seeds_of(pool.reset()) == [200, 201 + 2 * n, 202]  # rows 0 and 2, still reseeded, are not reset
-    # a reset with a seed or options, or a step, ends it
-    pool.set_seed(300)
-    assert seeds_of(pool.reset(seed=400)) == [400, 401, 402]
-    pool.set_seed(500)
-    assert seeds_of(pool.reset(options={"length": 4})) == [500 + n, 501 + n, 502 + n]
-    pool.set_seed(600)
-    td["action"] = pool.action_spec.zero()
-    pool.step(td)
-    assert seeds_of(pool.reset()) == [600 + n, 601 + n, 602 + n]
-    # mid-episode, set_seed waits for each env's next reset (the episodes in progress go on)
-    td = pool.reset()
-    td["action"] = pool.action_spec.zero()
-    td = pool.step(td)["next"]
-    pool.set_seed(700)
-    assert [env.last_seed for env in pool.envs] == [600 + 2 * n, 601 + 2 * n, 602 + 2 * n]
-    assert seeds_of(pool.reset()) == [700, 701, 702]
+    pool.set_seed(100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        td = pool.reset()
+        assert seeds_of(td) == [100, 101, 102]
+        td["action"] = pool.action_spec.zero()
+        pool.step(td)
+        pool.set_seed(200)  # mid-episode: the next resets take it, and nothing is said
+        td = pool.step(td)["next"]
+    assert seeds_of(pool.reset()) == [200, 201, 202]
     pool.close()
 
 

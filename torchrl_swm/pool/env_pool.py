@@ -270,10 +270,9 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         self._seeds = SeedSchedule(n, seed, every_episode=seed_every_episode)
         # rows not reset since construction (the probe left them mid-way); None once every row was reset
         self._unreset: np.ndarray | None = np.ones(n, dtype=bool)
-        # whether every row was reset and none stepped since (a Collector's set_seed then reseeds at once), and
-        # the rows that set_seed so reseeded, whose next plain reset is already done (see _set_seed)
+        # whether every row was reset and none stepped since, and whether set_seed came then (see _set_seed)
         self._fresh = False
-        self._reseeded: np.ndarray | None = None
+        self._seeded_after_reset = False
         info_keys = chosen_info_keys(info_keys)  # once: an iterator would be used up by the first reader
         probe = backend.probe(self._seeds.next(None)[1], step=needs_step_probe(info_keys, info_spec))
         self._seeds.count[:] = 0  # the probe does not use up the first seeds
@@ -349,10 +348,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             # a mask resets rows, even all of them (TorchRL's maybe_reset when every env is done): a
             # SAME_STEP vector env has reset them already; a full reset would reset them twice
             rows = np.arange(self.num_envs)
-        if self._reseeded is not None and seed is None and options is None:
-            rows = self._skip_reseeded(rows)  # set_seed has just reset them with the new seeds
-        else:
-            self._reseeded = None
+        self._seeded_after_reset = False
         override = broadcast_seeds(seed, self.num_envs, allow_none=True)
         options = broadcast_options(options, self.num_envs)
         if rows is None or rows.size:
@@ -364,14 +360,6 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             self._backend.settle()  # nothing to reset, but the snapshot must not race an interrupted step
         return self._host.snapshot(self._reset_keys, self.batch_size)
 
-    def _skip_reseeded(self, rows: np.ndarray | None) -> np.ndarray | None:
-        """``rows`` (all when ``None``) less those :meth:`_set_seed` reset and nothing stepped or reset since."""
-        skip = self._reseeded.copy() if rows is None else self._reseeded[rows]
-        left = np.flatnonzero(~skip) if rows is None else rows[~skip]
-        self._reseeded[slice(None) if rows is None else rows] = False
-        if not self._reseeded.any():
-            self._reseeded = None
-        return None if rows is None and not skip.any() else left
 
     def _reset_rows(self, rows: np.ndarray | None, seed_override=None, options=None) -> None:
         """Reset ``rows`` (all when ``None``) in the backend, writing the buffers.
@@ -402,8 +390,9 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             self._refuse_unreset(rows)
         actions = self._codec.decode(tensordict.get("action"), rows, self._backend.batched_actions)
         self._host.wait_for_copy()
+        if self._seeded_after_reset:
+            self._warn_unseeded_start()
         self._fresh = False
-        self._reseeded = None
         if rows is not None:
             self._backend.settle()  # an interrupted step's late rewards must not land on the zeros
             self._host.arrays[("reward",)].fill(0.0)  # frozen rows report reward 0
@@ -545,14 +534,23 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         return tensordict
 
     def _set_seed(self, seed: int | None) -> None:
-        """Env ``i``'s next reset gets ``seed + i``. Right after a full reset, before any step (a ``Collector``
-        resets its env when it is built, then ``Collector.set_seed`` seeds it), the episodes are restarted
-        with those seeds at once, as TorchRL's ``GymWrapper`` reseeds: the next steps are the seeded
-        episodes', and a plain ``reset()`` that follows returns them instead of starting others."""
+        """Env ``i``'s next reset gets ``seed + i``; the episodes in progress go on as they started."""
         self._seeds.set(seed)
-        if self._fresh:
-            self._reset_rows(None)
-            self._reseeded = np.ones(self.num_envs, dtype=bool)
+        self._seeded_after_reset = self._fresh  # stepped before the next reset: warned (_warn_unseeded_start)
+
+    def _warn_unseeded_start(self) -> None:
+        # Restarting the episodes in set_seed, as TorchRL's GymWrapper does, would make the caller's root (a
+        # Collector's, from its reset at construction) an observation of another episode than its "next"
+        self._seeded_after_reset = False
+        warnings.warn(
+            "EnvPool: set_seed() came after the last reset and before this step, so the episodes in progress keep "
+            "the seeds they started with; the new seeds apply from each env's next reset. For a reproducible run "
+            "from the first step, seed the pool before its reset: EnvPool(..., seed=s), or EnvPool.factory(..., "
+            "seed=s) for a Collector (which resets its env when it is built, before Collector.set_seed), or call "
+            "reset() after set_seed()",
+            UserWarning,
+            stacklevel=3,
+        )
 
     def _resize_frames(self, rows: np.ndarray | None) -> None:
         if self._resize_to is None:

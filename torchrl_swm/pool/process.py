@@ -195,8 +195,11 @@ class ProcessBackend:
                         f"spaces {obs_space}, {act_space} differ from env 0's {self.observation_space}, "
                         f"{self.action_space}; all sub-envs of a pool must have the same spaces",
                     )
-        except BaseException:
-            self.close()
+        except BaseException as err:
+            try:
+                self.close()
+            except Exception as close_err:  # the construction's error is the one to report
+                err.add_note(f"closing the pool's other envs then failed too: {close_err}")
             raise
 
     def __len__(self) -> int:
@@ -525,6 +528,9 @@ class ProcessBackend:
                 sent = self._broadcast([(w, message) for w in live])
                 errors = {}
                 self._gather(sent, "close", errors=errors)
+                for w in [w for w, err in errors.items() if err.phase == "worker"]:
+                    if self._processes[w].exitcode == 0:  # it had exited by itself (after a failed make)
+                        del errors[w]
                 # an env's close() that raised, as the serial backend raises it; else a worker that died
                 # closing its envs. Both are reported: one raised, the others as warnings
                 ordered = sorted(errors.items(), key=lambda item: (item[1].phase != "close", item[0]))
