@@ -162,6 +162,18 @@ def test_a_state_hook_a_worker_cannot_send_back_is_named_not_reported_missing(ma
     pool.close()
 
 
+def test_dataset_eval_with_reset_options_fn_over_a_natively_batched_vector_env(tmp_path):
+    # CartPoleVectorEnv has no per-env attributes to look a state hook up in: reset_options_fn= is the way
+    world = World(EnvPool(gym.make_vec("CartPole-v1", 2, vectorization_mode="vector_entry_point")))
+    world.collect(tmp_path / "ds", episodes=2, seed=0, progress=False)
+    result = world.evaluate(dataset=tmp_path / "ds", episodes=2, seed=0, goal_offset=3, eval_budget=5,
+                            reset_options_fn=lambda start, goal: {}, progress=False)
+    assert result["episode_lengths"].tolist() == [5, 5]
+    with pytest.raises(TypeError, match="has no state hook"):
+        world.evaluate(dataset=tmp_path / "ds", episodes=2, goal_offset=3, eval_budget=5, progress=False)
+    world.close()
+
+
 def test_dataset_eval_needs_an_envpool(maze_dataset):
     from torchrl.envs import GymEnv, SerialEnv
 

@@ -789,6 +789,8 @@ class World:
     # -- dataset-driven evaluation ----------------------------------------------------------------------
     def _env_attr(self, name: str):
         """Attribute ``name`` of env 0, looked up through its gymnasium wrappers (any backend), or None."""
+        if not self.pool.freezes_rows and not hasattr(self.pool._backend.venv, "call"):
+            return None  # a natively batched vector env (CartPoleVectorEnv): no per-env attributes to look up
         if not self.pool.call("has_wrapper_attr", name, indices=[0])[0]:
             return None
         try:
