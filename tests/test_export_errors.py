@@ -300,7 +300,10 @@ def test_a_wider_float_action_that_overflows_the_box_is_an_error_not_inf(dtype):
     envs = to_gymnasium(EnvPool([lambda: _EchoBoxAction(dtype)] * 2, seed=0))
     envs.reset(seed=0)
     big = 1e300 if dtype == np.float32 else 1e5
-    for bad in (np.array([[big, 0.0], [0.0, 0.0]]), torch.tensor([[0.0, 0.0], [0.0, -big]], dtype=torch.float64)):
+    bad_actions = [np.array([[big, 0.0], [0.0, 0.0]]), torch.tensor([[0.0, 0.0], [0.0, -big]], dtype=torch.float64)]
+    if dtype == np.float16:  # integers and a float of the same width overflow it too
+        bad_actions += [np.array([[100000, 0], [0, 0]]), torch.tensor([[1e30, 0.0], [0.0, 0.0]], dtype=torch.bfloat16)]
+    for bad in bad_actions:
         with pytest.raises(ValueError, match=rf"fit Box\(.*\)'s dtype torch.{np.dtype(dtype).name}.*overflows it"):
             envs.step(bad)
     # infinities and NaN pass as they are, and values in range are cast

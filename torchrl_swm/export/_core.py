@@ -695,8 +695,9 @@ class Layout:
                     f"{describe(action)} with min {low} and max {high}; casting would wrap them"
                 )
         target = self.action_torch_dtype
-        if tensor.dtype.is_floating_point and target.is_floating_point and tensor.dtype.itemsize > target.itemsize:
-            # float64 1e300 would reach a float32 Box as inf, as the pool itself refuses it
+        if target.is_floating_point and tensor.dtype != target:
+            # float64 1e300 (or int64 100000 into float16, bfloat16 1e30 too) would reach the Box as inf, which
+            # the pool itself refuses
             cast = tensor.to(self.device, target, non_blocking=True)
             overflow = torch.isinf(cast) & torch.isfinite(tensor.to(self.device))
             if bool(overflow.any()):
