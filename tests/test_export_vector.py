@@ -776,6 +776,7 @@ def test_call_passes_every_keyword_to_the_sub_env_method():
     # a name= too (which SyncVectorEnv's own name parameter refuses)
     assert ours.call("echo", name="x", indices=[0]) == (("x", [0]),) * 2
     assert ours.call("get_wrapper_attr", name="max_length") == (9, 9)
+    assert ours.call(name="echo") == ref.call(name="echo") == ((None, None),) * 2  # the name as a keyword
     ours.close()
     ref.close()
 

@@ -499,9 +499,15 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
             )
         return self.traits.pool
 
-    def call(self, name: str, /, *args, **kwargs) -> tuple:
+    def call(self, name: str | None = None, /, *args, **kwargs) -> tuple:
         """Call method ``name`` of every sub-env with ``args`` and ``kwargs``, all of them the method's (as
-        ``SyncVectorEnv.call``: an ``indices=`` goes to the method, not to the pool) (``EnvPool`` only)."""
+        ``SyncVectorEnv.call``: an ``indices=`` goes to the method, not to the pool) (``EnvPool`` only).
+        ``call(name="m")`` names the method, as on ``SyncVectorEnv``; after a positional name, ``name=`` is
+        the method's own argument."""
+        if name is None:
+            if "name" not in kwargs:
+                raise TypeError("call() missing the method's name: call(name, *args, **kwargs)")
+            name = kwargs.pop("name")
         pool = self._pool(f"call({name!r})")
         with attribute_errors():
             return tuple(pool._backend.call(list(range(pool.num_envs)), name, args, kwargs))
