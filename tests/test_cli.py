@@ -290,7 +290,9 @@ def test_unwritable_json_path_fails_before_the_evaluation(tmp_path, capsys, monk
     ran = []
     original = world_module.World.evaluate
     monkeypatch.setattr(world_module.World, "evaluate", lambda self, *a, **k: ran.append(1) or original(self, *a, **k))
+    (tmp_path / "afile").write_text("")
     for path, message in [(tmp_path / "no" / "dir" / "r.json", "parent directory"),
+                          (tmp_path / "afile" / "r.json", "afile exists and is not a directory"),
                           (tmp_path, "is a directory")]:
         code = cli.main(["eval", "CartPole-v1", "--episodes", "2", "--no-progress", "--json", str(path)])
         err = capsys.readouterr().err

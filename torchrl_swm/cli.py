@@ -188,7 +188,8 @@ def _check_output_file(path: str, flag: str) -> None:
         raise CLIError(f"{flag} {path}: is a directory, expected a file path")
     parent = os.path.dirname(target)
     if not os.path.isdir(parent):
-        raise CLIError(f"{flag} {path}: parent directory {parent} does not exist")
+        what = "exists and is not a directory" if os.path.exists(parent) else "does not exist"
+        raise CLIError(f"{flag} {path}: parent directory {parent} {what}")
     existed = os.path.exists(target)
     try:
         with open(target, "a"):
