@@ -21,3 +21,8 @@ def test_scale_out_tutorial(collector):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"{collector}: 1024 frames" in proc.stdout
+    # 8 envs x 64 steps per batch: episodes end in every batch, and a CartPole episode lasts 8 to 500 steps
+    import re
+
+    lengths = [float(m) for m in re.findall(r"mean length of the episodes that ended +([\d.]+)", proc.stdout)]
+    assert len(lengths) == 2 and all(8 <= n <= 64 * 2 for n in lengths), proc.stdout

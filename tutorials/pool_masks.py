@@ -61,7 +61,7 @@ print("rollout batch:", tuple(rollout.batch_size), "| observation", tuple(rollou
 
 
 class GoalInfo(gym.Wrapper):
-    """Adds a distance-to-upright info to Pendulum, to show the info buffers."""
+    """Adds an "upright" info to Pendulum (cos of the angle: 1 upright, -1 hanging), to show the info buffers."""
 
     def step(self, action):
         obs, reward, terminated, truncated, info = super().step(action)

@@ -89,6 +89,7 @@ def main():
     actor, loss, advantage, optimizer = make_ppo()
     collector = make_collector(args.collector, actor)
     frames, collect_time, start = 0, 0.0, time.perf_counter()
+    running = None  # each env's steps in its current episode
     batches = iter(collector)
     try:
         for it in range(args.total_frames // args.frames_per_batch):
@@ -108,8 +109,16 @@ def main():
                     total.backward()
                     optimizer.step()
             collector.update_policy_weights_()
-            episodes = int(batch["next", "done"].sum())
-            print(f"iter {it:3d} | frames {frames:7d} | mean episode length {batch.numel() / max(episodes, 1):6.1f} | "
+            # episode lengths, counted across batches: an env's episode may start in one batch and end in another
+            done = batch["next", "done"].squeeze(-1)  # (envs, time)
+            running = torch.zeros(done.shape[0], dtype=torch.long) if running is None else running
+            ended = []
+            for t in range(done.shape[1]):
+                running += 1
+                ended += running[done[:, t]].tolist()
+                running[done[:, t]] = 0
+            mean_length = f"{sum(ended) / len(ended):6.1f}" if ended else "   n/a"
+            print(f"iter {it:3d} | frames {frames:7d} | mean length of the episodes that ended {mean_length} | "
                   f"collection {frames / collect_time:8,.0f} frames/s")
     finally:
         collector.shutdown()
