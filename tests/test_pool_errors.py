@@ -110,6 +110,15 @@ def test_factory_returning_a_non_env_or_not_callable_is_the_same_type_error_on_b
         EnvPool([CountingEnv, "not callable"], **kwargs)
 
 
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_factories_returning_one_shared_env_are_refused(backend):
+    # every row would step that one env; TorchRL's SerialEnv deep-copies a repeated instance, the pool says so
+    shared = CountingEnv(length=3)
+    kwargs = {"backend": "process", "num_workers": 1} if backend == "process" else {}
+    with pytest.raises(ValueError, match=r"env_fns\[1\] returned the same env object as env_fns\[0\]"):
+        EnvPool(lambda: shared, 2, **kwargs)
+
+
 def test_factory_raising_is_named_and_earlier_envs_are_closed():
     closed = []
 

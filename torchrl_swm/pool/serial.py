@@ -111,6 +111,7 @@ def env_is_wrapped(env: gym.Env, wrapper_class: type) -> bool:
 def make_envs(env_fns: Sequence[Callable[[], gym.Env]], first: int = 0, pixels: bool = False) -> list[gym.Env]:
     """Call each factory, check what it returned, and close everything on failure."""
     envs: list[gym.Env] = []
+    made: dict[int, int] = {}  # id of each env made -> its position
     try:
         for j, fn in enumerate(env_fns):
             i = first + j
@@ -125,6 +126,12 @@ def make_envs(env_fns: Sequence[Callable[[], gym.Env]], first: int = 0, pixels: 
                     f"env_fns[{i}] returned {type(env).__module__}.{type(env).__name__}, expected a gymnasium.Env"
                     + (" (a VectorEnv is passed to EnvPool directly, not through a factory)" if isinstance(env, gym.vector.VectorEnv) else "")
                 )
+            if id(env) in made:  # every row would step that one env
+                raise ValueError(
+                    f"env_fns[{i}] returned the same env object as env_fns[{first + made[id(env)]}]: each row needs an "
+                    "env of its own; build a new one in the factory (e.g. lambda: gym.make(...), not lambda: env)"
+                )
+            made[id(env)] = j
             envs.append(env)
             if pixels and env.render_mode != "rgb_array":
                 raise EnvError(
