@@ -532,12 +532,12 @@ class ProcessBackend:
                     if self._processes[w].exitcode == 0:  # it had exited by itself (after a failed make)
                         del errors[w]
                 # an env's close() that raised, as the serial backend raises it; else a worker that died
-                # closing its envs. Both are reported: one raised, the others as warnings
+                # closing its envs. Every one is reported: the first raised, the others as notes on it
                 ordered = sorted(errors.items(), key=lambda item: (item[1].phase != "close", item[0]))
                 if ordered:
                     error = ordered[0][1]
                 for _, other in ordered[1:]:
-                    warnings.warn(f"EnvPool.close(): also {other}", RuntimeWarning, stacklevel=3)
+                    error.add_note(f"also: {str(other).splitlines()[0]}")
             except EnvError as err:
                 if err.phase == "close":  # an env's close() raised (a dead worker has nothing to close)
                     error = err

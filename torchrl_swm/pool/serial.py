@@ -402,6 +402,8 @@ class SerialBackend(InProcessBackend):
                 if first_error is None:
                     first_error = EnvError(self.first + j, "close", f"{type(err).__name__}: {err}")
                     first_error.__cause__ = err
+                else:  # reported too, not lost
+                    first_error.add_note(f"env {self.first + j} (close) also raised {type(err).__name__}: {err}")
         self.envs = []
         if first_error is not None:
             raise first_error
