@@ -112,6 +112,17 @@ def test_factory_returning_a_non_env_or_not_callable_is_the_same_type_error_on_b
 
 
 @pytest.mark.parametrize("backend", ["serial", "process"])
+def test_close_raises_the_first_env_close_error_and_notes_the_others(backend):
+    from envs import BadCloseEnv
+
+    kwargs = {"backend": "process", "num_workers": 3} if backend == "process" else {}
+    pool = EnvPool([BadCloseEnv, CountingEnv, BadCloseEnv], seed=0, **kwargs)
+    with pytest.raises(EnvError, match=r"env 0 \(close\): OSError: disk gone") as err:
+        pool.close()
+    assert len(err.value.__notes__) == 1 and "env 2 (close)" in err.value.__notes__[0] and "disk gone" in err.value.__notes__[0]
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
 def test_factories_returning_one_shared_env_are_refused(backend):
     # every row would step that one env; TorchRL's SerialEnv deep-copies a repeated instance, the pool says so
     shared = CountingEnv(length=3)
