@@ -102,7 +102,8 @@ def test_info_keys_starting_with_an_underscore_are_kept_as_dummy_vec_env_keeps_t
     ours, ref = to_sb3_vec_env(EnvPool([make] * 2, seed=0)), DummyVecEnv([make] * 2)
     ours.reset()
     ref.reset()
-    assert [without_seed(info) for info in ours.reset_infos] == ref.reset_infos == [{"_private": 1.5, "public": 1.5}] * 2
+    expected = [{"_private": 1.5, "public": 1.5}] * 2
+    assert [without_seed(info) for info in ours.reset_infos] == ref.reset_infos == expected
     infos, infos_ref = ours.step(np.zeros(2, np.int64))[3], ref.step(np.zeros(2, np.int64))[3]
     assert [without_seed(info) for info in infos] == infos_ref
     assert infos_ref[0]["_private"] == 2.5

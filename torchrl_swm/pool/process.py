@@ -152,7 +152,8 @@ class ProcessBackend:
         if mp.current_process().daemon:  # multiprocessing's own refusal is a bare AssertionError
             raise RuntimeError(
                 "EnvPool(backend='process'): this is a daemonic process (a gymnasium AsyncVectorEnv or SB3 "
-                "SubprocVecEnv worker, or a process backend's), which may not start processes; use backend='serial' here"
+                "SubprocVecEnv worker, or a process backend's), which may not start processes; use "
+                "backend='serial' here"
             )
         n = len(env_fns)
         num_workers = min(os.cpu_count() or 1, n) if num_workers is None else check_int(num_workers, "num_workers")

@@ -1466,8 +1466,9 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             kwargs["num_envs"] = k
         if "mask" in bound.extras:
             kwargs["mask"] = mask
-        # options: {} when none were given, as the seed design's reset (a fresh one: a reset_fn may write to it)
-        result = bound.call(seed, {} if options is None else options, **kwargs)  # grad mode: the reset's (see _graph_free)
+        # options: {} when none were given, as the seed design's reset (a fresh one: a reset_fn may write to it);
+        # grad mode: the reset's (see _graph_free)
+        result = bound.call(seed, {} if options is None else options, **kwargs)
         where = bound.description
         form, state, obs, info = split_reset(result, where, self._obs_keys)
         if self._obs_is_state and state is not MISSING and obs is not MISSING and state is not obs:
