@@ -360,7 +360,6 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             self._backend.settle()  # nothing to reset, but the snapshot must not race an interrupted step
         return self._host.snapshot(self._reset_keys, self.batch_size)
 
-
     def _reset_rows(self, rows: np.ndarray | None, seed_override=None, options=None) -> None:
         """Reset ``rows`` (all when ``None``) in the backend, writing the buffers.
 
