@@ -304,8 +304,14 @@ def test_a_wider_float_action_that_overflows_the_box_is_an_error_not_inf(dtype):
     if dtype == np.float16:  # integers and a float of the same width overflow it too
         bad_actions += [np.array([[100000, 0], [0, 0]]), torch.tensor([[1e30, 0.0], [0.0, 0.0]], dtype=torch.bfloat16)]
     for bad in bad_actions:
-        with pytest.raises(ValueError, match=rf"fit Box\(.*\)'s dtype torch.{np.dtype(dtype).name}.*overflows it"):
+        with pytest.raises(ValueError, match=rf"fit Box\(.*\)'s dtype torch.{np.dtype(dtype).name}.*overflows"):
             envs.step(bad)
+    # an integer the Box's float dtype cannot hold exactly would be rounded (the pool refuses it too)
+    inexact = 2**24 + 1 if dtype == np.float32 else 2049
+    for bad in (np.array([[inexact, 0], [0, 0]]), torch.tensor([[0, 0], [0, inexact]])):
+        with pytest.raises(ValueError, match=rf"integer {inexact} is not exactly representable"):
+            envs.step(bad)
+    assert envs.step(np.array([[3, 0], [0, -2]]))[0].tolist() == [[3, 0], [0, -2]]  # exact integers pass
     # infinities and NaN pass as they are, and values in range are cast
     obs = envs.step(np.array([[np.inf, 0.5], [np.nan, -2.0]]))[0]
     assert obs.dtype == dtype and np.isinf(obs[0, 0]) and np.isnan(obs[1, 0]) and obs[0, 1] == 0.5

@@ -695,19 +695,31 @@ class Layout:
                     f"{describe(action)} with min {low} and max {high}; casting would wrap them"
                 )
         target = self.action_torch_dtype
-        if target.is_floating_point and tensor.dtype != target:
-            # float64 1e300 (or int64 100000 into float16, bfloat16 1e30 too) would reach the Box as inf, which
-            # the pool itself refuses
-            cast = tensor.to(self.device, target, non_blocking=True)
-            overflow = torch.isinf(cast) & torch.isfinite(tensor.to(self.device))
-            if bool(overflow.any()):
-                bad = float(tensor.to(self.device)[overflow].flatten()[0])
+        if target.is_floating_point and tensor.dtype != target and tensor.numel():
+            # float64 1e300 would reach a float32 Box as inf, int64 2**24 + 1 as 2**24: the pool's own rule
+            problem = _float_cast_problem(tensor, target)
+            if problem is not None:
                 raise ValueError(
                     f"action: expected values that fit {self.single_action_space}'s dtype {target}, got "
-                    f"{describe(action)}: value {bad:g} overflows it (largest {torch.finfo(target).max:g})"
+                    f"{describe(action)}: {problem}"
                 )
-            return cast
         return tensor.to(self.device, target, non_blocking=True)
+
+
+def _float_cast_problem(tensor: torch.Tensor, target: torch.dtype) -> str | None:
+    """Why casting ``tensor`` to the float dtype ``target`` would change its values (an overflow to inf, an
+    integer it cannot hold exactly), as the pool's :func:`~torchrl_swm.pool.infos.cast_problem`; a float
+    rounded to a narrower float is fine, as there. On an accelerator, overflows only (no host copy)."""
+    if tensor.device.type == "cpu":
+        from ..pool.infos import cast_problem
+
+        values = tensor.float().numpy() if tensor.dtype == torch.bfloat16 else tensor.numpy()  # exact widening
+        return cast_problem(values, numpy_dtype(target))
+    overflow = torch.isinf(tensor.to(target)) & torch.isfinite(tensor)
+    if bool(overflow.any()):
+        bad = float(tensor[overflow].flatten()[0])
+        return f"value {bad:g} overflows {target} (largest {torch.finfo(target).max:g})"
+    return None
 
 
 def _int_range(tensor: torch.Tensor) -> tuple[int, int]:

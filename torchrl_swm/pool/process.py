@@ -374,7 +374,7 @@ class ProcessBackend:
                 if status == REPLY_OK:
                     replies[w] = value
                 else:
-                    index, where, message, trace, missing_attribute, cause, wrapped = value
+                    index, where, message, trace, missing_attribute, cause, wrapped, notes = value
                     cause = _unpickled_cause(cause)
                     if not wrapped and isinstance(cause, Exception) and not missing_attribute:
                         # the pool's own check (a factory that returned no env): raised with its own type,
@@ -388,6 +388,7 @@ class ProcessBackend:
                     if cause is None and missing_attribute:
                         cause = AttributeError(message)
                     error.__cause__ = cause  # the env's own exception, as the serial backend chains it
+                    error.__notes__ = notes  # the worker's own notes (its other envs' close errors)
                     errors.setdefault(w, error)
             elif item in sentinels:
                 w = sentinels.pop(item)
@@ -538,7 +539,8 @@ class ProcessBackend:
                 if ordered:
                     error = ordered[0][1]
                 for _, other in ordered[1:]:
-                    error.add_note(f"also: {str(other).splitlines()[0]}")
+                    for note in [str(other).splitlines()[0], *getattr(other, "__notes__", ())]:
+                        error.add_note(f"also: {note}")
             except EnvError as err:
                 if err.phase == "close":  # an env's close() raised (a dead worker has nothing to close)
                     error = err

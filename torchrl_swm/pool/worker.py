@@ -168,6 +168,7 @@ def _error_payload(err: BaseException) -> tuple:
         isinstance(err, AttributeError) or isinstance(err.__cause__, AttributeError),  # a missing attribute
         _pickled_cause(err),
         isinstance(err, EnvError),  # else the pool's own check raised it (a factory returning no env)
+        list(getattr(err, "__notes__", ())),  # e.g. the other envs' close errors
     )
 
 
