@@ -183,14 +183,15 @@ class FailingEnv(CountingEnv):
 
 class ExitingEnv(CountingEnv):
     """A counting env that raises ``error(5)`` (by default ``SystemExit``, a ``BaseException``, not an
-    ``Exception``) at its first step or, with ``in_reset``, at its second reset."""
+    ``Exception``) at its first step or, with ``in_reset``, at its third reset (a pool's construction probe
+    and its first reset pass)."""
 
     def __init__(self, in_reset: bool = False, error: type = SystemExit, **kwargs):
         super().__init__(length=100, **kwargs)
         self.in_reset, self.error = in_reset, error
 
     def reset(self, *, seed=None, options=None):
-        if self.in_reset and self.resets_called >= 1:
+        if self.in_reset and self.resets_called >= 2:
             raise self.error(5)
         return super().reset(seed=seed, options=options)
 

@@ -338,7 +338,7 @@ def test_sb3_info_rows_match_the_per_env_rule(data, n):
             return isinstance(b, np.ndarray) and np.array_equal(a, b)
         return type(a) is type(b) and a == b
 
-    assert all(same(f, s) for f, s in zip(fast, slow))
+    assert len(fast) == len(slow) == n and all(same(f, s) for f, s in zip(fast, slow))
 
 
 def test_discrete_spaces_with_a_start_reach_sb3_as_indices():

@@ -105,6 +105,7 @@ class SpaceEnv(gym.Env):
 
     def step(self, action):
         assert action in self.action_space, (action, self.action_space)
+        self.last_action = action
         return self.observation_space.sample(), 1.0, False, False, {}
 
 
@@ -147,6 +148,8 @@ def test_pool_export_spaces_and_data(obs_space, act_space, n, categorical):
         action = envs.action_space.sample()
         obs, rewards, term, trunc, _ = envs.step(action)
         obs_ref, rewards_ref, *_ = ref.step(action)
+        for i, (got, sent) in enumerate(zip(envs.get_attr("last_action"), ref.get_attr("last_action"), strict=True)):
+            assert np.array_equal(got, sent), f"step {t}: env {i} received {got!r}, SyncVectorEnv's {sent!r}"
         assert obs in envs.observation_space and rewards.shape == (n,)
         assert_same(obs, obs_ref, f"step {t}: obs")
         np.testing.assert_array_equal(rewards, rewards_ref)

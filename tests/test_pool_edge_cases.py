@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
+from tensordict import TensorDict
 from torchrl.data import Bounded, Unbounded
 from wm_models import counting_env
 
@@ -809,7 +810,10 @@ def test_to_moves_the_outputs_not_only_the_specs(device):
         assert pool.to(device) is pool and pool.device.type == device
         td = pool.reset()
         assert td.device.type == device and td["observation"].device.type == device
-        if device != "meta":  # meta tensors hold no data: an action there cannot reach the envs
+        if device == "meta":  # meta tensors hold no data: a host action reaches the envs, the outputs go to meta
+            out = pool._step(TensorDict({"action": torch.ones(3, dtype=torch.int64)}, [3]))
+            assert out.device.type == device and all(v.device.type == device for v in out.values(True, True))
+        else:
             td.set("action", torch.ones(3, dtype=torch.int64, device=device))
             out, nxt = pool.step_and_maybe_reset(td)
             assert out["next", "observation"].device.type == device and nxt["observation"].device.type == device

@@ -466,8 +466,8 @@ def test_an_env_raising_a_base_exception_is_named_by_both_backends(in_reset):
 
     def act(pool):
         td = pool.reset()
-        if in_reset:
-            pool.reset(TensorDict({"_reset": torch.ones(5, 1, dtype=torch.bool)}, [5]))
+        if in_reset:  # a partial reset of rows 1 and 3 (env 3's third reset raises)
+            pool.reset(td.set("_reset", torch.tensor([[False], [True], [False], [True], [False]])))
         td["action"] = torch.zeros(5, dtype=torch.int64)
         pool.step(td)
 

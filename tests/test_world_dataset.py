@@ -166,9 +166,14 @@ def test_dataset_eval_with_reset_options_fn_over_a_natively_batched_vector_env(t
     # CartPoleVectorEnv has no per-env attributes to look a state hook up in: reset_options_fn= is the way
     world = World(EnvPool(gym.make_vec("CartPole-v1", 2, vectorization_mode="vector_entry_point")))
     world.collect(tmp_path / "ds", episodes=2, seed=0, progress=False)
+    calls = []
     result = world.evaluate(dataset=tmp_path / "ds", episodes=2, seed=0, goal_offset=3, eval_budget=5,
-                            reset_options_fn=lambda start, goal: {}, progress=False)
-    assert result["episode_lengths"].tolist() == [5, 5]
+                            reset_options_fn=lambda start, goal: calls.append((start, goal)) or {}, progress=False)
+    assert result["episode_lengths"].tolist() == [5, 5] and len(calls) == 2  # one per episode
+    # the vector env takes one options dict for every row it resets: per-episode start states are refused
+    with pytest.raises(ValueError, match="one options dict for every row it resets"):
+        world.evaluate(dataset=tmp_path / "ds", episodes=2, seed=0, goal_offset=3, eval_budget=5,
+                       reset_options_fn=lambda start, goal: {"start": id(start)}, progress=False)
     with pytest.raises(TypeError, match="has no state hook"):
         world.evaluate(dataset=tmp_path / "ds", episodes=2, goal_offset=3, eval_budget=5, progress=False)
     world.close()
