@@ -44,6 +44,8 @@ from torchrl.envs.batched_envs import BatchedEnvBase
 
 from ..errors import SpecError, describe
 from ..introspect import bookkeeping_keys
+from ..pool.infos import cast_problem
+from ..pool.rows import dict_paths, observation_leaves  # the pool's own keys and Dict paths of its leaves
 from ..specs import numpy_dtype, spec_to_space, torch_dtype, unbatch_spec
 
 __all__ = ["Layout", "Traits", "traits", "base_env", "to_host", "AUTORESET_MODES"]
@@ -413,15 +415,11 @@ class Layout:
         """``{pool key: the env's own Dict keys to that leaf}`` for a pool with a Dict observation space."""
         if self._pool is None or not isinstance(self._pool.single_observation_space, gym.spaces.Dict):
             return {}
-        from ..pool.rows import dict_paths
-
         return {_key(k): v for k, v in dict_paths(self._pool.single_observation_space).items()}
 
     def _pool_observation_spaces(self) -> dict[Key, gym.Space]:
         spaces = getattr(self, "_pool_obs_spaces", None)
         if spaces is None:
-            from ..pool.rows import observation_leaves  # the pool's own key for each leaf of its space
-
             spaces = {_key(k): v for k, v in observation_leaves(self._pool.single_observation_space).items()}
             self._pool_obs_spaces = spaces
         return spaces
@@ -711,8 +709,6 @@ def _float_cast_problem(tensor: torch.Tensor, target: torch.dtype) -> str | None
     integer it cannot hold exactly), as the pool's :func:`~torchrl_swm.pool.infos.cast_problem`; a float
     rounded to a narrower float is fine, as there. On an accelerator, overflows only (no host copy)."""
     if tensor.device.type == "cpu":
-        from ..pool.infos import cast_problem
-
         values = tensor.float().numpy() if tensor.dtype == torch.bfloat16 else tensor.numpy()  # exact widening
         return cast_problem(values, numpy_dtype(target))
     overflow = torch.isinf(tensor.to(target)) & torch.isfinite(tensor)
