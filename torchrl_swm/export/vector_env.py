@@ -525,24 +525,26 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
     def np_random_seed(self):
         """Each sub-env's ``np_random_seed`` (a tuple, as ``SyncVectorEnv``'s) over a pool of gymnasium envs; the
         vector env's own over a pool of one; else gymnasium's ``VectorEnv`` value (the int last passed to reset)."""
-        pool = self.traits.pool
-        if pool is None:
+        if self.traits.pool is None:
             return super().np_random_seed
-        if pool.freezes_rows:  # a pool of single envs (serial or process): ask each, where it lives
-            return tuple(pool.get_attr("np_random_seed"))
-        return pool._backend.venv.np_random_seed
+        return self._sub_envs_attr("np_random_seed")
 
     @property
     def np_random(self):
         """Each sub-env's ``np_random`` (a tuple, as ``SyncVectorEnv``'s) over a pool of gymnasium envs (copies,
         from a process backend's workers); the vector env's own over a pool of one; else gymnasium's ``VectorEnv``
         generator."""
-        pool = self.traits.pool
-        if pool is None:
+        if self.traits.pool is None:
             return super().np_random
+        return self._sub_envs_attr("np_random")
+
+    def _sub_envs_attr(self, name: str):
+        """The pool's sub-envs' attribute ``name``, as ``SyncVectorEnv`` shows it: a tuple of each env's over a
+        pool of single envs (asked where they live), the vector env's own over a pool of one."""
+        pool = self.traits.pool
         if pool.freezes_rows:
-            return tuple(pool.get_attr("np_random"))
-        return pool._backend.venv.np_random
+            return tuple(pool.get_attr(name))
+        return getattr(pool._backend.venv, name)
 
     @np_random.setter
     def np_random(self, value) -> None:
