@@ -31,6 +31,7 @@ from gymnasium.utils.env_checker import data_equivalence  # option values may be
 from torchrl.envs import EnvBase
 
 from ..errors import check_indices, describe
+from ..pool.infos import is_vector_mask
 from ._core import attribute_errors as _attribute_errors
 
 __all__ = ["to_sb3_vec_env"]
@@ -206,12 +207,6 @@ def _sb3_class():
 
 
 
-def _is_mask(key, infos: dict) -> bool:
-    """Whether ``key`` is gymnasium's presence mask of another key (``"_k"`` next to ``"k"``); an info key
-    of the env's own that starts with ``"_"`` is not (its mask is ``"__k"``)."""
-    return isinstance(key, str) and key.startswith("_") and key[1:] in infos
-
-
 def _rows(infos: dict, n: int) -> list[dict]:
     """Every env's :func:`_row` of gymnasium vector infos, built a column at a time.
 
@@ -221,7 +216,7 @@ def _rows(infos: dict, n: int) -> list[dict]:
     """
     out = [{} for _ in range(n)]
     for key, value in infos.items():
-        if key in ("final_obs", "final_info") or _is_mask(key, infos):
+        if key in ("final_obs", "final_info") or is_vector_mask(key, infos):
             continue
         mask = infos.get("_" + key)
         if isinstance(value, dict):
@@ -244,7 +239,7 @@ def _row(infos: dict, i: int) -> dict:
     """Env ``i``'s entries of gymnasium vector infos (keys whose ``_key`` mask is set)."""
     out = {}
     for key, value in infos.items():
-        if key in ("final_obs", "final_info") or _is_mask(key, infos):
+        if key in ("final_obs", "final_info") or is_vector_mask(key, infos):
             continue
         mask = infos.get("_" + key)
         if mask is not None and not mask[i]:

@@ -228,9 +228,13 @@ def first_cast_problem(array: np.ndarray, dtype: np.dtype, rows=None) -> tuple[i
 _VECTOR_SPECIAL = frozenset({"final_obs", "final_info", "final_observation"})
 
 
-def _masks_a_key(base: str, info: Mapping) -> bool:
-    """Whether ``info`` has the key ``"_" + base`` masks: ``base`` itself, or a non-string key written as
-    ``base`` (gymnasium masks an int key ``1`` with the string ``"_1"``)."""
+def is_vector_mask(key, info: Mapping) -> bool:
+    """Whether ``key`` is gymnasium's presence mask ``"_k"`` of a key ``k`` of the same vector info dict:
+    ``k`` itself, or a non-string key written as ``k`` (an int key ``1`` is masked by the string ``"_1"``).
+    An info key of the env's own that starts with ``"_"`` is not one (its own mask is ``"__k"``)."""
+    if key.__class__ is not str or key[:1] != "_":
+        return False
+    base = key[1:]
     return base in info or any(k.__class__ is not str and str(k) == base for k in info)
 
 
@@ -247,7 +251,7 @@ def flatten_vector_info(info: Mapping, prefix: Key = (), present=None, phase: st
     for key, value in info.items():
         if key.__class__ is not str:
             key = _string_key(key, info, prefix, None, phase)
-        if (key[:1] == "_" and _masks_a_key(key[1:], info)) or (not prefix and key in _VECTOR_SPECIAL):
+        if is_vector_mask(key, info) or (not prefix and key in _VECTOR_SPECIAL):
             continue
         mask = info.get("_" + key, present)
         path = (*prefix, key)
