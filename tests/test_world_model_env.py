@@ -9,6 +9,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 from torch import nn
@@ -619,6 +621,12 @@ FAST_CASES = {
         num_envs=5,
         seed=0,
         reset_fn=lambda num_envs, generator: torch.randn(num_envs, 4, generator=generator),
+    ),
+    # rows of >= 16384 elements in all (state, action, info): the CPU row selects take their index path
+    "large-batch-info": lambda: WorldModelEnv(
+        object(), gym.spaces.Box(-np.inf, np.inf, (64,), np.float32), gym.spaces.Box(-1, 1, (64,), np.float32),
+        num_envs=300, initial_state=torch.linspace(-1, 1, 64), info_spec={"u": torch.zeros(64)},
+        transition_fn=lambda s, a: (s + a, s + a, a[:, 0], (s + a)[:, 0] > 2.5, False, {"u": a * 2}),
     ),
 }
 
@@ -2280,3 +2288,52 @@ def test_an_info_key_the_model_omits_is_absent_from_the_export_as_on_sync_vector
         if mode == "disabled" and out[2].any():
             assert ours.reset(options={"reset_mask": out[2].copy()})[1] == {}
             ref.reset(options={"reset_mask": out[2].copy()})
+
+
+# -------------------------------------------------------------------------------------------------
+# row selects: torch.where / masked_fill semantics on both sides of the CPU index path's threshold
+# -------------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.sampled_from([1, 3, 255, 256, 257, 600]),
+    row=st.sampled_from([(), (1,), (64,), (2, 40)]),
+    done_shape=st.booleans(),
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.int64, torch.bool]),
+    data=st.data(),
+)
+def test_row_selects_match_torch_where_and_masked_fill(n, row, done_shape, dtype, data):
+    from torchrl_swm.world_model import _tree
+
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    density = data.draw(st.sampled_from([0.0, 0.03, 0.5, 1.0]))
+    flat = torch.rand(n, generator=gen) < density
+    mask = flat.unsqueeze(-1) if done_shape else flat
+    new, old = (torch.randn(n, *row, generator=gen).mul(50).to(dtype) for _ in range(2))
+    old = old.transpose(-1, -2).contiguous().transpose(-1, -2) if len(row) == 2 else old  # strided rows too
+    expected = torch.where(flat.view(n, *([1] * len(row))), new, old)
+    got = _tree.where_rows(mask, new, old)
+    assert got.dtype == expected.dtype and torch.equal(got, expected)
+    assert got.data_ptr() not in (new.data_ptr(), old.data_ptr())  # a new tensor: the inputs stay as they were
+    tree = _tree.where_rows(mask, {"a": new, "b": (new, TensorDict({"c": new}, [n]))},
+                            {"a": old, "b": (old, TensorDict({"c": old}, [n]))})
+    assert all(torch.equal(t, expected) for t in (tree["a"], tree["b"][0], tree["b"][1]["c"]))
+    zeroed = _tree.zero_rows(mask, old)
+    assert torch.equal(zeroed, old.masked_fill(flat.view(n, *([1] * len(row))), 0))
+    assert zeroed.data_ptr() != old.data_ptr()
+
+
+def test_row_selects_keep_the_graph_of_a_differentiable_state():
+    from torchrl_swm.world_model import _tree
+
+    new = torch.randn(600, 64, requires_grad=True)
+    old = torch.randn(600, 64, requires_grad=True)
+    mask = torch.zeros(600, 1, dtype=torch.bool)
+    mask[::7] = True
+    _tree.where_rows(mask, new, old).sum().backward()
+    assert torch.equal(new.grad, mask.expand(600, 64).float())
+    assert torch.equal(old.grad, (~mask).expand(600, 64).float())
+    old.grad = None
+    _tree.zero_rows(mask, old).sum().backward()
+    assert torch.equal(old.grad, (~mask).expand(600, 64).float())

@@ -36,7 +36,7 @@ from torchrl.envs import EnvBase
 
 from .._meta import NoAutoResetMeta
 from ..errors import SpecError, check_int, describe
-from ..masks import row_mask, row_view
+from ..masks import row_mask
 from ..pool.buffers import nest
 from ..specs import as_spec, batch_spec
 from . import _tree
@@ -1653,7 +1653,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             obs = state if shared and c_obs is c_state else _tree.where_rows(rows, c_obs, rt.obs)
             info = None
             if last_info is not None:
-                info = {k: v.masked_fill(row_view(rows, v), 0) for k, v in last_info.items()}
+                info = {k: _tree.zero_rows(rows, v) for k, v in last_info.items()}
         else:
             mask = rows.reshape(-1)
             index = mask.nonzero().squeeze(-1)
@@ -1882,7 +1882,7 @@ def _zeroed(value, rows: torch.Tensor):
     """``value`` (a caller's tensor or TensorDict that the reset does not write) zeroed on the reset
     ``rows`` (``(N, 1)`` bool), as TorchRL's ``_update_during_reset`` pads it."""
     if isinstance(value, torch.Tensor):
-        return value.masked_fill(row_view(rows, value), 0)
+        return _tree.zero_rows(rows, value)
     return value.where(~rows.view(-1), other=value.empty(), pad=0)
 
 
