@@ -291,6 +291,13 @@ def test_load_dataset_errors(tmp_path):
     (tmp_path / "bad" / "dataset.json").write_text(json.dumps({"format": "something-else"}))
     with pytest.raises(DatasetError, match="unknown format"):
         load_dataset(tmp_path / "bad")
+    from torchrl_swm.data import FORMAT
+
+    for field, value in (("version", "1.0"), ("num_steps", None), ("num_steps", -3), ("num_steps", True)):
+        (tmp_path / "bad" / "dataset.json").write_text(json.dumps({"format": FORMAT, field: value}))
+        with pytest.raises(DatasetError, match=rf"dataset.json': '{field}' must be a non-negative integer, "
+                                               rf"got {value!r}; the dataset's metadata is damaged"):
+            load_dataset(tmp_path / "bad")
 
 
 def test_uncompacted_dataset_loads_with_the_committed_length(tmp_path):
@@ -495,6 +502,8 @@ def test_exclude_keys_are_checked(tmp_path):
             world.collect(tmp_path / "a", 2, seed=0, max_steps=10, exclude_keys=[key], progress=False)
     with pytest.raises(TypeError, match="ambiguous"):
         world.collect(tmp_path / "a", 2, seed=0, max_steps=10, exclude_keys=("info", "t"), progress=False)
+    with pytest.raises(TypeError, match="exclude_keys: expected str or tuple-of-str keys, got 3"):
+        world.collect(tmp_path / "a", 2, seed=0, max_steps=10, exclude_keys=[3], progress=False)
     assert not (tmp_path / "a").exists()
     # a bare string is one key, not its characters
     ds = world.collect(tmp_path / "b", 2, seed=0, max_steps=10, exclude_keys="episode_seed", progress=False)
@@ -606,3 +615,45 @@ def test_entries_whose_names_hold_a_dot_are_found_on_disk(tmp_path):
     (tmp_path / "ds" / "storage" / "info" / "cost.total.memmap").unlink()
     with pytest.raises(DatasetError, match=r"entry 'info.cost.total' is missing from the storage"):
         load_dataset(tmp_path / "ds")
+
+
+class _OwnEpisodeKeys(gym.Env):
+    """A Dict observation with entries named like World's own dataset entries."""
+
+    def __init__(self, name):
+        self.name = name
+        self.observation_space = gym.spaces.Dict({name: gym.spaces.Box(0, 1e6, (1,), np.float32),
+                                                  "x": gym.spaces.Box(-1, 1, (1,), np.float32)})
+        self.action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return {self.name: np.array([500.0], np.float32), "x": np.zeros(1, np.float32)}, {}
+
+    def step(self, action):
+        self.t += 1
+        return {self.name: np.array([500.0 + self.t], np.float32), "x": np.zeros(1, np.float32)}, 0.0, self.t >= 3, \
+            False, {}
+
+
+@pytest.mark.parametrize("name", ["episode", "step_count"])
+def test_collect_refuses_env_entries_that_world_would_overwrite(tmp_path, name):
+    pool = EnvPool([functools.partial(_OwnEpisodeKeys, name)] * 2, seed=0)
+    with pytest.raises(ValueError, match=f"the env has an entry {name!r}, which World writes in every dataset row"):
+        World(pool, max_episode_steps=5).collect(tmp_path / "d", 2, seed=0, progress=False)
+    assert not (tmp_path / "d").exists()
+    pool.close()
+
+
+def test_collect_keeps_a_step_counter_step_count(tmp_path):
+    # TorchRL's StepCounter counts the same steps: World writes the same values, so it is not a clash
+    from torchrl.envs import StepCounter, TransformedEnv
+
+    env = TransformedEnv(EnvPool("CartPole-v1", num_envs=2, seed=0), StepCounter())
+    ds = World(env, max_episode_steps=20).collect(tmp_path / "d", 3, seed=0, progress=False)
+    for k in range(3):
+        episode = ds.episode(k)
+        assert episode["step_count"].view(-1).tolist() == list(range(len(episode)))
+        assert episode["next", "step_count"].view(-1).tolist() == list(range(1, len(episode) + 1))
+    env.close()

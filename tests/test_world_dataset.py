@@ -129,6 +129,34 @@ def test_errors(maze_dataset, tmp_path):
             w.evaluate(dataset=ds, episodes_idx=[0], goal_offset=1, eval_budget=5, progress=False)
 
 
+def test_bad_argument_types_are_named(maze_dataset):
+    ds = maze_dataset
+    run = dict(goal_offset=1, eval_budget=5, progress=False)
+    with World("torchrl_swm/PointMaze-v0", num_envs=2, image_shape=(32, 32)) as w:
+        with pytest.raises(TypeError, match="episodes_idx: expected a list of values, got int 1"):
+            w.evaluate(dataset=ds, episodes_idx=1, **run)
+        with pytest.raises(TypeError, match="start_steps: expected an int or a list of values, got float 1.0"):
+            w.evaluate(dataset=ds, episodes_idx=[0], start_steps=1.0, **run)
+        with pytest.raises(TypeError, match="dataset= expected a path to a dataset or a WorldDataset.*got int 123"):
+            w.evaluate(dataset=123, **run)
+        for name in ("success_fn", "reset_options_fn"):
+            with pytest.raises(TypeError, match=f"evaluate: {name}= expected a callable.*got int 3"):
+                w.evaluate(dataset=ds, episodes_idx=[0], **{name: 3}, **run)
+        with pytest.raises(TypeError, match="success_fn= expected a callable"):
+            w.evaluate(episodes=1, success_fn="reached", progress=False)  # refused before any env runs
+        # check_start: a bare string is one key, as exclude_keys= takes it (not its characters)
+        result = w.evaluate(dataset=ds, episodes_idx=[0], check_start="state", **run)
+        assert result["num_episodes"] == 1
+
+
+@pytest.mark.parametrize("goal_key", ["is_init", "done", "terminated", "action", "reward", "next", "episode", "_reset"])
+def test_goal_key_cannot_replace_what_world_or_torchrl_writes(maze_dataset, goal_key):
+    with World("torchrl_swm/PointMaze-v0", num_envs=2, image_shape=(32, 32)) as w:
+        with pytest.raises(ValueError, match=f"goal_key={goal_key!r} is a key World or TorchRL writes"):
+            w.evaluate(dataset=maze_dataset, episodes_idx=[0], goal_offset=1, eval_budget=5, goal_key=goal_key,
+                       progress=False)
+
+
 def test_env_without_state_hook_gets_a_clear_error(tmp_path):
     pool = EnvPool([functools.partial(counting, max_length=6)] * 2, seed=0)
     world = World(pool, max_episode_steps=10)

@@ -454,12 +454,12 @@ class WorldDataset:
             raise DatasetError(
                 f"{str(self.path)!r}: unknown format {self.metadata.get('format')!r}, expected {FORMAT!r}"
             )
-        if int(self.metadata.get("version", 0)) > FORMAT_VERSION:
+        version, self.num_steps = (self._meta_int(name) for name in ("version", "num_steps"))
+        if version > FORMAT_VERSION:
             raise DatasetError(
-                f"{str(self.path)!r}: dataset format version {self.metadata['version']} is newer than this "
+                f"{str(self.path)!r}: dataset format version {version} is newer than this "
                 f"torchrl_swm reads ({FORMAT_VERSION}); upgrade torchrl-swm"
             )
-        self.num_steps = int(self.metadata.get("num_steps", 0))
         self.td: TensorDictBase | None = None
         if self.num_steps:
             storage = self.path / "storage"
@@ -485,6 +485,16 @@ class WorldDataset:
             self.td = full[: self.num_steps]
         self._episodes = None
         self._obs_keys = None
+
+    def _meta_int(self, name: str) -> int:
+        """``dataset.json``'s integer ``name`` (0 when absent); a damaged value is a DatasetError."""
+        value = self.metadata.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise DatasetError(
+                f"{str(self.path / METADATA_FILE)!r}: {name!r} must be a non-negative integer, got {value!r}; "
+                "the dataset's metadata is damaged"
+            )
+        return value
 
     def _check_storage_files(self, storage: Path) -> None:
         """Every entry ``dataset.json`` lists has its memmap file, at its full size: tensordict would load

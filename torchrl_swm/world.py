@@ -47,7 +47,7 @@ import os
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -59,7 +59,7 @@ from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from .errors import EnvError, check_int, describe
-from .introspect import step_counter_limit
+from .introspect import bookkeeping_keys, step_counter_limit
 
 __all__ = ["World", "EvalResult", "RandomPolicy", "EpisodePlan", "RESET_MODES", "SUCCESS_KEYS"]
 
@@ -320,7 +320,7 @@ def _excluded_keys(keys) -> list[tuple[str, ...]]:
         )
     out = []
     for key in keys:
-        nested = (key,) if isinstance(key, str) else tuple(key)
+        nested = (key,) if isinstance(key, str) else tuple(key) if isinstance(key, (tuple, list)) else None
         if not nested or not all(isinstance(part, str) for part in nested):
             raise TypeError(f"exclude_keys: expected str or tuple-of-str keys, got {key!r}")
         if nested[0] == "next":
@@ -332,6 +332,25 @@ def _excluded_keys(keys) -> list[tuple[str, ...]]:
             )
         out.append(nested)
     return out
+
+
+def _sequence(value, what: str, scalar: str = "") -> list:
+    """``value`` (a list, tuple, array or tensor) as a list; anything else is a TypeError naming ``what``."""
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise TypeError(f"{what}: expected {scalar}a list of values, got {describe(value)}")
+    return list(value)
+
+
+def _world_keys(env: EnvBase) -> set[str]:
+    """Root keys World or TorchRL write in the tensordict a step passes around (besides the observations)."""
+    keys = {"next", "is_init", "episode", "step_count"}
+    for group in (env.done_keys, env.reward_keys, env.action_keys):
+        keys.update(k if isinstance(k, str) else k[0] for k in group)
+    return keys
 
 
 def _as_mask(flags: np.ndarray, device) -> torch.Tensor:
@@ -715,6 +734,9 @@ class World:
         """
         if reset_mode not in RESET_MODES:
             raise ValueError(f"reset_mode: expected one of {RESET_MODES}, got {reset_mode!r}")
+        for name, fn in (("success_fn", success_fn), ("reset_options_fn", reset_options_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"evaluate: {name}= expected a callable (or None), got {describe(fn)}")
         seed = self._seed(seed)
         max_steps = self._check_limit(max_steps, "max_steps")
         extra = {}
@@ -823,10 +845,30 @@ class World:
             )
         return hook, state_keys
 
+    def _check_dataset_keys(self) -> None:
+        """Refuse env keys that the dataset's own ``"episode"`` / ``"step_count"`` entries would overwrite
+        (a ``StepCounter``'s ``"step_count"`` counts the same steps: World's value replaces it unchanged)."""
+        spec = self.env.full_observation_spec.clone()
+        spec.update(self.env.full_state_spec)
+        allowed = bookkeeping_keys(self.env)
+        keys = [(k,) if isinstance(k, str) else tuple(k) for k in spec.keys(True, True)]
+        clashes = sorted({k[0] for k in keys if k not in allowed and k[0] in ("episode", "step_count")})
+        if clashes:
+            raise ValueError(
+                f"World.collect: the env has an entry {clashes[0]!r}, which World writes in every dataset row "
+                "(\"episode\": the episode id, \"step_count\": the step in the episode) and would overwrite; "
+                "rename it (e.g. torchrl.envs.RenameTransform) before collecting"
+            )
+
     def _dataset_plans(self, dataset, episodes, episodes_idx, start_steps, goal_offset, eval_budget, seed, goal_key,
                        reset_options_fn, check_start):
         from .data import WorldDataset, load_dataset
 
+        if not isinstance(dataset, (WorldDataset, str, os.PathLike)):
+            raise TypeError(
+                f"evaluate: dataset= expected a path to a dataset or a WorldDataset (load_dataset), got "
+                f"{describe(dataset)}"
+            )
         ds = dataset if isinstance(dataset, WorldDataset) else load_dataset(dataset)
         recorded = ds.metadata.get("env")
         if (isinstance(recorded, str) and "-v" in recorded and self.env_id is not None
@@ -858,7 +900,7 @@ class World:
                 )
             idx = list(range(count))
         else:
-            idx = [check_int(i, "episodes_idx") for i in episodes_idx]
+            idx = [check_int(i, "episodes_idx") for i in _sequence(episodes_idx, "episodes_idx")]
             if episodes is not None and check_int(episodes, "episodes") != len(idx):
                 raise ValueError(
                     f"evaluate(dataset=...): episodes={episodes} but episodes_idx has {len(idx)} entries; "
@@ -869,7 +911,7 @@ class World:
         elif isinstance(start_steps, (int, np.integer)):
             starts = [check_int(start_steps, "start_steps")] * len(idx)
         else:
-            starts = [check_int(s, "start_steps") for s in start_steps]
+            starts = [check_int(s, "start_steps") for s in _sequence(start_steps, "start_steps", scalar="an int or ")]
             if len(starts) != len(idx):
                 raise ValueError(f"start_steps: expected {len(idx)} values (one per episode), got {len(starts)}")
         for m, k in enumerate(idx):
@@ -883,9 +925,17 @@ class World:
             )
         hook, declared = self._state_hook(reset_options_fn)
         env_keys = {k if isinstance(k, tuple) else (k,) for k in self.env.full_observation_spec.keys(True, True)}
+        if not isinstance(goal_key, str) or not goal_key:
+            raise TypeError(f"goal_key: expected a non-empty str, got {describe(goal_key)}")
         if (goal_key,) in env_keys or any(k[0] == goal_key for k in env_keys):
             raise ValueError(
                 f"goal_key={goal_key!r} clashes with an observation key of the env; pass another goal_key="
+            )
+        own = _world_keys(self.env)
+        if goal_key in own or goal_key.startswith("_"):
+            raise ValueError(
+                f"goal_key={goal_key!r} is a key World or TorchRL writes in the policy's tensordict (reserved: "
+                f"{sorted(own)} and '_'-prefixed masks); pass another goal_key="
             )
         goal_keys = [
             k for k in ds.observation_keys
@@ -910,8 +960,9 @@ class World:
                 check_keys = []
         elif check_start is False:
             check_keys = []
-        else:
-            check_keys = [k if isinstance(k, tuple) else (k,) for k in check_start]
+        else:  # a str is one key (as exclude_keys=); otherwise a list of keys, each a str or a tuple of str
+            keys = [check_start] if isinstance(check_start, str) else _sequence(check_start, "check_start", "True, ")
+            check_keys = [k if isinstance(k, tuple) else (k,) for k in keys]
         seeds = ds.episode_seeds
         n = self.num_envs
         plans = []
@@ -997,6 +1048,7 @@ class World:
         plans = self._plans(episodes, seed, options)
         used_policy = self.policy if policy is None else policy
         exclude_keys = _excluded_keys(exclude_keys)
+        self._check_dataset_keys()
         metadata = {
             "env": self.env_id or type(self.env).__name__,
             "env_kwargs": {
