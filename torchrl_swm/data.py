@@ -633,8 +633,10 @@ class WorldDataset:
         With ``slice_len`` and ``num_slices``, each sample holds ``num_slices``
         sub-trajectories of ``slice_len`` consecutive steps of one episode each
         (``SliceSampler(traj_key="episode")``), flat as TorchRL returns them:
-        ``batch.reshape(num_slices, slice_len)`` gives ``(batch, time, ...)``
-        Otherwise pass ``sampler=`` and
+        ``batch.reshape(num_slices, slice_len)`` gives ``(batch, time, ...)``.
+        With ``strict_length=False``, episodes shorter than ``slice_len`` give
+        shorter slices, so a sample may hold fewer rows and does not reshape
+        (TorchRL's ``split_trajectories`` pads it). Otherwise pass ``sampler=`` and
         ``batch_size=`` as for any TorchRL replay buffer.
         """
         from torchrl.data import SliceSampler, TensorDictReplayBuffer

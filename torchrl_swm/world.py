@@ -134,7 +134,9 @@ class EvalResult(Mapping):
     * ``episode_returns`` (float64), ``episode_lengths`` (int64),
       ``episode_terminated``/``episode_truncated`` (bool; truncated includes
       World's step limit), ``seeds`` (int64 seed that started each episode, or
-      ``None`` when the env does not report it), ``env_indices`` (int64).
+      ``None`` when the env does not report it; over a natively batched
+      ``VectorEnv``, one RNG for the batch, it is the seed the batch was last
+      seeded with, which does not replay the episode alone), ``env_indices`` (int64).
     * run info: ``num_episodes``, ``num_envs``, ``reset_mode``, ``seed``,
       ``max_steps`` (the effective per-episode step limit: World's, or the env's
       when smaller), ``env_time_limit`` (the env's ``TimeLimit`` or ``StepCounter``
