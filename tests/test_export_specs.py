@@ -230,3 +230,95 @@ def test_one_hot_observations_decode_to_indices():
     obs, *_ = envs.step(np.array([[0, 0], [1, 1], [1, 2]]))
     assert obs.tolist() == [0, 2, 3]
     assert isinstance(Layout(Env()).action_spec, MultiOneHot)
+
+
+@pytest.mark.parametrize("spec_dtype", [torch.bool, torch.int64, torch.uint8])
+def test_one_hot_observations_of_any_dtype_decode_to_indices(spec_dtype):
+    """TorchRL's OneHot/MultiOneHot default to bool, which torch's argmax does not take."""
+    from tensordict import TensorDict
+    from torchrl.envs import EnvBase
+
+    class Env(EnvBase):
+        def __init__(self):
+            super().__init__(batch_size=(3,))
+            self.observation_spec = Composite(
+                observation=OneHot(4, shape=(3, 4), dtype=spec_dtype),
+                pair=MultiOneHot([2, 3], shape=(3, 5), dtype=spec_dtype),
+                shape=(3,),
+            )
+            self.action_spec = Categorical(2, shape=(3,))
+            self.reward_spec = Unbounded((3, 1))
+
+        def _obs(self, index):
+            one_hot = torch.nn.functional.one_hot
+            pair = torch.cat([one_hot(index % 2, 2), one_hot(index % 3, 3)], -1)
+            return {"observation": one_hot(index, 4).to(spec_dtype), "pair": pair.to(spec_dtype)}
+
+        def _reset(self, td=None, **kwargs):
+            return TensorDict({**self._obs(torch.tensor([0, 2, 3])), "done": torch.zeros(3, 1, dtype=torch.bool)},
+                              batch_size=(3,))
+
+        def _step(self, td):
+            return TensorDict({**self._obs(torch.tensor([1, 1, 2])), "reward": torch.zeros(3, 1),
+                               "done": torch.zeros(3, 1, dtype=torch.bool)}, batch_size=(3,))
+
+        def _set_seed(self, seed):
+            pass
+
+    envs = to_gymnasium(Env(), autoreset_mode="same_step")
+    assert envs.single_observation_space["observation"] == gym.spaces.Discrete(4)
+    obs, _ = envs.reset()
+    assert obs["observation"].tolist() == [0, 2, 3] and obs["pair"].tolist() == [[0, 0], [0, 2], [1, 0]]
+    obs, *_ = envs.step(np.zeros(3, dtype=np.int64))
+    assert obs["observation"].tolist() == [1, 1, 2] and obs["pair"].tolist() == [[1, 1], [1, 1], [0, 2]]
+    assert envs.observation_space.contains(obs)
+
+
+class _OrderedDictObs(gym.Env):
+    """A Dict observation built from an OrderedDict: gymnasium keeps its order (z before a)."""
+
+    def __init__(self):
+        from collections import OrderedDict
+
+        self.observation_space = gym.spaces.Dict(OrderedDict(
+            [("z", gym.spaces.Box(-1, 1, (2,), np.float32)), ("a", gym.spaces.Discrete(3))]
+        ))
+        self.action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return {"z": np.full(2, 0.5, np.float32), "a": 1}, {}
+
+    def step(self, action):
+        self.t += 1
+        return {"z": np.full(2, -0.5, np.float32), "a": 2}, 1.0, self.t >= 3, False, {}
+
+
+@pytest.mark.parametrize("autoreset_mode", ["next_step", "same_step"])
+def test_dict_observation_key_order_and_flattening_match_sync_vector_env(autoreset_mode):
+    mode = gym.vector.AutoresetMode[autoreset_mode.upper()]
+    ref = gym.vector.SyncVectorEnv([_OrderedDictObs] * 2, autoreset_mode=mode)
+    envs = to_gymnasium(EnvPool([_OrderedDictObs] * 2, seed=0), autoreset_mode=autoreset_mode)
+    assert list(envs.single_observation_space.keys()) == list(ref.single_observation_space.keys()) == ["z", "a"]
+    assert list(envs.observation_space.keys()) == list(ref.observation_space.keys())
+    assert envs.single_observation_space.sort_keys == ref.single_observation_space.sort_keys
+    (obs, _), (want, _) = envs.reset(seed=0), ref.reset(seed=0)
+    assert np.array_equal(gym.spaces.flatten(envs.observation_space, obs),
+                          gym.spaces.flatten(ref.observation_space, want))
+    obs, *_ = envs.step(np.zeros(2, dtype=np.int64))
+    want, *_ = ref.step(np.zeros(2, dtype=np.int64))
+    assert np.array_equal(gym.spaces.flatten(envs.observation_space, obs),
+                          gym.spaces.flatten(ref.observation_space, want))
+    envs.close()
+    ref.close()
+
+
+def test_an_empty_dict_observation_key_is_refused_by_the_pool():
+    class Env(_OrderedDictObs):
+        def __init__(self):
+            super().__init__()
+            self.observation_space = gym.spaces.Dict({"": gym.spaces.Discrete(3), "x": gym.spaces.Discrete(2)})
+
+    with pytest.raises(SpecError, match=r"observation_space: Dict key '' \(at the root\) is empty"):
+        EnvPool([Env] * 2)

@@ -331,7 +331,10 @@ def test_vector_env_object_infos_that_are_not_numbers_are_skipped():
 
 def test_vector_env_keeps_info_keys_that_start_with_an_underscore():
     info = {"_raw_score": 1.5, "score": 2, "stats": {"_private": 3}}
-    serial, vector = info_pool([info] * 2, [[info]] * 2), vector_info_pool([info] * 2, [[info]] * 2)
+    with pytest.warns(UserWarning, match="start with '_'"):  # both backends warn that collectors drop them
+        serial = info_pool([info] * 2, [[info]] * 2)
+    with pytest.warns(UserWarning, match="start with '_'"):
+        vector = vector_info_pool([info] * 2, [[info]] * 2)
     keys = {"_raw_score", "score", ("stats", "_private")}
     assert set(vector.observation_spec["info"].keys(True, True)) == keys  # gymnasium's "_score" masks are not keys
     assert set(serial.observation_spec["info"].keys(True, True)) == keys
@@ -560,4 +563,74 @@ def test_unstorable_info_dtypes_are_spec_errors_naming_the_key():
     td = step(pool)
     with pytest.raises(EnvError, match=r"env 1 \(step\): info key 'x':.*10{30} is outside int64"):
         step(pool, td.clone())
+    pool.close()
+
+
+def test_info_spec_entries_may_be_composites_of_the_nested_keys():
+    from torchrl.data import Composite
+
+    episode = Composite(r=Unbounded((), dtype=torch.float64), l=Unbounded((), dtype=torch.int64))
+    final = {"episode": {"r": 7.5, "l": 3}}
+    for spec in ({"episode": episode}, Composite(episode=episode)):
+        pool = info_pool([{}] * 2, [[{}, final]] * 2, info_spec=spec)
+        assert set(pool.observation_spec["info"].keys(True, True)) == {("episode", "r"), ("episode", "l")}
+        out = step(pool, step(pool).clone())
+        assert out["info", "episode", "r"].view(-1).tolist() == [7.5, 7.5]
+        assert out["info", "episode", "l"].dtype == torch.int64 and out["info_mask", "episode", "r"].all()
+        pool.close()
+    with pytest.raises(SpecError, match=r"info_spec\['episode'\]: expected per-env value shapes, got a Composite "
+                                        r"with batch shape \(2,\)"):
+        info_pool([{}] * 2, [[{}]] * 2, info_spec={"episode": Composite(r=Unbounded((2,)), shape=(2,))})
+
+
+def test_a_non_tensor_info_spec_is_refused_naming_the_key():
+    from torchrl.data import NonTensor
+
+    with pytest.raises(SpecError, match=r"info_spec\['name'\]: a NonTensor spec declares a non-numeric value"):
+        info_pool([{}] * 2, [[{"name": "level-1"}]] * 2, info_spec={"name": NonTensor(shape=())})
+
+
+def test_a_declared_info_spec_keeps_its_class_and_bounds():
+    from torchrl.data import Bounded, Categorical
+
+    spec = {"frac": Bounded(0.0, 1.0, shape=(2,), dtype=torch.float32), "level": Categorical(5, dtype=torch.int64)}
+    pool = info_pool([{"frac": np.zeros(2, np.float32), "level": 0}] * 2, [[{"frac": np.ones(2, np.float32) / 2,
+                                                                            "level": 3}]] * 2, info_spec=spec)
+    frac, level = pool.observation_spec["info", "frac"], pool.observation_spec["info", "level"]
+    assert isinstance(frac, Bounded) and frac.shape == (2, 1, 2)
+    assert frac.space.low.min() == 0.0 and frac.space.high.max() == 1.0
+    assert isinstance(level, Categorical) and level.shape == (2, 1) and level.space.n == 5
+    out = step(pool)
+    assert out["info", "frac"].view(-1).tolist() == [0.5] * 4 and out["info", "level"].view(-1).tolist() == [3, 3]
+    pool.close()
+
+
+def test_an_empty_info_key_is_refused_naming_it():
+    with pytest.raises(SpecError, match=r"info key '' has an empty part ''"):
+        info_pool([{"": 1.0}] * 2, [[{"": 1.0}]] * 2)
+    with pytest.raises(SpecError, match=r"info key \('stats', ''\) has an empty part"):
+        info_pool([{"stats": {"": 1.0}}] * 2, [[{"stats": {"": 1.0}}]] * 2)
+    # left out with info_keys=, it is not recorded and not an error
+    pool = info_pool([{"": 1.0, "x": 2}] * 2, [[{"": 1.0, "x": 3}]] * 2, info_keys=["x"])
+    assert step(pool)["info", "x"].view(-1).tolist() == [3, 3]
+    pool.close()
+
+
+def test_underscore_info_keys_warn_that_collectors_drop_them():
+    from torchrl.collectors import Collector
+
+    info = {"_raw": 1.5, "public": 2.0, "stats": {"_inner": 3.0}}
+    with pytest.warns(UserWarning, match=r"info keys '_raw', \('stats', '_inner'\) start with '_'.*collectors "
+                                         r"drop") as record:
+        pool = info_pool([info] * 2, [[info]] * 2)
+    assert record[0].filename == __file__  # it points at the user's line, not inside the package
+    collector = Collector(pool, policy=None, frames_per_batch=4, total_frames=4)
+    batch = next(iter(collector))
+    collector.shutdown()
+    assert set(batch["next", "info"].keys(True, True)) == {"public"}  # what the warning says: TorchRL drops them
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        info_pool([info] * 2, [[info]] * 2, info_keys=["public"]).close()  # left out: no warning
     pool.close()

@@ -115,3 +115,47 @@ def test_frames_that_are_not_uint8_rgb_are_refused_in_both_layouts(tmp_path, lay
         else:
             recorder.start_episode(0, 0, frames[0])
     recorder.close()
+
+
+class _FractionalFpsEnv:
+    """A rendering env whose metadata asks for a fractional frame rate."""
+
+    def __new__(cls, fps):
+        import gymnasium as gym
+        import numpy as np
+
+        class Env(gym.Env):
+            metadata = {"render_modes": ["rgb_array"], "render_fps": fps}
+            observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+            action_space = gym.spaces.Discrete(2)
+
+            def __init__(self):
+                self.render_mode = "rgb_array"
+
+            def reset(self, *, seed=None, options=None):
+                super().reset(seed=seed)
+                self.t = 0
+                return np.zeros(1, np.float32), {}
+
+            def step(self, action):
+                self.t += 1
+                return np.zeros(1, np.float32), 0.0, self.t >= 5, False, {}
+
+            def render(self):
+                return np.full((8, 8, 3), 20 * self.t, np.uint8)
+
+        return Env()
+
+
+@pytest.mark.parametrize("fps", [12.5, 0.5])
+def test_videos_keep_a_fractional_render_fps(tmp_path, fps):
+    import imageio
+
+    world = World(EnvPool([functools.partial(_FractionalFpsEnv, fps)] * 2, pixels=True, seed=0))
+    world.evaluate(2, seed=0, video=tmp_path, progress=False)
+    reader = imageio.get_reader(tmp_path / "episode_00000.mp4")
+    meta = reader.get_meta_data()
+    reader.close()
+    world.close()
+    assert meta["fps"] == pytest.approx(fps)
+    assert meta["duration"] == pytest.approx(6 / fps, rel=0.05)  # the reset frame + 5 steps, as the env plays them

@@ -103,6 +103,23 @@ def check_indices(indices, n: int, what: str = "indices") -> list[int]:
     return out
 
 
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning point at the first caller outside this package and
+    TorchRL (whose env metaclass calls ``__init__``): the user's line, however deep the warning is raised."""
+    import os
+    import sys
+
+    packages = tuple(
+        os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+        for module in (sys.modules[__package__], sys.modules.get("torchrl"))
+        if module is not None and getattr(module, "__file__", None)
+    )
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(packages):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 class EnvError(RuntimeError):
     """A sub-environment failed or produced data that does not fit the pool.
 

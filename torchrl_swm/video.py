@@ -115,11 +115,11 @@ class VideoRecorder:
         self._last: np.ndarray | None = None
 
     # -- called by World ----------------------------------------------------------------------
-    def bind(self, num_envs: int, fps: int | None) -> None:
+    def bind(self, num_envs: int, fps: float | None) -> None:
         """Called once by World before the run."""
         self.num_envs = num_envs
         if self.fps is None:
-            self.fps = int(fps) if fps else 30
+            self.fps = float(fps) if fps and fps > 0 else 30  # fractional, as gymnasium's RecordVideo keeps it
 
     def _open(self, path: Path):
         return self.imageio.get_writer(

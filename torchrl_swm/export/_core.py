@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -205,9 +206,11 @@ class Leaf:
         if kind == "start":
             return self._add_start(value)
         if kind == "multi_one_hot":
+            if value.dtype is torch.bool:
+                value = value.to(torch.uint8)  # torch has no argmax for bool
             value = torch.stack([p.argmax(-1) for p in value.split(self._split, dim=-1)], -1)
         elif kind == "one_hot":
-            value = value.argmax(-1)
+            value = (value if value.dtype is not torch.bool else value.to(torch.uint8)).argmax(-1)  # no bool argmax
         elif kind == "squeeze":
             value = value.squeeze(-len(self.spec.shape) - 1)
         if self._start is not None:
@@ -271,7 +274,10 @@ def _info_leaf(key: Key, spec: TensorSpec, squeeze: bool, name: str) -> Leaf:
     return Leaf(key, path, spec, None, dtype, squeeze)
 
 
-def _nest_space(leaves: Sequence[Leaf]) -> gym.spaces.Dict:
+def _nest_space(leaves: Sequence[Leaf], template: gym.Space | None = None) -> gym.spaces.Dict:
+    """The leaves' spaces as a (nested) Dict in their order. ``template``: the pool's own Dict
+    observation space, whose ``sort_keys`` each Dict copies, so that ``batch_space`` orders the
+    batched space's keys exactly as on gymnasium's own vector envs."""
     tree: dict = {}
     for leaf in leaves:
         node = tree
@@ -279,11 +285,17 @@ def _nest_space(leaves: Sequence[Leaf]) -> gym.spaces.Dict:
             node = node.setdefault(part, {})
         node[leaf.path[-1]] = leaf.space
 
-    def build(node):
-        # the env's key order (gymnasium would sort a plain dict's keys: flattening would change layout)
-        return gym.spaces.Dict({k: build(v) if isinstance(v, dict) else v for k, v in node.items()}, sort_keys=False)
+    def build(node, like):
+        items = OrderedDict(
+            (k, build(v, like[k] if isinstance(like, gym.spaces.Dict) and k in like.spaces else None)
+             if isinstance(v, dict) else v)
+            for k, v in node.items()
+        )
+        # the env's key order (an OrderedDict: gymnasium would sort a plain dict's keys and change the layout
+        # flattening gives), and the env's sort_keys, which batch_space applies to the batched space
+        return gym.spaces.Dict(items, sort_keys=like.sort_keys if isinstance(like, gym.spaces.Dict) else False)
 
-    return build(tree)
+    return build(tree, template)
 
 
 def nest(leaves: Sequence[Leaf], values: Sequence) -> dict:
@@ -528,7 +540,8 @@ class Layout:
         if self.single_leaf:
             self.single_observation_space = self.obs_leaves[0].space
         else:
-            self.single_observation_space = _nest_space(self.obs_leaves)
+            pool_space = None if self._pool is None else self._pool.single_observation_space
+            self.single_observation_space = _nest_space(self.obs_leaves, pool_space)
 
     def _select(self, spec: Composite, leaves: list[Key], wanted, what) -> list[Key]:
         out = []

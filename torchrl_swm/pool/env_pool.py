@@ -154,8 +154,10 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         info_keys: record only these info keys: one key (a string, or a tuple for a nested key, as
             TorchRL reads keys) or a list of them.
         info_spec: declared info specs ``{key: spec or example value}`` (value
-            shape, no batch or time dim); they override inferred ones, and
-            declared keys get an ``("info_mask", key)`` presence mask.
+            shape, no batch or time dim; a ``Composite`` declares the keys nested
+            under it); they override inferred ones, a declared spec is kept as
+            declared (a ``Bounded`` keeps its bounds), and declared keys get an
+            ``("info_mask", key)`` presence mask.
 
             Info keys are otherwise inferred at construction: every env is reset
             and stepped once with a random action (a legal one when a ``Discrete``

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import EnvError, SpecError, describe
+from ..errors import EnvError, SpecError, describe, user_stacklevel
 
 # torch and torchrl are imported where needed: worker processes write infos
 # with this module and start faster without them.
@@ -333,10 +333,12 @@ def _key_str(key: Key) -> str:
 
 @dataclass(frozen=True)
 class InfoLeaf:
-    """One recorded info key: the shape and dtype of a single env's value."""
+    """One recorded info key: the shape and dtype of a single env's value, and the TorchRL spec
+    declared for it with ``info_spec=`` (kept as declared, bounds included; ``None`` when inferred)."""
 
     shape: tuple[int, ...]
     dtype: np.dtype
+    declared: object = None
 
 
 class InfoSchema:
@@ -434,6 +436,7 @@ class InfoSchema:
         masked = {key for key in leaves if key in declared or reported.get(key, 0) < len(probes)}
         if chosen_keys is None:
             _check_nesting(leaves, first_seen)
+            _check_key_names(leaves)
             return cls(leaves, masked=masked)
         chosen = {}
         for key in chosen_keys:
@@ -446,6 +449,7 @@ class InfoSchema:
                 )
             chosen.update(matches)
         _check_nesting(chosen, first_seen)
+        _check_key_names(chosen)
         return cls(chosen, selected=True, masked=masked)
 
     def spec(self, num_envs: int, device=None):
@@ -457,9 +461,13 @@ class InfoSchema:
         spec = Composite(shape=(num_envs,), device=device)
         for key, leaf in self.leaves.items():
             check_storable(leaf.dtype, f"info key {_key_str(key)}", info_key=_key_str(key))
-            spec[key] = Unbounded(
-                shape=(num_envs, 1, *leaf.shape), dtype=torch_dtype(leaf.dtype), device=device
-            )
+            if leaf.declared is not None:
+                declared = leaf.declared.expand(num_envs, 1, *leaf.shape)
+                spec[key] = declared if device is None else declared.to(device)
+            else:
+                spec[key] = Unbounded(
+                    shape=(num_envs, 1, *leaf.shape), dtype=torch_dtype(leaf.dtype), device=device
+                )
         return spec
 
     def mask_spec(self, num_envs: int, device=None):
@@ -481,6 +489,29 @@ class InfoSchema:
         out = {("info", *key): ((num_envs, 1, *leaf.shape), leaf.dtype) for key, leaf in self.leaves.items()}
         out.update({(INFO_MASK_KEY, *key): ((num_envs, 1), np.dtype(bool)) for key in self.masked})
         return out
+
+
+def _check_key_names(leaves: Mapping[Key, InfoLeaf]) -> None:
+    """An empty key cannot be a TorchRL spec key (refused); a ``"_"``-prefixed one is recorded, but TorchRL's
+    collectors drop every key with such a part as private (warned: rollout() keeps it, a Collector would not)."""
+    for key in leaves:
+        if any(part == "" for part in key):
+            raise SpecError(
+                f"info key {_key_str(key)} has an empty part '', which a TorchRL Composite spec cannot hold as a "
+                "key; rename it in the env (e.g. a gymnasium wrapper) or leave it out with info_keys=[...]"
+            )
+    private = [key for key in leaves if any(part.startswith("_") for part in key)]
+    if private:
+        import warnings
+
+        warnings.warn(
+            f"info keys {', '.join(_key_str(k) for k in private)} start with '_': the pool records them (rollout() has "
+            "them), but TorchRL's collectors drop every key with a '_'-prefixed part as private, so a Collector's "
+            "output would lack them. Rename them in the env (a gymnasium wrapper) to keep them there, or leave them "
+            "out with info_keys=[...] to silence this.",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
 
 
 def _origin_text(origin: tuple[int, str] | None) -> str:
@@ -559,23 +590,30 @@ def needs_step_probe(info_keys, info_spec) -> bool:
 def _declared(info_spec) -> dict[Key, InfoLeaf]:
     if info_spec is None:
         return {}
-    from torchrl.data import Composite, TensorSpec
+    from torchrl.data import Composite, NonTensor, TensorSpec
 
     from ..specs import numpy_dtype
 
-    if isinstance(info_spec, Composite):
-        if info_spec.shape:
+    def composite_items(composite, prefix):  # a Composite, at the root or as an entry, holds per-env leaves
+        if composite.shape:
+            where = f"info_spec[{_key_str(prefix)}]" if prefix else "info_spec"
             raise SpecError(
-                f"info_spec: expected per-env value shapes, got a Composite with batch shape {tuple(info_spec.shape)} "
+                f"{where}: expected per-env value shapes, got a Composite with batch shape {tuple(composite.shape)} "
                 "(a pool's observation_spec['info'] has shape (N, 1, *value_shape)). Declare each key without the "
                 "batch and time dims, e.g. info_spec={'x': Unbounded((), dtype=torch.float32)}."
             )
-        items = [(k if isinstance(k, tuple) else (k,), v) for k, v in info_spec.items(True, True)]
+        for k, v in composite.items(True, True):
+            yield (*prefix, *(k if isinstance(k, tuple) else (k,))), v
+
+    if isinstance(info_spec, Composite):
+        items = list(composite_items(info_spec, ()))
     elif isinstance(info_spec, Mapping):
         def flat(mapping, prefix):  # {"episode": {"r": 0.0}} is ("episode", "r"), as the info nests it
             for k, v in mapping.items():
                 key = (*prefix, *((k,) if isinstance(k, str) else tuple(k)))
-                if isinstance(v, Mapping) and not isinstance(v, Composite):
+                if isinstance(v, Composite):
+                    yield from composite_items(v, key)
+                elif isinstance(v, Mapping):
                     yield from flat(v, key)
                 else:
                     yield key, v
@@ -585,6 +623,12 @@ def _declared(info_spec) -> dict[Key, InfoLeaf]:
         raise SpecError(f"info_spec: expected a Composite or a mapping of key -> spec, got {type(info_spec).__name__}")
     out = {}
     for key, spec in items:
+        if isinstance(spec, NonTensor):
+            raise SpecError(
+                f"info_spec[{_key_str(key)}]: a NonTensor spec declares a non-numeric value (a string, an object), "
+                "which the pool does not record (its info buffers hold numbers; such values are skipped): leave "
+                "the key out of info_spec"
+            )
         if isinstance(spec, TensorSpec):
             try:
                 dtype = numpy_dtype(spec.dtype)
@@ -593,7 +637,7 @@ def _declared(info_spec) -> dict[Key, InfoLeaf]:
                     f"info_spec[{_key_str(key)}]: dtype {spec.dtype} has no numpy equivalent, and the pool's info "
                     "buffers are numpy arrays; declare torch.float32 (which holds bfloat16 and float8 values exactly)"
                 ) from err
-            out[key] = InfoLeaf(tuple(spec.shape), dtype)
+            out[key] = InfoLeaf(tuple(spec.shape), dtype, spec.clone())
             continue
         array = numeric_value(spec)
         if array is None:

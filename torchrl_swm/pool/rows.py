@@ -56,6 +56,11 @@ def observation_leaves(space: gym.Space, prefix: Key = ()) -> dict[Key, gym.Spac
                     f"observation_space: Dict key {key!r} clashes with a key the pool writes itself "
                     f"({sorted(RESERVED_KEYS)}); rename it in a gymnasium wrapper."
                 )
+            if str(key) == "":
+                raise SpecError(
+                    f"observation_space: Dict key {key!r} (at {prefix or 'the root'}) is empty, which a TorchRL "
+                    "Composite spec cannot hold as a key; rename it in a gymnasium wrapper."
+                )
             if str(key).startswith("_"):
                 raise SpecError(
                     f"observation_space: Dict key {key!r} (at {(*prefix, str(key))}) starts with '_': the pool keeps "
