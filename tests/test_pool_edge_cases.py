@@ -1223,6 +1223,50 @@ def test_process_backend_frozen_rows_report_zero_reward_after_an_interrupted_ste
         signal.signal(signal.SIGINT, previous)
 
 
+class SlowFailingEnv(SlowEnv):
+    """A SlowEnv whose first step after the probe sleeps ``delay`` seconds, then raises (once)."""
+
+    failed = False
+
+    def step(self, action):
+        if not self.probing and not self.failed:
+            self.failed = True
+            time.sleep(self.delay)
+            raise ValueError("transient failure")
+        return super().step(action)
+
+
+@pytest.mark.parametrize("raises", ["before", "after"])
+def test_process_backend_an_env_error_in_an_interrupted_step_is_raised_by_the_next_command(raises):
+    # env 3 (worker 1) raises in the step a Ctrl-C interrupts: its reply comes before the interrupt (the other
+    # worker's envs are slow) or after it (it is slow itself). Either way the next command raises it, never
+    # stepping on as if env 3 were fine
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    slow, failing = (1.0, 0.0) if raises == "before" else (0.0, 1.0)
+    fns = [functools.partial(SlowEnv, slow)] * 2 + [SlowEnv, functools.partial(SlowFailingEnv, failing)]
+    try:
+        with _process_pool(fns, 2) as pool:
+            td = pool.reset()
+            td["action"] = torch.zeros(4, dtype=torch.int64)
+            timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                pool.step(td)
+                time.sleep(3)  # (a signal that came late lands here, not in pytest)
+            timer.cancel()
+            time.sleep(1.5)  # every worker has finished the interrupted step
+            with pytest.raises(EnvError, match=r"env 3 \(step\): ValueError: transient failure") as err:
+                pool.step(td)
+            assert "interrupted" in "\n".join(err.value.__notes__)
+            assert err.value.env_index == 3
+            pool.set_attr("delay", 0.0)  # reported once, before anything was sent: the pool goes on
+            out = pool.step(td)
+            # envs 0-2 stepped in the interrupted step and in this one; env 3 failed its first, stepped now
+            assert out["next", "observation"].view(-1).tolist() == [2.0, 2.0, 2.0, 1.0]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_an_out_of_date_id_warns_as_gym_make_does():
     # the factories carry the resolved EnvSpec: gym.make(spec) would skip gym.make(id)'s version check
     with pytest.warns(Warning, match="CartPole-v0 is out of date"):

@@ -275,3 +275,18 @@ def test_per_episode_seeds_wrap_below_2_63_instead_of_overflowing(n):
         assert seeds_of(td) == expected
         assert [env.last_seed for env in pool.envs] == expected  # what the envs were really reset with
     pool.close()
+
+
+def test_unseeded_pools_draw_their_base_seed_from_the_whole_seed_range():
+    # pools seeded by chance use consecutive seeds from their base, one per episode: 32 bits of entropy let
+    # many pools running millions of episodes replay each other's (5 % of 16-pool runs at 1e6 episodes each)
+    from torchrl_swm.pool.seeding import SeedSchedule
+
+    n = 7
+    bases = [int(SeedSchedule(n).base[0]) for _ in range(200)]
+    assert max(bases) > 2**40 and len(set(bases)) == 200
+    assert all(b + n - 1 <= 2**63 - 1 for b in bases)  # every env's seed is valid
+    pool = EnvPool("CartPole-v1", num_envs=n)
+    seeds = pool.reset()["episode_seed"].view(-1).tolist()
+    assert seeds == list(range(seeds[0], seeds[0] + n))
+    pool.close()

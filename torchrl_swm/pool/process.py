@@ -162,6 +162,7 @@ class ProcessBackend:
         self.num_envs = n
         self.slices = _split(n, num_workers)
         self._owed: dict[int, int] = {}  # worker -> replies still owed to an interrupted command
+        self._late_error: EnvError | None = None  # an env's error in an interrupted command, raised by the next
         self._shm = None
         self._action_buf = None
         ctx = mp.get_context(start_method)
@@ -282,9 +283,20 @@ class ProcessBackend:
                     if err.phase == "drain (timed out)":
                         stuck.append(w)
                         break
-                    # else the interrupted command's own error, or a dead worker (the next command sees it)
+                    if err.env_index is not None and self._late_error is None:
+                        self._late_error = err  # an env raised in the interrupted command (a dead worker: the
+                        # next send sees it)
             if w not in stuck:
                 self._owed.pop(w, None)
+        late, self._late_error = self._late_error, None
+        if late is not None:
+            late.add_note(
+                "raised in a command that a KeyboardInterrupt interrupted; reported by the next command, which was "
+                "not sent: that env's state is unknown, reset it"
+            )
+            if timeout is None:
+                raise late
+            warnings.warn(f"closing the pool: {late}", RuntimeWarning, stacklevel=3)  # close() goes on
         return stuck
 
     def _dead(self, w: int) -> EnvError:
@@ -322,6 +334,13 @@ class ProcessBackend:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             self._wait_replies(pending, sentinels, replies, errors, phase, deadline)
+        except BaseException:
+            # interrupted: an env error already received is the command's outcome too; the next command
+            # raises it (_drain_owed), never drops it
+            env_errors = [errors[w] for w in sorted(errors) if errors[w].env_index is not None]
+            if env_errors and not collect and self._late_error is None:
+                self._late_error = env_errors[0]
+            raise
         finally:
             for w in pending.values():  # interrupted or past the deadline: their replies will come, for no one
                 self._owed[w] = self._owed.get(w, 0) + 1

@@ -143,7 +143,10 @@ class SeedSchedule:
     def set(self, seed: int | None) -> None:
         """Restart every env's schedule at ``seed + i`` (OS entropy when ``None``)."""
         if seed is None:
-            seed = int(np.random.SeedSequence().generate_state(1, dtype=np.uint32)[0])
+            # 63 bits of OS entropy (the seed range): pools seeded by chance use consecutive seeds, one per episode,
+            # so with 32 bits, many pools running millions of episodes would replay each other's episodes
+            entropy = int(np.random.SeedSequence().generate_state(1, dtype=np.uint64)[0])
+            seed = entropy % (_MAX_SEED + 2 - self.num_envs)  # seed + num_envs - 1 stays a valid seed
         self.base[:] = broadcast_seeds(seed, self.num_envs)
         self.count[:] = 0
 
