@@ -2337,3 +2337,80 @@ def test_row_selects_keep_the_graph_of_a_differentiable_state():
     old.grad = None
     _tree.zero_rows(mask, old).sum().backward()
     assert torch.equal(old.grad, (~mask).expand(600, 64).float())
+
+
+def test_reset_fn_gets_the_env_seed_at_the_first_reset_after_seeding():
+    # as a gymnasium env's reset gets it: seed= / set_seed reach the next reset_fn call once, then None;
+    # reset(seed=) wins. A reset_fn sampling with np.random.default_rng(seed) is then reproducible
+    seen = []
+
+    def reset_fn(seed, options, num_envs):
+        seen.append(seed)
+        return torch.as_tensor(np.random.default_rng(seed).normal(size=(num_envs, 4)), dtype=torch.float32)
+
+    def start(env, **kwargs):
+        return env.reset(**kwargs)["observation"]
+
+    make = functools.partial(WorldModelEnv, NoisyModel(), BOX4, FORCE, num_envs=3, reset_fn=reset_fn)
+    a, b = make(seed=7), make(seed=7)
+    assert torch.equal(start(a), start(b)) and seen == [7, 7]
+    start(a)
+    assert seen[-1] is None  # later resets continue, as gymnasium's reset(seed=None)
+    a.set_seed(11)
+    b.set_seed(11)
+    assert torch.equal(start(a), start(b)) and seen[-2:] == [11, 11]
+    start(a, seed=3)
+    assert seen[-1] == 3
+    # a partial reset after seeding gets it too (the rows it restarts)
+    a.set_seed(5)
+    td = a.reset()
+    assert seen[-1] == 5
+    td["_reset"] = torch.tensor([[True], [False], [False]])
+    a.reset(td)
+    assert seen[-1] is None
+    unseeded = make(seed=None)
+    start(unseeded)
+    assert seen[-1] is None
+
+
+def test_adapters_without_a_readable_signature_get_the_arguments_without_the_model():
+    # C builtins (torch.tanh), TorchScript functions and torch.compile'd modules: none takes the model
+    action_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    env = make_world_model_env(PointMass(), BOX4, action_space, num_envs=3, initial_state=torch.zeros(4),
+                               action_transform_fn=torch.tanh, seed=0)
+    td = env.reset()
+    td["action"] = torch.full((3, 2), 0.5)
+    assert env.step(td)["next", "observation"].shape == (3, 4)
+
+    class Step(nn.Module):
+        def forward(self, state, action):
+            nxt = state + action.sum(-1, keepdim=True)
+            return nxt, nxt, torch.ones(state.shape[0])  # (state, obs, reward)
+
+    scripted = torch.jit.script(Step())
+    for transition in (scripted, torch.compile(Step(), backend="eager")):
+        env = WorldModelEnv(object(), BOX4, FORCE, num_envs=3, initial_state=torch.zeros(4),
+                            transition_fn=transition, seed=0)
+        td = env.reset()
+        td["action"] = torch.ones(3, 2)
+        out = env.step(td)["next"]
+        assert out["observation"][:, 0].tolist() == [2.0, 2.0, 2.0] and out["reward"].view(-1).tolist() == [1.0] * 3
+    # a builtin that cannot take these arguments: an AdapterError naming the role, not a bare TypeError
+    env = WorldModelEnv(PointMass(), BOX4, FORCE, num_envs=3, initial_state=torch.zeros(4), transition_fn=torch.tanh)
+    td = env.reset()
+    td["action"] = torch.ones(3, 2)
+    with pytest.raises(AdapterError, match=r"transition_fn \S*tanh\(\.\.\.\) called as transition_fn\(state, action\) "
+                                           r"\(its signature cannot be read.*raised TypeError"):
+        env.step(td)
+
+
+def test_max_episode_steps_takes_numpy_integers_and_names_a_bad_value():
+    for steps in (np.int64(5), torch.tensor(5)):
+        env = make_world_model_env(PointMass(), BOX4, FORCE, num_envs=2, initial_state=torch.zeros(4),
+                                   max_episode_steps=steps)
+        rollout = env.rollout(6, break_when_any_done=False)
+        assert rollout["next", "truncated"][:, 4].all() and not rollout["next", "truncated"][:, :4].any()
+    with pytest.raises(TypeError, match=r"max_episode_steps: expected an int, got float 2.5"):
+        make_world_model_env(PointMass(), BOX4, FORCE, num_envs=2, initial_state=torch.zeros(4), max_episode_steps=2.5)
+    with pytest.raises(ValueError, match=r"max_episode_steps: expected an int >= 1, got 0"):
+        make_world_model_env(PointMass(), BOX4, FORCE, num_envs=2, initial_state=torch.zeros(4), max_episode_steps=0)

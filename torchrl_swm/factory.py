@@ -178,12 +178,14 @@ def make_env(target, backend: str = "auto", **kwargs):
         >>> pool.close()
         >>> def transition(state, action):                                  # a toy world model
         ...     state = torch.tanh(state + action)
-        ...     done = state[:, 0] > 0.99
+        ...     done = state[:, 0] > 0.9
         ...     return state, state, state.sum(-1), done, torch.zeros_like(done), {}
         >>> env = make_env(None, backend="wm", transition_fn=transition, observation_space=gym.spaces.Box(-1, 1, (2,)),
-        ...                action_space=gym.spaces.Box(-1, 1, (2,)), initial_state=torch.zeros(2), num_envs=64)
-        >>> env.rollout(10, break_when_any_done=False).batch_size
-        torch.Size([64, 10])
+        ...                action_space=gym.spaces.Box(-1, 1, (2,)), initial_state=torch.zeros(2), num_envs=64,
+        ...                seed=0)
+        >>> rollout = env.rollout(10, break_when_any_done=False)  # done rows restart, the others go on
+        >>> rollout.batch_size, bool(rollout["next", "done"].any()), bool(rollout["next", "done"].all())
+        (torch.Size([64, 10]), True, False)
     """
     name = _normalize(backend)
     if name == "auto":

@@ -127,13 +127,46 @@ def _name(fn) -> str:
 
 def _signature(fn) -> inspect.Signature | None:
     target = fn
+    if isinstance(fn, functools.partial) and isinstance(fn.func, (torch.jit.ScriptFunction, torch.nn.Module)):
+        sig = _signature(fn.func)  # inspect cannot read these through a partial: bind the partial's arguments
+        if sig is None:
+            return None
+        try:
+            return inspect.signature(functools.partial(_stand_in(sig), *fn.args, **fn.keywords))
+        except (TypeError, ValueError):
+            return None
+    if isinstance(fn, torch.jit.ScriptFunction):
+        return _schema_signature(fn.schema.arguments)
+    if isinstance(fn, torch.jit.ScriptModule):
+        return _schema_signature(fn.forward.schema.arguments[1:])  # without self
     if isinstance(fn, torch.nn.Module):
-        # nn.Module.__call__ is (*args, **kwargs): read forward's signature, call the module.
-        target = fn.forward
+        # nn.Module.__call__ is (*args, **kwargs): read forward's signature, call the module (torch.compile's
+        # OptimizedModule: the compiled module's forward)
+        target = getattr(fn, "_orig_mod", fn).forward
     try:
         return inspect.signature(target)
     except (TypeError, ValueError):
         return None
+
+
+def _schema_signature(arguments) -> inspect.Signature:
+    """A TorchScript schema's arguments as an ``inspect.Signature`` (names and which have defaults)."""
+    kinds = inspect.Parameter
+    return inspect.Signature([
+        kinds(a.name, kinds.KEYWORD_ONLY if a.kwarg_only else kinds.POSITIONAL_OR_KEYWORD,
+              default=None if a.has_default_value() else kinds.empty)
+        for a in arguments
+    ])
+
+
+def _stand_in(sig: inspect.Signature):
+    """A plain function with signature ``sig``, for ``inspect`` to apply a partial's arguments to."""
+
+    def stand_in(*args, **kwargs):
+        pass
+
+    stand_in.__signature__ = sig
+    return stand_in
 
 
 class Bound:
@@ -216,9 +249,12 @@ def bind(
     name = _name(fn)
     accepted = "; ".join(f"{role}({', '.join(f)})" for f in forms)
     if sig is None:
-        # No signature (some builtins / C extensions): use the first form, the seed's convention.
-        form = forms[0]
-        return _make(fn, role, name, "(...)", form, args, model, {})
+        # No signature to read (a C builtin such as torch.tanh): it cannot know the model, so it gets the role's
+        # arguments alone; a call that then fails names the adapter and the convention chosen
+        form = args
+        bound = _make(fn, role, name, "(...)", form, args, model, {})
+        bound.call = _Unread(bound.call, bound.description, accepted, args)
+        return bound
     params = list(sig.parameters.values())
     kinds = inspect.Parameter
     extra_names = [
@@ -317,6 +353,24 @@ def _make(fn, role, name, sig_text, form, args, model, extras) -> Bound:
     shown = (*form, *(f"{k}=..." for k in (*call_extras, *per_call)))
     description = f"{role} {name}{sig_text} called as {role}({', '.join(shown)})"
     return Bound(call, form, tuple(per_call), description, fn)
+
+
+class _Unread:
+    """An adapter whose signature could not be read, called as chosen; a TypeError (the wrong number or kind of
+    arguments, most likely) is re-raised naming the adapter and the calling conventions. Picklable."""
+
+    def __init__(self, fn, description: str, accepted: str, args: Sequence[str]):
+        self.fn, self.description, self.accepted, self.args = fn, description, accepted, tuple(args)
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return self.fn(*args, **kwargs)
+        except TypeError as err:
+            raise AdapterError(
+                f"{self.description} (its signature cannot be read, so it gets the arguments without the model) "
+                f"raised {type(err).__name__}: {err}. Accepted calling conventions: {self.accepted}; wrap it in a "
+                f"function with named parameters, e.g. lambda {', '.join(self.args)}: ..."
+            ) from err
 
 
 class _Prefix:

@@ -399,8 +399,11 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             draws from the reset generator), or the observation itself when there is no encoder
             (a Dict observation in its nested form, as steps give it).
         reset_fn: ``reset_fn([model,] seed, options)`` (prefixes such as ``reset_fn(model)`` are
-            accepted). Keyword extras ``num_envs`` (rows being reset), ``mask`` (bool ``(N,)``; in a
-            batch-unlocked env every row is started, so it is all True) and ``generator`` (the
+            accepted). ``seed`` is ``reset(seed=)``'s, else the env's seed (``seed=``, ``set_seed``)
+            at the first reset after it, as a gymnasium env's ``reset`` gets it, else ``None``: a
+            reset_fn that draws at every reset takes ``generator=``. Keyword extras ``num_envs``
+            (rows being reset), ``mask`` (bool ``(N,)``; in a batch-unlocked env every row is
+            started, so it is all True) and ``generator`` (the
             env's :attr:`reset_generator`) are passed when declared. Returns one of the seed's
             reset forms (``obs``, ``(obs, info)``, ``(state, obs)``, ``(state, obs, info)``, a
             mapping), either unbatched (broadcast to the reset rows, info values included) or batched with exactly the
@@ -1466,8 +1469,12 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             kwargs["num_envs"] = k
         if "mask" in bound.extras:
             kwargs["mask"] = mask
-        # options: {} when none were given, as the seed design's reset (a fresh one: a reset_fn may write to it);
-        # grad mode: the reset's (see _graph_free)
+        # seed: reset(seed=)'s, else the env's seed (seed= / set_seed) once, at the first reset after it, as a
+        # gymnasium env gets it; options: {} when none were given, as the seed design's reset (a fresh one: a
+        # reset_fn may write to it); grad mode: the reset's (see _graph_free)
+        if seed is None:
+            seed = self._reset_fn_seed
+        self._reset_fn_seed = None
         result = bound.call(seed, {} if options is None else options, **kwargs)
         where = bound.description
         form, state, obs, info = split_reset(result, where, self._obs_keys)
@@ -1722,11 +1729,12 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         return TensorDict._new_unsafe(source, batch_size=torch.Size(bs), device=self.device)
 
     def _set_seed(self, seed: int | None) -> None:
+        self._reset_fn_seed = None if seed is None else _check_seed(seed)  # handed to reset_fn's next call
         if seed is None:
             self._generator.seed()
             self._reset_generator.seed()
         else:
-            seed = _generator_seed(_check_seed(seed))  # checked before any generator changes
+            seed = _generator_seed(self._reset_fn_seed)  # checked before any generator changes
             self._generator.manual_seed(seed)
             self._reset_generator.manual_seed((seed + _RESET_STREAM) % 2**64)  # a stream of its own
         # start_states entries: per-row counters from a key drawn from the reset stream (see _start_indices)

@@ -27,7 +27,7 @@ from tensordict import TensorDictBase
 from torchrl.data import Bounded, Composite, TensorSpec, Unbounded
 from torchrl.envs import Compose, StepCounter, Transform, TransformedEnv
 
-from ..errors import describe
+from ..errors import check_int, describe
 from ..masks import row_mask
 from ..specs import as_spec, batch_spec
 from . import _tree
@@ -573,8 +573,7 @@ def make_world_model_env(
     if terminal_fn is not None:
         chain.append(TerminalAdapter(terminal_fn, model=model))
     if max_episode_steps is not None:
-        if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int) or max_episode_steps < 1:
-            raise ValueError(f"make_world_model_env: expected max_episode_steps >= 1, got {max_episode_steps!r}")
+        max_episode_steps = check_int(max_episode_steps, "make_world_model_env: max_episode_steps", minimum=1)
         chain.append(RowStepCounter(max_steps=max_episode_steps))
     if decoder is not None:
         differentiable = kwargs.get("differentiable", False)  # as the env: decoded pixels keep the graph too
