@@ -179,3 +179,14 @@ def test_make_of_a_pool_over_discrete_actions_with_a_start():
     with pytest.raises(ValueError, match="must lie in"):
         env.step(2)
     env.close()
+
+
+def test_a_factory_with_a_fixed_batch_is_named_with_what_to_register_instead():
+    register_gymnasium_env("TorchRLSWMTest/FixedBatch-v0", functools.partial(EnvPool, "CartPole-v1", num_envs=4))
+    try:
+        with pytest.raises(TypeError, match=r"gymnasium.make: the registered factory .* built an env with "
+                                            r"batch_size \[4\] and takes no num_envs=.*"
+                                            r"functools.partial\(EnvPool, 'CartPole-v1'\)"):
+            gym.make("TorchRLSWMTest/FixedBatch-v0")
+    finally:
+        gym.registry.pop("TorchRLSWMTest/FixedBatch-v0", None)

@@ -322,3 +322,25 @@ def test_an_empty_dict_observation_key_is_refused_by_the_pool():
 
     with pytest.raises(SpecError, match=r"observation_space: Dict key '' \(at the root\) is empty"):
         EnvPool([Env] * 2)
+
+
+def test_a_spec_at_odds_with_its_values_is_refused_not_exported_as_a_wrong_space():
+    # TorchRL's CatFrames over a MultiCategorical observation: shape (N, 4) but nvec still (N, 2)
+    from torchrl.envs import CatFrames, TransformedEnv
+
+    class Env(gym.Env):
+        observation_space = gym.spaces.MultiDiscrete([3, 4])
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return np.array([1, 2]), {}
+
+        def step(self, action):
+            return np.array([2, 3]), 0.0, False, False, {}
+
+    env = TransformedEnv(EnvPool([Env] * 2), CatFrames(2, dim=-1, in_keys=["observation"]))
+    with pytest.raises(SpecError, match=r"MultiCategorical of shape \(2, 4\) gives per-env shape \(2,\) without its "
+                                        r"batch dims, not \(4,\) \(its nvec has shape \(2, 2\)\)"):
+        to_gymnasium(env)
+    env.close()

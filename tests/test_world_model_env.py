@@ -2414,3 +2414,12 @@ def test_max_episode_steps_takes_numpy_integers_and_names_a_bad_value():
         make_world_model_env(PointMass(), BOX4, FORCE, num_envs=2, initial_state=torch.zeros(4), max_episode_steps=2.5)
     with pytest.raises(ValueError, match=r"max_episode_steps: expected an int >= 1, got 0"):
         make_world_model_env(PointMass(), BOX4, FORCE, num_envs=2, initial_state=torch.zeros(4), max_episode_steps=0)
+
+
+def test_an_initial_state_of_python_numbers_is_named():
+    with pytest.raises(TypeError, match=r"initial_state\[0\]: expected tensors, .* found float 0.0 \(a list or tuple "
+                                        r"is a state of several tensors: pass one as torch.tensor"):
+        WorldModelEnv(object(), BOX2, BOX2, num_envs=2, initial_state=[0.0, 0.0], transition_fn=lambda s, a: s + a)
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=2, initial_state=np.zeros(2, np.float32),
+                        transition_fn=lambda s, a: s + a)  # an array is one tensor
+    assert env.reset()["observation"].shape == (2, 2)

@@ -241,7 +241,7 @@ def _space_start(space, device) -> int | torch.Tensor | None:
 def _unbatch(spec: TensorSpec, ndim: int, what: str) -> TensorSpec:
     """:func:`unbatch_spec` with the failures of odd specs turned into a :class:`SpecError`."""
     try:
-        return unbatch_spec(spec, ndim)
+        single = unbatch_spec(spec, ndim)
     except (IndexError, RuntimeError, ValueError) as err:
         shape = tuple(spec.shape)
         if isinstance(spec, Binary) and len(shape) <= ndim:
@@ -254,6 +254,18 @@ def _unbatch(spec: TensorSpec, ndim: int, what: str) -> TensorSpec:
             f"{what}: cannot drop the batch dims {shape[:ndim]} from {type(spec).__name__} of shape {shape}: "
             f"{type(err).__name__}: {err}"
         ) from err
+    if tuple(single.shape) != tuple(spec.shape[ndim:]):
+        # a spec at odds with itself (TorchRL's CatFrames over a MultiCategorical keeps the old nvec): its
+        # space would not hold the values the env returns
+        nvec = getattr(spec, "nvec", None)
+        raise SpecError(
+            f"{what}: {type(spec).__name__} of shape {tuple(spec.shape)} gives per-env shape {tuple(single.shape)} "
+            f"without its batch dims, not {tuple(spec.shape[ndim:])}"
+            + ("" if nvec is None else f" (its nvec has shape {tuple(nvec.shape)})")
+            + "; the spec does not describe the values (a transform that changed the shape without updating "
+            "the spec?): fix the spec, or leave the key out with observation_keys="
+        )
+    return single
 
 
 def _info_leaf(key: Key, spec: TensorSpec, squeeze: bool, name: str) -> Leaf:

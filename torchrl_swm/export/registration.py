@@ -108,6 +108,15 @@ class _SingleEntryPoint:
             env = _build_batched(self.factory, 1, kwargs)
             return TorchRLGymEnv(env, squeeze_batch=True, **_single_kwargs(self.export_kwargs))
         env = self.factory(**kwargs)
+        batch = tuple(getattr(env, "batch_size", ()))
+        if batch:
+            env.close()
+            raise TypeError(
+                f"gymnasium.make: the registered factory {self.factory!r} built an env with batch_size {list(batch)} "
+                "and takes no num_envs= (a num_envs bound in a functools.partial?), so it cannot build the one "
+                "env gymnasium.make asks for: register a factory that takes num_envs= (e.g. "
+                "functools.partial(EnvPool, 'CartPole-v1')), or one that builds an unbatched env"
+            )
         return TorchRLGymEnv(env, **_single_kwargs(self.export_kwargs))
 
 

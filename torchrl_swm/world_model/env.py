@@ -528,6 +528,13 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         # not registered as a submodule: env.to()/state_dict() must not move or capture a model the caller owns
         self.__dict__["_model"] = model
         self._differentiable = bool(differentiable)
+        if initial_state is not None and not isinstance(initial_state, (torch.Tensor, np.ndarray)):
+            try:
+                _tree.leaves(initial_state, "initial_state")
+            except TypeError as err:
+                hint = " (a list or tuple is a state of several tensors: pass one as torch.tensor([...]))" if (
+                    isinstance(initial_state, (list, tuple))) else ""
+                raise TypeError(f"{err}{hint}") from None
         # two streams: a partial reset never moves the model's, so rows that are not reset get the same noise
         self._generator = torch.Generator(device=device)  # the model's (steps)
         self._reset_generator = torch.Generator(device=device)  # the resets' (start sampling, reset_fn, encoders)
