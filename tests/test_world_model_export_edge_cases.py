@@ -520,3 +520,44 @@ def test_make_vec_max_episode_steps_and_a_direct_step_counter_export_give_the_po
             assert not terminated.any()
             assert truncated.all() == (t == 7)
         envs.close()
+
+
+class _EncodingCounter(nn.Module):
+    """latent = scale * obs at a reset (``encode``); each step adds 1; an episode ends at latent >= 3."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def encode(self, obs):
+        return obs * self.scale
+
+    def step(self, state, action):
+        nxt = state + 1
+        flags = torch.zeros(state.shape[0], dtype=torch.bool)
+        return nxt, nxt, torch.zeros(state.shape[0]), nxt[:, 0] >= 3, flags, {}
+
+
+@pytest.mark.parametrize("transformed", [False, True])
+def test_next_step_export_restarts_finished_rows_at_the_next_step_as_gymnasium(transformed):
+    # a start encoded by a model trained between steps: gymnasium restarts a finished env inside the next
+    # step(), after the update, so the new episode starts from the updated encoder (observation 1, latent 10,
+    # so the next observation is 11)
+    model = _EncodingCounter()
+    env = WorldModelEnv(model, gym.spaces.Box(-100, 100, (1,), np.float32), gym.spaces.Discrete(2), num_envs=3,
+                        initial_observation=torch.ones(1))
+    assert not env.fixed_start
+    envs = to_gymnasium(TransformedEnv(env, StepCounter()) if transformed else env, autoreset_mode="next_step")
+    envs.reset(seed=0)
+    seen = []
+    for _ in range(5):
+        obs, reward, terminated, _, _ = envs.step(np.zeros(3, np.int64))
+        seen.append((obs[0, 0].item(), bool(terminated[0])))
+        if terminated.any():
+            with torch.no_grad():
+                model.scale.fill_(10.0)  # a training update between steps
+    assert seen == [(2.0, False), (3.0, True), (1.0, False), (11.0, True), (1.0, False)]
+    # a fixed start gives the same values whenever the reset runs: the fast path (reset when finished) is kept
+    fixed = WorldModelEnv(_EncodingCounter(), gym.spaces.Box(-100, 100, (1,), np.float32), gym.spaces.Discrete(2),
+                          num_envs=3, initial_state=torch.ones(1))
+    assert fixed.fixed_start and not to_gymnasium(fixed, autoreset_mode="next_step")._defer_resets

@@ -18,7 +18,8 @@ Autoreset modes (gymnasium's exact semantics, https://farama.org/Vector-Autorese
   the next step that env's action is ignored and it returns its reset
   observation with reward 0, not terminated, not truncated, and its reset info.
   For an ``EnvPool`` or another env of this package (and their subclasses)
-  without a render mode, the finished rows are reset by ``step_and_maybe_reset``
+  without a render mode (a ``WorldModelEnv`` only with a fixed start, see its
+  ``fixed_start``), the finished rows are reset by ``step_and_maybe_reset``
   when they finish and frozen by ``"_step"`` on the next step (only ``call()``/
   ``get_attr()`` in between could tell; it saves a reset round trip per step).
   With a render mode (a pool of envs made with ``render_mode=...``), and for
@@ -151,12 +152,19 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
             self.render_mode = pool.render_mode
         self.metadata = {**metadata, "autoreset_mode": self.autoreset_mode}
         # NEXT_STEP: finished envs are reset at the next step, not when they finish, with a render mode (so
-        # frames, call() and get_attr() in between show the terminal state, as on SyncVectorEnv) and for
-        # transformed envs (a transform's own per-row state, CatFrames' frames, is rebuilt at that reset)
+        # frames, call() and get_attr() in between show the terminal state, as on SyncVectorEnv), for
+        # transformed envs (a transform's own per-row state, CatFrames' frames, is rebuilt at that reset) and
+        # for a world model whose reset depends on when it runs (a reset_fn or an encoder reading a model
+        # trained between steps)
+        base = base_env(env)
         self._defer_resets = (
             self.autoreset_mode is AutoresetMode.NEXT_STEP
             and self.traits.partial_steps
-            and (self.render_mode is not None or not self.traits.frozen_rows_exact)
+            and (
+                self.render_mode is not None
+                or not self.traits.frozen_rows_exact
+                or (self.traits.world_model and not base.fixed_start)
+            )
         )
         self._device = self.layout.device
         #: one packed device-to-host transfer per step (accelerators); settable so tests run it on CPU

@@ -914,6 +914,14 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
     def differentiable(self) -> bool:
         return self._differentiable
 
+    @property
+    def fixed_start(self) -> bool:
+        """Whether every reset starts from the same cached start (``initial_state``/``initial_observation``,
+        not encoded): a reset then gives the same values whenever it runs. Otherwise (``reset_fn``, an
+        encoded start, ``start_states``) it depends on the model, the generator or the caller's state at
+        the time, and the gymnasium export resets finished rows at the step gymnasium would."""
+        return self._constant_full is not None
+
     def detach_state(self) -> None:
         """Cut the autograd graph of what the env keeps between steps (the state, the last observation
         and info), for truncated backpropagation through time with ``differentiable=True``.
