@@ -315,6 +315,27 @@ def test_fast_step_and_maybe_reset_moves_a_deviceless_input_to_the_pool_device(d
     pool.close()
 
 
+@pytest.mark.parametrize("input_device", [None, "cpu"])
+@pytest.mark.parametrize("finishing", [False, True])
+def test_fast_step_and_maybe_reset_keeps_the_inputs_device_on_a_deviceless_pool(input_device, finishing):
+    # as TorchRL's generic path (step_mdp keeps the tensordict's device) and GymEnv do
+    from envs import counting
+    from torchrl.envs import EnvBase
+
+    roots = []
+    for step in (EnvPool.step_and_maybe_reset, EnvBase._step_and_maybe_reset):
+        pool = EnvPool([functools.partial(counting, length=1 if finishing else 50)] * 3, seed=0)
+        td = pool.reset()
+        td = td.to(input_device) if input_device else td.clear_device_()
+        td["action"] = torch.zeros(3, dtype=torch.int64)
+        out, root = step(pool, td)
+        assert bool(out["next", "done"].all()) is finishing
+        roots.append((out.device, root.device))
+        pool.close()
+    expected = None if input_device is None else torch.device(input_device)
+    assert roots[0] == roots[1] == (expected, expected)
+
+
 def test_a_default_pool_is_deviceless_as_torchrl_gymenv_and_collectors_skip_their_cast():
     from torchrl.collectors import Collector
     from torchrl.envs import GymEnv

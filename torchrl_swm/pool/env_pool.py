@@ -442,13 +442,15 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         tensordict._set_str("next", next_td, validated=True, inplace=False, non_blocking=False)
         done_rows = self._done_flags.nonzero()[0]  # cheaper than any() + flatnonzero()
         if not done_rows.size:
-            return tensordict, self._next_root(self._carried(tensordict, None), next_td)
+            return tensordict, self._next_root(self._carried(tensordict, None), next_td, tensordict.device)
         # TorchRL zeroes the other root keys on reset rows, but only for a partial reset;
         # they are zeroed now, while the done buffer still marks the rows the reset clears
         partial = done_rows.size < self.num_envs
         carried = self._carried(tensordict, self._done_mask() if partial else None)
         self._reset_rows(done_rows)
-        return tensordict, self._next_root(carried, self._host.snapshot(self._reset_keys, self.batch_size))
+        return tensordict, self._next_root(
+            carried, self._host.snapshot(self._reset_keys, self.batch_size), tensordict.device
+        )
 
     def _foreign_leaves(self, tensordict: TensorDictBase) -> bool:
         """Whether the caller put leaves of its own under one of the pool's output subtrees
@@ -482,14 +484,15 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             source[key] = value
         return source
 
-    def _next_root(self, source: dict, leaves: TensorDictBase) -> TensorDictBase:
+    def _next_root(self, source: dict, leaves: TensorDictBase, device) -> TensorDictBase:
         # The root of the next step: the carried keys, plus every output leaf but the
         # reward from ``leaves`` (the step's "next", or a snapshot after resetting the
-        # done rows, equal to "next" on the other rows).
+        # done rows, equal to "next" on the other rows). Its device is the caller's
+        # tensordict's, as step_mdp keeps it (the pool's, which it was moved to, if any).
         for key, value in leaves.items():
             if key != "reward":
                 source[key] = value.copy() if isinstance(value, TensorDictBase) else value
-        return TensorDict._new_unsafe(source, batch_size=self.batch_size, device=self.device)
+        return TensorDict._new_unsafe(source, batch_size=self.batch_size, device=device)
 
     def _reset_proc_data(self, tensordict, tensordict_reset):
         """Merge a reset into the caller's tensordict: TorchRL's ``_update_during_reset``, leaf by leaf.
