@@ -640,20 +640,27 @@ class _OwnEpisodeKeys(gym.Env):
 @pytest.mark.parametrize("name", ["episode", "step_count"])
 def test_collect_refuses_env_entries_that_world_would_overwrite(tmp_path, name):
     pool = EnvPool([functools.partial(_OwnEpisodeKeys, name)] * 2, seed=0)
-    with pytest.raises(ValueError, match=f"the env has an entry {name!r}, which World writes in every dataset row"):
+    # "episode" is refused up front; a "step_count" that is not World's count (500 + t) at the first step
+    match = ("the env has an entry 'episode', which World writes in every dataset row" if name == "episode" else
+             r"the env's own 'step_count' of env 0 reads 501.0 after step 1 of its episode")
+    with pytest.raises(ValueError, match=match):
         World(pool, max_episode_steps=5).collect(tmp_path / "d", 2, seed=0, progress=False)
     assert not (tmp_path / "d").exists()
     pool.close()
 
 
 def test_collect_keeps_a_step_counter_step_count(tmp_path):
-    # TorchRL's StepCounter counts the same steps: World writes the same values, so it is not a clash
-    from torchrl.envs import StepCounter, TransformedEnv
+    # TorchRL's StepCounter counts the steps World counts: World writes the same values, so it is not a clash,
+    # whether the StepCounter is the env's own transform or hidden inside a SerialEnv's envs
+    from torchrl.envs import GymEnv, SerialEnv, StepCounter, TransformedEnv
 
-    env = TransformedEnv(EnvPool("CartPole-v1", num_envs=2, seed=0), StepCounter())
-    ds = World(env, max_episode_steps=20).collect(tmp_path / "d", 3, seed=0, progress=False)
-    for k in range(3):
-        episode = ds.episode(k)
-        assert episode["step_count"].view(-1).tolist() == list(range(len(episode)))
-        assert episode["next", "step_count"].view(-1).tolist() == list(range(1, len(episode) + 1))
-    env.close()
+    def inner():
+        return TransformedEnv(GymEnv("CartPole-v1"), StepCounter(max_steps=20))
+
+    for env in (TransformedEnv(EnvPool("CartPole-v1", num_envs=2, seed=0), StepCounter()), SerialEnv(2, inner)):
+        ds = World(env, max_episode_steps=20).collect(tmp_path / "d", 3, seed=0, progress=False, overwrite=True)
+        for k in range(3):
+            episode = ds.episode(k)
+            assert episode["step_count"].view(-1).tolist() == list(range(len(episode)))
+            assert episode["next", "step_count"].view(-1).tolist() == list(range(1, len(episode) + 1))
+        env.close()

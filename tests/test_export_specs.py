@@ -344,3 +344,26 @@ def test_a_spec_at_odds_with_its_values_is_refused_not_exported_as_a_wrong_space
                                         r"batch dims, not \(4,\) \(its nvec has shape \(2, 2\)\)"):
         to_gymnasium(env)
     env.close()
+
+
+def test_info_keys_declared_one_hot_are_exported_as_they_are():
+    # a one-hot observation is exposed as indices (Discrete); an info declared OneHot keeps its values
+    from torchrl_swm import to_sb3_vec_env
+
+    class Env(_OrderedDictObs):
+        def step(self, action):
+            obs, reward, terminated, truncated, _ = super().step(action)
+            return obs, reward, terminated, truncated, {"hot": np.array([0, 1, 0]), "mhot": np.array([0, 1, 1, 0, 0])}
+
+    spec = {"hot": OneHot(3, dtype=torch.int64), "mhot": MultiOneHot([2, 3], dtype=torch.int64)}
+    envs = to_gymnasium(EnvPool([Env] * 2, seed=0, info_spec=spec), autoreset_mode="same_step")
+    envs.reset(seed=0)
+    _, _, _, _, infos = envs.step(np.zeros(2, dtype=np.int64))
+    assert infos["hot"].tolist() == [[0, 1, 0]] * 2 and infos["mhot"].tolist() == [[0, 1, 1, 0, 0]] * 2
+    envs.close()
+    sb3 = to_sb3_vec_env(EnvPool([Env] * 2, seed=0, info_spec=spec))
+    sb3.reset()
+    sb3.step_async(np.zeros(2, dtype=np.int64))
+    *_, sb3_infos = sb3.step_wait()
+    assert sb3_infos[0]["hot"].tolist() == [0, 1, 0]
+    sb3.close()

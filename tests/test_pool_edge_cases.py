@@ -1288,6 +1288,30 @@ def test_process_backend_an_env_error_in_an_interrupted_step_is_raised_by_the_ne
         signal.signal(signal.SIGINT, previous)
 
 
+def _returns_none():
+    return None
+
+
+def _slow_cartpole():
+    time.sleep(30)
+    return gym.make("CartPole-v1")
+
+
+def test_ctrl_c_during_construction_after_a_workers_own_error_stays_a_keyboard_interrupt():
+    # worker 0 replies at once with the pool's own (non-EnvError) refusal of its factory's return, worker 1 is
+    # still making its env when Ctrl-C lands: the interrupt (or that refusal) comes out, never an AttributeError
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(15, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises((KeyboardInterrupt, TypeError)):
+            EnvPool([_returns_none, _slow_cartpole], backend="process", num_workers=2)
+            time.sleep(30)  # (a signal that came late lands here, not in pytest)
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_an_out_of_date_id_warns_as_gym_make_does():
     # the factories carry the resolved EnvSpec: gym.make(spec) would skip gym.make(id)'s version check
     with pytest.warns(Warning, match="CartPole-v0 is out of date"):

@@ -137,6 +137,11 @@ def test_bad_argument_types_are_named(maze_dataset):
             w.evaluate(dataset=ds, episodes_idx=1, **run)
         with pytest.raises(TypeError, match="start_steps: expected an int or a list of values, got float 1.0"):
             w.evaluate(dataset=ds, episodes_idx=[0], start_steps=1.0, **run)
+        for zero in (np.int64(0), np.array(0), torch.tensor(0)):  # 0-d integers are ints, as check_int reads them
+            result = w.evaluate(dataset=ds, episodes_idx=[0, 1], start_steps=zero, **run)
+            assert result["start_steps"].tolist() == [0, 0]
+        assert w.evaluate(dataset=ds, episodes_idx=np.array([1]), start_steps=torch.tensor([1]),
+                          **run)["start_steps"].tolist() == [1]
         with pytest.raises(TypeError, match="dataset= expected a path to a dataset or a WorldDataset.*got int 123"):
             w.evaluate(dataset=123, **run)
         for name in ("success_fn", "reset_options_fn"):

@@ -2417,9 +2417,14 @@ def test_max_episode_steps_takes_numpy_integers_and_names_a_bad_value():
 
 
 def test_an_initial_state_of_python_numbers_is_named():
-    with pytest.raises(TypeError, match=r"initial_state\[0\]: expected tensors, .* found float 0.0 \(a list or tuple "
-                                        r"is a state of several tensors: pass one as torch.tensor"):
+    with pytest.raises(TypeError, match=r"initial_state\[0\]: expected tensors or arrays \(a state's leaves\), got "
+                                        r"float 0.0; a list or tuple is a state of several tensors"):
         WorldModelEnv(object(), BOX2, BOX2, num_envs=2, initial_state=[0.0, 0.0], transition_fn=lambda s, a: s + a)
     env = WorldModelEnv(object(), BOX2, BOX2, num_envs=2, initial_state=np.zeros(2, np.float32),
                         transition_fn=lambda s, a: s + a)  # an array is one tensor
     assert env.reset()["observation"].shape == (2, 2)
+    # numpy leaves of a dict state are tensors-to-be too
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=2, state_key="s", initial_observation=torch.zeros(2),
+                        initial_state={"h": np.zeros(2, np.float32)},
+                        transition_fn=lambda s, a: {"state": {"h": s["h"] + a}, "observation": s["h"] + a})
+    assert env.reset()["s", "h"].shape == (2, 2)

@@ -338,11 +338,9 @@ def _excluded_keys(keys) -> list[tuple[str, ...]]:
 
 def _sequence(value, what: str, scalar: str = "") -> list:
     """``value`` (a list, tuple, array or tensor) as a list; anything else is a TypeError naming ``what``."""
-    if isinstance(value, torch.Tensor):
-        value = value.tolist()
-    if isinstance(value, np.ndarray):
-        value = value.tolist()
-    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+    if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 1:
+        return value.tolist()
+    if isinstance(value, (str, bytes, Mapping, torch.Tensor, np.ndarray)) or not isinstance(value, Iterable):
         raise TypeError(f"{what}: expected {scalar}a list of values, got {describe(value)}")
     return list(value)
 
@@ -847,20 +845,25 @@ class World:
             )
         return hook, state_keys
 
-    def _check_dataset_keys(self) -> None:
-        """Refuse env keys that the dataset's own ``"episode"`` / ``"step_count"`` entries would overwrite
-        (a ``StepCounter``'s ``"step_count"`` counts the same steps: World's value replaces it unchanged)."""
+    def _check_dataset_keys(self) -> bool:
+        """Refuse env keys that the dataset's own ``"episode"`` / ``"step_count"`` entries would overwrite.
+
+        A ``"step_count"`` leaf may be a ``StepCounter``'s (also one inside a ``SerialEnv``'s envs), which counts
+        the steps World counts: returns whether it must be checked against World's count at every step (it is
+        not a ``StepCounter`` of the env's own transforms), where any difference is an error."""
         spec = self.env.full_observation_spec.clone()
         spec.update(self.env.full_state_spec)
         allowed = bookkeeping_keys(self.env)
         keys = [(k,) if isinstance(k, str) else tuple(k) for k in spec.keys(True, True)]
-        clashes = sorted({k[0] for k in keys if k not in allowed and k[0] in ("episode", "step_count")})
+        clashes = sorted({k[0] for k in keys if k not in allowed and (
+            k[0] == "episode" or (k[0] == "step_count" and len(k) > 1))})
         if clashes:
             raise ValueError(
                 f"World.collect: the env has an entry {clashes[0]!r}, which World writes in every dataset row "
                 "(\"episode\": the episode id, \"step_count\": the step in the episode) and would overwrite; "
                 "rename it (e.g. torchrl.envs.RenameTransform) before collecting"
             )
+        return ("step_count",) in keys and ("step_count",) not in allowed
 
     def _dataset_plans(self, dataset, episodes, episodes_idx, start_steps, goal_offset, eval_budget, seed, goal_key,
                        reset_options_fn, check_start):
@@ -910,7 +913,9 @@ class World:
                 )
         if start_steps is None:
             starts = [0] * len(idx)
-        elif isinstance(start_steps, (int, np.integer)):
+        elif isinstance(start_steps, (int, np.integer)) or (
+            isinstance(start_steps, (np.ndarray, torch.Tensor)) and start_steps.ndim == 0
+        ):
             starts = [check_int(start_steps, "start_steps")] * len(idx)
         else:
             starts = [check_int(s, "start_steps") for s in _sequence(start_steps, "start_steps", scalar="an int or ")]
@@ -1050,7 +1055,7 @@ class World:
         plans = self._plans(episodes, seed, options)
         used_policy = self.policy if policy is None else policy
         exclude_keys = _excluded_keys(exclude_keys)
-        self._check_dataset_keys()
+        verify_step_count = self._check_dataset_keys()
         metadata = {
             "env": self.env_id or type(self.env).__name__,
             "env_kwargs": {
@@ -1074,6 +1079,7 @@ class World:
                 self, plans, reset_mode=reset_mode, max_steps=max_steps, success_fn=None, video=None,
                 progress=progress, exploration=exploration, goal_key="goal", check_keys=(), writer=writer,
                 policy=used_policy, desc="collect", seed=seed, exclude_keys=exclude_keys,
+                verify_step_count=verify_step_count,
             )
             with _forked_rng(seed):
                 run.run()
@@ -1107,7 +1113,7 @@ class _Run:
 
     def __init__(self, world: World, plans: list[EpisodePlan], *, reset_mode, max_steps, success_fn, video, progress,
                  exploration, goal_key, check_keys, writer=None, policy=None, desc="evaluate", seed=None,
-                 exclude_keys=()):
+                 exclude_keys=(), verify_step_count=False):
         self.world, self.env = world, world.env
         self.seed = seed
         self.policy = world.policy if policy is None else policy
@@ -1149,6 +1155,7 @@ class _Run:
         self.done_episodes = 0
         self.goals: TensorDictBase | None = None
         self.recorder = None
+        self.verify_step_count = verify_step_count  # the env's own "step_count", which World's replaces
         if writer is not None:
             self.recorder = _EpisodeBuffer(n, max_steps)
             self.episode_ids = torch.zeros(n, dtype=torch.int64)
@@ -1416,6 +1423,8 @@ class _Run:
                     nxt.set(key, flag | mask.view_as(flag))
 
         if self.recorder is not None:
+            if self.verify_step_count:
+                self._check_step_count(nxt, rows)
             td.set("episode", self.episode_ids.to(self.device))
             td.set("step_count", torch.as_tensor(t_before).view(n, 1).to(self.device))
             nxt.set("step_count", torch.as_tensor(self.t).view(n, 1).to(self.device))
@@ -1453,6 +1462,25 @@ class _Run:
         if restart:
             root = self._start(restart, root)
         return root
+
+    def _check_step_count(self, nxt, rows: np.ndarray) -> None:
+        """The env's own ``"step_count"`` (a StepCounter World cannot see, inside a SerialEnv's envs) must be
+        World's count on the rows recorded: World writes its count there, which must not change the data.
+        The step's ``"next"`` is checked (the root one is the previous step's, and a SerialEnv may have
+        updated the caller's root in place)."""
+        value = nxt.get("step_count", None)
+        if value is None:
+            return
+        got = value.reshape(self.n, -1)[:, 0].cpu().numpy()[rows]
+        expected = self.t[rows]
+        if not np.array_equal(got, expected):
+            j = int(np.flatnonzero(got != expected)[0])
+            raise ValueError(
+                f"World.collect: the env's own 'step_count' of env {int(rows[j])} reads {got[j].item()!r} after "
+                f"step {int(expected[j])} of its episode; World writes its count in every dataset row under "
+                "'step_count', so it would replace a value that is not a step count. Rename it (e.g. "
+                "torchrl.envs.RenameTransform) before collecting"
+            )
 
     def _success(self, td) -> np.ndarray | None:
         if self.success_fn is not None:

@@ -185,9 +185,10 @@ class Leaf:
         self._split = None
         # Discrete(n, start) / MultiDiscrete(nvec, start): the env stores indices from 0
         self._start = _space_start(space, device)
-        if isinstance(spec, MultiOneHot):
+        # an observation's one-hot spec is exposed as indices (Discrete); an info (no space) passes as it is
+        if space is not None and isinstance(spec, MultiOneHot):
             self._kind, self._split = "multi_one_hot", [int(n) for n in spec.nvec]
-        elif isinstance(spec, OneHot):
+        elif space is not None and isinstance(spec, OneHot):
             self._kind = "one_hot"
         elif squeeze:
             self._kind = "squeeze"

@@ -337,7 +337,7 @@ class ProcessBackend:
         except BaseException:
             # interrupted: an env error already received is the command's outcome too; the next command
             # raises it (_drain_owed), never drops it
-            env_errors = [errors[w] for w in sorted(errors) if errors[w].env_index is not None]
+            env_errors = [errors[w] for w in sorted(errors) if getattr(errors[w], "env_index", None) is not None]
             if env_errors and not collect and self._late_error is None:
                 self._late_error = env_errors[0]
             raise

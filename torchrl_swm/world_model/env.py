@@ -528,13 +528,13 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         # not registered as a submodule: env.to()/state_dict() must not move or capture a model the caller owns
         self.__dict__["_model"] = model
         self._differentiable = bool(differentiable)
-        if initial_state is not None and not isinstance(initial_state, (torch.Tensor, np.ndarray)):
-            try:
-                _tree.leaves(initial_state, "initial_state")
-            except TypeError as err:
-                hint = " (a list or tuple is a state of several tensors: pass one as torch.tensor([...]))" if (
-                    isinstance(initial_state, (list, tuple))) else ""
-                raise TypeError(f"{err}{hint}") from None
+        number = _number_leaf(initial_state, "initial_state")
+        if number is not None:
+            path, value = number
+            raise TypeError(
+                f"{path}: expected tensors or arrays (a state's leaves), got {describe(value)}; a list or tuple is a "
+                "state of several tensors: pass one tensor as torch.tensor([...])"
+            )
         # two streams: a partial reset never moves the model's, so rows that are not reset get the same noise
         self._generator = torch.Generator(device=device)  # the model's (steps)
         self._reset_generator = torch.Generator(device=device)  # the resets' (start sampling, reset_fn, encoders)
@@ -1940,6 +1940,24 @@ def _composite(mapping: Mapping, device) -> Composite:
         },
         device=device,
     )
+
+
+def _number_leaf(value, path: str):
+    """``(path, leaf)`` of the first Python number among a state's leaves (``[0.0, 0.0]`` meant as one
+    tensor), or ``None``."""
+    if isinstance(value, (bool, int, float, complex)):
+        return path, value
+    if isinstance(value, Mapping):
+        items = value.items()
+    elif isinstance(value, (tuple, list)):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _number_leaf(item, f"{path}[{key!r}]")
+        if found is not None:
+            return found
+    return None
 
 
 def _to_device(value, device):
