@@ -1150,3 +1150,132 @@ def test_same_step_wrapper_stats_are_recorded_at_the_terminal_step(seed_every_ep
         assert rollout["next", "info", "episode", "l"][row, ends, 0].tolist() == lengths
         assert rollout["next", "info", "episode", "r"][row, ends, 0].tolist() == [float(n) for n in lengths]
     pool.close()
+
+
+class _Float64Walk(gym.vector.VectorEnv):
+    """A NEXT_STEP vector env with an exact masked reset whose observations come out float64 (numpy
+    arithmetic) for its float32 Box; row i ends after 3 + i steps."""
+
+    metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+
+    def __init__(self, n=3):
+        from gymnasium.vector.utils import batch_space
+
+        self.num_envs = n
+        self.single_observation_space = gym.spaces.Box(-10, 10, (1,), np.float32)
+        self.single_action_space = gym.spaces.Discrete(2)
+        self.observation_space = batch_space(self.single_observation_space, n)
+        self.action_space = batch_space(self.single_action_space, n)
+        self.x, self.t, self.prev_done = np.zeros(n), np.zeros(n, int), np.zeros(n, bool)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        mask = (options or {}).get("reset_mask", np.ones(self.num_envs, bool))
+        self.x[mask], self.t[mask], self.prev_done[mask] = 0.0, 0, False
+        return self.x[:, None].copy(), {}
+
+    def step(self, action):
+        self.x += 0.1 * (2 * action - 1)
+        self.t += 1
+        term = self.t >= 3 + np.arange(self.num_envs)
+        self.x[self.prev_done], self.t[self.prev_done], term[self.prev_done] = 0.0, 0, False
+        self.prev_done = term.copy()
+        return self.x[:, None].copy(), np.ones(self.num_envs), term, np.zeros(self.num_envs, bool), {}
+
+
+def test_a_masked_reset_check_compares_what_the_buffer_holds():
+    # float64 observations for a float32 buffer: the rows not reset are unchanged once stored, not "changed"
+    pool = EnvPool(_Float64Walk(), masked_reset=True, seed=0)
+    rollout = pool.rollout(12, lambda td: td.set("action", torch.ones(3, dtype=torch.int64)),
+                           break_when_any_done=False)
+    assert rollout["next", "done"][0].view(-1).tolist()[:4] == [False, False, True, False]
+    assert torch.allclose(rollout["next", "observation"][0, :4, 0], torch.tensor([0.1, 0.2, 0.3, 0.1]))
+    pool.close()
+
+
+class _FailingReset(gym.Env):
+    """Episodes of 2 steps; with ``fails``, every reset after the construction probe's and the first one raises."""
+
+    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, fails: bool):
+        self.fails, self.resets = fails, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.resets += 1
+        if self.fails and self.resets > 2 and type(self) is _FailingReset:
+            raise RuntimeError("cannot reset")
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(1, np.float32), 0.0, self.t >= 2, False, {}
+
+
+def test_a_sub_env_failing_a_masked_reset_of_several_rows_is_not_blamed_on_another():
+    from torchrl_swm import EnvError
+
+    fns = [functools.partial(_FailingReset, i == 2) for i in range(3)]
+    pool = EnvPool(gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.DISABLED), seed=0)
+    td = pool.reset()
+    td["action"] = torch.zeros(3, dtype=torch.int64)
+    td = pool.step(td)["next"]
+    td = pool.step(td.set("action", torch.zeros(3, dtype=torch.int64)))["next"]
+    with pytest.raises(EnvError, match=r"cannot reset while resetting envs \[0, 1, 2\] \(the vector env does not "
+                                       r"say which\)") as err:
+        pool.reset(td.set("_reset", td["done"].clone()))
+    assert err.value.env_index is None  # never env 0, which reset fine
+    pool.close()
+
+
+def test_cartpole_vector_adapter_keeps_the_bounds_of_the_last_reset_as_its_autoreset_does():
+    n = 16
+    pool = EnvPool(gym.make_vec("CartPole-v1", n, vectorization_mode="vector_entry_point"), seed=0)
+    td = pool.reset(options={"low": -0.2, "high": 0.2})
+    out = pool.rollout(300, lambda td: td.set("action", torch.zeros(n, dtype=torch.int64)),
+                       break_when_any_done=False, auto_reset=False, tensordict=td)
+    starts = out["observation"][:, 1:][out["next", "done"][:, :-1, 0]]
+    assert len(starts) > 50 and 0.05 < starts.abs().max() <= 0.2  # not the default +-0.05
+    pool.close()
+
+
+class _ExplodingStep(_FailingReset):
+    """With ``fails``, every step raises (resets work)."""
+
+    def step(self, action):
+        if self.fails:
+            raise ValueError("sub-env exploded")
+        return super().step(action)
+
+
+def test_an_async_vector_env_worker_shut_down_after_an_error_is_named():
+    import logging
+
+    from torchrl_swm import EnvError
+
+    fns = [functools.partial(_ExplodingStep, i == 2) for i in range(3)]
+    logging.disable(logging.CRITICAL)  # gymnasium logs the worker's error itself
+    try:
+        pool = EnvPool(gym.vector.AsyncVectorEnv(fns), seed=0, info_keys=[])
+        td = pool.reset().set("action", torch.zeros(3, dtype=torch.int64))
+        with pytest.raises(EnvError, match=r"env 2 \(step\): ValueError: sub-env exploded \(its AsyncVectorEnv "
+                                           r"worker was shut down") as err:
+            pool.step(td)
+        assert err.value.env_index == 2
+        with pytest.raises(EnvError, match=r"shut down the worker of env\(s\) \[2\] after an error .* build a new one"):
+            pool.reset()
+        pool.close()
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def test_envs_of_a_vector_pool_says_where_the_envs_are():
+    pool = EnvPool(gym.make_vec("CartPole-v1", 2, vectorization_mode="sync"), seed=0)
+    with pytest.raises(AttributeError, match=r"EnvPool.envs: the VectorBackend does not hold the envs in this process; "
+                                             r"use pool.call"):
+        pool.envs
+    assert not hasattr(pool, "envs")
+    pool.close()

@@ -642,11 +642,20 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         """The sub-envs (serial backend only): ``pool.envs[i].unwrapped`` reaches env i."""
         envs = getattr(self._backend, "envs", None)
         if envs is None:
-            raise AttributeError(
-                f"EnvPool.envs: the {type(self._backend).__name__} does not hold the envs in this process; "
-                "use pool.call / pool.get_attr / pool.set_attr"
-            )
+            raise AttributeError(self._no_envs_here())
         return envs
+
+    def _no_envs_here(self) -> str:
+        return (
+            f"EnvPool.envs: the {type(self._backend).__name__} does not hold the envs in this process; "
+            "use pool.call / pool.get_attr / pool.set_attr"
+        )
+
+    def __getattr__(self, name):
+        # a property raising AttributeError lands here; TorchRL's __getattr__ would replace its message
+        if name == "envs" and "_backend" in self.__dict__:
+            raise AttributeError(self._no_envs_here())
+        return super().__getattr__(name)
 
     def _indices(self, indices) -> list[int]:
         return check_indices(indices, self.num_envs)

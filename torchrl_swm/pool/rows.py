@@ -261,6 +261,9 @@ class RowWriter:
             if value.shape != buf.shape or value.dtype.kind not in "biuf":
                 continue
             new, old = (value if start is None else value - start)[keep], buf[keep]
+            if new.dtype != old.dtype:  # compare what the buffer would hold (float64 from numpy into float32)
+                with np.errstate(over="ignore", invalid="ignore"):
+                    new = new.astype(old.dtype)
             same = new == old
             if new.dtype.kind == "f":
                 same |= np.isnan(new) & np.isnan(old)

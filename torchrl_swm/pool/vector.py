@@ -71,7 +71,11 @@ def _cartpole_masked_reset(venv, mask, seed, options):
     # same distribution, and clears their pending NEXT_STEP autoreset.
     if seed is not None:
         venv._np_random, venv._np_random_seed = gym.utils.seeding.np_random(int(seed))
-    low, high = classic_control_utils.maybe_parse_reset_bounds(options, -0.05, 0.05)
+    # the bounds of the last reset that gave some, as the vector env's own autoreset keeps them
+    low, high = classic_control_utils.maybe_parse_reset_bounds(
+        options, getattr(venv, "low", -0.05), getattr(venv, "high", 0.05)
+    )
+    venv.low, venv.high = low, high
     venv.state[:, mask] = venv.np_random.uniform(low=low, high=high, size=(4, int(mask.sum())))
     venv.steps[mask] = 0
     venv.prev_done[mask] = False
@@ -235,6 +239,34 @@ class VectorBackend(InProcessBackend):
         super().attach(layout, arrays, info_schema, frame_key)
         self._stash_obs = None
 
+    def _shut_down_workers(self) -> list[int]:
+        """The envs whose AsyncVectorEnv worker gymnasium shut down after an error (it drops their pipes)."""
+        pipes = getattr(_innermost(self.venv), "parent_pipes", None)
+        return [] if pipes is None else [i for i, pipe in enumerate(pipes) if pipe is None]
+
+    def _env_failure(self, err: Exception, phase: str, rows) -> EnvError:
+        """The vector env raised: name the env when it can be known (the AsyncVectorEnv worker gymnasium shut
+        down, or the only row being reset); otherwise list the rows the call reached."""
+        dead = self._shut_down_workers()
+        text = f"{type(err).__name__}: {err}"
+        if len(dead) == 1:
+            return EnvError(dead[0], phase, f"{text} (its AsyncVectorEnv worker was shut down: build a new pool)")
+        if rows is not None and len(rows) == 1:
+            return EnvError(int(rows[0]), phase, text)
+        where = "" if rows is None else (
+            f" while resetting envs {[int(r) for r in rows]} (the vector env does not say which)"
+        )
+        return EnvError(None, phase, f"{text}{where}")
+
+    def _check_workers(self, phase: str) -> None:
+        dead = self._shut_down_workers()
+        if dead:
+            raise EnvError(
+                dead[0], phase,
+                f"the {type(_innermost(self.venv)).__name__} shut down the worker of env(s) {dead} after an error "
+                "(raised earlier): it cannot step or reset them again; close this pool and build a new one",
+            )
+
     def _seed_arg(self, seeds):
         if seeds is None:
             return None
@@ -275,11 +307,12 @@ class VectorBackend(InProcessBackend):
             # have begun, and resetting them again would draw from their streams twice (SyncVectorEnv's own
             # reset() resets each env once); they take that reset, the others a masked one
             rows = np.arange(self.num_envs)
+        self._check_workers("reset")
         if rows is None:
             try:
                 obs, info = self.venv.reset(seed=self._seed_arg(seeds), options=option)
             except Exception as err:
-                raise EnvError(None, "reset", f"{type(err).__name__}: {err}") from err
+                raise self._env_failure(err, "reset", None) from err
             select = None
             writer.observations(None, obs, "reset")
             writer.info.write_batch(info, self._everyone, "reset")
@@ -328,7 +361,7 @@ class VectorBackend(InProcessBackend):
                 try:
                     obs, info = self._masked_reset(fresh, seed_arg, option)
                 except Exception as err:
-                    raise EnvError(int(rows[~reuse][0]), "reset", f"{type(err).__name__}: {err}") from err
+                    raise self._env_failure(err, "reset", rows[~reuse]) from err
                 if self._verify_masked_reset:
                     self._check_untouched(fresh, obs)
                 writer.observations(fresh, obs, "reset")
@@ -386,10 +419,11 @@ class VectorBackend(InProcessBackend):
                 "transition. Reset them first (a '_reset' mask), or drive the pool with step_and_maybe_reset, "
                 "rollout or a collector.",
             )
+        self._check_workers("step")
         try:
             obs, reward, terminated, truncated, info = self.venv.step(actions)
         except Exception as err:
-            raise EnvError(None, "step", f"{type(err).__name__}: {err}") from err
+            raise self._env_failure(err, "step", None) from err
         for name, value in (("reward", reward), ("terminated", terminated), ("truncated", truncated)):
             if np.shape(value) != (self.num_envs,):  # numpy would broadcast one value to every row
                 raise EnvError(
