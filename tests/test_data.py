@@ -637,6 +637,26 @@ class _OwnEpisodeKeys(gym.Env):
             False, {}
 
 
+def test_collect_refuses_an_env_step_count_of_several_values_up_front(tmp_path):
+    class TwoCounts(_OwnEpisodeKeys):
+        def __init__(self):
+            super().__init__("step_count")
+            self.observation_space["step_count"] = gym.spaces.Box(0, 1e6, (2,), np.float32)
+
+        def reset(self, *, seed=None, options=None):
+            obs, info = super().reset(seed=seed)
+            return {**obs, "step_count": np.zeros(2, np.float32)}, info
+
+        def step(self, action):
+            obs, *rest = super().step(action)
+            return {**obs, "step_count": np.array([self.t, 1000 + 7 * self.t], np.float32)}, *rest
+
+    pool = EnvPool([TwoCounts] * 2, seed=0)
+    with pytest.raises(ValueError, match="the env has an entry 'step_count', which World writes in every dataset"):
+        World(pool, max_episode_steps=5).collect(tmp_path / "d", 2, seed=0, progress=False)
+    pool.close()
+
+
 @pytest.mark.parametrize("name", ["episode", "step_count"])
 def test_collect_refuses_env_entries_that_world_would_overwrite(tmp_path, name):
     pool = EnvPool([functools.partial(_OwnEpisodeKeys, name)] * 2, seed=0)

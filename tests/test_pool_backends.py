@@ -1239,6 +1239,13 @@ def test_cartpole_vector_adapter_keeps_the_bounds_of_the_last_reset_as_its_autor
                        break_when_any_done=False, auto_reset=False, tensordict=td)
     starts = out["observation"][:, 1:][out["next", "done"][:, :-1, 0]]
     assert len(starts) > 50 and 0.05 < starts.abs().max() <= 0.2  # not the default +-0.05
+    # a masked reset given bounds takes them as the vector env's reset(options=) does: a missing one is the
+    # default (0.05), not the last reset's
+    td = out[:, -1]["next"].clone()
+    td["_reset"] = torch.zeros(n, 1, dtype=torch.bool)
+    td["_reset"][:4] = True
+    reset = pool.reset(td, options={"low": 0.02})["observation"][:4]
+    assert reset.min() >= 0.02 and reset.max() <= 0.05
     pool.close()
 
 
@@ -1267,6 +1274,9 @@ def test_an_async_vector_env_worker_shut_down_after_an_error_is_named():
         assert err.value.env_index == 2
         with pytest.raises(EnvError, match=r"shut down the worker of env\(s\) \[2\] after an error .* build a new one"):
             pool.reset()
+        for use in (lambda: pool.call("reset"), lambda: pool.get_attr("fails"), lambda: pool.set_attr("fails", False)):
+            with pytest.raises(EnvError, match=r"shut down the worker of env\(s\) \[2\]"):
+                use()
         pool.close()
     finally:
         logging.disable(logging.NOTSET)
@@ -1274,8 +1284,8 @@ def test_an_async_vector_env_worker_shut_down_after_an_error_is_named():
 
 def test_envs_of_a_vector_pool_says_where_the_envs_are():
     pool = EnvPool(gym.make_vec("CartPole-v1", 2, vectorization_mode="sync"), seed=0)
-    with pytest.raises(AttributeError, match=r"EnvPool.envs: the VectorBackend does not hold the envs in this process; "
-                                             r"use pool.call"):
+    with pytest.raises(AttributeError, match=r"EnvPool.envs: the VectorBackend keeps no list of the envs .* use "
+                                             r"pool.call"):
         pool.envs
     assert not hasattr(pool, "envs")
     pool.close()

@@ -318,22 +318,33 @@ def test_fast_step_and_maybe_reset_moves_a_deviceless_input_to_the_pool_device(d
 @pytest.mark.parametrize("input_device", [None, "cpu"])
 @pytest.mark.parametrize("finishing", [False, True])
 def test_fast_step_and_maybe_reset_keeps_the_inputs_device_on_a_deviceless_pool(input_device, finishing):
-    # as TorchRL's generic path (step_mdp keeps the tensordict's device) and GymEnv do
-    from envs import counting
+    # as TorchRL's generic path (step_mdp keeps the tensordict's device) and GymEnv do, at every level (a Dict
+    # observation's and the infos' sub-tensordicts too)
+    from envs import DictObsEnv
     from torchrl.envs import EnvBase
 
-    roots = []
+    class Ends(DictObsEnv):
+        def step(self, action):
+            obs, reward, _, truncated, info = super().step(action)
+            return obs, reward, finishing, truncated, info
+
+    def devices(td):  # the device of the tensordict and of each sub-tensordict
+        subs = [key for key in td.keys(True) if isinstance(td.get(key), TensorDict)]
+        return {(): td.device, **{key: td.get(key).device for key in subs}}
+
+    results = []
     for step in (EnvPool.step_and_maybe_reset, EnvBase._step_and_maybe_reset):
-        pool = EnvPool([functools.partial(counting, length=1 if finishing else 50)] * 3, seed=0)
+        pool = EnvPool([Ends] * 3, seed=0)
         td = pool.reset()
         td = td.to(input_device) if input_device else td.clear_device_()
-        td["action"] = torch.zeros(3, dtype=torch.int64)
+        td["action"] = torch.zeros(3, 2)
         out, root = step(pool, td)
-        assert bool(out["next", "done"].all()) is finishing
-        roots.append((out.device, root.device))
+        assert bool(out["next", "terminated"].all()) is finishing
+        results.append((devices(out), devices(root)))
         pool.close()
     expected = None if input_device is None else torch.device(input_device)
-    assert roots[0] == roots[1] == (expected, expected)
+    assert results[0] == results[1]
+    assert set(results[0][0].values()) == set(results[0][1].values()) == {expected}
 
 
 def test_a_default_pool_is_deviceless_as_torchrl_gymenv_and_collectors_skip_their_cast():

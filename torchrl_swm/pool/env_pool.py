@@ -439,18 +439,19 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         ):
             return super()._step_and_maybe_reset(tensordict)
         next_td = self._step_rows(tensordict, step_mask)
+        device = tensordict.device
+        if device is not None and next_td.device != device:
+            next_td = next_td.to(device)  # a device-less pool stepped with a tensordict on a device: as TorchRL
         tensordict._set_str("next", next_td, validated=True, inplace=False, non_blocking=False)
         done_rows = self._done_flags.nonzero()[0]  # cheaper than any() + flatnonzero()
         if not done_rows.size:
-            return tensordict, self._next_root(self._carried(tensordict, None), next_td, tensordict.device)
+            return tensordict, self._next_root(self._carried(tensordict, None), next_td, device)
         # TorchRL zeroes the other root keys on reset rows, but only for a partial reset;
         # they are zeroed now, while the done buffer still marks the rows the reset clears
         partial = done_rows.size < self.num_envs
         carried = self._carried(tensordict, self._done_mask() if partial else None)
         self._reset_rows(done_rows)
-        return tensordict, self._next_root(
-            carried, self._host.snapshot(self._reset_keys, self.batch_size), tensordict.device
-        )
+        return tensordict, self._next_root(carried, self._host.snapshot(self._reset_keys, self.batch_size), device)
 
     def _foreign_leaves(self, tensordict: TensorDictBase) -> bool:
         """Whether the caller put leaves of its own under one of the pool's output subtrees
@@ -489,6 +490,8 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         # reward from ``leaves`` (the step's "next", or a snapshot after resetting the
         # done rows, equal to "next" on the other rows). Its device is the caller's
         # tensordict's, as step_mdp keeps it (the pool's, which it was moved to, if any).
+        if device is not None and leaves.device != device:
+            leaves = leaves.to(device)  # a device-less pool's snapshot, for a caller's tensordict on a device
         for key, value in leaves.items():
             if key != "reward":
                 source[key] = value.copy() if isinstance(value, TensorDictBase) else value
@@ -647,8 +650,8 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
 
     def _no_envs_here(self) -> str:
         return (
-            f"EnvPool.envs: the {type(self._backend).__name__} does not hold the envs in this process; "
-            "use pool.call / pool.get_attr / pool.set_attr"
+            f"EnvPool.envs: the {type(self._backend).__name__} keeps no list of the envs (a process pool's live in "
+            "its workers, a vector env's inside the vector env); use pool.call / pool.get_attr / pool.set_attr"
         )
 
     def __getattr__(self, name):

@@ -71,11 +71,11 @@ def _cartpole_masked_reset(venv, mask, seed, options):
     # same distribution, and clears their pending NEXT_STEP autoreset.
     if seed is not None:
         venv._np_random, venv._np_random_seed = gym.utils.seeding.np_random(int(seed))
-    # the bounds of the last reset that gave some, as the vector env's own autoreset keeps them
-    low, high = classic_control_utils.maybe_parse_reset_bounds(
-        options, getattr(venv, "low", -0.05), getattr(venv, "high", 0.05)
-    )
-    venv.low, venv.high = low, high
+    if options is None:  # as the vector env's own autoreset: the bounds its last reset() set
+        low, high = getattr(venv, "low", -0.05), getattr(venv, "high", 0.05)
+    else:  # as its reset(options=...): missing bounds take the defaults, and later resets keep them
+        low, high = classic_control_utils.maybe_parse_reset_bounds(options, -0.05, 0.05)
+        venv.low, venv.high = low, high
     venv.state[:, mask] = venv.np_random.uniform(low=low, high=high, size=(4, int(mask.sum())))
     venv.steps[mask] = 0
     venv.prev_done[mask] = False
@@ -264,7 +264,7 @@ class VectorBackend(InProcessBackend):
             raise EnvError(
                 dead[0], phase,
                 f"the {type(_innermost(self.venv)).__name__} shut down the worker of env(s) {dead} after an error "
-                "(raised earlier): it cannot step or reset them again; close this pool and build a new one",
+                "(raised earlier): it cannot reach them again; close this pool and build a new one",
             )
 
     def _seed_arg(self, seeds):
@@ -491,6 +491,7 @@ class VectorBackend(InProcessBackend):
         return fn
 
     def call(self, rows, name, args, kwargs) -> list:
+        self._check_workers("call")
         call = self._per_env("call")
         if sorted(rows) != list(range(self.num_envs)):
             # a vector env's call runs the method on every env: reach only the rows asked for
@@ -516,10 +517,12 @@ class VectorBackend(InProcessBackend):
         return [False] * len(rows)  # natively batched: its rows are not separate, wrappable envs
 
     def get_attr(self, rows, name) -> list:
+        self._check_workers("get_attr")
         values = _attribute_errors(self._per_env("get_attr"), "get_attr", name)
         return [values[j] for j in rows]
 
     def set_attr(self, rows, name, values, outermost: bool = False) -> None:
+        self._check_workers("set_attr")
         set_attr = self._per_env("set_attr")
         if outermost:
             inner = _innermost(self.venv)

@@ -528,13 +528,12 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         # not registered as a submodule: env.to()/state_dict() must not move or capture a model the caller owns
         self.__dict__["_model"] = model
         self._differentiable = bool(differentiable)
-        number = _number_leaf(initial_state, "initial_state")
-        if number is not None:
-            path, value = number
-            raise TypeError(
-                f"{path}: expected tensors or arrays (a state's leaves), got {describe(value)}; a list or tuple is a "
-                "state of several tensors: pass one tensor as torch.tensor([...])"
-            )
+        bad = _bad_state_leaf(initial_state, "initial_state")
+        if bad is not None:
+            path, value = bad
+            hint = "" if not isinstance(value, (bool, int, float, complex)) else (
+                "; a list or tuple is a state of several tensors: pass one tensor as torch.tensor([...])")
+            raise TypeError(f"{path}: expected tensors or arrays (a state's leaves), got {describe(value)}{hint}")
         # two streams: a partial reset never moves the model's, so rows that are not reset get the same noise
         self._generator = torch.Generator(device=device)  # the model's (steps)
         self._reset_generator = torch.Generator(device=device)  # the resets' (start sampling, reset_fn, encoders)
@@ -1942,19 +1941,19 @@ def _composite(mapping: Mapping, device) -> Composite:
     )
 
 
-def _number_leaf(value, path: str):
-    """``(path, leaf)`` of the first Python number among a state's leaves (``[0.0, 0.0]`` meant as one
-    tensor), or ``None``."""
-    if isinstance(value, (bool, int, float, complex)):
-        return path, value
+def _bad_state_leaf(value, path: str):
+    """``(path, leaf)`` of the first leaf of a given state (``initial_state``) that is neither a tensor nor a
+    numpy array (converted), e.g. ``[0.0, 0.0]`` meant as one tensor; ``None`` when every leaf is one."""
+    if value is None or isinstance(value, (torch.Tensor, np.ndarray, TensorDictBase)):
+        return None
     if isinstance(value, Mapping):
         items = value.items()
     elif isinstance(value, (tuple, list)):
         items = enumerate(value)
     else:
-        return None
+        return path, value
     for key, item in items:
-        found = _number_leaf(item, f"{path}[{key!r}]")
+        found = _bad_state_leaf(item, f"{path}[{key!r}]")
         if found is not None:
             return found
     return None
