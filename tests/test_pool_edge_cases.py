@@ -1231,6 +1231,20 @@ class PayingSlowEnv(SlowEnv):
         return obs, 1.0, term, trunc, info
 
 
+def _ctrl_c_in_a_step(pool):
+    """Reset ``pool`` (4 envs), step it with zero actions and deliver a real SIGINT (Ctrl-C) 0.3 s into the
+    step; returns the tensordict it stepped (the caller installs Python's default SIGINT handler)."""
+    td = pool.reset()
+    td["action"] = torch.zeros(4, dtype=torch.int64)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        pool.step(td)
+        time.sleep(3)  # (a signal that came late lands here, not in pytest)
+    timer.cancel()
+    return td
+
+
 def test_process_backend_frozen_rows_report_zero_reward_after_an_interrupted_step():
     # the interrupted step's slow workers finish it after the pool's process has moved on: their rewards
     # must not land on the zeros the next step gives its frozen rows
@@ -1238,14 +1252,7 @@ def test_process_backend_frozen_rows_report_zero_reward_after_an_interrupted_ste
     fns = [PayingSlowEnv, PayingSlowEnv, functools.partial(PayingSlowEnv, 1.0), functools.partial(PayingSlowEnv, 1.0)]
     try:
         with _process_pool(fns, 2) as pool:
-            td = pool.reset()
-            td["action"] = torch.zeros(4, dtype=torch.int64)
-            timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
-            timer.start()
-            with pytest.raises(KeyboardInterrupt):
-                pool.step(td)  # worker 1's envs sleep 1 s: the Ctrl-C lands while they step
-                time.sleep(3)  # (a signal that came late lands here, not in pytest)
-            timer.cancel()
+            td = _ctrl_c_in_a_step(pool)  # worker 1's envs sleep 1 s: the Ctrl-C lands while they step
             td["_step"] = torch.tensor([[True], [True], [False], [False]])
             out = pool.step(td)
             assert out["next", "reward"].view(-1).tolist() == [1.0, 1.0, 0.0, 0.0]
@@ -1278,14 +1285,7 @@ def test_process_backend_an_env_error_in_an_interrupted_step_is_raised_by_the_ne
     fns = [functools.partial(SlowEnv, slow)] * 2 + [SlowEnv, functools.partial(SlowFailingEnv, failing)]
     try:
         with _process_pool(fns, 2) as pool:
-            td = pool.reset()
-            td["action"] = torch.zeros(4, dtype=torch.int64)
-            timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
-            timer.start()
-            with pytest.raises(KeyboardInterrupt):
-                pool.step(td)
-                time.sleep(3)  # (a signal that came late lands here, not in pytest)
-            timer.cancel()
+            td = _ctrl_c_in_a_step(pool)
             time.sleep(1.5)  # every worker has finished the interrupted step
             with pytest.raises(EnvError, match=r"env 3 \(step\): ValueError: transient failure") as err:
                 pool.step(td)
