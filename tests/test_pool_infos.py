@@ -634,3 +634,14 @@ def test_underscore_info_keys_warn_that_collectors_drop_them():
         warnings.simplefilter("error")
         info_pool([info] * 2, [[info]] * 2, info_keys=["public"]).close()  # left out: no warning
     pool.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a spec declared on another device needs CUDA")
+def test_a_declared_info_spec_follows_the_pools_device_not_the_declarations():
+    from torchrl.data import Bounded
+
+    spec = {"frac": Bounded(0.0, 1.0, shape=(2,), dtype=torch.float32, device="cuda")}
+    pool = info_pool([{"frac": np.zeros(2, np.float32)}] * 2, [[{"frac": np.ones(2, np.float32)}]] * 2, info_spec=spec)
+    assert pool.observation_spec["info", "frac"].device == torch.device("cpu")  # the pool's outputs are on the CPU
+    assert pool.observation_spec["info", "frac"].is_in(step(pool)["info", "frac"])
+    pool.close()

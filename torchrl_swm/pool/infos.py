@@ -461,9 +461,9 @@ class InfoSchema:
         spec = Composite(shape=(num_envs,), device=device)
         for key, leaf in self.leaves.items():
             check_storable(leaf.dtype, f"info key {_key_str(key)}", info_key=_key_str(key))
-            if leaf.declared is not None:
+            if leaf.declared is not None:  # where the pool's outputs are (CPU without a device), as declared else
                 declared = leaf.declared.expand(num_envs, 1, *leaf.shape)
-                spec[key] = declared if device is None else declared.to(device)
+                spec[key] = declared.to(device if device is not None else "cpu")
             else:
                 spec[key] = Unbounded(
                     shape=(num_envs, 1, *leaf.shape), dtype=torch_dtype(leaf.dtype), device=device
