@@ -2428,8 +2428,10 @@ def test_an_initial_state_of_python_numbers_is_named():
                         initial_state={"h": np.zeros(2, np.float32)},
                         transition_fn=lambda s, a: {"state": {"h": s["h"] + a}, "observation": s["h"] + a})
     assert env.reset()["s", "h"].shape == (2, 2)
-    for state, where, got in (((np.float32(0.0), np.zeros(2)), r"initial_state\[0\]", "float32"),
-                              ({"name": "x"}, r"initial_state\['name'\]", "str 'x'")):
+    for state, where, got in (((np.float32(0.0), np.zeros(2)), r"initial_state\[0\]", "float32.*a list or tuple is"),
+                              ({"name": "x"}, r"initial_state\['name'\]", "str 'x'$"),
+                              (0.0, "initial_state", r"float 0.0; pass it as a tensor, e.g. torch.tensor\(value\)$"),
+                              ({"h": np.float64(0.0)}, r"initial_state\['h'\]", "float.*; pass it as a tensor")):
         with pytest.raises(TypeError, match=rf"{where}: expected tensors or arrays \(a state's leaves\), got {got}"):
             WorldModelEnv(object(), BOX2, BOX2, num_envs=2, state_key="s", initial_observation=torch.zeros(2),
                           initial_state=state, transition_fn=lambda s, a: s)

@@ -530,9 +530,11 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         self._differentiable = bool(differentiable)
         bad = _bad_state_leaf(initial_state, "initial_state")
         if bad is not None:
-            path, value = bad
-            hint = "" if not isinstance(value, (bool, int, float, complex)) else (
-                "; a list or tuple is a state of several tensors: pass one tensor as torch.tensor([...])")
+            path, value, in_sequence = bad
+            hint = ""
+            if isinstance(value, (bool, int, float, complex, np.generic)):  # a number (numpy's scalars too)
+                hint = ("; a list or tuple is a state of several tensors: pass one tensor as torch.tensor([...])"
+                        if in_sequence else "; pass it as a tensor, e.g. torch.tensor(value)")
             raise TypeError(f"{path}: expected tensors or arrays (a state's leaves), got {describe(value)}{hint}")
         # two streams: a partial reset never moves the model's, so rows that are not reset get the same noise
         self._generator = torch.Generator(device=device)  # the model's (steps)
@@ -1941,19 +1943,20 @@ def _composite(mapping: Mapping, device) -> Composite:
     )
 
 
-def _bad_state_leaf(value, path: str):
-    """``(path, leaf)`` of the first leaf of a given state (``initial_state``) that is neither a tensor nor a
-    numpy array (converted), e.g. ``[0.0, 0.0]`` meant as one tensor; ``None`` when every leaf is one."""
+def _bad_state_leaf(value, path: str, in_sequence: bool = False):
+    """``(path, leaf, in_sequence)`` of the first leaf of a given state (``initial_state``) that is neither a
+    tensor nor a numpy array (converted), e.g. ``[0.0, 0.0]`` meant as one tensor (``in_sequence``: inside a
+    list or tuple); ``None`` when every leaf is one."""
     if value is None or isinstance(value, (torch.Tensor, np.ndarray, TensorDictBase)):
         return None
     if isinstance(value, Mapping):
-        items = value.items()
+        items, sequence = value.items(), False
     elif isinstance(value, (tuple, list)):
-        items = enumerate(value)
+        items, sequence = enumerate(value), True
     else:
-        return path, value
+        return path, value, in_sequence
     for key, item in items:
-        found = _bad_state_leaf(item, f"{path}[{key!r}]")
+        found = _bad_state_leaf(item, f"{path}[{key!r}]", sequence)
         if found is not None:
             return found
     return None
