@@ -58,7 +58,7 @@ from tensordict.utils import unravel_key
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from .errors import EnvError, check_int, describe
+from .errors import EnvError, _integral, check_int, describe
 from .introspect import bookkeeping_keys, step_counter_limit
 
 __all__ = ["World", "EvalResult", "RandomPolicy", "EpisodePlan", "RESET_MODES", "SUCCESS_KEYS"]
@@ -855,8 +855,9 @@ class World:
         spec.update(self.env.full_state_spec)
         allowed = bookkeeping_keys(self.env)
         keys = [(k,) if isinstance(k, str) else tuple(k) for k in spec.keys(True, True)]
+        has_count = ("step_count",) in keys
         # an env's own "step_count" may be a hidden StepCounter's only if it holds one count per env
-        counter_like = ("step_count",) in keys and spec["step_count"].shape[1:].numel() == 1
+        counter_like = has_count and spec["step_count"].shape[1:].numel() == 1
         clashes = sorted({k[0] for k in keys if k not in allowed and (
             k[0] == "episode" or (k[0] == "step_count" and not counter_like))})
         if clashes:
@@ -865,7 +866,7 @@ class World:
                 "(\"episode\": the episode id, \"step_count\": the step in the episode) and would overwrite; "
                 "rename it (e.g. torchrl.envs.RenameTransform) before collecting"
             )
-        return ("step_count",) in keys and ("step_count",) not in allowed
+        return has_count and ("step_count",) not in allowed
 
     def _dataset_plans(self, dataset, episodes, episodes_idx, start_steps, goal_offset, eval_budget, seed, goal_key,
                        reset_options_fn, check_start):
@@ -915,9 +916,7 @@ class World:
                 )
         if start_steps is None:
             starts = [0] * len(idx)
-        elif isinstance(start_steps, (int, np.integer)) or (
-            isinstance(start_steps, (np.ndarray, torch.Tensor)) and start_steps.ndim == 0
-        ):
+        elif _integral(start_steps):  # an int, numpy integer or 0-d integer array/tensor
             starts = [check_int(start_steps, "start_steps")] * len(idx)
         else:
             starts = [check_int(s, "start_steps") for s in _sequence(start_steps, "start_steps", scalar="an int or ")]

@@ -206,12 +206,12 @@ class Leaf:
             return value
         if kind == "start":
             return self._add_start(value)
+        if kind in ("multi_one_hot", "one_hot") and value.dtype is torch.bool:
+            value = value.to(torch.uint8)  # torch has no argmax for bool (TorchRL's default one-hot dtype)
         if kind == "multi_one_hot":
-            if value.dtype is torch.bool:
-                value = value.to(torch.uint8)  # torch has no argmax for bool
             value = torch.stack([p.argmax(-1) for p in value.split(self._split, dim=-1)], -1)
         elif kind == "one_hot":
-            value = (value if value.dtype is not torch.bool else value.to(torch.uint8)).argmax(-1)  # no bool argmax
+            value = value.argmax(-1)
         elif kind == "squeeze":
             value = value.squeeze(-len(self.spec.shape) - 1)
         if self._start is not None:

@@ -114,14 +114,7 @@ def where_rows(mask: torch.Tensor, new, old):
     index = []  # the True rows, found once for every leaf that takes the index path
 
     def select(a, b):
-        if (
-            b.numel() < _INDEX_SELECT_MIN
-            or b.device.type != "cpu"  # one where kernel on an accelerator; an index would sync
-            or a.shape != b.shape
-            or a.dtype != b.dtype
-            or a.device != b.device
-            or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))
-        ):
+        if not _index_path(b, a) or a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
             return torch.where(row_view(mask, a), a, b)
         if not index:
             index.append(mask.reshape(-1).nonzero().squeeze(-1))
@@ -135,9 +128,19 @@ def where_rows(mask: torch.Tensor, new, old):
 
 def zero_rows(mask: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """A copy of tensor ``t`` with the rows in ``mask`` (``(N,)`` or ``(N, 1)``) zeroed, as ``masked_fill``."""
-    if t.numel() < _INDEX_SELECT_MIN or t.device.type != "cpu" or (torch.is_grad_enabled() and t.requires_grad):
+    if not _index_path(t):
         return t.masked_fill(row_view(mask, t), 0)
     return t.clone().index_fill_(0, mask.reshape(-1).nonzero().squeeze(-1), 0)  # as where_rows: faster when large
+
+
+def _index_path(t: torch.Tensor, *others: torch.Tensor) -> bool:
+    """Whether a row select on ``t`` takes the copy-then-index path: a large CPU tensor (one ``where`` kernel on
+    an accelerator, where an index would sync), outside any autograd graph (``where`` keeps it simple)."""
+    return (
+        t.numel() >= _INDEX_SELECT_MIN
+        and t.device.type == "cpu"
+        and not (torch.is_grad_enabled() and any(x.requires_grad for x in (t, *others)))
+    )
 
 
 def put_rows(x, index: torch.Tensor, src):
