@@ -2435,3 +2435,130 @@ def test_an_initial_state_of_python_numbers_is_named():
         with pytest.raises(TypeError, match=rf"{where}: expected tensors or arrays \(a state's leaves\), got {got}"):
             WorldModelEnv(object(), BOX2, BOX2, num_envs=2, state_key="s", initial_observation=torch.zeros(2),
                           initial_state=state, transition_fn=lambda s, a: s)
+
+
+@pytest.mark.parametrize("batch", [(), (1,), (3,), (2, 3)])
+def test_a_batch_unlocked_env_gives_model_encoder_and_adapters_rows_whatever_the_batch(batch):
+    # the contract: (N, ...) rows. A batch () is one row (check_env_specs, rollout), (2, 3) is six
+    seen = {}
+    box, act = gym.spaces.Box(-9, 9, (3,), np.float32), gym.spaces.Box(-1, 1, (2,), np.float32)
+
+    def record(name, *values):
+        seen.setdefault(name, set()).update(tuple(v.shape) for v in values)
+
+    def transition(state, action):  # indexes the row dim, as the README's model does
+        record("transition", state, action)
+        nxt = state + action[:, :1]
+        return nxt, nxt, None  # (state, obs, reward): no reward, reward_fn gives it
+
+    def reward_fn(state, obs, action):
+        record("reward_fn", state, obs, action)
+        return state[:, 0] + action[:, 1]
+
+    def terminal_fn(state, obs, action):
+        record("terminal_fn", state, obs, action)
+        return state[:, 0] > 100
+
+    def adapt(action):
+        record("action_transform_fn", action)
+        return torch.cat((action[:, :1], -action[:, :1]), -1)
+
+    def decoder(obs):
+        record("decoder", obs)
+        return obs[:, :2] * 10
+
+    env = make_world_model_env(object(), box, act, num_envs=None, state_key="observation",
+                               initial_state=torch.tensor([1.0, 2.0, 3.0]),
+                               transition_fn=transition, reward_fn=reward_fn, terminal_fn=terminal_fn,
+                               action_transform_fn=adapt, model_action_space=act, decoder=decoder)
+    assert env.observation_spec["pixels"].shape == (2,)  # the decoder's probe: a batch of one
+    seen.clear()
+    td = env.reset(TensorDict(batch_size=batch))
+    actions = torch.arange(2 * max(1, int(np.prod(batch))), dtype=torch.float32).reshape(*batch, 2) / 10
+    td["action"] = actions
+    out = env.step(td)["next"]
+    rows = int(np.prod(batch))
+    for name in ("transition", "reward_fn", "terminal_fn", "action_transform_fn", "decoder"):
+        assert {shape[0] for shape in seen[name]} == {rows}, (name, seen[name])
+        assert all(len(shape) == 2 for shape in seen[name]), (name, seen[name])
+    expected = torch.tensor([1.0, 2.0, 3.0]).expand(*batch, 3) + actions[..., :1]
+    torch.testing.assert_close(out["observation"], expected)
+    # reward_fn sees the model's action (action_transform_fn's (a0, -a0))
+    torch.testing.assert_close(out["reward"], expected[..., :1] - actions[..., :1])
+    torch.testing.assert_close(out["pixels"], expected[..., :2] * 10)
+    assert out.batch_size == batch and out["done"].shape == (*batch, 1) and not out["done"].any()
+    if batch == ():
+        check_env_specs(env)
+
+
+@pytest.mark.parametrize("batch", [(), (2, 3)])
+def test_a_batch_unlocked_env_encodes_a_constant_start_as_rows(batch):
+    shapes = []
+
+    def encode(obs):
+        shapes.append(tuple(obs.shape))
+        return obs[:, :1] + 1
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=None, state_key="latent",
+                        state_spec=gym.spaces.Box(-9, 9, (1,), np.float32),
+                        initial_observation=torch.tensor([1.0, 5.0]), encode_fn=encode,
+                        transition_fn=lambda s, a: {"state": s + a[:, :1], "observation": a * s})
+    td = env.reset(TensorDict(batch_size=batch))
+    assert shapes == [(int(np.prod(batch)), 2)]
+    assert td["latent"].shape == (*batch, 1) and (td["latent"] == 2).all()
+    td["action"] = torch.ones(*batch, 2)
+    nxt = env.step(td)["next"]
+    assert (nxt["latent"] == 3).all() and (nxt["observation"] == 2).all()
+
+
+def test_a_state_read_back_from_the_tensordict_is_checked_before_the_model_runs():
+    calls = []
+
+    def transition(state, action):
+        calls.append(state)
+        return {"state": state + 1, "observation": state[..., :2] + 1}
+
+    # the observation is the state (the planner setup): a wrong width or dtype is the caller's, named as such
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=None, state_key="observation",
+                        initial_state=torch.zeros(2), transition_fn=lambda s, a: s + a)
+    for bad in (torch.zeros(4, 3), torch.zeros(4, 2, dtype=torch.float64)):
+        td = TensorDict(observation=bad, action=torch.zeros(4, 2), batch_size=[4])
+        with pytest.raises(ValueError, match=r"input tensordict's state 'observation'.*expected dtype torch.float32, "
+                                             r"shape \(4, 2\)"):
+            env.step(td)
+    # a state of its own, with a spec: a (4, 1) latent the model would broadcast is refused, not accepted
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=None, state_key="latent",
+                        state_spec=gym.spaces.Box(-9, 9, (2,), np.float32), initial_state=torch.zeros(2),
+                        initial_observation=torch.zeros(2), transition_fn=transition)
+    for bad in (torch.zeros(4, 1), torch.zeros(4, 2, dtype=torch.float64)):
+        td = TensorDict(latent=bad, observation=torch.zeros(4, 2), action=torch.ones(4, 2), batch_size=[4])
+        with pytest.raises(ValueError, match=r"input tensordict's state.*state_key='latent'.*shape \(4, 2\)"):
+            env.step(td)
+    assert calls == []
+    # a locked env reading its state back: the same check on every step (the env's own outputs pass)
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, state_key="latent",
+                        state_spec=gym.spaces.Box(-9, 9, (2,), np.float32), initial_state=torch.zeros(2),
+                        initial_observation=torch.zeros(2), transition_fn=transition)
+    assert env.rollout(4)["next", "latent"][:, -1].eq(4).all()
+    td = env.reset()
+    td["latent"] = td["latent"][:, :1]
+    td["action"] = torch.zeros(3, 2)
+    with pytest.raises(ValueError, match="state_key='latent'"):
+        env.step(td)
+
+
+def test_an_observation_transform_with_keys_of_its_own_keeps_the_state_read_back():
+    from torchrl.envs import ObservationNorm
+
+    def plus_one(state, action):
+        nxt = state + 1.0 + 0 * action
+        return {"state": nxt, "reward": nxt[..., :1].clone()}
+
+    one = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    for out_keys, rewards in ((["observation_norm"], [1.0, 2.0, 3.0, 4.0]), (None, [1.0, 11.0, 111.0, 1111.0])):
+        base = WorldModelEnv(object(), one, one, num_envs=2, initial_state=torch.zeros(1), state_key="observation",
+                             transition_fn=plus_one, seed=0)
+        env = TransformedEnv(base, ObservationNorm(loc=0.0, scale=10.0, in_keys=["observation"], out_keys=out_keys))
+        out = env.rollout(4, break_when_any_done=False)
+        # with keys of its own the model's state is untouched; in place, the normalised observation is the state
+        assert out["next", "reward"][0, :, 0].tolist() == pytest.approx(rewards)

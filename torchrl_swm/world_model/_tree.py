@@ -8,8 +8,10 @@ differentiable (``differentiable=True``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
@@ -25,6 +27,7 @@ __all__ = [
     "put_rows",
     "broadcast_rows",
     "unflatten_rows",
+    "call_on_rows",
     "check_batch",
     "with_batch",
 ]
@@ -153,6 +156,56 @@ def unflatten_rows(x, batch_shape: tuple[int, ...]):
     if isinstance(x, TensorDictBase) and x.batch_dims:
         return x.reshape(*batch_shape, *x.batch_size[1:])
     return tree_map(lambda t: t.reshape(*batch_shape, *t.shape[1:]), x)
+
+
+def call_on_rows(fn, batch_shape: tuple[int, ...], *args, **kwargs):
+    """``fn(*args, **kwargs)`` given ``(N, ...)`` rows, whatever the batch, as a model, encoder or adapter takes them.
+
+    A batch-unlocked env runs with any batch shape: ``()`` (one unbatched row, as ``check_env_specs``
+    and TorchRL's ``rollout`` use it) or several dims (a planner's candidates). Its batch dims are
+    merged into one of ``N = prod(batch_shape)`` rows for the call (views), and the leaves of the
+    result that have ``N`` leading rows get ``batch_shape`` back, so the checks that follow see the
+    batch they expect. Anything else (scalars, leaves of other shapes) is returned as it came, for
+    those checks to report. A one-dim batch is passed through untouched (the hot path).
+    """
+    if len(batch_shape) == 1:
+        return fn(*args, **kwargs)
+    nb, n = len(batch_shape), math.prod(batch_shape)
+    merged = [_merge_rows(a, nb, n) for a in args]
+    return _split_rows(fn(*merged, **kwargs), n, tuple(batch_shape), {})
+
+
+def _merge_rows(x, nb: int, n: int):
+    if isinstance(x, TensorDictBase) and x.batch_dims >= nb:
+        return x.reshape(n, *x.batch_size[nb:])
+    return tree_map(lambda t: t.reshape(n, *t.shape[nb:]), x)
+
+
+def _split_rows(x, n: int, batch_shape: tuple, memo: dict):
+    """The inverse of :func:`_merge_rows` on whatever a callable returned; ``memo`` keeps an object
+    returned twice (a state that is also the observation) one object."""
+    if id(x) in memo:
+        return memo[id(x)]
+
+    def leaf(t):
+        return t.reshape((*batch_shape, *t.shape[1:])) if t.ndim and t.shape[0] == n else t
+
+    if isinstance(x, (torch.Tensor, np.ndarray)):
+        out = leaf(x)
+    elif isinstance(x, TensorDictBase):
+        if x.batch_dims:
+            out = x.reshape((*batch_shape, *x.batch_size[1:])) if x.batch_size[0] == n else x
+        else:
+            out = x.apply(leaf)
+    elif isinstance(x, Mapping):
+        out = {k: _split_rows(v, n, batch_shape, memo) for k, v in x.items()}
+    elif isinstance(x, (tuple, list)):
+        items = [_split_rows(v, n, batch_shape, memo) for v in x]
+        out = type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
+    else:
+        out = x
+    memo[id(x)] = out
+    return out
 
 
 def broadcast_rows(x, batch_shape: tuple[int, ...]):

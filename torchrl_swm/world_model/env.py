@@ -23,6 +23,7 @@ falls back to the generic path whenever the input is outside what it handles.
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -214,11 +215,12 @@ class _Runtime:
 class _Shapes:
     """Expected full shapes for one batch shape (cached: no tuple building per step)."""
 
-    __slots__ = ("bs", "bs1", "nb", "obs", "action", "false", "zero_reward", "state")
+    __slots__ = ("bs", "bs1", "nb", "rows", "obs", "action", "false", "zero_reward", "state")
 
     def __init__(self, env, bs):
         self.bs = torch.Size(bs)
         self.nb = len(self.bs)
+        self.rows = self.bs if self.nb == 1 else torch.Size((self.bs.numel(),))  # the model's (N,)
         self.bs1 = torch.Size((*bs, 1))
         self.false = _Zeros(self.bs1, torch.bool, env._dev)
         self.zero_reward = _Zeros(self.bs1, env._reward_dtype, env._dev)
@@ -431,8 +433,10 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             ``False`` forces identity.
         state_key: also expose the state in the tensordict under this key, and read it back
             from the input tensordict at each step (so rollouts can start from states held in a
-            tensordict: planners, imagination from replayed latents). An observation key means
-            "the observation is the state".
+            tensordict: planners, imagination from replayed latents), checked against its spec
+            before the model runs. An observation key means "the observation is the state": a
+            transform that rewrites it (``ObservationNorm``, ``CatFrames``) then changes the next
+            step's state, so give such transforms ``out_keys`` of their own.
         state_spec: unbatched spec of the state under ``state_key``: a spec, a space, or a
             ``{key: spec}`` mapping for dict states (default: inferred from ``initial_state``).
             The shapes and dtypes of the state's tensor leaves are checked against it at every
@@ -460,7 +464,9 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
 
     Contract:
         * The model is called once per step on the whole batch (``(N, ...)`` tensors); with
-          ``"_step"`` masks it still runs on every row and the frozen rows are put back.
+          ``"_step"`` masks it still runs on every row and the frozen rows are put back. A
+          batch-unlocked env's batch ``()`` or ``(B, C)`` reaches it (and its encoder and
+          adapters) as ``N = 1`` or ``B * C`` rows.
         * The env never copies the state: step ``t``'s output *is* step ``t+1``'s input. The
           transition must return new tensors and must not modify its input state in place (an
           in-place update would also change tensors already handed to TorchRL).
@@ -1116,10 +1122,11 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                 )
         return td.get("action")
 
-    def _current_state(self, td):
+    def _current_state(self, td, shapes: _Shapes):
         if self._state_key is not None:
             value = td.get(self._state_key, None)
             if value is not None:
+                self._check_input_state(value, shapes)
                 return value
             if not self._locked:
                 raise KeyError(
@@ -1159,16 +1166,20 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         if self._state_key is None and rt.has_state:
             state = rt.state
         else:
-            state = self._current_state(td)
+            state = self._current_state(td, shapes)
         state_in = state  # a row frozen by "_step" keeps it (with state_key: the caller's, maybe edited)
         # the model, once for the batch
-        kwargs = self._step_mask(partial, shapes.bs) if self._transition_takes_mask else {}
+        kwargs = self._step_mask(partial, shapes.rows) if self._transition_takes_mask else {}
+        if shapes.nb == 1:
+            call = self._transition.call
+        else:  # a batch-unlocked env's batch () or (B, C): the model still gets (N, ...) rows
+            call = functools.partial(_tree.call_on_rows, self._transition.call, shapes.bs)
         if self._differentiable or not torch.is_grad_enabled():
-            result = self._transition.call(state, action, **kwargs)
+            result = call(state, action, **kwargs)
         else:
             torch._C._set_grad_enabled(False)
             try:
-                result = self._transition.call(state, action, **kwargs)
+                result = call(state, action, **kwargs)
             finally:
                 torch._C._set_grad_enabled(True)
         where = self._where
@@ -1369,7 +1380,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             return nest(obs) if self._obs_is_mapping else obs
         if self._obs_is_state:
             self._refuse_encoded_start(what)
-        state = self._encode.call(nest(obs) if self._obs_is_mapping else obs)  # grad mode: the reset's
+        state = _tree.call_on_rows(self._encode.call, bs, nest(obs) if self._obs_is_mapping else obs)  # grad: reset's
         if state is None:
             raise ReturnFormError(f"{self._encode.description} returned None for {what}; expected the encoded state")
         state = self._check_state(state, bs, f"{self._encode.description} (encoding {what})")
@@ -1386,8 +1397,24 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             self._check_state_spec(state, _state_layout(self._state_spec_unbatched, bs), where)
         return state
 
-    def _check_state_spec(self, state, layout, where):
-        """Raise unless the state's tensor leaves have the shapes and dtypes of the state spec (state_key)."""
+    def _check_input_state(self, value, shapes: _Shapes) -> None:
+        """A state read back from the caller's tensordict (``state_key``) is checked before the model gets it,
+        as actions are: a caller's mistake is named as such, not blamed on the model (or broadcast by it)."""
+        where = "WorldModelEnv.step: the input tensordict's state"
+        if self._obs_is_state:
+            leaf = self._obs_leaf
+            if not _exact(value, shapes.obs, leaf.dtype, self._dev):
+                raise ValueError(
+                    f"{where} {self._state_key!r} (the observation, state_key={self._state_key!r}): expected dtype "
+                    f"{leaf.dtype}, shape {tuple(shapes.obs)} and device {self._dev} (the observation spec), "
+                    f"got {describe(value)}"
+                )
+        elif shapes.state is not None:
+            self._check_state_spec(value, shapes.state, where, error=ValueError)
+
+    def _check_state_spec(self, state, layout, where, error: type[Exception] = ReturnFormError):
+        """Raise ``error`` unless the state's tensor leaves have the shapes and dtypes of the state spec
+        (state_key)."""
         dev = self._dev
         for key, shape, dtype in layout:
             value = _get_nested(state, key) if key else state
@@ -1402,7 +1429,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                     got = f"device {value.device}"
                 else:
                     got = describe(value)
-                raise ReturnFormError(
+                raise error(
                     f"{where}: {name} (exposed under state_key={self._state_key!r}): expected dtype {dtype}, shape "
                     f"{tuple(shape)} and device {dev} (the state spec), got {got}"
                 )

@@ -138,7 +138,7 @@ class ActionAdapter(_WorldModelTransform):
             action = check.refuse(action, "ActionAdapter: the outside action",
                                   None if stepped is None else stepped.view(-1))
         with _grad_context(base):
-            model_action = bound.call(action)
+            model_action = _tree.call_on_rows(bound.call, tuple(tensordict.batch_size), action)
         leaf = base._action_leaf
         if leaf is None:
             raise TypeError(
@@ -226,9 +226,11 @@ class RewardAdapter(_WorldModelTransform):
         if base.reward_from_model:
             return next_tensordict
         bound = self._adapter(self._fn, "reward_fn", ("state", "obs", "action"))
-        with _grad_context(base):
-            reward = bound.call(base.state, self._observation(base, next_tensordict), tensordict.get("action"))
         bs = tuple(next_tensordict.batch_size)
+        with _grad_context(base):
+            reward = _tree.call_on_rows(
+                bound.call, bs, base.state, self._observation(base, next_tensordict), tensordict.get("action")
+            )
         reward = base._reward(reward, bs, (*bs, 1), bound.description, "a reward")
         if reward is None:
             raise ReturnFormError(f"{bound.description} returned None; expected a float tensor of shape {(*bs, 1)}")
@@ -260,9 +262,11 @@ class TerminalAdapter(_WorldModelTransform):
         if base.terminated_from_model:
             return next_tensordict
         bound = self._adapter(self._fn, "terminal_fn", ("state", "obs", "action"))
-        with _grad_context(base):
-            flag = bound.call(base.state, self._observation(base, next_tensordict), tensordict.get("action"))
         bs = tuple(next_tensordict.batch_size)
+        with _grad_context(base):
+            flag = _tree.call_on_rows(
+                bound.call, bs, base.state, self._observation(base, next_tensordict), tensordict.get("action")
+            )
         terminated = base._flag(flag, bs, (*bs, 1), "terminated", bound.description, "a termination flag")
         if terminated is None or flag is MISSING:
             raise ReturnFormError(f"{bound.description} returned nothing; expected a bool tensor of shape {(*bs, 1)}")
@@ -378,8 +382,8 @@ class ObservationDecoder(_WorldModelTransform):
         value = next_tensordict.get(self.in_keys[0], None)
         if value is None:
             self._missing_input(next_tensordict.keys(True, True))
-        out = self._decode(value, phase)
         bs = tuple(next_tensordict.batch_size)
+        out = _tree.call_on_rows(self._decode, bs, value, phase=phase)
         spec = self._spec
         if tuple(out.shape[: len(bs)]) != bs or (
             spec is not None and (tuple(out.shape[len(bs):]) != tuple(spec.shape) or out.dtype != spec.dtype)
