@@ -321,6 +321,34 @@ def test_writer_rejects_overflow_and_late_adds(tmp_path):
     assert load_dataset(tmp_path / "w").num_steps == 2
 
 
+def test_writer_refuses_an_episode_unlike_the_first_a_repeated_id_or_no_id(tmp_path):
+    # the storage is laid out by the first episode: it would store a missing entry as zeros, drop an extra one
+    def episode(i, length, **entries):
+        entries = entries or {"x": torch.full((length, 2), float(i))}
+        return TensorDict({"episode": torch.full((length,), i), **entries}, [length])
+
+    writer = DatasetWriter(tmp_path / "w", capacity=20)
+    writer.add(episode(0, 3))
+    cases = [
+        (episode(1, 2, y=torch.ones(2, 2)), r"missing \['x'\], extra \['y'\]"),
+        (episode(1, 2, x=torch.ones(2, 2), y=torch.ones(2, 2)), r"missing \[\], extra \['y'\]"),
+        (episode(1, 2, x=torch.ones(2, 3)), r"changed \[\('x', \{'shape': \[2\].*\{'shape': \[3\]"),
+        (episode(1, 2, x=torch.ones(2, 2, dtype=torch.float64)), r"changed .*torch.float64"),
+        (episode(0, 2), "episode 0 is already in the dataset"),
+        (episode(1, 2).exclude("episode"), "no integer 'episode' entry"),
+        (episode(1, 2).set("episode", torch.tensor([1, 2])), r"several 'episode' ids: \[1, 2\]"),
+        (TensorDict({"episode": torch.zeros(0, dtype=torch.int64)}, [0]), "L >= 1"),
+    ]
+    for bad, message in cases:
+        with pytest.raises(ValueError, match=message):
+            writer.add(bad)
+    writer.add(episode(1, 2))  # nothing of the refused episodes was written
+    writer.close(complete=True)
+    ds = load_dataset(tmp_path / "w")
+    assert ds.episode_ids.tolist() == [0, 1] and ds.episode_lengths.tolist() == [3, 2]
+    assert ds.td["x"][:, 0].tolist() == [0, 0, 0, 1, 1]
+
+
 def test_an_interrupt_inside_the_storage_write_leaves_no_rows_of_that_episode_for_rb_loads(tmp_path):
     """TorchRL's writer advances its cursor and the storage length before writing: a Ctrl-C landing there
     must not leave rows of no episode in the storage metadata that a plain ``rb.loads(path)`` reads."""
@@ -592,6 +620,49 @@ def test_a_damaged_or_partial_dataset_is_a_dataset_error_never_a_silent_load(tmp
     (tmp_path / "not_object" / "dataset.json").write_text("[]")
     with pytest.raises(DatasetError, match=r"dataset.json': expected a JSON object, got list"):
         load_dataset(tmp_path / "not_object")
+
+
+@pytest.mark.parametrize("damage", ["shape", "dtype", "storage_rows", "no_episode"])
+def test_a_storage_that_disagrees_with_dataset_json_is_a_dataset_error(tmp_path, damage):
+    # the storage's own meta.json would reshape (or reinterpret) the rows without a word
+    World(counting_pool(2)).collect(tmp_path / "ds", 3, seed=0, max_steps=10, progress=False)
+    storage_meta, dataset_json = tmp_path / "ds" / "storage" / "meta.json", tmp_path / "ds" / "dataset.json"
+    meta, info = json.loads(storage_meta.read_text()), json.loads(dataset_json.read_text())
+    if damage == "shape":
+        meta["observation"]["shape"] = [meta["observation"]["shape"][0], 1]  # the rows, 1 value each
+        message = r"entry 'observation': dataset.json says shape \[3\] .* the storage holds shape \[1\]"
+    elif damage == "dtype":
+        meta["observation"]["dtype"] = "torch.int32"
+        message = r"entry 'observation': .*dtype torch.float32 per row, the storage holds .*dtype torch.int32"
+    elif damage == "storage_rows":
+        info["storage_rows"] = "20 rows"
+        message = r"'storage_rows' must be a non-negative integer, got '20 rows'"
+    else:  # no "episode" anywhere: neither listed nor stored
+        meta.pop("episode")
+        del info["keys"]["episode"]
+        message = "the storage has no 'episode' entry"
+    storage_meta.write_text(json.dumps(meta))
+    dataset_json.write_text(json.dumps(info))
+    with pytest.raises(DatasetError, match=message):
+        load_dataset(tmp_path / "ds")
+
+
+def test_collect_sizes_its_buffers_by_the_env_limit_and_grows_them_with_the_episodes(tmp_path):
+    # CartPole stops at 500 steps: a bound far above it is neither allocated nor recorded
+    with World("CartPole-v1", num_envs=2) as world:
+        world.collect(tmp_path / "big", 2, seed=0, max_steps=10**12, progress=False)
+    ds = load_dataset(tmp_path / "big")
+    assert ds.metadata["max_steps"] == 500 and ds.num_episodes == 2
+    # episodes of 300-700 steps: the per-env rows grow past their first 256, every row recorded once
+    factory = functools.partial(counting, max_length=700, truncate=True)
+    lengths = [expected_length(s, max_length=700) for s in range(3)]
+    with World(EnvPool([factory] * 2, seed=0)) as world:
+        world.collect(tmp_path / "long", 3, seed=0, max_steps=800, progress=False)
+    ds = load_dataset(tmp_path / "long")
+    assert sorted(ds.episode_lengths.tolist()) == sorted(lengths) and max(lengths) > 256
+    for i in range(ds.num_episodes):
+        episode = ds.episode(i)
+        assert episode["observation"][:, 0].tolist() == list(range(len(episode)))  # t counts 0, 1, ... in order
 
 
 class _DottedInfo(gym.Wrapper):

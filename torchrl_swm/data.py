@@ -55,7 +55,7 @@ import numpy as np
 import torch
 from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 
-from .errors import check_int
+from .errors import check_int, describe
 
 __all__ = ["load_dataset", "WorldDataset", "DatasetWriter", "DatasetError", "FORMAT", "FORMAT_VERSION"]
 
@@ -177,6 +177,7 @@ class DatasetWriter:
             "versions": _versions(),
         }
         self.episode_ids: list[int] = []
+        self._ids_written: set[int] = set()
         self.episode_lengths: list[int] = []
         self.num_steps = 0
         self.storage_rows = self.capacity  # the storage's rows on disk (num_steps once compacted)
@@ -206,8 +207,44 @@ class DatasetWriter:
         self.storage = LazyMemmapStorage(self.capacity, scratch_dir=self.path / "storage", existsok=False)
         self.rb = ReplayBuffer(storage=self.storage, writer=RoundRobinWriter(), sampler=RandomSampler())
 
+    def _check_episode(self, episode: TensorDictBase) -> tuple[int, dict]:
+        """``(episode id, key layout)`` of an episode fit to append: one id on every row, not written before,
+        and the entries (keys, shapes, dtypes) of the first episode, which the storage was laid out for (it
+        would store a missing entry as zeros and drop an extra one)."""
+        if not isinstance(episode, TensorDictBase) or episode.batch_dims != 1 or not episode.batch_size[0]:
+            raise ValueError(f"DatasetWriter.add: expected one episode, a TensorDict of batch [L] with L >= 1, got "
+                             f"{describe(episode)}")
+        ids = episode.get("episode", None)
+        if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point or ids.dtype is torch.bool:
+            raise ValueError(f"DatasetWriter.add: the episode has no integer 'episode' entry (its id on every row), "
+                             f"got {describe(ids)}")
+        flat = ids.reshape(len(ids), -1)
+        episode_id = int(flat[0, 0])
+        if not bool((flat == episode_id).all()):
+            raise ValueError(f"DatasetWriter.add: one episode holds several 'episode' ids: "
+                             f"{sorted(set(flat.unique().tolist()))}; add each episode on its own")
+        if episode_id in self._ids_written:
+            raise ValueError(f"DatasetWriter.add: episode {episode_id} is already in the dataset; each episode id "
+                             "can be added once")
+        keys = _describe_keys(episode)
+        if self.keys is not None and keys != self.keys:
+            missing = sorted(set(self.keys) - set(keys))
+            extra = sorted(set(keys) - set(self.keys))
+            changed = sorted(k for k in set(keys) & set(self.keys) if keys[k] != self.keys[k])
+            raise ValueError(
+                f"DatasetWriter.add: episode {episode_id}'s entries differ from the dataset's (laid out by its first "
+                f"episode): missing {missing}, extra {extra}, "
+                f"changed {[(k, self.keys[k], keys[k]) for k in changed]} (expected, got)"
+            )
+        return episode_id, keys
+
     def add(self, episode: TensorDictBase) -> None:
-        """Append one complete episode (batch ``[L]``) to the storage."""
+        """Append one complete episode (batch ``[L]``) to the storage.
+
+        Raises:
+            ValueError: the episode has no integer ``"episode"`` id (one on every row), an id already
+                added, or entries (keys, shapes, dtypes) other than the first episode's.
+        """
         if self.closed:
             raise RuntimeError("DatasetWriter: add() after close()")
         self.open()
@@ -216,15 +253,17 @@ class DatasetWriter:
             raise RuntimeError(
                 f"DatasetWriter: episode of {length} steps does not fit ({self.num_steps}/{self.capacity} rows used)"
             )
+        episode_id, keys = self._check_episode(episode)
         if self.keys is None:
-            self.keys = _describe_keys(episode)
+            self.keys = keys
         writer, storage = self.rb._writer, self.storage
         before = (writer._cursor, writer._write_count, storage._len)
-        initialized, episode_id, count = storage.initialized, int(episode.get("episode")[0]), len(self.episode_ids)
+        initialized, count = storage.initialized, len(self.episode_ids)
         try:
             with _quiet_storage_init() if not initialized else contextlib.nullcontext():
                 self.rb.extend(episode)
             self.episode_ids.append(episode_id)
+            self._ids_written.add(episode_id)
             self.episode_lengths.append(length)
             self.num_steps += length
         except BaseException:
@@ -232,6 +271,7 @@ class DatasetWriter:
             # extend would leave them counting rows of no episode, which commit() saves for rb.loads(path)
             writer._cursor, writer._write_count, storage._len = before
             del self.episode_ids[count:], self.episode_lengths[count:]
+            self._ids_written = set(self.episode_ids)
             self.num_steps = sum(self.episode_lengths)
             if not initialized:  # its files may exist already: a fresh storage, or the next add would fail
                 self._new_storage()
@@ -477,14 +517,34 @@ class WorldDataset:
                 raise DatasetError(
                     f"{str(self.path)!r}: storage has {full.batch_size[0]} rows, dataset.json says {self.num_steps}"
                 )
-            missing = sorted(set(self.metadata.get("keys") or ()) - {_key_str(k) for k in full.keys(True, True)})
-            if missing:
-                raise DatasetError(
-                    f"{str(self.path)!r}: the storage lacks the entries {missing} that dataset.json lists"
-                )
+            self._check_entries(full)
             self.td = full[: self.num_steps]
         self._episodes = None
         self._obs_keys = None
+
+    def _check_entries(self, full: TensorDictBase) -> None:
+        """The storage holds every entry ``dataset.json`` lists, with its shape and dtype (a storage whose own
+        ``meta.json`` says otherwise would load reshaped or reinterpreted), and the ``"episode"`` ids."""
+        stored = {_key_str(k): v for k, v in full.items(True, True)}
+        listed = self.metadata.get("keys") or {}
+        missing = sorted(set(listed) - set(stored))
+        if missing:
+            raise DatasetError(f"{str(self.path)!r}: the storage lacks the entries {missing} that dataset.json lists")
+        if "episode" not in stored:
+            raise DatasetError(f"{str(self.path)!r}: the storage has no 'episode' entry (each row's episode id), "
+                               "which a dataset needs; it is damaged or was not written by torchrl_swm")
+        if not isinstance(listed, dict):
+            return
+        for name, desc in listed.items():
+            value = stored[name]
+            if not isinstance(desc, dict):
+                continue
+            if list(value.shape[1:]) != desc.get("shape") or str(value.dtype) != desc.get("dtype"):
+                raise DatasetError(
+                    f"{str(self.path)!r}: entry {name!r}: dataset.json says shape {desc.get('shape')} and dtype "
+                    f"{desc.get('dtype')} per row, the storage holds shape {list(value.shape[1:])} and dtype "
+                    f"{value.dtype}; the dataset is damaged (its storage's meta.json and dataset.json disagree)"
+                )
 
     def _meta_int(self, name: str) -> int:
         """``dataset.json``'s integer ``name`` (0 when absent); a damaged value is a DatasetError."""
@@ -499,7 +559,7 @@ class WorldDataset:
     def _check_storage_files(self, storage: Path) -> None:
         """Every entry ``dataset.json`` lists has its memmap file, at its full size: tensordict would load
         without a missing file (the entry silently gone) and grow a short one (its rows read as zeros)."""
-        keys, rows = self.metadata.get("keys"), int(self.metadata.get("storage_rows") or 0)
+        keys, rows = self.metadata.get("keys"), self._meta_int("storage_rows")
         if not isinstance(keys, dict) or not rows:
             return
         # the files by entry name, named as dataset.json names them (the key's parts joined by "."; a part

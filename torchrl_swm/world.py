@@ -373,27 +373,40 @@ _NUMPY_DTYPES = {
 
 
 class _EpisodeBuffer:
-    """Per-env episode rows (``[N, max_len]``) until an episode is complete."""
+    """Per-env episode rows (``[N, rows]``) until an episode is complete; ``rows`` doubles as episodes
+    grow, up to ``max_len`` (a bound far above the episodes' lengths costs no memory)."""
+
+    _FIRST_ROWS = 256
 
     def __init__(self, num_envs: int, max_len: int):
         self.num_envs, self.max_len = num_envs, max_len
         self.buf: TensorDictBase | None = None
+        self._rows = 0
         self._views: dict = {}
         self._dtypes: dict = {}
+
+    def _allocate(self, like: TensorDictBase, rows: int) -> None:
+        n, old = self.num_envs, self.buf
+        # torch.empty: pages are only committed as rows get written
+        self.buf = like.apply(
+            lambda x: torch.empty((n, rows) + x.shape[like.batch_dims:], dtype=x.dtype), batch_size=[n, rows],
+            device="cpu",
+        )
+        if old is not None:
+            self.buf[:, : self._rows] = old
+        self._rows = rows
+        self._views = {key: leaf.numpy() for key, leaf in self.buf.items(True, True) if _has_numpy_view(leaf)}
+        self._dtypes = {key: leaf.dtype for key, leaf in self.buf.items(True, True)}
 
     def write(self, td: TensorDictBase, rows: np.ndarray, t: np.ndarray) -> None:
         if td.device is not None and td.device.type != "cpu":
             td = td.to("cpu")
         if self.buf is None:
-            n, m = self.num_envs, self.max_len
-            # torch.empty: pages are only committed as rows get written (N x longest-episode rows at most)
-            self.buf = td.apply(
-                lambda x: torch.empty((n, m) + x.shape[1:], dtype=x.dtype), batch_size=[n, m], device="cpu"
-            )
-            self._views = {key: leaf.numpy() for key, leaf in self.buf.items(True, True) if _has_numpy_view(leaf)}
-            self._dtypes = {key: leaf.dtype for key, leaf in self.buf.items(True, True)}
-        if (t >= self.max_len).any():
-            raise RuntimeError(f"an episode exceeded the recording bound of {self.max_len} steps")
+            self._allocate(td, min(self.max_len, self._FIRST_ROWS))
+        if len(t) and int(t.max()) >= self._rows:
+            if int(t.max()) >= self.max_len:
+                raise RuntimeError(f"an episode exceeded the recording bound of {self.max_len} steps")
+            self._allocate(self.buf, min(self.max_len, max(2 * self._rows, int(t.max()) + 1)))
         leaves = list(td.items(True, True))
         views = self._views
         fast = len(leaves) == len(views)  # the first step's keys, all viewed by numpy
@@ -1053,6 +1066,7 @@ class World:
                 "collect: the per-episode step limit is unknown; pass max_steps= (or World(max_episode_steps=...)) "
                 "so that the storage can be sized"
             )
+        max_steps = self._effective_limit(max_steps)  # the env's own, when smaller: the storage's size, the cut
         plans = self._plans(episodes, seed, options)
         used_policy = self.policy if policy is None else policy
         exclude_keys = _excluded_keys(exclude_keys)
@@ -1066,7 +1080,7 @@ class World:
             "num_envs": self.num_envs,
             "seed": seed,
             "reset_mode": reset_mode,
-            "max_steps": self._effective_limit(max_steps),
+            "max_steps": max_steps,
             "episodes_requested": episodes,
             "policy": repr(used_policy)[:300],
             "excluded_keys": [list(k) if len(k) > 1 else k[0] for k in exclude_keys],
