@@ -258,10 +258,16 @@ def test_a_closed_pool_says_it_is_closed(backend):
     collector.shutdown()  # TorchRL's collector closes the env it was given
     assert pool.is_closed
     for use in (pool.reset, lambda: pool.rand_step(td), lambda: pool.rollout(3), lambda: pool.call("render"),
-                lambda: pool.get_attr("length")):
+                lambda: pool.get_attr("length"), lambda: pool.set_seed(3)):
         with pytest.raises(RuntimeError, match=r"EnvPool is closed .*Build a new EnvPool"):
             use()
     pool.close()  # closing again is still harmless
+    # a pool closed before its first reset: the step says it is closed, not that its envs were never reset
+    fresh = EnvPool([counting] * 2, seed=0, backend=backend, num_workers=2 if backend == "process" else None)
+    action = fresh.rand_action()
+    fresh.close()
+    with pytest.raises(RuntimeError, match=r"EnvPool is closed"):
+        fresh.step(action)
 
 
 def test_env_error_pickles_and_rebuilds_from_its_message():

@@ -110,7 +110,11 @@ class _ClosedBackend:
     """Stands in for the backend once the pool is closed: any use says so (no check on the hot path)."""
 
     def __getattr__(self, name):
-        raise RuntimeError(
+        raise self.error()
+
+    @staticmethod
+    def error() -> RuntimeError:
+        return RuntimeError(
             "EnvPool is closed (close() was called, perhaps by a Collector's shutdown(), which closes its env); "
             "its envs are gone. Build a new EnvPool, or pass the Collector a factory of pools instead of a pool."
         )
@@ -403,6 +407,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
 
     def _refuse_unreset(self, rows: np.ndarray | None) -> None:
         """Stepping an env never reset would continue the construction probe's step: a transition of no episode."""
+        self._raise_if_closed()  # before blaming envs that are gone
         unreset = self._unreset if rows is None else self._unreset[rows]
         if unreset.any():
             first = int(np.flatnonzero(unreset)[0]) if rows is None else int(rows[np.flatnonzero(unreset)[0]])
@@ -540,8 +545,14 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             tensordict.set(key, value)
         return tensordict
 
+    def _raise_if_closed(self) -> None:
+        """For the calls that would not reach the backend: a closed pool says so."""
+        if isinstance(self.__dict__.get("_backend"), _ClosedBackend):
+            raise _ClosedBackend.error()
+
     def _set_seed(self, seed: int | None) -> None:
         """Env ``i``'s next reset gets ``seed + i``; the episodes in progress go on as they started."""
+        self._raise_if_closed()
         self._seeds.set(seed)
         self._seeded_after_reset = self._fresh  # stepped before the next reset: warned (_warn_unseeded_start)
 
