@@ -2562,3 +2562,39 @@ def test_an_observation_transform_with_keys_of_its_own_keeps_the_state_read_back
         out = env.rollout(4, break_when_any_done=False)
         # with keys of its own the model's state is untouched; in place, the normalised observation is the state
         assert out["next", "reward"][0, :, 0].tolist() == pytest.approx(rewards)
+
+
+def test_a_cloned_adapter_transform_binds_to_the_env_it_is_cloned_into():
+    # the binding holds its env's model and generator: a clone in another env must not keep the first env's
+    box = gym.spaces.Box(-9, 9, (2,), np.float32)
+
+    class Model:
+        def __init__(self, scale):
+            self.scale = scale
+
+    def base(seed, scale):
+        return WorldModelEnv(Model(scale), box, box, num_envs=2, initial_state=torch.zeros(2), seed=seed,
+                             transition_fn=lambda s, a: (s + a, s + a, None))
+
+    def reward_fn(model, state, obs, action, generator):
+        return model.scale * torch.randn(state.shape[0], generator=generator)
+
+    def decoder(model, obs):
+        return obs * model.scale
+
+    adapters = [RewardAdapter(reward_fn), ObservationDecoder(decoder, in_key="observation", out_key="pixels")]
+    first = TransformedEnv(base(0, 1.0), adapters[0])
+    first.append_transform(adapters[1])
+    first.rollout(2)
+    second_base = base(1, 10.0)
+    second = TransformedEnv(second_base, adapters[0].clone())
+    second.append_transform(adapters[1].clone())
+    reference = TransformedEnv(base(1, 10.0), RewardAdapter(reward_fn))
+    reference.append_transform(ObservationDecoder(decoder, in_key="observation", out_key="pixels"))
+    torch.manual_seed(0)
+    got = second.rollout(3)
+    torch.manual_seed(0)
+    expected = reference.rollout(3)
+    assert torch.equal(got["next", "reward"], expected["next", "reward"])
+    assert torch.equal(got["next", "pixels"], expected["next", "pixels"])
+    assert torch.equal(got["next", "pixels"], got["next", "observation"] * 10)

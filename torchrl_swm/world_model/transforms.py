@@ -19,6 +19,7 @@ or swap them like any other transform:
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -57,6 +58,12 @@ class _WorldModelTransform(Transform):
         super().__init__(*args, **kwargs)
         self.__dict__["_model"] = model  # not a submodule: transforms must not move or capture the model
         self.__dict__["_bound"] = None
+        self.__dict__["_bound_for"] = None  # a weak reference to the base env the binding holds the model of
+
+    def _bound_to(self, base) -> bool:
+        """Whether the cached binding was made for ``base`` (a cloned transform in another env binds anew: the
+        binding holds the first env's model and generator)."""
+        return self._bound is not None and self._bound_for is not None and self._bound_for() is base
 
     def _base(self) -> WorldModelEnv:
         parent = self.parent
@@ -70,10 +77,11 @@ class _WorldModelTransform(Transform):
         return base
 
     def _adapter(self, fn, role, args) -> Bound:
-        if self._bound is None:
-            model = self._model if self._model is not None else self._base().model
-            base = self._base()
+        base = self._base()
+        if not self._bound_to(base):
+            model = self._model if self._model is not None else base.model
             self._bound = bind(fn, role, args, model=model, extras={"generator": base.generator})
+            self.__dict__["_bound_for"] = weakref.ref(base)
         return self._bound
 
     @staticmethod
@@ -357,12 +365,13 @@ class ObservationDecoder(_WorldModelTransform):
         model = self._model
         base = self.parent.base_env if self.parent is not None else None
         base = base if isinstance(base, WorldModelEnv) else None
-        if self._bound is None:
+        if self._bound is None or (base is not None and not self._bound_to(base)):
             extras = None
             if base is not None:
                 model = base.model if model is None else model
                 extras = {"generator": None}  # given per call
             self._bound = bind(self._fn, "decoder", ("obs",), model=model, extras=extras)
+            self.__dict__["_bound_for"] = None if base is None else weakref.ref(base)
         kwargs = {}
         if "generator" in self._bound.extras and base is not None:
             if phase == "probe":
