@@ -444,3 +444,48 @@ def test_every_way_of_running_the_cli_has_every_command(module):
         out = subprocess.run([sys.executable, "-m", module, command, "--help"], capture_output=True, text=True,
                              timeout=120, env=env)
         assert out.returncode == 0 and f"usage: torchrl-swm {command}" in out.stdout, (command, out.stderr[-300:])
+
+
+def test_policy_module_errors_of_its_own_are_not_usage_errors(tmp_path, monkeypatch, capsys):
+    (tmp_path / "broken_policies.py").write_text("import no_such_dependency_xyz\npolicy = None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    argv = ["eval", "CartPole-v1", "--episodes", "1", "--no-progress", "--policy"]
+    # the module was found: the failing import inside it is a bug there (exit 1, the traceback on request)
+    assert cli.main([*argv, "broken_policies:policy"]) == 1
+    err = capsys.readouterr().err
+    assert "ModuleNotFoundError: No module named 'no_such_dependency_xyz'" in err and "--traceback" in err
+    assert "cannot import module" not in err
+    with pytest.raises(ModuleNotFoundError, match="no_such_dependency_xyz"):
+        cli.main(["--traceback", *argv, "broken_policies:policy"])
+    # module names importlib cannot take are usage errors, as a missing colon is
+    for spec in (":policy", ".relative:policy", "module:"):
+        assert cli.main([*argv, spec]) == 2
+        err = capsys.readouterr().err
+        assert "expected 'module:attribute' (an absolute module name)" in err and repr(spec) in err, err
+
+
+def test_progress_bars_only_on_a_terminal_unless_asked(tmp_path, capsys):
+    # stderr is captured here (not a terminal): no bar by default, one with --progress
+    assert cli.main(["eval", "CartPole-v1", "--episodes", "2"]) == 0
+    assert "evaluate" not in capsys.readouterr().err
+    assert cli.main(["eval", "CartPole-v1", "--episodes", "2", "--progress"]) == 0
+    assert "evaluate:   0%" in capsys.readouterr().err  # (a bar that ends fast is cleared: leave=False)
+
+
+def test_eval_warns_when_the_env_has_no_step_limit(capsys):
+    gym.register("CliNoLimitEval-v0", entry_point="gymnasium.envs.classic_control:CartPoleEnv")
+    try:
+        assert cli.main(["eval", "CliNoLimitEval-v0", "--episodes", "2", "--no-progress"]) == 0
+        assert "has no step limit" in capsys.readouterr().err  # random CartPole still ends its episodes
+        assert cli.main(["eval", "CliNoLimitEval-v0", "--episodes", "2", "--max-steps", "5", "--no-progress"]) == 0
+        assert "no step limit" not in capsys.readouterr().err
+    finally:
+        gym.registry.pop("CliNoLimitEval-v0")
+
+
+def test_quickstart_out_naming_a_file_is_a_usage_error(tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["quickstart", "--tiny", "--out", str(tmp_path / "afile")])
+    assert exit_info.value.code == 2
+    assert "torchrl-swm quickstart: error: --out" in capsys.readouterr().err

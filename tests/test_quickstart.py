@@ -4,6 +4,7 @@ The numbers of a tiny run mean nothing: these tests check that every stage runs 
 not that the planner beats random (the real run prints that).
 """
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -85,6 +86,8 @@ def test_parse_args():
     assert cfg.smoke and cfg.train_steps == 7 and cfg.num_envs == QuickstartConfig.tiny().num_envs
     assert cfg.video is False and cfg.plot is True and cfg.out == "x" and cfg.seed == 3
     default = parse_args([])
-    assert default == QuickstartConfig() and default.smoke is False
+    assert default.progress == sys.stderr.isatty()  # bars on a terminal only, unless asked
+    assert dataclasses.replace(default, progress=True) == QuickstartConfig() and default.smoke is False
+    assert parse_args(["--progress"]).progress is True and parse_args(["--no-progress"]).progress is False
     with pytest.raises(SystemExit):
         parse_args(["--planner", "nope"])

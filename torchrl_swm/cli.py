@@ -104,12 +104,14 @@ def _check_env_id(env_id: str) -> None:
 
 
 def _load_object(spec: str):
-    if ":" not in spec:
-        raise CLIError(f"--policy: expected 'module:attribute', got {spec!r}")
-    module_name, _, attr = spec.partition(":")
+    module_name, colon, attr = spec.partition(":")
+    if not colon or not module_name or module_name.startswith(".") or not attr:
+        raise CLIError(f"--policy: expected 'module:attribute' (an absolute module name), got {spec!r}")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as err:
+    except ModuleNotFoundError as err:
+        if err.name is not None and not (module_name == err.name or module_name.startswith(err.name + ".")):
+            raise  # the module exists; an import inside it failed: its own error (exit 1, --traceback shows where)
         raise CLIError(f"--policy {spec}: cannot import module {module_name!r} ({err})") from None
     obj = module
     for part in attr.split("."):
@@ -247,7 +249,13 @@ def _add_env_arguments(p: argparse.ArgumentParser, default_envs: int, mode_help:
     p.add_argument("--env-kwargs", default=None, help="JSON object of gym.make keyword arguments")
     p.add_argument("--policy", default=None,
                    help="module:attr of a policy object, or of a function/class taking env (default: random)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress bar on stderr (default: when stderr is a terminal)")
+
+
+def _progress(args) -> bool:
+    """--progress / --no-progress, else a bar only on a terminal (none in logs and pipes)."""
+    return sys.stderr.isatty() if args.progress is None else args.progress
 
 
 def _world(args, policy_spec):
@@ -310,7 +318,7 @@ def _collect(args) -> int:
             )
         try:
             ds = world.collect(out, args.episodes, seed=args.seed, reset_mode=args.mode or "auto",
-                               progress=not args.no_progress,
+                               progress=_progress(args),
                                overwrite=args.overwrite)
         except FileExistsError as err:
             raise CLIError(str(err)) from None
@@ -409,6 +417,9 @@ def _eval(args) -> int:
         args.pixels = True
     world = _world(args, args.policy)
     try:
+        if not dataset_kwargs and args.max_steps is None and world._step_limit() is None:
+            print(f"torchrl-swm eval: warning: {args.env} has no step limit (no gymnasium TimeLimit): each episode "
+                  "runs until the env ends it; pass --max-steps to bound it", file=sys.stderr)
         video = None
         if args.video:
             from .video import VideoRecorder
@@ -418,7 +429,7 @@ def _eval(args) -> int:
             None if dataset_kwargs else args.episodes, seed=args.seed,
             reset_mode=args.mode or ("wait" if dataset_kwargs else "auto"),
             max_steps=None if dataset_kwargs else args.max_steps, video=video,
-            progress=not args.no_progress, **dataset_kwargs,
+            progress=_progress(args), **dataset_kwargs,
         )
     finally:  # an interrupt reaches main(), which reports it
         world.close()

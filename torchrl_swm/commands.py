@@ -36,4 +36,4 @@ def _configure_quickstart(parser):
 def _quickstart(args) -> int:
     from .quickstart import main
 
-    return main(args.passthrough_args)
+    return main(args.passthrough_args, prog="torchrl-swm quickstart")

@@ -48,6 +48,7 @@ import importlib.util
 import json
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -798,10 +799,10 @@ _SIZE_FLAGS = ("num_envs", "train_episodes", "heldout_episodes", "train_steps", 
                "top_k", "optim_steps", "eval_episodes", "export_steps")
 
 
-def parse_args(argv: Sequence[str] | None = None) -> QuickstartConfig:
+def parse_args(argv: Sequence[str] | None = None, prog: str = "python -m torchrl_swm.quickstart") -> QuickstartConfig:
     d = QuickstartConfig()
     p = argparse.ArgumentParser(
-        prog="python -m torchrl_swm.quickstart",
+        prog=prog,
         description="Collect real data, train a world model, plan in it, evaluate in the real env, export.",
     )
     p.add_argument("--out", default=d.out, help="output directory (default: %(default)s)")
@@ -809,7 +810,8 @@ def parse_args(argv: Sequence[str] | None = None) -> QuickstartConfig:
     p.add_argument("--tiny", action="store_true", help="tiny sizes for a smoke run (CI); explicit flags still apply")
     p.add_argument("--no-video", action="store_true", help="do not write the MP4")
     p.add_argument("--no-plot", action="store_true", help="do not write the PNG")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bars on stderr (default: when stderr is a terminal)")
     p.add_argument("--env", dest="env_id", default=d.env_id, choices=ENV_IDS, help="default: %(default)s")
     p.add_argument("--planner", choices=("mppi", "cem"), help=f"default: {d.planner}")
     tiny = QuickstartConfig.tiny()
@@ -825,11 +827,14 @@ def parse_args(argv: Sequence[str] | None = None) -> QuickstartConfig:
             p.error(f"--{name.replace('_', '-')}: expected a positive integer, got {value}")
     if args.seed < 0:
         p.error(f"--seed: expected a non-negative integer, got {args.seed}")
+    if os.path.lexists(args.out) and not os.path.isdir(args.out):
+        p.error(f"--out {args.out}: exists and is not a directory")
     if args.threads is not None and args.threads < 0:
         p.error(f"--threads: expected 0 (torch's default) or a positive integer, got {args.threads}")
     overrides = {k: v for k, v in vars(args).items()
-                 if v is not None and k not in ("tiny", "no_video", "no_plot", "no_progress")}
-    overrides.update(video=not args.no_video, plot=not args.no_plot, progress=not args.no_progress)
+                 if v is not None and k not in ("tiny", "no_video", "no_plot", "progress")}
+    progress = sys.stderr.isatty() if args.progress is None else args.progress
+    overrides.update(video=not args.no_video, plot=not args.no_plot, progress=progress)
     cfg = QuickstartConfig.tiny(**overrides) if args.tiny else QuickstartConfig(**overrides)
     if cfg.top_k > cfg.candidates:
         p.error(f"--top-k {cfg.top_k}: the planner keeps top-k of its --candidates ({cfg.candidates}); "
@@ -837,8 +842,8 @@ def parse_args(argv: Sequence[str] | None = None) -> QuickstartConfig:
     return cfg
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    run(parse_args(argv))
+def main(argv: Sequence[str] | None = None, prog: str = "python -m torchrl_swm.quickstart") -> int:
+    run(parse_args(argv, prog))
     return 0
 
 
