@@ -1289,3 +1289,42 @@ def test_envs_of_a_vector_pool_says_where_the_envs_are():
         pool.envs
     assert not hasattr(pool, "envs")
     pool.close()
+
+
+class _InfoShapeChanges(gym.Env):
+    """Env ``i`` reports an info ``k`` of shape ``(2 + i,)`` from its second step on: gymnasium's
+    AsyncVectorEnv raises inside ``step_wait`` while stacking it, leaving the step pending."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, i=0):
+        self.i, self.t = i, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {"k": np.zeros(2)}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(2, np.float32), 0.0, False, False, {"k": np.zeros(2 if self.t < 2 else 2 + self.i)}
+
+
+def test_a_pool_closes_an_async_vector_env_that_gymnasium_left_waiting(monkeypatch):
+    # gymnasium's graceful close would wait forever for the answers of the step it raised in
+    import torchrl_swm.pool.vector as vector
+
+    monkeypatch.setattr(vector, "_PENDING_CLOSE_TIMEOUT", 0.5)
+    venv = gym.vector.AsyncVectorEnv([functools.partial(_InfoShapeChanges, i) for i in range(2)],
+                                     autoreset_mode=AutoresetMode.SAME_STEP)
+    pool = EnvPool(venv, seed=0)
+    td = pool.reset().set("action", torch.zeros(2, dtype=torch.int64))
+    td = pool.step(td)["next"].set("action", torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(EnvError, match="could not broadcast"):
+        pool.step(td)
+    start = time.monotonic()
+    with pytest.warns(UserWarning, match="pending call to `step`"):
+        pool.close()
+    assert time.monotonic() - start < 10 and pool.is_closed
+    assert not any(process.is_alive() for process in venv.processes)

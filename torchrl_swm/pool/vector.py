@@ -41,6 +41,7 @@ from gymnasium.envs.classic_control import utils as classic_control_utils
 from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.utils.env_checker import data_equivalence
 from gymnasium.vector import AutoresetMode
+from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.wrappers.vector import RecordEpisodeStatistics
 
 from ..errors import EnvAttributeError, EnvError, SpecError, describe
@@ -83,7 +84,8 @@ def _cartpole_masked_reset(venv, mask, seed, options):
 
 
 register_masked_reset(CartPoleVectorEnv, _cartpole_masked_reset)
-_OWN_MASKED_RESETS = frozenset({_cartpole_masked_reset})  # tested here: their resets are not re-checked at run time
+_OWN_MASKED_RESETS = frozenset({_cartpole_masked_reset})
+_PENDING_CLOSE_TIMEOUT = 5.0  # seconds a close waits for the answers of a call an error left pending  # tested here: their resets are not re-checked at run time
 
 
 def _episode_stat_keys(venv) -> frozenset:
@@ -550,8 +552,14 @@ class VectorBackend(InProcessBackend):
         set_attr(name, current)
 
     def close(self) -> None:
+        kwargs = {}
+        inner = _innermost(self.venv)
+        if isinstance(inner, gym.vector.AsyncVectorEnv) and inner._state is not AsyncState.DEFAULT:
+            # a call an error left pending (gymnasium raised inside step_wait, after reading its workers'
+            # answers): its graceful close would wait for them forever; with a timeout it terminates them
+            kwargs["timeout"] = _PENDING_CLOSE_TIMEOUT
         try:
-            self.venv.close()
+            self.venv.close(**kwargs)
         except Exception as err:
             # an AsyncVectorEnv whose worker died fails its graceful close and leaves the other workers
             # running: terminate them (the pool is closed for good after this, so no later close could)
