@@ -109,6 +109,20 @@ def test_auto_pools_a_gymnasium_vector_env():
         env.close()
 
 
+def test_auto_pools_a_gymnasium_env_class_as_env_pool_takes_it():
+    # a gym.Env subclass is a factory; its step() must not make it a world model
+    from gymnasium.envs.classic_control import CartPoleEnv
+
+    env = make_env(CartPoleEnv, num_envs=2, seed=0)
+    reference = EnvPool(CartPoleEnv, 2, seed=0)
+    try:
+        assert isinstance(env, EnvPool) and env.batch_size == (2,)
+        assert (env.reset()["observation"] == reference.reset()["observation"]).all()
+    finally:
+        env.close()
+        reference.close()
+
+
 def test_env_instances_are_refused_with_an_explanation():
     with pytest.raises(ValueError, match="environment instance"):
         make_env(gym.make("CartPole-v1"))

@@ -134,6 +134,8 @@ def _detect(target, kwargs) -> str:
     # before the world-model test: a VectorEnv is no gym.Env, and its step() matches the transition methods
     if isinstance(target, gym.vector.VectorEnv):
         return "gym"
+    if isinstance(target, type) and issubclass(target, gym.Env):  # a factory, as EnvPool takes it; its step()
+        return "gym"  # would otherwise read as a world model's transition
     if isinstance(target, (gym.Env, EnvBase)):
         raise ValueError(
             f"make_env: got an environment instance ({type(target).__name__}); the gym backend pools envs from a "
