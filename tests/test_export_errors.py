@@ -9,7 +9,7 @@ from tensordict import TensorDict
 from torchrl.data import Composite, NonTensor, Unbounded
 from torchrl.envs import EnvBase, GymEnv
 
-from torchrl_swm import EnvPool, SpecError, to_gymnasium
+from torchrl_swm import EnvPool, SpecError, WorldModelEnv, to_gymnasium
 from torchrl_swm.benchmarks.export import ACT, MLPWorldModelEnv
 
 
@@ -341,6 +341,27 @@ def test_bool_box_actions_take_bools_or_exact_zeros_and_ones():
     for good in (np.array([[1, 0, 1], [0, 1, 0]]), np.array([[1.0, 0, 1], [0, 1, 0]]),
                  np.array([[True, False, True], [False, True, False]])):
         assert envs.step(good)[0].tolist() == [[1, 0, 1], [0, 1, 0]]
+    envs.close()
+
+
+def test_a_pool_takes_the_bool_box_actions_its_export_takes():
+    pool = EnvPool([_BoolBoxAction] * 2, seed=0)
+    td = pool.reset()
+    for good in (torch.tensor([[1, 0, 1], [0, 1, 0]]), torch.tensor([[1.0, 0, 1], [0, 1, 0]]),
+                 torch.tensor([[True, False, True], [False, True, False]])):
+        assert pool.step(td.set("action", good))["next", "observation"].tolist() == [[1, 0, 1], [0, 1, 0]]
+    for bad in (torch.tensor([[0, 0, 0], [0.5, 0, 1]]), torch.tensor([[0, 0, 0], [2, 0, -3]]),
+                torch.tensor([[0, 0, 0], [float("nan"), 0, 0]])):
+        with pytest.raises(ValueError, match=r"env 1: expected bools or 0/1 values for a Box action of dtype bool"):
+            pool.step(td.set("action", bad))
+    pool.close()
+    # a model env declaring a bool Box observation exports that Box, with bool observations in it
+    space = gym.spaces.Box(0, 1, (3,), np.bool_)
+    env = WorldModelEnv(object(), space, gym.spaces.Box(-1, 1, (2,), np.float32), num_envs=2,
+                        initial_state=torch.tensor([True, False, True]), transition_fn=lambda s, a: s.clone())
+    envs = to_gymnasium(env)
+    obs, _ = envs.reset(seed=0)
+    assert envs.single_observation_space == space and obs.dtype == np.bool_ and all(o in space for o in obs)
     envs.close()
 
 

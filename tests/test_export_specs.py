@@ -171,6 +171,8 @@ def test_pool_export_spaces_and_data(obs_space, act_space, n, categorical):
         (Unbounded((2,), dtype=torch.int32), gym.spaces.Box(-(2**31), 2**31 - 1, (2,), np.int32)),
         (Unbounded((2,), dtype=torch.float64), gym.spaces.Box(-np.inf, np.inf, (2,), np.float64)),
         (Bounded(0, 255, (4, 4, 3), dtype=torch.uint8), gym.spaces.Box(0, 255, (4, 4, 3), np.uint8)),
+        (Bounded(0, 1, (3,), dtype=torch.bool), gym.spaces.Box(0, 1, (3,), np.bool_)),  # Bounded: a Box, bool too
+        (Bounded(0, 1, (), dtype=torch.bool), gym.spaces.Box(0, 1, (), np.bool_)),
     ],
 )
 def test_spec_types(spec, space):

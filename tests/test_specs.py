@@ -100,7 +100,8 @@ def test_box_round_trip(shape, dtype, bounded):
 @settings(max_examples=30, deadline=None)
 @given(n=st.integers(1, 20), nvec=st.lists(st.integers(2, 6), min_size=1, max_size=4), m=st.integers(1, 6))
 def test_discrete_round_trips(n, nvec, m):
-    for space in (gym.spaces.Discrete(n), gym.spaces.MultiDiscrete(nvec), gym.spaces.MultiBinary(m)):
+    for space in (gym.spaces.Discrete(n), gym.spaces.MultiDiscrete(nvec), gym.spaces.MultiBinary(m),
+                  gym.spaces.Box(0, 1, (m,), np.bool_), gym.spaces.Box(0, 1, (), np.bool_)):
         assert spec_to_space(space_to_spec(space)) == space
 
 

@@ -341,7 +341,7 @@ def spec_to_space(spec: TensorSpec, *, name: str = "spec") -> gym.Space:
     TorchRL spec (unbatched)           gymnasium space
     =================================  ==========================================================
     ``Composite``                      ``Dict`` (nested for nested Composites)
-    ``Bounded``                        ``Box`` with the spec's bounds, shape and dtype
+    ``Bounded``                        ``Box`` with the spec's bounds, shape and dtype (bool too)
     ``Unbounded`` float / int          ``Box`` (``±inf`` / the dtype's integer limits)
     ``Unbounded`` bool                 ``Discrete(2)`` for shape ``()``, else ``MultiBinary(shape)``
     ``Categorical(n)``                 ``Discrete(n)``; with a shape, ``MultiDiscrete`` of ``n``
@@ -393,16 +393,16 @@ def spec_to_space(spec: TensorSpec, *, name: str = "spec") -> gym.Space:
         if len(shape) > 1:
             return gym.spaces.MultiDiscrete(np.full(shape[:-1], n, dtype=np.int64))
         return gym.spaces.Discrete(n)
+    if np_dtype.kind not in "iufb":
+        _unsupported(spec, name)
+    if isinstance(spec, Bounded):  # a bool one too: a gymnasium Box(0, 1, shape, bool) round-trips as itself
+        low = spec.space.low.detach().cpu().numpy().astype(np_dtype)
+        high = spec.space.high.detach().cpu().numpy().astype(np_dtype)
+        return gym.spaces.Box(low=np.broadcast_to(low, shape), high=np.broadcast_to(high, shape), dtype=np_dtype)
     if np_dtype == np.bool_:
         if not shape:
             return gym.spaces.Discrete(2)
         return gym.spaces.MultiBinary(list(shape) if len(shape) > 1 else shape[0])
-    if np_dtype.kind not in "iuf":
-        _unsupported(spec, name)
-    if isinstance(spec, Bounded):
-        low = spec.space.low.detach().cpu().numpy().astype(np_dtype)
-        high = spec.space.high.detach().cpu().numpy().astype(np_dtype)
-        return gym.spaces.Box(low=np.broadcast_to(low, shape), high=np.broadcast_to(high, shape), dtype=np_dtype)
     if np_dtype.kind == "f":
         return gym.spaces.Box(-np.inf, np.inf, shape=shape, dtype=np_dtype)
     info = np.iinfo(np_dtype)

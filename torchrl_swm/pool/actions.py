@@ -172,8 +172,18 @@ class ActionCodec:
                     j, problem = found
                     self._bad(f"expected values that fit the Box's dtype {self.np_dtype}, got {dtype}: {problem}",
                               rows, [j])
+        elif target.kind == "b":
+            # a bool Box takes bools, or numbers that are exactly 0 or 1 (as the export does): a cast would make
+            # 0.5, 2 or NaN True
+            if array.dtype.kind != "b":
+                if array.dtype.kind not in "iuf":
+                    raise TypeError(f"action: expected bools or 0/1 numbers for a Box action of dtype bool, got {dtype}")
+                bad = np.flatnonzero(((array != 0) & (array != 1)).reshape(len(array), -1).any(-1))
+                if bad.size:
+                    self._bad(f"expected bools or 0/1 values for a Box action of dtype bool, got "
+                              f"{array[bad[0]].tolist()}", rows, bad)
         elif array.dtype != target:
-            # an integer (or bool) Box: a float action would be truncated, and an integer one of
+            # an integer Box: a float action would be truncated, and an integer one of
             # another width or sign wrap, without an error
             if array.dtype.kind not in "biu":
                 raise TypeError(
