@@ -177,7 +177,9 @@ class ActionCodec:
             # 0.5, 2 or NaN True
             if array.dtype.kind != "b":
                 if array.dtype.kind not in "iuf":
-                    raise TypeError(f"action: expected bools or 0/1 numbers for a Box action of dtype bool, got {dtype}")
+                    raise TypeError(
+                        f"action: expected bools or 0/1 numbers for a Box action of dtype bool, got {dtype}"
+                    )
                 bad = np.flatnonzero(((array != 0) & (array != 1)).reshape(len(array), -1).any(-1))
                 if bad.size:
                     self._bad(f"expected bools or 0/1 values for a Box action of dtype bool, got "

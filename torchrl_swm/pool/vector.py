@@ -84,8 +84,8 @@ def _cartpole_masked_reset(venv, mask, seed, options):
 
 
 register_masked_reset(CartPoleVectorEnv, _cartpole_masked_reset)
-_OWN_MASKED_RESETS = frozenset({_cartpole_masked_reset})
-_PENDING_CLOSE_TIMEOUT = 5.0  # seconds a close waits for the answers of a call an error left pending  # tested here: their resets are not re-checked at run time
+_OWN_MASKED_RESETS = frozenset({_cartpole_masked_reset})  # tested here: their resets are not re-checked at run time
+_PENDING_CLOSE_TIMEOUT = 5.0  # seconds a close waits for the answers of a call an error left pending
 
 
 def _episode_stat_keys(venv) -> frozenset:
