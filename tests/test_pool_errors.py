@@ -132,6 +132,9 @@ def test_factories_returning_one_shared_env_are_refused(backend):
     kwargs = {"backend": "process", "num_workers": 1} if backend == "process" else {}
     with pytest.raises(ValueError, match=r"env_fns\[1\] returned the same env object as env_fns\[0\]"):
         EnvPool(lambda: shared, 2, **kwargs)
+    # a new wrapper per call around that env steps it all the same
+    with pytest.raises(ValueError, match=r"env_fns\[1\] returned a wrapper of the same env object as env_fns\[0\]"):
+        EnvPool(lambda: gym.wrappers.TimeLimit(shared, 10), 2, **kwargs)
 
 
 def test_factory_raising_is_named_and_earlier_envs_are_closed():

@@ -126,12 +126,15 @@ def make_envs(env_fns: Sequence[Callable[[], gym.Env]], first: int = 0, pixels: 
                     f"env_fns[{i}] returned {type(env).__module__}.{type(env).__name__}, expected a gymnasium.Env"
                     + (" (a VectorEnv is passed to EnvPool directly, not through a factory)" if isinstance(env, gym.vector.VectorEnv) else "")
                 )
-            if id(env) in made:  # every row would step that one env
+            core = id(env.unwrapped)  # wrappers made per call around one shared env would step it too
+            if core in made:  # every row would step that one env
+                same = "the same env object" if env is envs[made[core]] else "a wrapper of the same env object"
                 raise ValueError(
-                    f"env_fns[{i}] returned the same env object as env_fns[{first + made[id(env)]}]: each row needs an "
-                    "env of its own; build a new one in the factory (e.g. lambda: gym.make(...), not lambda: env)"
+                    f"env_fns[{i}] returned {same} as env_fns[{first + made[core]}]: each row needs an env of its "
+                    "own; build a new one in the factory (e.g. lambda: gym.make(...), not lambda: env or "
+                    "lambda: Wrapper(env))"
                 )
-            made[id(env)] = j
+            made[core] = j
             envs.append(env)
             if pixels and env.render_mode != "rgb_array":
                 raise EnvError(
