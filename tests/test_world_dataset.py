@@ -152,6 +152,10 @@ def test_bad_argument_types_are_named(maze_dataset):
         # check_start: a bare string is one key, as exclude_keys= takes it (not its characters)
         result = w.evaluate(dataset=ds, episodes_idx=[0], check_start="state", **run)
         assert result["num_episodes"] == 1
+        # and a tuple of names is as ambiguous as for exclude_keys= (one nested key, or several keys?)
+        with pytest.raises(TypeError, match=r"check_start=\('state', 'target'\) is ambiguous: pass a list"):
+            w.evaluate(dataset=ds, episodes_idx=[0], check_start=("state", "target"), **run)
+        assert w.evaluate(dataset=ds, episodes_idx=[0], check_start=[("state",)], **run)["num_episodes"] == 1
 
 
 @pytest.mark.parametrize("goal_key", ["is_init", "done", "terminated", "action", "reward", "next", "episode", "_reset"])

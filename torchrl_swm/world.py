@@ -982,6 +982,11 @@ class World:
         elif check_start is False:
             check_keys = []
         else:  # a str is one key (as exclude_keys=); otherwise a list of keys, each a str or a tuple of str
+            if isinstance(check_start, tuple) and check_start and all(isinstance(k, str) for k in check_start):
+                raise TypeError(  # as exclude_keys=: one nested key, or several?
+                    f"check_start={check_start!r} is ambiguous: pass a list of keys, e.g. [{check_start!r}] for one "
+                    f"nested key or {list(check_start)!r} for several"
+                )
             keys = [check_start] if isinstance(check_start, str) else _sequence(check_start, "check_start", "True, ")
             check_keys = [k if isinstance(k, tuple) else (k,) for k in keys]
         seeds = ds.episode_seeds
