@@ -243,6 +243,15 @@ def test_killed_worker_is_detected_quickly_and_never_hangs():
     with pytest.raises(EnvError, match=r"worker 1 \(envs 2..3, pid \d+\) died with exit code -9"):
         pool.step(td)
     assert time.monotonic() - start < 5
+    # the surviving worker's envs may have stepped in that command: no step or reset moves them on since,
+    # not even one masked to the survivors' rows (their transitions would start from observations never seen)
+    t = pool.get_attr("t", indices=[0, 1])
+    survivors = td.clone().set("_step", torch.tensor([True, True, False, False]))
+    for command in (lambda: pool.step(td), lambda: pool.step(survivors), pool.reset):
+        with pytest.raises(EnvError, match=r"worker 1 \(envs 2..3, pid \d+\) died with exit code -9: the pool "
+                                           r"cannot step or reset after a worker died"):
+            command()
+    assert pool.get_attr("t", indices=[0, 1]) == t
     pool.close()
     _assert_reaped(pids)
 

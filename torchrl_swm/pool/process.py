@@ -163,6 +163,7 @@ class ProcessBackend:
         self.slices = _split(n, num_workers)
         self._owed: dict[int, int] = {}  # worker -> replies still owed to an interrupted command
         self._late_error: EnvError | None = None  # an env's error in an interrupted command, raised by the next
+        self._dead_worker: EnvError | None = None  # the first worker found dead after start: no step or reset since
         self._shm = None
         self._action_buf = None
         ctx = mp.get_context(start_method)
@@ -314,11 +315,24 @@ class ProcessBackend:
                     "again: a script that builds the pool at its top level must do it under "
                     "`if __name__ == \"__main__\":`"
                 )
-        return EnvError(  # not one env's error: the worker held several, and which one killed it is unknown
+        error = EnvError(  # not one env's error: the worker held several, and which one killed it is unknown
             None, "worker",
             f"worker {w} (envs {rows.start}..{rows.stop - 1}, pid {proc.pid}) died with exit code {proc.exitcode}"
             + hint,
         )
+        if self._started and self._dead_worker is None:
+            self._dead_worker = error
+        return error
+
+    def _refuse_after_a_dead_worker(self, command: str) -> None:
+        """A step or reset after a worker died would move the other workers' envs on their own (as the command
+        that found it dead may have), out of step with what the caller saw: refused, naming the worker."""
+        if self._dead_worker is not None:
+            raise EnvError(
+                None, command,
+                f"{self._dead_worker.message}: the pool cannot step or reset after a worker died (the other workers' "
+                "envs may have moved on in the command that found it dead); close() it and build a new EnvPool",
+            )
 
     def _gather(self, workers, phase: str, timeout: float | None = None, errors: dict | None = None) -> list:
         """Wait for one reply from each of ``workers``; after all replied, raise the error of the
@@ -462,6 +476,7 @@ class ProcessBackend:
         self._shm.unlink()
 
     def reset(self, rows, seeds, options=None, episode_seeds=None) -> None:
+        self._refuse_after_a_dead_worker("reset")
         episode_seeds = seeds if episode_seeds is None else episode_seeds
         messages = []
         if rows is None:
@@ -484,6 +499,7 @@ class ProcessBackend:
         self._drain_owed()
 
     def step(self, actions: np.ndarray, rows) -> None:
+        self._refuse_after_a_dead_worker("step")
         self._drain_owed()  # an interrupted step's workers may still read the action buffer
         if rows is None:
             self._action_buf[...] = actions
