@@ -755,3 +755,9 @@ def test_collect_keeps_a_step_counter_step_count(tmp_path):
             assert episode["step_count"].view(-1).tolist() == list(range(len(episode)))
             assert episode["next", "step_count"].view(-1).tolist() == list(range(1, len(episode) + 1))
         env.close()
+
+
+def test_the_dataset_names_a_random_policys_action_count_apart_from_the_batch(tmp_path):
+    with World("CartPole-v1", num_envs=3) as world:
+        ds = world.collect(tmp_path / "ds", 1, seed=0, progress=False)
+    assert ds.metadata["policy"] == "RandomPolicy(Categorical(n=2, shape=(3,), dtype=torch.int64))"

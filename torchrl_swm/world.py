@@ -90,7 +90,10 @@ class RandomPolicy:
         return td
 
     def __repr__(self) -> str:
-        return f"RandomPolicy({type(self.action_spec).__name__}{tuple(self.action_spec.shape)})"
+        spec = self.action_spec
+        n = getattr(getattr(spec, "space", None), "n", None)  # a discrete spec's count, apart from its (batch) shape
+        count = "" if n is None else f"n={n}, "
+        return f"RandomPolicy({type(spec).__name__}({count}shape={tuple(spec.shape)}, dtype={spec.dtype}))"
 
 
 @dataclass
