@@ -193,6 +193,20 @@ def test_unsupported_spec_types_name_the_type(spec, match):
         spec_to_space(spec, name="observation_spec['x']")
 
 
+def test_inverted_bounds_are_a_spec_error_naming_the_leaf():
+    # TorchRL's ObservationNorm with a negative scale leaves low > high; gymnasium's Box error names nothing
+    from torchrl.envs import ObservationNorm, TransformedEnv
+
+    from torchrl_swm import EnvPool, to_gymnasium
+
+    env = TransformedEnv(EnvPool("CartPole-v1", num_envs=2),
+                         ObservationNorm(loc=torch.tensor(1.0), scale=torch.tensor(-2.0), in_keys=["observation"]))
+    with pytest.raises(SpecError, match=r"observation_spec\[\('observation',\)\]: Bounded spec with low > high .* "
+                                        r"negative scale"):
+        to_gymnasium(env)
+    env.close()
+
+
 def test_one_hot_observations_decode_to_indices():
     """A OneHot observation leaf is exposed as Discrete and decoded on the device."""
     from torchrl_swm.export._core import Layout

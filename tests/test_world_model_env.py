@@ -1387,6 +1387,15 @@ def test_adapters_refuse_what_the_model_would_silently_lose():
                  lambda: ActionAdapter(lambda a: a, gym.spaces.MultiDiscrete([3, 2], start=[1, 0]))):
         with pytest.raises(SpecError, match=r"has a nonzero start"):
             make()
+    # and an observation start would leave the 0-based spec (and the exported space) on every value
+    nested = gym.spaces.Dict({"pos": box, "cell": gym.spaces.Discrete(5, start=10)})
+    for space, name in ((gym.spaces.Discrete(5, start=10), "observation_space"),
+                        (nested, r"observation_space\['cell'\]")):
+        with pytest.raises(SpecError, match=rf"WorldModelEnv: {name} Discrete\(5, start=10\) has a nonzero start.*"
+                                            r"return 0-based values"):
+            WorldModelEnv(object(), space, box, num_envs=2, initial_state=torch.zeros(2), transition_fn=lambda s, a: s)
+    with pytest.raises(SpecError, match=r"ObservationDecoder spec Discrete\(4, start=1\) has a nonzero start"):
+        ObservationDecoder(lambda o: o, spec=gym.spaces.Discrete(4, start=1))
 
 
 # -- a TensorDict state with batch_size [], a sampling decoder's streams, device "cpu:0" ---------------------

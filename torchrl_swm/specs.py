@@ -398,6 +398,12 @@ def spec_to_space(spec: TensorSpec, *, name: str = "spec") -> gym.Space:
     if isinstance(spec, Bounded):  # a bool one too: a gymnasium Box(0, 1, shape, bool) round-trips as itself
         low = spec.space.low.detach().cpu().numpy().astype(np_dtype)
         high = spec.space.high.detach().cpu().numpy().astype(np_dtype)
+        if (low > high).any():
+            raise SpecError(
+                f"{name}: Bounded spec with low > high (low={low.tolist()}, high={high.tolist()}): its bounds are "
+                "inverted, as TorchRL's ObservationNorm with a negative scale leaves them. Give the transform a "
+                "positive scale, or replace the spec with one whose bounds are in order"
+            )
         return gym.spaces.Box(low=np.broadcast_to(low, shape), high=np.broadcast_to(high, shape), dtype=np_dtype)
     if np_dtype == np.bool_:
         if not shape:

@@ -552,6 +552,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             raise TypeError(
                 "WorldModelEnv: observation_space= and action_space= are required (gymnasium spaces or TorchRL specs)"
             )
+        _refuse_start(observation_space, "observation_space")
         obs_spec = self._unbatched(observation_space, "observation_space")
         _refuse_start(action_space)
         act_spec = self._unbatched(action_space, "action_space", action=True)
@@ -1937,18 +1938,22 @@ def _zeroed(value, rows: torch.Tensor):
     return value.where(~rows.view(-1), other=value.empty(), pad=0)
 
 
-def _refuse_start(space) -> None:
+def _refuse_start(space, name: str = "action_space") -> None:
     """Refuse a Discrete/MultiDiscrete ``start``: TorchRL's specs are 0-based, and unlike the pool
-    (which adds ``start`` back for the gymnasium env) nothing would add it for a model."""
+    (which adds ``start`` back for the gymnasium env) nothing would add it for a model: its actions
+    would arrive as 0..n-1, and its observations would leave the (0-based) spec and the exported space."""
     if isinstance(space, gym.spaces.Dict):
-        for sub in space.spaces.values():
-            _refuse_start(sub)
+        for key, sub in space.spaces.items():
+            _refuse_start(sub, f"{name}[{key!r}]")
     elif isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) and np.any(space.start != 0):
-        raise SpecError(
-            f"WorldModelEnv: action_space {space} has a nonzero start, which TorchRL's 0-based specs cannot "
-            "carry: the model would get indices 0..n-1. Declare it without start and shift in transition_fn "
-            "(or use an ActionAdapter)"
-        )
+        if name.startswith("action_space"):
+            fix = ("the model would get indices 0..n-1. Declare it without start and shift in transition_fn "
+                   "(or use an ActionAdapter)")
+        else:
+            fix = ("the env's values are indices 0..n-1 (its spec, and the gymnasium space it exports). Declare it "
+                   "without start and return 0-based values")
+        raise SpecError(f"WorldModelEnv: {name} {space} has a nonzero start, which TorchRL's 0-based specs cannot "
+                        f"carry: {fix}")
 
 
 def _shape_text(shapes: dict) -> str:

@@ -354,6 +354,8 @@ class ObservationDecoder(_WorldModelTransform):
     ):
         super().__init__(in_keys=[in_key], out_keys=[out_key], model=model)
         self.__dict__["_fn"] = decoder
+        if spec is not None:
+            _refuse_start(spec, "ObservationDecoder spec")
         self._spec = None if spec is None else as_spec(spec, name="decoder spec")
         self._differentiable = differentiable
 
