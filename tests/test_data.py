@@ -314,7 +314,7 @@ def test_writer_rejects_overflow_and_late_adds(tmp_path):
     ep = TensorDict({"episode": torch.zeros(2, dtype=torch.int64), "x": torch.ones(2, 1)}, [2])
     writer.add(ep)
     with pytest.raises(RuntimeError, match="does not fit"):
-        writer.add(ep)
+        writer.add(ep.clone().fill_("episode", 1))
     writer.close(complete=True)
     with pytest.raises(RuntimeError, match="after close"):
         writer.add(ep)
@@ -342,6 +342,11 @@ def test_writer_refuses_an_episode_unlike_the_first_a_repeated_id_or_no_id(tmp_p
     for bad, message in cases:
         with pytest.raises(ValueError, match=message):
             writer.add(bad)
+    lazy = DatasetWriter(tmp_path / "lazy", capacity=20, lazy=True)
+    for bad in ({"episode": torch.zeros(3)}, TensorDict({"episode": torch.zeros(())}, [])):
+        with pytest.raises(ValueError, match=r"expected one episode, a TensorDict of batch \[L\]"):
+            lazy.add(bad)
+    assert not (tmp_path / "lazy").exists()  # a refused episode creates nothing
     writer.add(episode(1, 2))  # nothing of the refused episodes was written
     writer.close(complete=True)
     ds = load_dataset(tmp_path / "w")
@@ -761,3 +766,17 @@ def test_the_dataset_names_a_random_policys_action_count_apart_from_the_batch(tm
     with World("CartPole-v1", num_envs=3) as world:
         ds = world.collect(tmp_path / "ds", 1, seed=0, progress=False)
     assert ds.metadata["policy"] == "RandomPolicy(Categorical(n=2, shape=(3,), dtype=torch.int64))"
+
+
+def test_a_step_counter_that_does_not_end_episodes_is_no_step_limit(tmp_path):
+    from torchrl.envs import StepCounter, TransformedEnv
+
+    from torchrl_swm.introspect import step_counter_limit
+
+    for update_done, length in ((True, 5), (False, 8)):
+        env = TransformedEnv(counting_pool(2, max_length=50), StepCounter(5, update_done=update_done))
+        assert step_counter_limit(env) == (5 if update_done else None)
+        with World(env, max_episode_steps=8) as world:
+            ds = world.collect(tmp_path / f"ds{update_done}", 2, seed=0, progress=False)
+            assert ds.episode_lengths.tolist() == [length, length] and ds.metadata["max_steps"] == length
+            assert world.evaluate(2, seed=0, progress=False)["episode_lengths"].tolist() == [length, length]

@@ -2607,3 +2607,60 @@ def test_a_cloned_adapter_transform_binds_to_the_env_it_is_cloned_into():
     assert torch.equal(got["next", "reward"], expected["next", "reward"])
     assert torch.equal(got["next", "pixels"], expected["next", "pixels"])
     assert torch.equal(got["next", "pixels"], got["next", "observation"] * 10)
+
+
+@pytest.mark.parametrize("batch", [(), (3,), (2, 3)])
+def test_row_merging_keeps_state_identity_and_nested_tensordicts(batch):
+    # a TensorDict return whose state is its observation stays one tensor through the (B, C) <-> rows round trip
+    def as_td(s, a):
+        n = s + a
+        return TensorDict(state=n, observation=n, reward=n[..., :1], batch_size=[])
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=None, state_key="observation", initial_state=torch.zeros(2),
+                        transition_fn=as_td)
+    td = env.reset(TensorDict(batch_size=batch)).set("action", torch.ones(*batch, 2))
+    assert (env.step(td)["next", "observation"] == 1).all()
+
+    # a dict state holding a TensorDict of its own batch reaches an adapter as rows too
+    def nested(s, a):
+        h = s["inner"]["h"] + a
+        return {"state": {"inner": TensorDict(h=h, batch_size=[h.shape[0]])}, "observation": h}
+
+    base = WorldModelEnv(object(), BOX2, BOX2, num_envs=None, state_key="latent", transition_fn=nested,
+                         initial_state={"inner": {"h": torch.zeros(2)}}, initial_observation=torch.zeros(2))
+    env = TransformedEnv(base, RewardAdapter(lambda state, obs, action: state["inner"]["h"][:, 0] * 2))
+    td = env.reset(TensorDict(batch_size=batch)).set("action", torch.ones(*batch, 2))
+    assert env.step(td)["next", "reward"].tolist() == torch.full((*batch, 1), 2.0).tolist()
+
+
+def test_a_state_read_back_may_be_any_tensor_a_parameter_or_a_memory_mapped_one():
+    from tensordict import MemoryMappedTensor
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=None, state_key="observation", initial_state=torch.zeros(2),
+                        transition_fn=lambda s, a: (s + a).detach())
+    starts = (torch.zeros(3, 2), nn.Parameter(torch.zeros(3, 2)), MemoryMappedTensor.from_tensor(torch.zeros(3, 2)))
+    for start in starts:
+        td = TensorDict(observation=start, action=torch.ones(3, 2), batch_size=[3])
+        assert (env.step(td)["next", "observation"] == 1).all()
+
+
+def _add_action(state, action):
+    return state + action, state + action, None
+
+
+def _first_state_entry(state, obs, action, generator):
+    return state[:, 0].clone()
+
+
+def test_an_env_with_adapter_transforms_pickles_after_it_has_stepped():
+    # as ParallelEnv sends it to its workers: the adapters' bindings (to this process's env) are not pickled
+    import copy
+    import pickle
+
+    env = make_world_model_env(object(), BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2),
+                               transition_fn=_add_action, reward_fn=_first_state_entry)
+    env.rollout(2)  # binds the reward adapter to this env
+    for again in (pickle.loads(pickle.dumps(env)), copy.deepcopy(env)):
+        out = again.rollout(3, break_when_any_done=False)
+        # the copy's adapter reads the copy's state, not the original's
+        assert torch.equal(out["next", "reward"][..., 0], out["next", "observation"][..., 0])

@@ -247,13 +247,13 @@ class DatasetWriter:
         """
         if self.closed:
             raise RuntimeError("DatasetWriter: add() after close()")
-        self.open()
+        episode_id, keys = self._check_episode(episode)  # before open(): a refused episode creates nothing
         length = int(episode.batch_size[0])
         if self.num_steps + length > self.capacity:
             raise RuntimeError(
                 f"DatasetWriter: episode of {length} steps does not fit ({self.num_steps}/{self.capacity} rows used)"
             )
-        episode_id, keys = self._check_episode(episode)
+        self.open()
         if self.keys is None:
             self.keys = keys
         writer, storage = self.rb._writer, self.storage
@@ -272,6 +272,8 @@ class DatasetWriter:
             writer._cursor, writer._write_count, storage._len = before
             del self.episode_ids[count:], self.episode_lengths[count:]
             self._ids_written = set(self.episode_ids)
+            if not self.episode_ids:
+                self.keys = None  # laid out again by the next first episode
             self.num_steps = sum(self.episode_lengths)
             if not initialized:  # its files may exist already: a fresh storage, or the next add would fail
                 self._new_storage()

@@ -36,8 +36,10 @@ def transforms_of(env: EnvBase) -> Iterator[Transform]:
 
 
 def step_counter_limit(env: EnvBase) -> int | None:
-    """The smallest ``max_steps`` of ``env``'s ``StepCounter`` transforms, or ``None`` without one."""
-    limits = [int(t.max_steps) for t in transforms_of(env) if isinstance(t, StepCounter) and t.max_steps is not None]
+    """The smallest ``max_steps`` of ``env``'s ``StepCounter`` transforms that end episodes (``update_done``; one
+    that only flags ``truncated`` lets them run on), or ``None`` without one."""
+    limits = [int(t.max_steps) for t in transforms_of(env)
+              if isinstance(t, StepCounter) and t.max_steps is not None and getattr(t, "update_done", True)]
     return min(limits) if limits else None
 
 

@@ -176,27 +176,41 @@ def call_on_rows(fn, batch_shape: tuple[int, ...], *args, **kwargs):
 
 
 def _merge_rows(x, nb: int, n: int):
-    if isinstance(x, TensorDictBase) and x.batch_dims >= nb:
-        return x.reshape(n, *x.batch_size[nb:])
-    return tree_map(lambda t: t.reshape(n, *t.shape[nb:]), x)
+    """Leaves (at any depth, TensorDicts inside dicts too) whose first ``nb`` dims are the batch, as ``(n, ...)``."""
+    if isinstance(x, (torch.Tensor, np.ndarray)):
+        return x.reshape((n, *x.shape[nb:]))
+    if isinstance(x, TensorDictBase):
+        if x.batch_dims >= nb:
+            return x.reshape(n, *x.batch_size[nb:])
+        return x.apply(lambda t: t.reshape((n, *t.shape[nb:])), batch_size=[n] if x.batch_dims else [])
+    if isinstance(x, Mapping):
+        return {k: _merge_rows(v, nb, n) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        items = [_merge_rows(v, nb, n) for v in x]
+        return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
+    return x
 
 
 def _split_rows(x, n: int, batch_shape: tuple, memo: dict):
-    """The inverse of :func:`_merge_rows` on whatever a callable returned; ``memo`` keeps an object
-    returned twice (a state that is also the observation) one object."""
+    """The inverse of :func:`_merge_rows` on whatever a callable returned. ``memo`` keeps an object (or a
+    tensor) returned twice one object: a state that is also the observation, in any container."""
     if id(x) in memo:
         return memo[id(x)]
 
     def leaf(t):
-        return t.reshape((*batch_shape, *t.shape[1:])) if t.ndim and t.shape[0] == n else t
+        if id(t) not in memo:
+            memo[id(t)] = t.reshape((*batch_shape, *t.shape[1:])) if t.ndim and t.shape[0] == n else t
+        return memo[id(t)]
 
     if isinstance(x, (torch.Tensor, np.ndarray)):
-        out = leaf(x)
-    elif isinstance(x, TensorDictBase):
-        if x.batch_dims:
-            out = x.reshape((*batch_shape, *x.batch_size[1:])) if x.batch_size[0] == n else x
-        else:
+        return leaf(x)
+    if isinstance(x, TensorDictBase):
+        if not x.batch_dims:
             out = x.apply(leaf)
+        elif x.batch_size[0] == n:
+            out = x.apply(leaf, batch_size=(*batch_shape, *x.batch_size[1:]))
+        else:
+            out = x
     elif isinstance(x, Mapping):
         out = {k: _split_rows(v, n, batch_shape, memo) for k, v in x.items()}
     elif isinstance(x, (tuple, list)):

@@ -1404,7 +1404,12 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         where = "WorldModelEnv.step: the input tensordict's state"
         if self._obs_is_state:
             leaf = self._obs_leaf
-            if not _exact(value, shapes.obs, leaf.dtype, self._dev):
+            if not (  # any tensor: a caller's state may be a Parameter (a learned start) or a MemoryMappedTensor
+                isinstance(value, torch.Tensor)
+                and value.shape == shapes.obs
+                and value.dtype is leaf.dtype
+                and value.device == self._dev
+            ):
                 raise ValueError(
                     f"{where} {self._state_key!r} (the observation, state_key={self._state_key!r}): expected dtype "
                     f"{leaf.dtype}, shape {tuple(shapes.obs)} and device {self._dev} (the observation spec), "

@@ -60,6 +60,13 @@ class _WorldModelTransform(Transform):
         self.__dict__["_bound"] = None
         self.__dict__["_bound_for"] = None  # a weak reference to the base env the binding holds the model of
 
+    def __getstate__(self):
+        # a binding refers to this process's env (through a weak reference, which cannot be pickled): the copy
+        # binds anew where it is used (ParallelEnv workers, deepcopy)
+        state = super().__getstate__()
+        state["_bound"] = state["_bound_for"] = None
+        return state
+
     def _bound_to(self, base) -> bool:
         """Whether the cached binding was made for ``base`` (a cloned transform in another env binds anew: the
         binding holds the first env's model and generator)."""
