@@ -311,6 +311,25 @@ def test_max_steps_truncates_and_frozen_envs_are_not_stepped_past_it(mode):
     pool.close()
 
 
+def test_an_episode_terminating_on_worlds_limit_step_is_truncated_too_as_under_a_time_limit(tmp_path):
+    # gymnasium's TimeLimit and TorchRL's StepCounter report both flags then; so does World's own cut
+    from torchrl.envs import StepCounter
+
+    flags = []
+    for make, max_steps in (
+        (lambda: EnvPool([functools.partial(counting, length=3)] * 2, seed=0), 3),
+        (lambda: EnvPool([lambda: gym.wrappers.TimeLimit(CountingEnv(length=3), 3)] * 2, seed=0), None),
+        (lambda: TransformedEnv(EnvPool([functools.partial(counting, length=3)] * 2, seed=0), StepCounter(3)), None),
+    ):
+        with World(make(), ones(2)) as world:
+            result = world.evaluate(2, seed=0, max_steps=max_steps, progress=False)
+            ds = world.collect(tmp_path / f"ds{len(flags)}", 2, seed=0, max_steps=max_steps or 3, progress=False)
+        last = ds.episode_starts + ds.episode_lengths - 1
+        flags.append((result["episode_terminated"].tolist(), result["episode_truncated"].tolist(),
+                      ds.td["next", "terminated"][last].view(-1).tolist(), ds.td["next", "truncated"][last].view(-1).tolist()))
+    assert flags == [([True, True], [True, True], [True, True], [True, True])] * 3
+
+
 def test_world_max_episode_steps_default_and_gym_timelimit():
     pool = fixed_length_pool([50])
     assert World(pool, ones(1), max_episode_steps=5).evaluate(1, seed=0, progress=False)["episode_lengths"][0] == 5

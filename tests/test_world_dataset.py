@@ -372,3 +372,24 @@ def test_check_start_compares_the_leaves_of_a_nested_observation(tmp_path):
                                            r"\('observation', 'vel'\) is"):
         World(spoiled).evaluate(dataset=ds, goal_offset=3, eval_budget=4, check_start=["observation"], progress=False)
     spoiled.close()
+
+
+def test_dataset_evaluation_and_the_expert_on_an_async_vector_env_pool(tmp_path):
+    # an AsyncVectorEnv's call reaches every env: env 0's attributes are read from all of them's answers
+    from torchrl_swm.envs import expert_policy, make
+
+    with World("torchrl_swm/PointMaze-v0", num_envs=2, policy=PointMazeExpert("u")) as world:
+        ds = world.collect(tmp_path / "ds", 2, seed=0, progress=False)
+    factory = functools.partial(make, "torchrl_swm/PointMaze-v0")
+    results = []
+    for kind in (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv):
+        pool = EnvPool(kind([factory] * 2))
+        try:
+            assert isinstance(expert_policy(pool), PointMazeExpert)
+            for k in (0, 1):  # one episode at a time: a VectorEnv takes one options dict for the rows it resets
+                result = World(pool, PointMazeExpert("u")).evaluate(dataset=ds, episodes_idx=[k], goal_offset=2,
+                                                                    eval_budget=5, progress=False)
+                results.append((kind, result["episode_lengths"].tolist(), result["episode_successes"].tolist()))
+        finally:
+            pool.close()
+    assert [r[1:] for r in results[:2]] == [r[1:] for r in results[2:]] and all(r[2] == [True] for r in results)

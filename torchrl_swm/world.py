@@ -829,10 +829,10 @@ class World:
         """Attribute ``name`` of env 0, looked up through its gymnasium wrappers (any backend), or None."""
         if not self.pool.freezes_rows and not hasattr(self.pool._backend.venv, "call"):
             return None  # a natively batched vector env (CartPoleVectorEnv): no per-env attributes to look up
-        if not self.pool.call("has_wrapper_attr", name, indices=[0])[0]:
+        if not self.pool._query_first("has_wrapper_attr", name):
             return None
         try:
-            return self.pool.call("get_wrapper_attr", name, indices=[0])[0]
+            return self.pool._query_first("get_wrapper_attr", name)
         except EnvError as err:  # e.g. a process backend's worker that cannot pickle it (a hook pickles its env)
             raise EnvError(
                 0, "call",
@@ -1437,7 +1437,7 @@ class _Run:
             self.first_success[newly] = self.t[newly]
         limit = np.zeros(n, dtype=bool) if self.max_steps is None else self.t >= self.max_steps
         finished = stepped & (done | limit)
-        cut = finished & ~done  # World's step limit: record as truncated
+        cut = stepped & limit  # World's step limit: truncated, as gymnasium's TimeLimit, even on a terminal step
         if cut.any():
             mask = _as_mask(cut, self.device)
             for key in ("truncated", "done"):  # an env without a "truncated" flag records the cut as done

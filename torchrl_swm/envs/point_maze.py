@@ -410,7 +410,7 @@ def expert_policy(env, noise: float = 0.0) -> PointMazeExpert:
         base = base.base_env
     try:
         # through the pool's call: a process pool's envs live in its workers
-        unwrapped = base.call("get_wrapper_attr", "unwrapped", indices=[0])[0]
+        unwrapped = base._query_first("get_wrapper_attr", "unwrapped")
     except (AttributeError, IndexError, EnvError) as err:
         raise TypeError(f"expert_policy: expected an EnvPool of PointMaze envs, got {type(env).__name__}") from err
     if not isinstance(unwrapped, PointMazeEnv):

@@ -679,6 +679,12 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         ``name=`` among them) go to the method."""
         return self._backend.call(self._indices(indices), name, args, kwargs)
 
+    def _query_first(self, name: str, *args):
+        """Env 0's answer to a read-only ``call`` (``has_wrapper_attr``, ``get_wrapper_attr``): asked of env 0
+        alone, or of every env where the vector env's ``call`` cannot pick rows (an ``AsyncVectorEnv``)."""
+        one = getattr(self._backend, "calls_rows", True)
+        return self.call(name, *args, indices=[0] if one else None)[0]
+
     def get_attr(self, name: str, indices=None) -> list:
         """Attribute ``name`` of each sub-env (gymnasium's ``VectorEnv.get_attr``)."""
         return self._backend.get_attr(self._indices(indices), name)

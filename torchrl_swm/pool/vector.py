@@ -492,13 +492,19 @@ class VectorBackend(InProcessBackend):
             )
         return fn
 
+    @property
+    def calls_rows(self) -> bool:
+        """Whether ``call`` can reach some rows only (a ``SyncVectorEnv``'s envs are at hand; other vector envs'
+        ``call`` runs on every env)."""
+        return isinstance(_innermost(self.venv), gym.vector.SyncVectorEnv)
+
     def call(self, rows, name, args, kwargs) -> list:
         self._check_workers("call")
         call = self._per_env("call")
         if sorted(rows) != list(range(self.num_envs)):
             # a vector env's call runs the method on every env: reach only the rows asked for
             inner = _innermost(self.venv)
-            if not isinstance(inner, gym.vector.SyncVectorEnv):
+            if not self.calls_rows:
                 raise ValueError(
                     f"EnvPool.call({name!r}, indices={list(rows)}): {type(inner).__name__}.call runs it on every env; "
                     "call it without indices"
