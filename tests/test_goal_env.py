@@ -94,6 +94,20 @@ def test_invalid_states_are_rejected():
         PointMazeEnv(layout="nope")
     with pytest.raises(ValueError, match="enclosed"):
         PointMazeEnv(layout=["...", "#.#"])
+    # geometry that would fail at reset, freeze the agent or make the goal unreachable is refused up front
+    for kwargs, error, message in (
+        ({"agent_radius": 0.6}, ValueError, r"agent_radius must be in \(0.0, 0.45\], got 0.6"),
+        ({"goal_radius": -1}, ValueError, r"goal_radius must be in \(0.0, inf\], got -1"),
+        ({"max_speed": 0}, ValueError, r"max_speed must be in \(0.0, inf\], got 0"),
+        ({"damping": 1.5}, ValueError, r"damping must be in \[0.0, 1.0\], got 1.5"),
+        ({"force_scale": float("nan")}, ValueError, r"force_scale must be in \(0.0, inf\], got nan"),
+        ({"goal_radius": "0.2"}, TypeError, "goal_radius must be a number, got str"),
+        ({"render_size": 63.9}, TypeError, "render_size: expected an int, got float 63.9"),
+        ({"render_size": 4}, ValueError, "render_size: expected an int >= 8, got 4"),
+    ):
+        with pytest.raises(error, match=message):
+            PointMazeEnv(**kwargs)
+    assert PointMazeEnv(agent_radius=0.45, damping=0, render_size=np.int64(16)).render_size == 16
 
 
 @settings(max_examples=20, deadline=None)

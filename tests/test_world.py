@@ -271,6 +271,10 @@ def test_success_fn_bad_output():
         world.evaluate(2, seed=0, success_fn=lambda td: td["next", "reward"], progress=False)
     with pytest.raises(ValueError, match="2 flags"):
         world.evaluate(2, seed=0, success_fn=lambda td: torch.ones(3, dtype=torch.bool), progress=False)
+    for returned, what in ((None, "None"), ("yes", "str 'yes'"), ([[True], [True, False]], "list")):
+        with pytest.raises(TypeError, match=rf"success_fn must return a bool tensor of shape \(2,\) or \(2, 1\), "
+                                            rf"got {what}"):
+            world.evaluate(2, seed=0, success_fn=lambda td, returned=returned: returned, progress=False)
     pool.close()
 
 

@@ -559,3 +559,13 @@ def test_world_over_a_vector_env_pool_takes_options_with_fewer_episodes_than_env
     out = world.evaluate(2, seed=0, options={"low": 0.02, "high": 0.02}, progress=False)
     assert len(out["episode_lengths"]) == 2
     pool.close()
+
+
+def test_a_world_refused_after_it_built_its_pool_closes_that_pool():
+    # World(id, ...) builds the pool first: a bad policy then must not leave its workers running
+    import multiprocessing
+
+    before = set(multiprocessing.active_children())
+    with pytest.raises(TypeError, match="expected a TensorDictModule or a callable td -> td, got int"):
+        World("CartPole-v1", num_envs=2, backend="process", num_workers=2, policy=5)
+    assert set(multiprocessing.active_children()) - before == set()

@@ -3,6 +3,7 @@
 import builtins
 import functools
 
+import numpy as np
 import pytest
 import torch
 from envs import counting
@@ -159,3 +160,17 @@ def test_videos_keep_a_fractional_render_fps(tmp_path, fps):
     world.close()
     assert meta["fps"] == pytest.approx(fps)
     assert meta["duration"] == pytest.approx(6 / fps, rel=0.05)  # the reset frame + 5 steps, as the env plays them
+
+
+def test_video_recorder_checks_fps_and_quality_up_front(tmp_path):
+    for kwargs, error, message in (
+        ({"fps": 0}, ValueError, "fps must be a positive number, got 0"),
+        ({"fps": -5}, ValueError, "fps must be a positive number, got -5"),
+        ({"fps": float("nan")}, ValueError, "fps must be a positive number, got nan"),
+        ({"fps": "10"}, TypeError, "fps must be a number, got str"),
+        ({"quality": 50}, ValueError, r"quality must be a number from 0 to 10 .*got 50"),
+        ({"quality": None}, TypeError, "quality must be a number"),
+    ):
+        with pytest.raises(error, match=message):
+            VideoRecorder(tmp_path / "v", **kwargs)
+    assert VideoRecorder(tmp_path / "v", fps=np.int64(12), quality=np.float32(5)).fps == 12.0

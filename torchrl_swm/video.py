@@ -86,12 +86,20 @@ class VideoRecorder:
         directory: str | os.PathLike,
         *,
         layout: str = "episodes",
-        fps: int | None = None,
+        fps: float | None = None,
         prefix: str = "episode",
         quality: float = 7,
     ):
         if layout not in ("episodes", "grid"):
             raise ValueError(f"VideoRecorder: layout must be 'episodes' or 'grid', got {layout!r}")
+        for name, value, low, high in (("fps", fps, 0, math.inf), ("quality", quality, 0, 10)):
+            if name == "fps" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise TypeError(f"VideoRecorder: {name} must be a number, got {describe(value)}")
+            if not (low < value <= high if name == "fps" else low <= value <= high) or math.isnan(value):
+                bounds = "a positive number" if name == "fps" else "a number from 0 to 10 (imageio's ffmpeg quality)"
+                raise ValueError(f"VideoRecorder: {name} must be {bounds}, got {value!r}")
         self.imageio = require_imageio()
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -105,9 +113,9 @@ class VideoRecorder:
                 stacklevel=2,
             )
         self.layout = layout
-        self.fps = fps
+        self.fps = None if fps is None else float(fps)  # imageio takes a float (or a Fraction), not a numpy int
         self.prefix = prefix
-        self.quality = quality
+        self.quality = float(quality)
         self.files: list[Path] = []
         self.frame_counts: dict[Path, int] = {}
         self._writers: dict[int, tuple] = {}  # env -> (writer, path, count, goal)

@@ -14,7 +14,9 @@ Evaluation protocol (both reset modes):
   of episodes, and so the metrics, do not depend on which episodes happen to
   finish first: short episodes are not favoured (the bias of counting the
   first ``episodes`` completions). Results are reported per episode in this
-  fixed order ``j = 0 .. episodes - 1``.
+  fixed order ``j = 0 .. episodes - 1``. Per-episode seeds need an
+  :class:`~torchrl_swm.EnvPool` at the base: another TorchRL env is seeded
+  once (``set_seed(seed)``), its episodes follow its own random streams.
 * ``reset_mode="auto"``: an env that finishes an episode is reset at once for
   its next assigned episode; an env with no episode left is frozen.
 * ``reset_mode="wait"``: envs run in rounds of ``N`` episodes; an env that
@@ -531,40 +533,45 @@ class World:
                 f"World: keyword arguments {sorted(pool_kwargs)} build a pool from a gymnasium id; "
                 f"got an already built {type(env).__name__}"
             )
-        if not isinstance(env, EnvBase):
-            import gymnasium as gym
+        try:
+            if not isinstance(env, EnvBase):
+                import gymnasium as gym
 
-            is_gym = isinstance(env, (gym.Env, gym.vector.VectorEnv))
-            hint = " (wrap gymnasium envs in torchrl_swm.EnvPool)" if is_gym else ""
-            raise TypeError(
-                f"World: expected a TorchRL env, an EnvPool or a gymnasium id, got {type(env).__name__}{hint}"
-            )
-        if len(env.batch_size) != 1:
-            raise ValueError(
-                f"World: expected a batched env with batch_size [N], got {list(env.batch_size)}; "
-                "use torchrl_swm.EnvPool, or a SerialEnv/ParallelEnv of single envs"
-            )
-        _check_keys(env)
-        venv = _torchrl_wrapped_vector_env(env)
-        if venv is not None:
-            raise TypeError(
-                f"World: this TorchRL env wraps a gymnasium {type(venv).__name__} (TorchRL's GymWrapper over a vector "
-                "env, or GymEnv(..., num_envs=N)). It steps every row at once, so World's '_step' masks cannot freeze "
-                "finished envs, and under NEXT_STEP autoreset TorchRL 0.14.1 records a ghost transition per episode: "
-                "World's episodes and metrics would be wrong. Wrap the vector env in an EnvPool instead, "
-                "World(EnvPool(gym.make_vec(...))), which is exact in every autoreset mode."
-            )
-        self.env = env
-        self.num_envs = int(env.batch_size[0])
-        self.device = env.device
-        self.pool = _find_pool(env)
-        self._freezes_rows = _freezes_rows(env)
-        self._env_spec = None if self.pool is None else self.pool.env_spec
-        self._env_metadata = {} if self.pool is None else self.pool.env_metadata
-        if self.env_id is None:
-            self.env_id = getattr(self._env_spec, "id", None)
-        self.policy = None
-        self.set_policy(policy)
+                is_gym = isinstance(env, (gym.Env, gym.vector.VectorEnv))
+                hint = " (wrap gymnasium envs in torchrl_swm.EnvPool)" if is_gym else ""
+                raise TypeError(
+                    f"World: expected a TorchRL env, an EnvPool or a gymnasium id, got {type(env).__name__}{hint}"
+                )
+            if len(env.batch_size) != 1:
+                raise ValueError(
+                    f"World: expected a batched env with batch_size [N], got {list(env.batch_size)}; "
+                    "use torchrl_swm.EnvPool, or a SerialEnv/ParallelEnv of single envs"
+                )
+            _check_keys(env)
+            venv = _torchrl_wrapped_vector_env(env)
+            if venv is not None:
+                raise TypeError(
+                    f"World: this TorchRL env wraps a gymnasium {type(venv).__name__} (TorchRL's GymWrapper over a "
+                    "vector env, or GymEnv(..., num_envs=N)). It steps every row at once, so World's '_step' masks "
+                    "cannot freeze finished envs, and under NEXT_STEP autoreset TorchRL 0.14.1 records a ghost "
+                    "transition per episode: World's episodes and metrics would be wrong. Wrap the vector env in an "
+                    "EnvPool instead, World(EnvPool(gym.make_vec(...))), which is exact in every autoreset mode."
+                )
+            self.env = env
+            self.num_envs = int(env.batch_size[0])
+            self.device = env.device
+            self.pool = _find_pool(env)
+            self._freezes_rows = _freezes_rows(env)
+            self._env_spec = None if self.pool is None else self.pool.env_spec
+            self._env_metadata = {} if self.pool is None else self.pool.env_metadata
+            if self.env_id is None:
+                self.env_id = getattr(self._env_spec, "id", None)
+            self.policy = None
+            self.set_policy(policy)
+        except BaseException:
+            if self._owns_env:  # a pool World built from an id: its workers must not outlive the error
+                env.close()
+            raise
 
     # -- policy -------------------------------------------------------------------------------------
     def set_policy(self, policy) -> None:
@@ -698,7 +705,8 @@ class World:
 
         Args:
             episodes: number of episodes (default: one per env). Episode ``j``
-                runs on env ``j % N`` with seed ``seed + j``. With ``dataset=``:
+                runs on env ``j % N`` with seed ``seed + j`` (an ``EnvPool``; another env is
+                seeded once with ``seed``). With ``dataset=``:
                 the first ``episodes`` dataset episodes (default: all of them),
                 or, with ``episodes_idx=``, its length.
 
@@ -1507,11 +1515,15 @@ class _Run:
 
     def _success(self, td) -> np.ndarray | None:
         if self.success_fn is not None:
-            flag = self.success_fn(td)
-            flag = torch.as_tensor(flag)
-            if flag.dtype is not torch.bool:
+            returned = self.success_fn(td)
+            try:
+                flag = torch.as_tensor(returned)
+            except (TypeError, RuntimeError, ValueError):  # None, a string, a ragged list...
+                flag = None
+            if flag is None or flag.dtype is not torch.bool:
                 raise TypeError(
-                    f"success_fn must return a bool tensor of shape ({self.n},) or ({self.n}, 1), got {flag.dtype}"
+                    f"success_fn must return a bool tensor of shape ({self.n},) or ({self.n}, 1), got "
+                    f"{describe(returned) if flag is None else flag.dtype}"
                 )
             if flag.numel() != self.n:
                 raise ValueError(

@@ -38,13 +38,14 @@ both are validated (inside the maze, not in a wall). The state hook used by
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
 
-from ..errors import EnvError
+from ..errors import EnvError, check_int, describe
 
 __all__ = ["PointMazeEnv", "PointMazeExpert", "LAYOUTS", "expert_actions", "expert_policy"]
 
@@ -143,8 +144,20 @@ class PointMazeEnv(gym.Env):
             raise ValueError(f"PointMaze: render_mode must be None or 'rgb_array', got {render_mode!r}")
         if reward_type not in ("dense", "sparse"):
             raise ValueError(f"PointMaze: reward_type must be 'dense' or 'sparse', got {reward_type!r}")
-        if int(render_size) < 8:
-            raise ValueError(f"PointMaze: render_size must be at least 8 pixels, got {render_size}")
+        render_size = check_int(render_size, "PointMaze: render_size", minimum=8)  # 63.9 is no size
+        # (name, value, low, high, whether low itself is allowed): a radius or speed out of range would make the
+        # maze unsolvable, the agent frozen, or its starts unplaceable (a cell is 1 wide)
+        for name, value, low, high, closed in (
+            ("goal_radius", goal_radius, 0.0, math.inf, False),
+            ("agent_radius", agent_radius, 0.0, 0.45, False),
+            ("damping", damping, 0.0, 1.0, True),
+            ("force_scale", force_scale, 0.0, math.inf, False),
+            ("max_speed", max_speed, 0.0, math.inf, False),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise TypeError(f"PointMaze: {name} must be a number, got {describe(value)}")
+            if not ((low <= value if closed else low < value) and value <= high):
+                raise ValueError(f"PointMaze: {name} must be in {'[' if closed else '('}{low}, {high}], got {value!r}")
         self.walls = _parse_layout(layout)
         self.layout = layout if isinstance(layout, str) else tuple(layout)
         self.render_mode = render_mode
