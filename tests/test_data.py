@@ -762,10 +762,15 @@ def test_collect_keeps_a_step_counter_step_count(tmp_path):
         env.close()
 
 
-def test_the_dataset_names_a_random_policys_action_count_apart_from_the_batch(tmp_path):
+def test_the_dataset_names_a_random_policys_action_space_apart_from_the_batch(tmp_path):
+    from torchrl_swm.specs import batch_spec, space_to_spec
+    from torchrl_swm.world import RandomPolicy
+
     with World("CartPole-v1", num_envs=3) as world:
         ds = world.collect(tmp_path / "ds", 1, seed=0, progress=False)
-    assert ds.metadata["policy"] == "RandomPolicy(Categorical(n=2, shape=(3,), dtype=torch.int64))"
+    assert ds.metadata["policy"] == "RandomPolicy(Discrete(2), num_envs=3)"
+    for space in (gym.spaces.MultiDiscrete([3, 7]), gym.spaces.MultiBinary(5), gym.spaces.Box(-2, 2, (1,))):
+        assert repr(RandomPolicy(batch_spec(space_to_spec(space), (2,)))) == f"RandomPolicy({space}, num_envs=2)"
 
 
 def test_a_step_counter_that_does_not_end_episodes_is_no_step_limit(tmp_path):

@@ -443,3 +443,25 @@ def test_seeds_outside_int64_or_not_integers_are_named(seed, error, match):
         pool.reset(seed=seed)
     assert pool.reset(seed=2**63 - 2)["episode_seed"].view(-1).tolist() == [2**63 - 2, 2**63 - 1]
     pool.close()
+
+
+def test_a_step_counter_that_flags_truncated_without_ending_episodes_is_refused():
+    # TorchRL's episode goes on (done stays False); gymnasium's would end on truncated: no export can be exact
+    from torchrl.envs import StepCounter, TransformedEnv
+
+    from torchrl_swm import to_sb3_vec_env
+
+    env = TransformedEnv(EnvPool("CartPole-v1", num_envs=2), StepCounter(3, update_done=False))
+    import importlib.util
+
+    sb3 = importlib.util.find_spec("stable_baselines3") is not None  # an optional extra
+    for export in (to_gymnasium, *([to_sb3_vec_env] if sb3 else [])):
+        with pytest.raises(SpecError, match=r"StepCounter\(max_steps=3, update_done=False\) flags truncated without "
+                                            r"ending the episode.*Use update_done=True"):
+            export(env)
+    env.close()
+    fine = TransformedEnv(EnvPool("CartPole-v1", num_envs=2), StepCounter(3))
+    envs = to_gymnasium(fine)
+    envs.reset(seed=0)
+    assert [envs.step(np.zeros(2, np.int64))[3].tolist() for _ in range(3)][-1] == [True, True]
+    envs.close()

@@ -467,6 +467,33 @@ def test_process_backend_interrupted_step_does_not_desync_the_replies():
         assert pool.get_attr("t") == [2, 2]
 
 
+class SlowExitingEnv(SlowEnv):
+    """A :class:`SlowEnv` whose worker process exits (code 3) in its first step after the probe."""
+
+    def step(self, action):
+        if not self.probing:
+            time.sleep(self.delay)
+            os._exit(3)
+        return super().step(action)
+
+
+def test_a_worker_that_died_in_an_interrupted_step_stops_every_later_step_and_reset():
+    # the death shows in the replies the next command drains; a reset or step masked to the survivors' rows
+    # must not go through on their own
+    fns = [functools.partial(SlowEnv, 0.0)] * 2 + [functools.partial(SlowExitingEnv, 0.5)] * 2
+    with _process_pool(fns, 2) as pool:
+        td = _step_interrupted(pool, 0.15)
+        processes = _workers(pool)
+        processes[1].join(10)
+        assert processes[1].exitcode == 3
+        refused = r"worker 1 \(envs 2..3, pid \d+\) died with exit code 3: the pool cannot step or reset"
+        with pytest.raises(EnvError, match=refused):
+            pool.reset(td.clone().set("_reset", torch.tensor([[True], [False], [False], [False]])))
+        with pytest.raises(EnvError, match=refused):
+            pool.step(td.clone().set("_step", torch.tensor([True, True, False, False])))
+        assert pool.get_attr("t", indices=[0, 1]) == [1, 1]  # the survivors stepped once, in the interrupted step
+
+
 class MyWrapper(gym.Wrapper):
     pass
 

@@ -2,6 +2,7 @@
 
 import functools
 import re
+import types
 
 import gymnasium as gym
 import numpy as np
@@ -125,6 +126,14 @@ def test_close_raises_the_first_env_close_error_and_notes_the_others(backend):
     assert "env 2 (close)" in notes[0] and "env 3 (close)" in notes[1]
 
 
+class _ProxyUnwrapped(CountingEnv):
+    """A distinct env whose ``unwrapped`` is a fresh handle at each access (a simulator proxy)."""
+
+    @property
+    def unwrapped(self):
+        return types.SimpleNamespace(env=self)
+
+
 @pytest.mark.parametrize("backend", ["serial", "process"])
 def test_factories_returning_one_shared_env_are_refused(backend):
     # every row would step that one env; TorchRL's SerialEnv deep-copies a repeated instance, the pool says so
@@ -132,6 +141,10 @@ def test_factories_returning_one_shared_env_are_refused(backend):
     kwargs = {"backend": "process", "num_workers": 1} if backend == "process" else {}
     with pytest.raises(ValueError, match=r"env_fns\[1\] returned the same env object as env_fns\[0\]"):
         EnvPool(lambda: shared, 2, **kwargs)
+    # distinct envs whose unwrapped is a new object at each access are accepted, as SyncVectorEnv does
+    pool = EnvPool([_ProxyUnwrapped, _ProxyUnwrapped], seed=0)
+    assert pool.reset()["observation"].shape == (2, 3)
+    pool.close()
     # a new wrapper per call around that env steps it all the same
     with pytest.raises(ValueError, match=r"env_fns\[1\] returned a wrapper of the same env object as env_fns\[0\]"):
         EnvPool(lambda: gym.wrappers.TimeLimit(shared, 10), 2, **kwargs)

@@ -398,11 +398,15 @@ def spec_to_space(spec: TensorSpec, *, name: str = "spec") -> gym.Space:
     if isinstance(spec, Bounded):  # a bool one too: a gymnasium Box(0, 1, shape, bool) round-trips as itself
         low = spec.space.low.detach().cpu().numpy().astype(np_dtype)
         high = spec.space.high.detach().cpu().numpy().astype(np_dtype)
-        if (low > high).any():
+        inverted = np.argwhere(np.broadcast_to(low > high, shape))
+        if len(inverted):
+            at = tuple(int(i) for i in inverted[0])
+            first = np.broadcast_to(low, shape)[at], np.broadcast_to(high, shape)[at]
             raise SpecError(
-                f"{name}: Bounded spec with low > high (low={low.tolist()}, high={high.tolist()}): its bounds are "
-                "inverted, as TorchRL's ObservationNorm with a negative scale leaves them. Give the transform a "
-                "positive scale, or replace the spec with one whose bounds are in order"
+                f"{name}: Bounded spec with low > high at {len(inverted)} of {max(1, int(np.prod(shape)))} entries "
+                f"(the first at index {at}: low {first[0]}, high {first[1]}): its bounds are inverted, as TorchRL's "
+                "ObservationNorm with a negative scale leaves them. Give the transform a positive scale, or replace "
+                "the spec with one whose bounds are in order"
             )
         return gym.spaces.Box(low=np.broadcast_to(low, shape), high=np.broadcast_to(high, shape), dtype=np_dtype)
     if np_dtype == np.bool_:

@@ -92,10 +92,14 @@ class RandomPolicy:
         return td
 
     def __repr__(self) -> str:
+        # the action space as gymnasium names it (counts, bounds, dtype), apart from the batch of envs
         spec = self.action_spec
-        n = getattr(getattr(spec, "space", None), "n", None)  # a discrete spec's count, apart from its (batch) shape
-        count = "" if n is None else f"n={n}, "
-        return f"RandomPolicy({type(spec).__name__}({count}shape={tuple(spec.shape)}, dtype={spec.dtype}))"
+        try:
+            from .specs import spec_to_space
+
+            return f"RandomPolicy({spec_to_space(spec[0])}, num_envs={spec.shape[0]})"
+        except Exception:  # a spec with no gymnasium counterpart: its TorchRL class and shape
+            return f"RandomPolicy({type(spec).__name__}(shape={tuple(spec.shape)}))"
 
 
 @dataclass

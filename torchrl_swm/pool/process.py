@@ -476,6 +476,7 @@ class ProcessBackend:
         self._shm.unlink()
 
     def reset(self, rows, seeds, options=None, episode_seeds=None) -> None:
+        self._drain_owed()  # first: an interrupted command's replies may show a worker died since
         self._refuse_after_a_dead_worker("reset")
         episode_seeds = seeds if episode_seeds is None else episode_seeds
         messages = []
@@ -499,8 +500,8 @@ class ProcessBackend:
         self._drain_owed()
 
     def step(self, actions: np.ndarray, rows) -> None:
+        self._drain_owed()  # an interrupted step's workers may still read the action buffer (and may have died)
         self._refuse_after_a_dead_worker("step")
-        self._drain_owed()  # an interrupted step's workers may still read the action buffer
         if rows is None:
             self._action_buf[...] = actions
             targets = [(w, None) for w in range(len(self.slices))]

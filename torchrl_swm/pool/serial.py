@@ -111,7 +111,7 @@ def env_is_wrapped(env: gym.Env, wrapper_class: type) -> bool:
 def make_envs(env_fns: Sequence[Callable[[], gym.Env]], first: int = 0, pixels: bool = False) -> list[gym.Env]:
     """Call each factory, check what it returned, and close everything on failure."""
     envs: list[gym.Env] = []
-    made: dict[int, int] = {}  # id of each env made -> its position
+    made: dict[int, tuple] = {}  # id of each env's unwrapped env -> (its position, that object)
     try:
         for j, fn in enumerate(env_fns):
             i = first + j
@@ -126,15 +126,17 @@ def make_envs(env_fns: Sequence[Callable[[], gym.Env]], first: int = 0, pixels: 
                     f"env_fns[{i}] returned {type(env).__module__}.{type(env).__name__}, expected a gymnasium.Env"
                     + (" (a VectorEnv is passed to EnvPool directly, not through a factory)" if isinstance(env, gym.vector.VectorEnv) else "")
                 )
-            core = id(env.unwrapped)  # wrappers made per call around one shared env would step it too
+            unwrapped = env.unwrapped  # wrappers made per call around one shared env would step it too
+            core = id(unwrapped)
             if core in made:  # every row would step that one env
-                same = "the same env object" if env is envs[made[core]] else "a wrapper of the same env object"
+                k = made[core][0]
+                same = "the same env object" if env is envs[k] else "a wrapper of the same env object"
                 raise ValueError(
-                    f"env_fns[{i}] returned {same} as env_fns[{first + made[core]}]: each row needs an env of its "
+                    f"env_fns[{i}] returned {same} as env_fns[{first + k}]: each row needs an env of its "
                     "own; build a new one in the factory (e.g. lambda: gym.make(...), not lambda: env or "
                     "lambda: Wrapper(env))"
                 )
-            made[core] = j
+            made[core] = (j, unwrapped)  # kept alive: an unwrapped made per access must not free its id for another
             envs.append(env)
             if pixels and env.render_mode != "rgb_array":
                 raise EnvError(
