@@ -768,9 +768,11 @@ def test_the_dataset_names_a_random_policys_action_space_apart_from_the_batch(tm
 
     with World("CartPole-v1", num_envs=3) as world:
         ds = world.collect(tmp_path / "ds", 1, seed=0, progress=False)
-    assert ds.metadata["policy"] == "RandomPolicy(Discrete(2), num_envs=3)"
+    assert ds.metadata["policy"] == "RandomPolicy(Discrete(2), batch=(3,))"
     for space in (gym.spaces.MultiDiscrete([3, 7]), gym.spaces.MultiBinary(5), gym.spaces.Box(-2, 2, (1,))):
-        assert repr(RandomPolicy(batch_spec(space_to_spec(space), (2,)))) == f"RandomPolicy({space}, num_envs=2)"
+        spec = batch_spec(space_to_spec(space), (2,))
+        assert repr(RandomPolicy(spec, batch_dims=1)) == f"RandomPolicy({space}, batch=(2,))"
+        assert repr(RandomPolicy(space_to_spec(space))) == f"RandomPolicy({space})"  # a spec with no batch
 
 
 def test_a_step_counter_that_does_not_end_episodes_is_no_step_limit(tmp_path):
@@ -785,3 +787,50 @@ def test_a_step_counter_that_does_not_end_episodes_is_no_step_limit(tmp_path):
             ds = world.collect(tmp_path / f"ds{update_done}", 2, seed=0, progress=False)
             assert ds.episode_lengths.tolist() == [length, length] and ds.metadata["max_steps"] == length
             assert world.evaluate(2, seed=0, progress=False)["episode_lengths"].tolist() == [length, length]
+
+
+def _no_truncated_env(lengths=(3, 5)):
+    """A TorchRL env whose done triplet lacks "truncated": row i terminates after lengths[i] steps."""
+    from torchrl.data import Categorical, Composite, Unbounded
+    from torchrl.envs import EnvBase
+
+    class NoTruncated(EnvBase):
+        def __init__(self):
+            n = len(lengths)
+            super().__init__(batch_size=torch.Size([n]))
+            self.lengths = torch.tensor(lengths).view(-1, 1)
+            self.observation_spec = Composite(observation=Unbounded((n, 1)), shape=(n,))
+            self.action_spec = Categorical(2, shape=(n,))
+            self.reward_spec = Unbounded((n, 1))
+            self.full_done_spec = Composite(done=Categorical(2, (n, 1), dtype=torch.bool),
+                                            terminated=Categorical(2, (n, 1), dtype=torch.bool), shape=(n,))
+            self.t = torch.zeros(n, 1)
+
+        def _reset(self, td):
+            rows = td.get("_reset").view(-1) if td is not None and "_reset" in td.keys() else slice(None)
+            self.t[rows] = 0
+            flags = torch.zeros(self.batch_size[0], 1, dtype=torch.bool)
+            return TensorDict(observation=self.t.clone(), done=flags, terminated=flags.clone(),
+                              batch_size=self.batch_size)
+
+        def _step(self, td):
+            self.t += 1
+            end = self.t >= self.lengths
+            return TensorDict(observation=self.t.clone(), reward=torch.ones(self.batch_size[0], 1), done=end.clone(),
+                              terminated=end, batch_size=self.batch_size)
+
+        def _set_seed(self, seed):
+            return seed
+
+    return NoTruncated()
+
+
+def test_a_dataset_holds_the_whole_done_triplet_for_an_env_without_truncated(tmp_path):
+    # World's cut is the truncation; the env's done its termination (both on a terminal step at the limit)
+    with World(_no_truncated_env()) as world:
+        ds = world.collect(tmp_path / "ds", 2, seed=0, max_steps=3, progress=False)
+    last = ds.episode_starts + ds.episode_lengths - 1
+    assert ds.td["next", "terminated"][last].view(-1).tolist() == [True, False]
+    assert ds.td["next", "truncated"][last].view(-1).tolist() == [True, True]
+    assert not ds.td["next", "truncated"][ds.episode_starts].any()  # not before the limit
+    assert not ds.td["truncated"].any() and not ds.td["terminated"].any()  # the root's flags: False

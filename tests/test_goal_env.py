@@ -97,10 +97,12 @@ def test_invalid_states_are_rejected():
     # geometry that would fail at reset, freeze the agent or make the goal unreachable is refused up front
     for kwargs, error, message in (
         ({"agent_radius": 0.6}, ValueError, r"agent_radius must be in \(0.0, 0.45\], got 0.6"),
-        ({"goal_radius": -1}, ValueError, r"goal_radius must be in \(0.0, inf\], got -1"),
-        ({"max_speed": 0}, ValueError, r"max_speed must be in \(0.0, inf\], got 0"),
-        ({"damping": 1.5}, ValueError, r"damping must be in \[0.0, 1.0\], got 1.5"),
-        ({"force_scale": float("nan")}, ValueError, r"force_scale must be in \(0.0, inf\], got nan"),
+        ({"goal_radius": -1}, ValueError, r"goal_radius must be in \(0.0, 1e\+06\], got -1"),
+        ({"max_speed": 0}, ValueError, r"max_speed must be in \(0.0, 1\], got 0"),
+        ({"max_speed": 2.0}, ValueError, r"max_speed must be in \(0.0, 1\], got 2.0"),  # through walls
+        ({"damping": 1.5}, ValueError, r"damping must be in \[0.0, 1\], got 1.5"),
+        ({"force_scale": float("nan")}, ValueError, r"force_scale must be in \(0.0, 1e\+06\], got nan"),
+        ({"force_scale": float("inf")}, ValueError, r"force_scale must be in \(0.0, 1e\+06\], got inf"),
         ({"goal_radius": "0.2"}, TypeError, "goal_radius must be a number, got str"),
         ({"render_size": 63.9}, TypeError, "render_size: expected an int, got float 63.9"),
         ({"render_size": 4}, ValueError, "render_size: expected an int >= 8, got 4"),

@@ -1337,3 +1337,18 @@ def test_a_pool_closes_an_async_vector_env_that_gymnasium_left_waiting(monkeypat
         pool.close()
     assert time.monotonic() - start < 10 and pool.is_closed
     assert not any(process.is_alive() for process in venv.processes)
+
+
+def test_a_pool_over_a_wrapped_sync_vector_env_reaches_its_envs():
+    # gymnasium's vector wrappers have no call/get_attr/set_attr: the innermost SyncVectorEnv's envs answer
+    venv = gym.wrappers.vector.RecordEpisodeStatistics(
+        gym.vector.SyncVectorEnv([functools.partial(counting, length=5)] * 2))
+    pool = EnvPool(venv, seed=0)
+    try:
+        assert pool.get_attr("fixed_length") == [5, 5]
+        assert pool.call("get_wrapper_attr", "fixed_length", indices=[1]) == [5]
+        pool.set_attr("fixed_length", [7, 8])
+        assert pool.get_attr("fixed_length") == [7, 8]
+        assert pool._query_first("has_wrapper_attr", "fixed_length") is True
+    finally:
+        pool.close()

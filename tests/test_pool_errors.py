@@ -141,10 +141,14 @@ def test_factories_returning_one_shared_env_are_refused(backend):
     kwargs = {"backend": "process", "num_workers": 1} if backend == "process" else {}
     with pytest.raises(ValueError, match=r"env_fns\[1\] returned the same env object as env_fns\[0\]"):
         EnvPool(lambda: shared, 2, **kwargs)
-    # distinct envs whose unwrapped is a new object at each access are accepted, as SyncVectorEnv does
+    # distinct envs whose unwrapped is a new object at each access are accepted, as SyncVectorEnv does; one such
+    # env returned twice is still the same env
     pool = EnvPool([_ProxyUnwrapped, _ProxyUnwrapped], seed=0)
     assert pool.reset()["observation"].shape == (2, 3)
     pool.close()
+    proxy = _ProxyUnwrapped()
+    with pytest.raises(ValueError, match=r"env_fns\[1\] returned the same env object as env_fns\[0\]"):
+        EnvPool(lambda: proxy, 2, **kwargs)
     # a new wrapper per call around that env steps it all the same
     with pytest.raises(ValueError, match=r"env_fns\[1\] returned a wrapper of the same env object as env_fns\[0\]"):
         EnvPool(lambda: gym.wrappers.TimeLimit(shared, 10), 2, **kwargs)

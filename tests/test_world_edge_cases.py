@@ -569,3 +569,12 @@ def test_a_world_refused_after_it_built_its_pool_closes_that_pool():
     with pytest.raises(TypeError, match="expected a TensorDictModule or a callable td -> td, got int"):
         World("CartPole-v1", num_envs=2, backend="process", num_workers=2, policy=5)
     assert set(multiprocessing.active_children()) - before == set()
+    # a pool whose close() then fails too: the refusal is still the error, the close failure a note on it
+    gym.register("TestBadCloseWorld-v0", entry_point="envs:BadCloseEnv")
+    try:
+        with pytest.raises(TypeError, match="got int") as caught:
+            World("TestBadCloseWorld-v0", num_envs=2, policy=5)
+        assert any("closing the pool World built then failed too" in note and "disk gone" in note
+                   for note in caught.value.__notes__)
+    finally:
+        gym.registry.pop("TestBadCloseWorld-v0")

@@ -64,6 +64,13 @@ def _even(frame: np.ndarray) -> np.ndarray:
     return frame
 
 
+_MIN_FPS = 0.001  # ffmpeg gets fps as a fraction of denominator <= 10**6: far smaller rounds to 0
+
+
+def _usable_fps(fps) -> bool:
+    return not isinstance(fps, bool) and math.isfinite(fps) and fps >= _MIN_FPS
+
+
 class VideoRecorder:
     """Writes MP4 videos of a :class:`~torchrl_swm.World` run.
 
@@ -92,14 +99,17 @@ class VideoRecorder:
     ):
         if layout not in ("episodes", "grid"):
             raise ValueError(f"VideoRecorder: layout must be 'episodes' or 'grid', got {layout!r}")
-        for name, value, low, high in (("fps", fps, 0, math.inf), ("quality", quality, 0, 10)):
+        for name, value in (("fps", fps), ("quality", quality)):
             if name == "fps" and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
                 raise TypeError(f"VideoRecorder: {name} must be a number, got {describe(value)}")
-            if not (low < value <= high if name == "fps" else low <= value <= high) or math.isnan(value):
-                bounds = "a positive number" if name == "fps" else "a number from 0 to 10 (imageio's ffmpeg quality)"
-                raise ValueError(f"VideoRecorder: {name} must be {bounds}, got {value!r}")
+            if name == "fps" and not _usable_fps(value):
+                raise ValueError(f"VideoRecorder: fps must be a finite number >= {_MIN_FPS} (ffmpeg takes it as a "
+                                 f"fraction), got {value!r}")
+            if name == "quality" and not 0 <= value <= 10:
+                raise ValueError(f"VideoRecorder: quality must be a number from 0 to 10 (imageio's ffmpeg quality), "
+                                 f"got {value!r}")
         self.imageio = require_imageio()
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -126,8 +136,8 @@ class VideoRecorder:
     def bind(self, num_envs: int, fps: float | None) -> None:
         """Called once by World before the run."""
         self.num_envs = num_envs
-        if self.fps is None:
-            self.fps = float(fps) if fps and fps > 0 else 30  # fractional, as gymnasium's RecordVideo keeps it
+        if self.fps is None:  # fractional, as gymnasium's RecordVideo keeps it; 30 where the env's is unusable
+            self.fps = float(fps) if isinstance(fps, (int, float, np.integer, np.floating)) and _usable_fps(fps) else 30
 
     def _open(self, path: Path):
         return self.imageio.get_writer(

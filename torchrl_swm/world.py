@@ -83,9 +83,10 @@ class RandomPolicy:
     and seed it) are reproducible.
     """
 
-    def __init__(self, action_spec, action_key="action"):
+    def __init__(self, action_spec, action_key="action", *, batch_dims: int = 0):
         self.action_spec = action_spec
         self.action_key = action_key
+        self.batch_dims = batch_dims  # leading dims of the spec that are the env's batch (World's: 1), for repr
 
     def __call__(self, td: TensorDictBase) -> TensorDictBase:
         td.set(self.action_key, self.action_spec.rand())
@@ -93,11 +94,12 @@ class RandomPolicy:
 
     def __repr__(self) -> str:
         # the action space as gymnasium names it (counts, bounds, dtype), apart from the batch of envs
-        spec = self.action_spec
+        spec, batch = self.action_spec, tuple(self.action_spec.shape[: self.batch_dims])
         try:
             from .specs import spec_to_space
 
-            return f"RandomPolicy({spec_to_space(spec[0])}, num_envs={spec.shape[0]})"
+            one = spec[(0,) * len(batch)] if batch else spec
+            return f"RandomPolicy({spec_to_space(one)}{f', batch={batch}' if batch else ''})"
         except Exception:  # a spec with no gymnasium counterpart: its TorchRL class and shape
             return f"RandomPolicy({type(spec).__name__}(shape={tuple(spec.shape)}))"
 
@@ -572,16 +574,20 @@ class World:
                 self.env_id = getattr(self._env_spec, "id", None)
             self.policy = None
             self.set_policy(policy)
-        except BaseException:
+        except BaseException as err:
             if self._owns_env:  # a pool World built from an id: its workers must not outlive the error
-                env.close()
+                try:
+                    env.close()
+                except Exception as close_err:  # the refusal is the error to report
+                    err.add_note(f"closing the pool World built then failed too: {type(close_err).__name__}: "
+                                 f"{close_err}")
             raise
 
     # -- policy -------------------------------------------------------------------------------------
     def set_policy(self, policy) -> None:
         """Use ``policy`` (a TorchRL policy; ``None``: random actions from the action spec)."""
         if policy is None:
-            policy = RandomPolicy(self.env.action_spec)
+            policy = RandomPolicy(self.env.action_spec, batch_dims=1)
         self.policy = _check_policy(policy, "World.set_policy")
 
     @property
@@ -839,7 +845,7 @@ class World:
     # -- dataset-driven evaluation ----------------------------------------------------------------------
     def _env_attr(self, name: str):
         """Attribute ``name`` of env 0, looked up through its gymnasium wrappers (any backend), or None."""
-        if not self.pool.freezes_rows and not hasattr(self.pool._backend.venv, "call"):
+        if not self.pool.freezes_rows and not self.pool._backend.per_env_access:
             return None  # a natively batched vector env (CartPoleVectorEnv): no per-env attributes to look up
         if not self.pool._query_first("has_wrapper_attr", name):
             return None
@@ -1458,6 +1464,12 @@ class _Run:
                     nxt.set(key, flag | mask.view_as(flag))
 
         if self.recorder is not None:
+            # a dataset holds the whole done triplet: an env without "terminated" or "truncated" gets them here
+            # (its done is its termination; World's cut is the truncation), False at the root as every root flag
+            for key, flags in (("terminated", terminated), ("truncated", cut)):  # (terminated: the env's done)
+                if nxt.get(key, None) is None:
+                    nxt.set(key, _as_mask(flags & stepped, self.device))
+                    td.set(key, _as_mask(np.zeros(n, dtype=bool), self.device))
             if self.verify_step_count:
                 self._check_step_count(nxt, rows)
             td.set("episode", self.episode_ids.to(self.device))

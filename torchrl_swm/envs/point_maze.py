@@ -38,7 +38,6 @@ both are validated (inside the maze, not in a wall). The state hook used by
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 
@@ -115,9 +114,10 @@ class PointMazeEnv(gym.Env):
             by default, so that frames (and goal images) only show the agent.
         reward_type: ``"dense"`` (``-distance``) or ``"sparse"`` (``1.0`` on success).
         terminate_on_success: end the episode when the target is reached.
-        goal_radius: success distance, in cells.
-        agent_radius: half-width of the agent for collisions, in cells.
-        damping, force_scale, max_speed: the dynamics (see the module docstring).
+        goal_radius: success distance, in cells (> 0).
+        agent_radius: half-width of the agent for collisions, in cells (in ``(0, 0.45]``).
+        damping, force_scale, max_speed: the dynamics (see the module docstring); ``damping`` in
+            ``[0, 1]``, ``max_speed`` at most 1 (one cell per step: a faster agent could pass a wall).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
@@ -146,18 +146,20 @@ class PointMazeEnv(gym.Env):
             raise ValueError(f"PointMaze: reward_type must be 'dense' or 'sparse', got {reward_type!r}")
         render_size = check_int(render_size, "PointMaze: render_size", minimum=8)  # 63.9 is no size
         # (name, value, low, high, whether low itself is allowed): a radius or speed out of range would make the
-        # maze unsolvable, the agent frozen, or its starts unplaceable (a cell is 1 wide)
+        # maze unsolvable, the agent frozen, its starts unplaceable (a cell is 1 wide) or, faster than one cell
+        # per step, able to pass through a wall (a move is checked where it ends)
         for name, value, low, high, closed in (
-            ("goal_radius", goal_radius, 0.0, math.inf, False),
+            ("goal_radius", goal_radius, 0.0, 1e6, False),
             ("agent_radius", agent_radius, 0.0, 0.45, False),
             ("damping", damping, 0.0, 1.0, True),
-            ("force_scale", force_scale, 0.0, math.inf, False),
-            ("max_speed", max_speed, 0.0, math.inf, False),
+            ("force_scale", force_scale, 0.0, 1e6, False),
+            ("max_speed", max_speed, 0.0, 1.0, False),
         ):
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
                 raise TypeError(f"PointMaze: {name} must be a number, got {describe(value)}")
             if not ((low <= value if closed else low < value) and value <= high):
-                raise ValueError(f"PointMaze: {name} must be in {'[' if closed else '('}{low}, {high}], got {value!r}")
+                bounds = f"{'[' if closed else '('}{low}, {high:g}]"
+                raise ValueError(f"PointMaze: {name} must be in {bounds}, got {value!r}")
         self.walls = _parse_layout(layout)
         self.layout = layout if isinstance(layout, str) else tuple(layout)
         self.render_mode = render_mode

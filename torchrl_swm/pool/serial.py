@@ -112,6 +112,7 @@ def make_envs(env_fns: Sequence[Callable[[], gym.Env]], first: int = 0, pixels: 
     """Call each factory, check what it returned, and close everything on failure."""
     envs: list[gym.Env] = []
     made: dict[int, tuple] = {}  # id of each env's unwrapped env -> (its position, that object)
+    made_env: dict[int, int] = {}  # id of each env -> its position
     try:
         for j, fn in enumerate(env_fns):
             i = first + j
@@ -128,8 +129,10 @@ def make_envs(env_fns: Sequence[Callable[[], gym.Env]], first: int = 0, pixels: 
                 )
             unwrapped = env.unwrapped  # wrappers made per call around one shared env would step it too
             core = id(unwrapped)
-            if core in made:  # every row would step that one env
+            k = made_env.get(id(env))  # the same env again (its unwrapped may be a new object at each access)
+            if k is None and core in made:
                 k = made[core][0]
+            if k is not None:  # every row would step that one env
                 same = "the same env object" if env is envs[k] else "a wrapper of the same env object"
                 raise ValueError(
                     f"env_fns[{i}] returned {same} as env_fns[{first + k}]: each row needs an env of its "
@@ -137,6 +140,7 @@ def make_envs(env_fns: Sequence[Callable[[], gym.Env]], first: int = 0, pixels: 
                     "lambda: Wrapper(env))"
                 )
             made[core] = (j, unwrapped)  # kept alive: an unwrapped made per access must not free its id for another
+            made_env[id(env)] = j  # (envs holds the env itself)
             envs.append(env)
             if pixels and env.render_mode != "rgb_array":
                 raise EnvError(

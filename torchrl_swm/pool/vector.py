@@ -484,13 +484,21 @@ class VectorBackend(InProcessBackend):
     # -- direct access ------------------------------------------------------------------
     def _per_env(self, what: str) -> Callable:
         """The vector env's own per-env access (``call``/``get_attr``/``set_attr``), with a clear error without it."""
-        fn = getattr(self.venv, what, None)
+        # gymnasium's vector wrappers (RecordEpisodeStatistics...) have no call/get_attr/set_attr of their own:
+        # the sub-envs are the innermost vector env's, whatever wraps it
+        fn = getattr(self.venv, what, None) or getattr(_innermost(self.venv), what, None)
         if fn is None:
             raise AttributeError(
                 f"EnvPool.{what}: {type(_innermost(self.venv)).__name__} is natively batched: its rows are not "
                 f"separate envs and it has no {what}(). Use the vector env itself."
             )
         return fn
+
+    @property
+    def per_env_access(self) -> bool:
+        """Whether the vector env has separate envs to call (a natively batched one, as ``CartPoleVectorEnv``, has
+        none)."""
+        return getattr(_innermost(self.venv), "call", None) is not None
 
     @property
     def calls_rows(self) -> bool:
