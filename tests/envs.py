@@ -201,6 +201,21 @@ class ExitingEnv(CountingEnv):
         return super().step(action)
 
 
+class QuittingEnv(CountingEnv):
+    """A counting env whose process exits with code 0 (``os._exit(0)``, as a quitting simulator) at step ``at``."""
+
+    def __init__(self, at: int = 2, **kwargs):
+        super().__init__(length=100, **kwargs)
+        self.at = at
+
+    def step(self, action):
+        if self.steps_called + 1 >= self.at and not getattr(self, "probing", False):
+            import os
+
+            os._exit(0)
+        return super().step(action)
+
+
 class StubbornError(Exception):
     """An exception whose ``__init__`` takes other arguments than its ``args``: pickles, but cannot be rebuilt."""
 

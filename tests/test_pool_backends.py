@@ -1352,3 +1352,28 @@ def test_a_pool_over_a_wrapped_sync_vector_env_reaches_its_envs():
         assert pool._query_first("has_wrapper_attr", "fixed_length") is True
     finally:
         pool.close()
+
+
+def test_the_fast_path_carries_per_env_non_tensor_policy_outputs_through_partial_resets():
+    # a NonTensorStack is a TensorDictBase with no items: zeroing its rows must not rebuild it as an empty TensorDict
+    from tensordict import NonTensorData, NonTensorStack
+    from torchrl.envs import EnvBase
+
+    fns = [functools.partial(counting, length=n) for n in (2, 3, 4)]  # partial resets at steps 2, 3 and 4
+    pools = [EnvPool(fns, seed=0), EnvPool(fns, seed=0)]
+    roots = [pool.reset() for pool in pools]
+    for t in range(6):
+        outs = []
+        for k, (pool, step) in enumerate(zip(pools, (EnvPool.step_and_maybe_reset, EnvBase._step_and_maybe_reset))):
+            roots[k]["action"] = torch.ones(3, dtype=torch.int64)
+            roots[k]["note"] = NonTensorStack(*[NonTensorData(f"t{t}env{i}") for i in range(3)])
+            roots[k]["tag"] = NonTensorData("same for every row", batch_size=[3])
+            out, roots[k] = step(pool, roots[k])
+            outs.append(out)
+        fast, generic = roots
+        assert isinstance(fast.get("note"), NonTensorStack)
+        assert fast.get("note").tolist() == generic.get("note").tolist() == [f"t{t}env{i}" for i in range(3)]
+        assert fast.get("tag").tolist() == generic.get("tag").tolist()
+        assert torch.equal(fast["observation"], generic["observation"])
+    for pool in pools:
+        pool.close()

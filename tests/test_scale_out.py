@@ -151,6 +151,43 @@ def test_multiasync_failure_after_the_others_finish_is_raised_by_raise_on_worker
             os.kill(pid, 0)
 
 
+def _pool_quitting_at(step):
+    from envs import QuittingEnv
+
+    return EnvPool([functools.partial(counting, max_length=7)] * (N - 1) + [functools.partial(QuittingEnv, step)],
+                   seed=0)
+
+
+def test_a_worker_exiting_with_code_0_mid_collection_is_a_failure():
+    # os._exit(0) in an env leaves no traceback anywhere: the collection must still fail
+    collector = MultiAsyncCollector([make_pool_factory(0), functools.partial(_pool_quitting_at, 2)], None,
+                                    frames_per_batch=N * T, total_frames=N * T * 2)
+    with pytest.raises(RuntimeError, match=r"worker 1 \(exit code 0"):
+        for _ in raise_on_worker_failure(collector):
+            pass
+    # when it exits after the last batch TorchRL checked and before the shutdown, the collection ends as if
+    # healthy and every worker then reads 0: the final check counts a worker gone before the shutdown as failed
+    import multiprocessing
+
+    from torchrl_swm.collectors import _raise_if_any_failed
+
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=time.sleep, args=(0,)), ctx.Process(target=time.sleep, args=(30,))]
+    for proc in procs:
+        proc.start()
+    procs[0].join(30)
+    try:
+        running = {1}  # as raise_on_worker_failure records them before the shutdown
+        with pytest.raises(RuntimeError, match=r"collector worker 0 \(exit code 0 while the collection was still "
+                                               r"running"):
+            _raise_if_any_failed(procs, when="before the collection ended", running=running,
+                                 clean_exit_fails={0})
+        _raise_if_any_failed(procs, when="before the collection ended", running=running)  # code 0 alone: fine
+    finally:
+        procs[1].terminate()
+        procs[1].join(10)
+
+
 def test_raise_on_worker_failure_passes_healthy_collections_through_and_shuts_down():
     collector = MultiAsyncCollector([make_pool_factory(0), make_pool_factory(1000)], policy(),
                                     frames_per_batch=N * T, total_frames=N * T * 4)

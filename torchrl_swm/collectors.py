@@ -53,7 +53,9 @@ def raise_on_worker_failure(collector: Any, *, shutdown_timeout: float = 60.0) -
     running: set[int] = set()
     try:
         for batch in collector:
-            _raise_if_any_failed(procs, when="during collection")
+            # any exit while batches still come is a failure, even with code 0 (an env's sys.exit(): Python prints
+            # no traceback for it, and a MultiAsyncCollector goes on with the other workers)
+            _raise_if_any_failed(procs, when="during collection", clean_exit_fails=True)
             yield batch
     finally:
         running = {i for i, proc in enumerate(procs) if _exit_code(proc) is None}
@@ -61,7 +63,9 @@ def raise_on_worker_failure(collector: Any, *, shutdown_timeout: float = 60.0) -
             collector.shutdown(timeout=shutdown_timeout)
         else:
             collector.shutdown()
-    _raise_if_any_failed(procs, when="before the collection ended", running=running, timeout=shutdown_timeout)
+    # a worker that had exited before the shutdown died, whatever its code (0: an env's os._exit(0) or sys.exit())
+    _raise_if_any_failed(procs, when="before the collection ended", running=running, timeout=shutdown_timeout,
+                         clean_exit_fails={i for i in range(len(procs)) if i not in running})
 
 
 def _exit_code(proc: Any) -> int | None:
@@ -71,13 +75,21 @@ def _exit_code(proc: Any) -> int | None:
         return None
 
 
-def _raise_if_any_failed(procs: list, *, when: str, running: set[int] = frozenset(), timeout: float = 0.0) -> None:
-    failed = [(i, code) for i, code in enumerate(map(_exit_code, procs)) if code not in (None, 0)]
+def _raise_if_any_failed(procs: list, *, when: str, running: set[int] = frozenset(), timeout: float = 0.0,
+                         clean_exit_fails: bool | set[int] = False) -> None:
+    """``clean_exit_fails``: whether an exit code of 0 is a failure too (for every worker, or those in the set)."""
+    def failed_code(i, code):
+        strict = clean_exit_fails is True or (isinstance(clean_exit_fails, set) and i in clean_exit_fails)
+        return code is not None and (code != 0 or strict)
+
+    failed = [(i, code) for i, code in enumerate(map(_exit_code, procs)) if failed_code(i, code)]
     if failed:
         def describe(i, code):
             if code < 0 and i in running:  # a signal, maybe the shutdown's own SIGTERM: say so
                 return (f"worker {i} (exit code {code}: killed by a signal, e.g. terminated by the shutdown after "
                         f"{0.8 * timeout:.0f} s; if its envs only close slowly, pass shutdown_timeout=)")
+            if code == 0:
+                return f"worker {i} (exit code 0 while the collection was still running: an env's sys.exit()?)"
             return f"worker {i} (exit code {code})"
 
         workers = ", ".join(describe(i, code) for i, code in failed)

@@ -24,7 +24,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase, is_non_tensor
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
@@ -777,7 +777,10 @@ class _RankViews(dict):
 
 
 def _zero_rows(value, views: _RankViews):
-    """``value`` (a tensor or a tensordict) with the masked rows zeroed, out of place."""
+    """``value`` (a tensor or a tensordict) with the masked rows zeroed, out of place. Non-tensor data
+    (``NonTensorData``, a per-env ``NonTensorStack``) is kept as it is, as TorchRL's generic reset keeps it."""
+    if is_non_tensor(value):
+        return value
     if isinstance(value, TensorDictBase):
         leaves = {key: _zero_rows(leaf, views) for key, leaf in value.items()}
         return TensorDict._new_unsafe(leaves, batch_size=value.batch_size, device=value.device)
