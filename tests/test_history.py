@@ -124,6 +124,8 @@ def test_argument_errors():
         History(["observation"], 2, padding="reflect")
     with pytest.raises(ValueError, match="out_keys"):
         History(["a", "b"], 2, out_keys=["x"])
+    with pytest.raises(ValueError, match=r"out_keys \['ctx'\] appear more than once"):
+        History(["a", "b"], 2, out_keys=["ctx", "ctx"])  # one history would overwrite the other
     with pytest.raises(RuntimeError, match="SliceSampler"):
         History(["observation"], 2)(TensorDict({"observation": torch.zeros(2, 3)}, [2]))
 
@@ -190,9 +192,17 @@ def test_a_key_the_env_lacks_is_named_with_the_keys_it_has():
     env = TransformedEnv(EnvPool([counting] * 2, seed=0), History(["pixels"], 3))
     for use in (env.reset, lambda: env.observation_spec):
         # (KeyError's text is quoted, so the pattern matches around the quotes)
-        with pytest.raises(KeyError, match=r"pixels.. entry to keep a history of \(it has \[.*observation.*pixels=True"):
+        with pytest.raises(KeyError, match=r"pixels.. is not an observation entry of the env \(its observation "
+                                           r"entries: \[.*observation.*pixels=True"):
             use()
     env.close()
+    # an entry the env writes that is no observation (actions, rewards, flags) is named as such
+    for key in ("action", "reward", "done"):
+        env = TransformedEnv(EnvPool([counting] * 2, seed=0), History([key], 3))
+        for use in (env.reset, lambda: env.observation_spec):
+            with pytest.raises(KeyError, match=rf"{key}.. is not an observation entry.*History keeps observations"):
+                use()
+        env.close()
 
 
 def test_an_input_without_history_starts_one_even_when_the_feature_size_equals_the_length():
@@ -251,3 +261,19 @@ def test_zero_padded_history_specs_of_discrete_observations_admit_zeros(spec, ki
     widened = _admitting_zeros(spec)
     assert type(widened).__name__.startswith(kind) and widened.shape == spec.shape and widened.dtype == spec.dtype
     assert widened.is_in(torch.zeros(spec.shape, dtype=spec.dtype)) and widened.is_in(spec.rand())
+
+
+@pytest.mark.parametrize("padding", ["same", "zeros"])
+def test_a_group_entry_keeps_a_history_of_each_leaf(padding):
+    # ("info",) is a group (a TensorDict of leaves): both paddings, each leaf as it would be alone
+    factories = [functools.partial(counting, length=50)] * 2
+    grouped = TransformedEnv(EnvPool(factories, seed=0), History(["info"], 3, padding=padding))
+    single = TransformedEnv(EnvPool(factories, seed=0), History([("info", "t")], 3, padding=padding))
+    check_env_specs(grouped)
+    a, b = grouped.reset(), single.reset()
+    for _ in range(4):
+        assert torch.equal(a["history", "info", "t"], b["history", "info", "t"])
+        a, b = step_mdp(grouped.step(act(a, 2))), step_mdp(single.step(act(b, 2)))
+    assert a["history", "info", "t"][:, :, 0].tolist() == [[2, 3, 4]] * 2
+    grouped.close()
+    single.close()

@@ -1377,3 +1377,22 @@ def test_the_fast_path_carries_per_env_non_tensor_policy_outputs_through_partial
         assert torch.equal(fast["observation"], generic["observation"])
     for pool in pools:
         pool.close()
+
+
+def test_the_fast_paths_keep_the_callers_dim_names_as_step_mdp_does():
+    from torchrl_swm import WorldModelEnv
+
+    space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    envs = [EnvPool("CartPole-v1", num_envs=3, seed=0),
+            WorldModelEnv(object(), space, space, num_envs=3, initial_state=torch.zeros(2),
+                          transition_fn=lambda s, a: {"state": s + a, "terminated": (s + a)[:, 0] > 1})]
+    for env in envs:
+        td = env.reset().refine_names("env")
+        td["action"] = env.full_action_spec.rand()["action"]
+        _, root = env.step_and_maybe_reset(td)
+        assert root.names == ["env"]
+        rollout = env.rollout(4, tensordict=env.reset().refine_names("env"), auto_reset=False,
+                              break_when_any_done=False)
+        assert rollout.names == ["env", "time"]
+        assert env.step_and_maybe_reset(env.rand_action(env.reset()))[1].names == [None]  # none asked: none given
+        env.close()

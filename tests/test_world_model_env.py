@@ -2664,3 +2664,27 @@ def test_an_env_with_adapter_transforms_pickles_after_it_has_stepped():
         out = again.rollout(3, break_when_any_done=False)
         # the copy's adapter reads the copy's state, not the original's
         assert torch.equal(out["next", "reward"][..., 0], out["next", "observation"][..., 0])
+
+
+def _three_row_env():
+    return WorldModelEnv(object(), BOX2, FORCE, num_envs=3, initial_state=torch.zeros(2), transition_fn=lambda s, a: s + a)
+
+
+def test_row_step_counter_keeps_frozen_rows_counts_in_a_batch_of_any_rank():
+    # a SerialEnv of model envs has batch (workers, N); TorchRL freezes whole workers with a "_step" mask
+    from torchrl.envs import SerialEnv
+
+    from torchrl_swm.world_model import RowStepCounter
+
+    for base in (_three_row_env(), SerialEnv(2, _three_row_env)):
+        env = TransformedEnv(base, RowStepCounter(max_steps=3))
+        td = env.reset()
+        mask = torch.zeros(*env.batch_size, 1, dtype=torch.bool)
+        mask[0] = True  # the first row, or the first worker's rows
+        for _ in range(3):
+            td = env.step(td.set("action", torch.ones(*env.batch_size, 2)).set("_step", mask))["next"].clone()
+        frozen = ~mask.squeeze(-1)
+        assert (td["observation"][frozen] == 0).all()  # never stepped
+        assert (td["step_count"][frozen] == 0).all() and not td["truncated"][frozen].any()
+        assert (td["step_count"][~frozen] == 3).all() and td["truncated"][~frozen].all()
+        base.close()

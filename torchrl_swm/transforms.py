@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey, unravel_key
-from torchrl.data import Binary, Bounded, MultiOneHot, OneHot, Unbounded
+from torchrl.data import Binary, Bounded, Composite, MultiOneHot, OneHot, Unbounded
 from torchrl.envs.transforms import Transform
 
 __all__ = ["History"]
@@ -37,6 +37,9 @@ __all__ = ["History"]
 def _admitting_zeros(spec):
     """``spec``, widened where needed so that its zero padding is in it: bounds stretched to 0, a one-hot
     (whose all-zero vector is not one) as the Binary of its shape, anything else unbounded."""
+    if isinstance(spec, Composite):  # a group entry (("info",)): each leaf on its own
+        return Composite({key: _admitting_zeros(sub) for key, sub in spec.items()}, shape=spec.shape,
+                         device=spec.device)
     if spec.is_in(torch.zeros(spec.shape, dtype=spec.dtype, device=spec.device)):
         return spec
     if isinstance(spec, Bounded):
@@ -94,6 +97,9 @@ class History(Transform):
             out_keys = [unravel_key(k) for k in out_keys]
             if len(out_keys) != len(in_keys):
                 raise ValueError(f"History: {len(in_keys)} keys but {len(out_keys)} out_keys")
+            repeated = sorted({str(k) for k in out_keys if out_keys.count(k) > 1})
+            if repeated:  # one history would overwrite the other
+                raise ValueError(f"History: out_keys {repeated} appear more than once; give each key its own")
         if isinstance(length, bool) or not isinstance(length, int) or length < 1:
             raise ValueError(f"History: length must be an int >= 1, got {length!r}")
         if padding not in ("same", "zeros"):
@@ -103,12 +109,13 @@ class History(Transform):
         self.padding = padding
 
     # -- helpers ---------------------------------------------------------------------------------------------
-    def _fresh(self, obs: torch.Tensor, batch_dims: int) -> torch.Tensor:
+    def _fresh(self, obs: torch.Tensor | TensorDictBase, batch_dims: int) -> torch.Tensor | TensorDictBase:
+        """The history after a reset: the observation repeated, or zeros then the observation (a tensor, or a
+        group entry's TensorDict alike)."""
         shape = (*obs.shape[:batch_dims], self.length, *obs.shape[batch_dims:])
-        if self.padding == "same":
-            return obs.unsqueeze(batch_dims).expand(shape).clone()
-        out = torch.zeros(shape, dtype=obs.dtype, device=obs.device)
-        out.select(batch_dims, self.length - 1).copy_(obs)
+        out = obs.unsqueeze(batch_dims).expand(shape).clone()
+        if self.padding == "zeros" and self.length > 1:
+            out[(slice(None),) * batch_dims + (slice(0, self.length - 1),)].zero_()
         return out
 
     @staticmethod
@@ -122,14 +129,20 @@ class History(Transform):
     def _input(self, tensordict: TensorDictBase, key) -> torch.Tensor:
         value = tensordict.get(key, None)
         if value is None:
-            self._missing(key, tensordict.keys(True, True))
+            parent = self.parent  # the env below this transform: what it observes
+            observed = None if parent is None else parent.observation_spec.keys(True, True)
+            if observed is not None and key not in observed:
+                self._missing(key, observed)
+            raise KeyError(f"History: the tensordict has no {key!r} entry to keep a history of (it has "
+                           f"{sorted(map(str, tensordict.keys(True, True)))})")
         return value
 
     @staticmethod
-    def _missing(key, keys):
+    def _missing(key, observation_keys):
         raise KeyError(
-            f"History: the env has no {key!r} entry to keep a history of (it has {sorted(map(str, keys))}); "
-            "pass keys the env outputs (e.g. 'pixels' needs EnvPool(..., pixels=True))"
+            f"History: {key!r} is not an observation entry of the env (its observation entries: "
+            f"{sorted(map(str, observation_keys))}); History keeps observations only (actions, rewards and flags "
+            "are in the tensordict already; 'pixels' needs EnvPool(..., pixels=True))"
         )
 
     @staticmethod

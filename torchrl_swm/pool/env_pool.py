@@ -450,13 +450,14 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         tensordict._set_str("next", next_td, validated=True, inplace=False, non_blocking=False)
         done_rows = self._done_flags.nonzero()[0]  # cheaper than any() + flatnonzero()
         if not done_rows.size:
-            return tensordict, self._next_root(self._carried(tensordict, None), next_td, device)
+            return tensordict, self._next_root(self._carried(tensordict, None), next_td, device, tensordict)
         # TorchRL zeroes the other root keys on reset rows, but only for a partial reset;
         # they are zeroed now, while the done buffer still marks the rows the reset clears
         partial = done_rows.size < self.num_envs
         carried = self._carried(tensordict, self._done_mask() if partial else None)
         self._reset_rows(done_rows)
-        return tensordict, self._next_root(carried, self._host.snapshot(self._reset_keys, self.batch_size), device)
+        return tensordict, self._next_root(carried, self._host.snapshot(self._reset_keys, self.batch_size), device,
+                                           tensordict)
 
     def _foreign_leaves(self, tensordict: TensorDictBase) -> bool:
         """Whether the caller put leaves of its own under one of the pool's output subtrees
@@ -490,17 +491,19 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             source[key] = value
         return source
 
-    def _next_root(self, source: dict, leaves: TensorDictBase, device) -> TensorDictBase:
+    def _next_root(self, source: dict, leaves: TensorDictBase, device, caller: TensorDictBase) -> TensorDictBase:
         # The root of the next step: the carried keys, plus every output leaf but the
         # reward from ``leaves`` (the step's "next", or a snapshot after resetting the
         # done rows, equal to "next" on the other rows). Its device is the caller's
-        # tensordict's, as step_mdp keeps it (the pool's, which it was moved to, if any).
+        # tensordict's, as step_mdp keeps it (the pool's, which it was moved to, if any),
+        # and so are its dim names.
         if device is not None and leaves.device != device:
             leaves = leaves.to(device)  # a device-less pool's snapshot, for a caller's tensordict on a device
         for key, value in leaves.items():
             if key != "reward":
                 source[key] = value.copy() if isinstance(value, TensorDictBase) else value
-        return TensorDict._new_unsafe(source, batch_size=self.batch_size, device=device)
+        names = caller.names if caller._has_names() else None
+        return TensorDict._new_unsafe(source, batch_size=self.batch_size, device=device, names=names)
 
     def _reset_proc_data(self, tensordict, tensordict_reset):
         """Merge a reset into the caller's tensordict: TorchRL's ``_update_during_reset``, leaf by leaf.

@@ -1842,7 +1842,9 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                     root[key] = value
             if n_done:
                 self._reset_rows_into(root, done, n_done)
-            return tensordict, TensorDict._new_unsafe(root, batch_size=self._locked_shapes.bs, device=self._dev)
+            names = tensordict.names if tensordict._has_names() else None  # kept, as step_mdp keeps them
+            return tensordict, TensorDict._new_unsafe(root, batch_size=self._locked_shapes.bs, device=self._dev,
+                                                      names=names)
         out = self._step_mdp(tensordict)
         if n_done:
             values = dict(out.items())

@@ -302,14 +302,22 @@ class TerminalAdapter(_WorldModelTransform):
 class RowStepCounter(StepCounter):
     """TorchRL's :class:`~torchrl.envs.StepCounter` for a batch-locked env that freezes rows.
 
-    TorchRL's counter advances every row at every step; here a row frozen by a ``"_step"`` mask
+    TorchRL's counter advances every row at every step; here a row frozen by a ``"_step"`` mask (of
+    the env's batch, whatever its rank: ``(N,)``, or ``(workers, N)`` for a ``SerialEnv`` of envs)
     (not stepped: state, observation and flags kept) keeps its count and its truncation, so
     ``max_steps`` counts the steps a row really took, as a gymnasium ``TimeLimit`` does.
     """
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         bs = tensordict.batch_size
-        rows = _stepped_rows(tensordict, bs[0]) if len(bs) == 1 else None
+        if len(bs) == 1:
+            rows = _stepped_rows(tensordict, bs[0])
+        else:  # e.g. a SerialEnv of envs, batch (workers, N): TorchRL freezes whole workers with a "_step" mask
+            partial = tensordict.get("_step", None)
+            if partial is not None and (partial.dtype is not torch.bool or partial.numel() != bs.numel()):
+                raise ValueError(f"RowStepCounter: '_step' must be a bool mask of the batch {tuple(bs)}, got "
+                                 f"{describe(partial)}")
+            rows = None if partial is None else partial.reshape(*bs, 1)
         if rows is None:
             return super()._step(tensordict, next_tensordict)
         # the base env's own flags for frozen rows (kept from their last step), before the limit is applied
