@@ -2667,7 +2667,8 @@ def test_an_env_with_adapter_transforms_pickles_after_it_has_stepped():
 
 
 def _three_row_env():
-    return WorldModelEnv(object(), BOX2, FORCE, num_envs=3, initial_state=torch.zeros(2), transition_fn=lambda s, a: s + a)
+    return WorldModelEnv(object(), BOX2, FORCE, num_envs=3, initial_state=torch.zeros(2),
+                         transition_fn=lambda s, a: s + a)
 
 
 def test_row_step_counter_keeps_frozen_rows_counts_in_a_batch_of_any_rank():
