@@ -789,8 +789,9 @@ def test_a_step_counter_that_does_not_end_episodes_is_no_step_limit(tmp_path):
             assert world.evaluate(2, seed=0, progress=False)["episode_lengths"].tolist() == [length, length]
 
 
-def _no_truncated_env(lengths=(3, 5)):
-    """A TorchRL env whose done triplet lacks "truncated": row i terminates after lengths[i] steps."""
+def _no_truncated_env(lengths=(3, 5), terminates=True):
+    """A TorchRL env whose done triplet lacks "truncated": row i ends after lengths[i] steps, terminated (or, with
+    ``terminates=False``, done without terminating: TorchRL reads that as a truncation)."""
     from torchrl.data import Categorical, Composite, Unbounded
     from torchrl.envs import EnvBase
 
@@ -817,7 +818,7 @@ def _no_truncated_env(lengths=(3, 5)):
             self.t += 1
             end = self.t >= self.lengths
             return TensorDict(observation=self.t.clone(), reward=torch.ones(self.batch_size[0], 1), done=end.clone(),
-                              terminated=end, batch_size=self.batch_size)
+                              terminated=end & terminates, batch_size=self.batch_size)
 
         def _set_seed(self, seed):
             return seed
@@ -834,3 +835,10 @@ def test_a_dataset_holds_the_whole_done_triplet_for_an_env_without_truncated(tmp
     assert ds.td["next", "truncated"][last].view(-1).tolist() == [True, True]
     assert not ds.td["next", "truncated"][ds.episode_starts].any()  # not before the limit
     assert not ds.td["truncated"].any() and not ds.td["terminated"].any()  # the root's flags: False
+    # an env whose done is no termination: the dataset's truncated says so, as World's metrics do
+    with World(_no_truncated_env((2, 2), terminates=False)) as world:
+        ds = world.collect(tmp_path / "truncating", 2, seed=0, max_steps=5, progress=False)
+        result = world.evaluate(2, seed=0, max_steps=5, progress=False)
+    last = ds.episode_starts + ds.episode_lengths - 1
+    assert ds.td["next", "truncated"][last].view(-1).tolist() == result["episode_truncated"].tolist() == [True, True]
+    assert not ds.td["next", "terminated"].any() and not result["episode_terminated"].any()

@@ -1349,6 +1349,8 @@ def test_a_pool_over_a_wrapped_sync_vector_env_reaches_its_envs():
         assert pool.call("get_wrapper_attr", "fixed_length", indices=[1]) == [5]
         pool.set_attr("fixed_length", [7, 8])
         assert pool.get_attr("fixed_length") == [7, 8]
+        pool.set_attr("fixed_length", 2, indices=[1])  # the other rows' values are read through the wrapper too
+        assert pool.get_attr("fixed_length") == [7, 2]
         assert pool._query_first("has_wrapper_attr", "fixed_length") is True
     finally:
         pool.close()

@@ -149,6 +149,8 @@ def test_factories_returning_one_shared_env_are_refused(backend):
     proxy = _ProxyUnwrapped()
     with pytest.raises(ValueError, match=r"env_fns\[1\] returned the same env object as env_fns\[0\]"):
         EnvPool(lambda: proxy, 2, **kwargs)
+    with pytest.raises(ValueError, match=r"env_fns\[1\] returned a wrapper of the same env object as env_fns\[0\]"):
+        EnvPool(lambda: gym.wrappers.TimeLimit(proxy, 10), 2, **kwargs)  # found through the layers it wraps
     # a new wrapper per call around that env steps it all the same
     with pytest.raises(ValueError, match=r"env_fns\[1\] returned a wrapper of the same env object as env_fns\[0\]"):
         EnvPool(lambda: gym.wrappers.TimeLimit(shared, 10), 2, **kwargs)

@@ -64,11 +64,13 @@ def _even(frame: np.ndarray) -> np.ndarray:
     return frame
 
 
-_MIN_FPS = 0.001  # ffmpeg gets fps as a fraction of denominator <= 10**6: far smaller rounds to 0
+# ffmpeg gets fps as a fraction of denominator <= 10**6 (far smaller rounds to 0); far larger it cannot parse, and
+# imageio then writes no file without a word
+_MIN_FPS, _MAX_FPS = 0.001, 10_000
 
 
 def _usable_fps(fps) -> bool:
-    return not isinstance(fps, bool) and math.isfinite(fps) and fps >= _MIN_FPS
+    return not isinstance(fps, bool) and math.isfinite(fps) and _MIN_FPS <= fps <= _MAX_FPS
 
 
 class VideoRecorder:
@@ -105,8 +107,8 @@ class VideoRecorder:
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
                 raise TypeError(f"VideoRecorder: {name} must be a number, got {describe(value)}")
             if name == "fps" and not _usable_fps(value):
-                raise ValueError(f"VideoRecorder: fps must be a finite number >= {_MIN_FPS} (ffmpeg takes it as a "
-                                 f"fraction), got {value!r}")
+                raise ValueError(f"VideoRecorder: fps must be a number from {_MIN_FPS} to {_MAX_FPS} (ffmpeg takes it "
+                                 f"as a fraction), got {value!r}")
             if name == "quality" and not 0 <= value <= 10:
                 raise ValueError(f"VideoRecorder: quality must be a number from 0 to 10 (imageio's ffmpeg quality), "
                                  f"got {value!r}")

@@ -1466,7 +1466,8 @@ class _Run:
         if self.recorder is not None:
             # a dataset holds the whole done triplet: an env without "terminated" or "truncated" gets them here
             # (its done is its termination; World's cut is the truncation), False at the root as every root flag
-            for key, flags in (("terminated", terminated), ("truncated", cut)):  # (terminated: the env's done)
+            # (without the keys: terminated is the env's done, truncated World's cut or a done that is no termination)
+            for key, flags in (("terminated", terminated), ("truncated", cut | truncated)):
                 if nxt.get(key, None) is None:
                     nxt.set(key, _as_mask(flags & stepped, self.device))
                     td.set(key, _as_mask(np.zeros(n, dtype=bool), self.device))

@@ -111,8 +111,7 @@ def env_is_wrapped(env: gym.Env, wrapper_class: type) -> bool:
 def make_envs(env_fns: Sequence[Callable[[], gym.Env]], first: int = 0, pixels: bool = False) -> list[gym.Env]:
     """Call each factory, check what it returned, and close everything on failure."""
     envs: list[gym.Env] = []
-    made: dict[int, tuple] = {}  # id of each env's unwrapped env -> (its position, that object)
-    made_env: dict[int, int] = {}  # id of each env -> its position
+    made: dict[int, tuple] = {}  # id of each env made, of the envs it wraps, of its unwrapped -> (position, object)
     try:
         for j, fn in enumerate(env_fns):
             i = first + j
@@ -127,11 +126,14 @@ def make_envs(env_fns: Sequence[Callable[[], gym.Env]], first: int = 0, pixels: 
                     f"env_fns[{i}] returned {type(env).__module__}.{type(env).__name__}, expected a gymnasium.Env"
                     + (" (a VectorEnv is passed to EnvPool directly, not through a factory)" if isinstance(env, gym.vector.VectorEnv) else "")
                 )
-            unwrapped = env.unwrapped  # wrappers made per call around one shared env would step it too
-            core = id(unwrapped)
-            k = made_env.get(id(env))  # the same env again (its unwrapped may be a new object at each access)
-            if k is None and core in made:
-                k = made[core][0]
+            # the env, each env it wraps and its unwrapped one: wrappers made per call around one shared env would
+            # step it too (an unwrapped env made per access, a proxy, is caught through the layers it wraps)
+            layers, layer = [env], env
+            while isinstance(getattr(layer, "env", None), gym.Env) and layer.env is not layer:
+                layer = layer.env
+                layers.append(layer)
+            layers.append(env.unwrapped)
+            k = next((made[id(obj)][0] for obj in layers if id(obj) in made), None)
             if k is not None:  # every row would step that one env
                 same = "the same env object" if env is envs[k] else "a wrapper of the same env object"
                 raise ValueError(
@@ -139,8 +141,8 @@ def make_envs(env_fns: Sequence[Callable[[], gym.Env]], first: int = 0, pixels: 
                     "own; build a new one in the factory (e.g. lambda: gym.make(...), not lambda: env or "
                     "lambda: Wrapper(env))"
                 )
-            made[core] = (j, unwrapped)  # kept alive: an unwrapped made per access must not free its id for another
-            made_env[id(env)] = j  # (envs holds the env itself)
+            for obj in layers:  # kept alive: an object made per access must not free its id for another
+                made[id(obj)] = (j, obj)
             envs.append(env)
             if pixels and env.render_mode != "rgb_array":
                 raise EnvError(

@@ -560,7 +560,7 @@ class VectorBackend(InProcessBackend):
         else:
             # the vector env sets one value per env: the rows not set keep theirs (an attribute they lack is an
             # EnvAttributeError; gymnasium's AsyncVectorEnv then shuts its workers down)
-            current = list(_attribute_errors(self.venv.get_attr, "set_attr", name))
+            current = list(_attribute_errors(self._per_env("get_attr"), "set_attr", name))
         for j, value in zip(rows, values):
             current[j] = value
         set_attr(name, current)
