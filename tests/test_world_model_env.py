@@ -29,7 +29,7 @@ from torchrl.envs.utils import check_env_specs
 from torchrl.testing import rollout_consistency_assertion
 from wm_models import ACT1, OBS3, CountingModel, EncoderModel, NoisyModel, PointMass, RSSMLike, counting_env
 
-from torchrl_swm import WorldModelEnv, make_world_model_env
+from torchrl_swm import WorldModelEnv, make_world_model_env, to_gymnasium
 from torchrl_swm.world_model import ActionAdapter, ObservationDecoder, RewardAdapter
 from torchrl_swm.errors import SpecError
 from torchrl_swm.world_model.adapters import AdapterError, ReturnFormError
@@ -662,6 +662,155 @@ def test_fast_step_and_maybe_reset_equals_torchrl_generic_path(name):
             for key in a.keys(True, True):
                 assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), (what, key, t)
     assert resets > 0
+
+
+@pytest.mark.parametrize("name", sorted(FAST_CASES))
+def test_fused_step_then_reset_equals_torchrl_step_step_mdp_and_masked_reset(name):
+    """The gymnasium export's NEXT_STEP path: rows frozen by "_step" are restarted after the others step.
+    _step_then_reset gives exactly what TorchRL's env.step -> env.step_mdp -> env.reset("_reset",
+    select_reset_only=True) gives, rows that finished in this step keeping their done flags."""
+    fused, generic = FAST_CASES[name](), FAST_CASES[name]()
+    tf, tg = fused.reset(), generic.reset()
+    n = fused.batch_size[0]
+    gen = torch.Generator().manual_seed(1)
+    torch.manual_seed(0)
+    done = torch.zeros(n, dtype=torch.bool)
+    restarted = kept_done = 0
+    for t in range(40):
+        action = fused.full_action_spec.rand()
+        for td in (tf, tg):
+            td.update(action.clone())
+            td["policy_out"] = torch.arange(n, dtype=torch.float32).unsqueeze(-1) + t
+            for group in [k for k, v in td.items() if isinstance(v, TensorDict)]:
+                td[group, "caller_extra"] = torch.full((n, 2), float(t + 1))
+        # the rows to restart: those that finished on the last step (as the export's), or any rows
+        rows = done.clone() if t % 2 else torch.rand(n, generator=gen) > 0.6
+        if t % 7 == 3:
+            rows[:] = False
+        if bool(rows.all()):
+            rows[t % n] = False  # an all-False "_step" skips TorchRL's step: see the last check below
+        tf["_step"], tg["_step"] = (~rows).unsqueeze(-1), (~rows).unsqueeze(-1)
+        of, tf = fused._step_then_reset(tf, rows)
+        og = generic.step(tg)
+        tg = generic.step_mdp(og)
+        tg["_reset"] = rows.unsqueeze(-1)
+        tg = generic.reset(tg, select_reset_only=True)
+        for td in (of, og, tf, tg):
+            td.pop("_step", None)
+            td.pop("_reset", None)
+        for a, b, what in ((of, og, "step output"), (tf, tg, "next root")):
+            assert set(a.keys(True, True)) == set(b.keys(True, True)), (what, t)
+            for key in a.keys(True, True):
+                assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), (what, key, t)
+        done = of["next", "done"].view(-1) & ~rows
+        restarted += int(rows.any())
+        kept_done += int(done.any())
+        assert not tf["done"].view(-1)[rows].any() and torch.equal(tf["done"].view(-1)[done], done[done])
+    assert restarted > 10 and kept_done > 0
+    td = fused.reset()
+    td.update(fused.full_action_spec.rand())
+    td["_step"] = torch.zeros(n, 1, dtype=torch.bool)
+    assert fused._step_then_reset(td, torch.ones(n, dtype=torch.bool)) is None  # TorchRL's generic calls
+
+
+def _same_tree(a, b, where):
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and list(a) == list(b), where
+        for key in a:
+            _same_tree(a[key], b[key], (*where, key))
+    else:
+        assert type(a) is type(b) and np.array_equal(np.asarray(a), np.asarray(b)), where
+
+
+def _dict_obs_reset_fn_env():
+    env = dict_obs_env(4)
+
+    def reset_fn(num_envs, generator):
+        s = torch.randn(num_envs, 2, generator=generator) * 0.3
+        return {"state": s, "observation": {"pos": s, "goal": {"xy": -s}}}
+
+    return WorldModelEnv(object(), gym.spaces.Dict({"pos": BOX2, "goal": gym.spaces.Dict({"xy": BOX2})}), FORCE,
+                         num_envs=4, seed=0, reset_fn=reset_fn, transition_fn=env._transition.call)
+
+
+# envs whose reset depends on when it runs (not fixed_start): the NEXT_STEP export restarts rows at the next step
+DEFERRED_CASES = {
+    "reset-fn": FAST_CASES["reset-fn"],
+    "start-states-state-key": lambda: noisy_env(
+        5, seed=1, state_key="latent", initial_state=None, state_spec=Unbounded(shape=(4,)),
+        start_states=TensorDict({"observation": torch.randn(12, 4, generator=torch.Generator().manual_seed(0))}, [12]),
+    ),
+    "info-reset-fn": lambda: WorldModelEnv(
+        object(), BOX2, BOX2, num_envs=4, seed=0, info_spec={"u": torch.zeros(2)},
+        reset_fn=lambda num_envs, generator: torch.randn(num_envs, 2, generator=generator) * 0.3,
+        transition_fn=lambda s, a: (s + a, s + a, s[:, 0], (s + a)[:, 0] > 0.8, False, {"u": a * 2}),
+    ),
+    "dict-obs-reset-fn": _dict_obs_reset_fn_env,
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEFERRED_CASES))
+def test_next_step_export_fused_restart_gives_the_data_of_the_generic_calls(name):
+    """A NEXT_STEP export of a WorldModelEnv whose reset depends on when it runs restarts the finished rows at the
+    next step through WorldModelEnv._step_then_reset: every output equals the generic step + masked reset's."""
+    fused, generic = (to_gymnasium(DEFERRED_CASES[name](), autoreset_mode="next_step") for _ in range(2))
+    assert not fused.env.fixed_start and fused._step_then_reset is not None
+    generic._step_then_reset = None
+    space = fused.action_space
+    space.seed(0)
+    n = fused.num_envs
+    waited = 0
+    for envs in (fused, generic):
+        envs.reset(seed=3)
+    for t in range(40):
+        action = space.sample()
+        if t == 20:
+            mask = np.arange(n) % 2 == 0
+            outs = [envs.reset(options={"reset_mask": mask}) for envs in (fused, generic)]
+        else:
+            outs = [envs.step(action) for envs in (fused, generic)]
+            waited += int(fused._pending is not None)
+        for i, (a, b) in enumerate(zip(*outs)):
+            _same_tree(a, b, (t, i))
+    assert waited > 0
+
+
+class _ShapedCounting(WorldModelEnv):
+    """A user's subclass: its _step adds 100 to every reward, its _reset counts its calls."""
+
+    resets = 0
+
+    def _step(self, tensordict):
+        out = super()._step(tensordict)
+        out["reward"] = out["reward"] + 100
+        return out
+
+    def _reset(self, tensordict=None, **kwargs):
+        type(self).resets += 1
+        return super()._reset(tensordict, **kwargs)
+
+
+def test_a_subclass_own_step_and_reset_run_on_every_path():
+    """The fused step_and_maybe_reset (rollout, collectors, the export) must not bypass a subclass's _step or
+    _reset: such a subclass takes TorchRL's generic path, which calls them."""
+
+    def make():
+        return _ShapedCounting(CountingModel(length=3), OBS3, ACT1, num_envs=2, initial_state=torch.zeros(3))
+
+    _ShapedCounting.resets = 0
+    rollout = make().rollout(9, break_when_any_done=False)
+    assert (rollout["next", "reward"] >= 99).all()
+    assert _ShapedCounting.resets == 1 + 2  # the first reset, then one masked reset per episode end (t = 3, 6)
+    collector = Collector(make(), None, frames_per_batch=12, total_frames=12)
+    batch = next(iter(collector))
+    collector.shutdown()
+    assert (batch["next", "reward"] >= 99).all()
+    for mode in ("same_step", "next_step"):
+        envs = to_gymnasium(make(), autoreset_mode=mode)
+        envs.reset(seed=0)
+        rewards = [envs.step(np.zeros((2, 1), np.float32))[1] for _ in range(8)]
+        stepped = [r for t, r in enumerate(rewards) if mode == "same_step" or t % 4 != 3]  # NEXT_STEP resets: 0
+        assert all((r >= 99).all() for r in stepped), (mode, rewards)
 
 
 def test_fast_path_is_used_and_falls_back_for_transformed_envs(monkeypatch):

@@ -29,9 +29,10 @@ Autoreset modes (gymnasium's exact semantics, https://farama.org/Vector-Autorese
   ``get_attr()`` see it, as on ``SyncVectorEnv``. That step freezes them with
   ``"_step"`` while the others step, then resets them and reports the reset, so
   a transform's own per-row state (``CatFrames``' frames) is rebuilt by its
-  reset. Other envs (a ``SerialEnv``/``ParallelEnv`` under a transform that
-  reshapes one of their own observation keys, which TorchRL's partial step
-  cannot take) are stepped without a reset (``env.step``); on the next
+  reset (an untransformed ``WorldModelEnv`` makes that step and reset one fused
+  call, with the same data). Other envs (a ``SerialEnv``/``ParallelEnv`` under
+  a transform that reshapes one of their own observation keys, which TorchRL's
+  partial step cannot take) are stepped without a reset (``env.step``); on the next
   step the finished rows are stepped once more (the action is discarded), then
   reset once and report that reset, so they must tolerate a step past the end
   of an episode. TorchRL's ``GymWrapper`` of a gymnasium ``VectorEnv`` steps and
@@ -166,6 +167,10 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
                 or (self.traits.world_model and not base.fixed_start)
             )
         )
+        # an untransformed WorldModelEnv steps the others and restarts the waiting rows in one fused call, the
+        # data of the generic step + reset below without TorchRL's reset round trip
+        self._step_then_reset = base._step_then_reset if self._defer_resets and self.traits.world_model \
+            and env is base else None
         self._device = self.layout.device
         #: one packed device-to-host transfer per step (accelerators); settable so tests run it on CPU
         self.packed_transfer = self._device.type != "cpu"
@@ -314,15 +319,22 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
             # reset instead of seeing the reset observation stepped once more.
             if pending is not None and self.traits.partial_steps:
                 root.set("_step", (~pending).unsqueeze(-1))
-            td = env.step(root)
-            td.pop("_step", None)
-            nxt = td.get("next")
-            root_ = env.step_mdp(td)
-            if pending is not None:
-                root_.set(self._reset_key, pending.unsqueeze(-1))
-                root_ = env.reset(root_, select_reset_only=True)
-                root_.pop(self._reset_key, None)
-                nxt = self._restore_rows(pending, root_, nxt)
+            fused = None if pending is None or self._step_then_reset is None else self._step_then_reset(root, pending)
+            if fused is not None:
+                td, root_ = fused
+                td.pop("_step", None)
+                root_.pop("_step", None)
+                nxt = self._restore_rows(pending, root_, td.get("next"))
+            else:
+                td = env.step(root)
+                td.pop("_step", None)
+                nxt = td.get("next")
+                root_ = env.step_mdp(td)
+                if pending is not None:
+                    root_.set(self._reset_key, pending.unsqueeze(-1))
+                    root_ = env.reset(root_, select_reset_only=True)
+                    root_.pop(self._reset_key, None)
+                    nxt = self._restore_rows(pending, root_, nxt)
         elif pending is None:
             td, root_ = env.step_and_maybe_reset(root)
             nxt = td.get("next")
@@ -356,15 +368,16 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         """
         n = self.num_envs
         skip = {self.layout.action_key, "next", "_step", self._reset_key}
-        for key in source.keys(True, True):
-            if (key if isinstance(key, str) else key[0]) in skip:
-                continue
-            value = source.get(key)
-            if not isinstance(value, torch.Tensor):
+        views = {}  # the row mask viewed for each rank met
+        for key, value in source.items(True, True):
+            if (key if isinstance(key, str) else key[0]) in skip or not isinstance(value, torch.Tensor):
                 continue
             old = nxt.get(key, None)
             if isinstance(old, torch.Tensor) and old.shape == value.shape:
-                nxt.set(key, torch.where(rows.view(n, *([1] * (value.ndim - 1))), value, old))
+                view = views.get(value.ndim)
+                if view is None:
+                    view = views[value.ndim] = rows.view(n, *([1] * (value.ndim - 1)))
+                nxt.set(key, torch.where(view, value, old))
         return nxt
 
     # -- output ---------------------------------------------------------------------------

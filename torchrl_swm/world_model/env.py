@@ -689,6 +689,10 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         )
         self._flat_mdp = all(isinstance(k, str) for k in self.observation_spec.keys(True, True))
         self._mdp_excluded = frozenset(("next", "_reset", "reward", *_DONE_KEYS))
+        # the fused step_and_maybe_reset runs the env's own step and reset: a subclass's _step or _reset
+        # (shaping, extra keys) takes TorchRL's generic path, which calls them
+        self._own_step_and_reset = (type(self)._step is WorldModelEnv._step
+                                    and type(self)._reset is WorldModelEnv._reset)
 
         # -- adapters (bound once) ------------------------------------------------------------
         gen_extra = {"generator": self._generator, "mask": None}
@@ -1798,25 +1802,42 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
 
         Used for plain ``TensorDict`` inputs of the env's batch size and device with no
         ``"next"`` entry, no all-False ``"_step"`` and only tensor or TensorDict entries;
-        anything else takes TorchRL's generic path. A ``"_step"`` mask freezes rows as in
-        :meth:`_step`; done rows are reset whether or not they were stepped, as TorchRL does. Differences from the generic path: none in the data
-        (tests compare both); the reset runs :meth:`_reset_state` directly instead of
-        ``reset(select_reset_only=True)`` + ``_update_during_reset``.
+        anything else, and a subclass with a ``_step`` or ``_reset`` of its own, takes
+        TorchRL's generic path. A ``"_step"`` mask freezes rows as in
+        :meth:`_step`; done rows are reset whether or not they were stepped, as TorchRL does.
+        Differences from the generic path: none in the data (tests compare both); the reset
+        runs :meth:`_reset_state` directly instead of ``reset(select_reset_only=True)`` +
+        ``_update_during_reset``.
         """
+        fused = self._fused_step(tensordict, None)
+        return super()._step_and_maybe_reset(tensordict) if fused is None else fused
+
+    def _step_then_reset(self, tensordict: TensorDictBase, rows: torch.Tensor):
+        """``env.step(td)``, ``env.step_mdp(td)``, then ``env.reset`` of ``rows`` (bool ``(N,)``, passed as
+        ``"_reset"`` with ``select_reset_only=True``), fused as :meth:`_step_and_maybe_reset` is: the same data
+        without TorchRL's generic reset round trip. Returns ``(td, root)``, or ``None`` where only the generic
+        calls apply (the same inputs as :meth:`_step_and_maybe_reset`'s generic path). The gymnasium export's
+        NEXT_STEP path uses it: ``rows`` are frozen by ``"_step"`` and restarted after the others step."""
+        return self._fused_step(tensordict, rows)
+
+    def _fused_step(self, tensordict: TensorDictBase, reset_rows: torch.Tensor | None):
+        """step -> step_mdp -> reset of the rows that finished (``reset_rows=None``: TorchRL's maybe_reset) or
+        of ``reset_rows``; ``None`` when the input needs TorchRL's generic path."""
         if (
             type(tensordict) is not TensorDict
             or not self._locked
+            or not self._own_step_and_reset
             or tensordict.device != self._dev
             or tensordict.batch_size != self._locked_shapes.bs
             or self._post_step_mdp_hooks is not None
             or self._run_type_checks
             or self.__dict__.get("_torchrl_native_autoreset", False)
         ):
-            return super()._step_and_maybe_reset(tensordict)
+            return None
         items = tensordict._tensordict
         partial = items.get("_step")
         if "next" in items or (partial is not None and (not isinstance(partial, torch.Tensor) or not partial.any())):
-            return super()._step_and_maybe_reset(tensordict)  # an all-False "_step" skips the step in TorchRL
+            return None  # an all-False "_step" skips the step in TorchRL
         excluded = self._mdp_excluded
         root = {}
         for key, value in items.items():
@@ -1827,36 +1848,39 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             elif type(value) is TensorDict:
                 root[key] = value.copy()  # step_mdp copies sub-tensordicts (shallow)
             else:
-                return super()._step_and_maybe_reset(tensordict)
+                return None
         # step
         next_td = self._advance(tensordict, self._locked_shapes, partial)
         tensordict._set_str("next", next_td, validated=True, inplace=False, non_blocking=False)
         next_items = next_td._tensordict
-        # maybe_reset: which rows finished (one host sync, as TorchRL's any_done)
-        done = next_items["done"]
-        n_done = int(done.count_nonzero())  # half the cost of sum() at every batch size measured
+        # the rows to reset: those that finished (TorchRL's maybe_reset; every done flag is then cleared) or the
+        # caller's (the flags of rows that finished now stay set). One host sync, as TorchRL's any_done
+        rows = next_items["done"] if reset_rows is None else reset_rows.view(-1, 1)
+        n_rows = int(rows.count_nonzero())  # half the cost of sum() at every batch size measured
+        flags_cleared = reset_rows is None
         if self._flat_mdp:
             # step_mdp: root entries (action, policy outputs...) + next's observations and flags
             for key, value in next_items.items():
                 if key != "reward":
                     root[key] = value
-            if n_done:
-                self._reset_rows_into(root, done, n_done)
+            if n_rows:
+                self._reset_rows_into(root, rows, n_rows, flags_cleared)
             names = tensordict.names if tensordict._has_names() else None  # kept, as step_mdp keeps them
             return tensordict, TensorDict._new_unsafe(root, batch_size=self._locked_shapes.bs, device=self._dev,
                                                       names=names)
         out = self._step_mdp(tensordict)
-        if n_done:
+        if n_rows:
             values = dict(out.items())
-            self._reset_rows_into(values, done, n_done)
+            self._reset_rows_into(values, rows, n_rows, flags_cleared)
             out.update(values)  # nested entries (Dict observations, TensorDict states) arrive as dicts
         return tensordict, out
 
-    def _reset_rows_into(self, root: dict, done: torch.Tensor, n_done: int) -> None:
-        """The fast path's maybe_reset: restart the done rows and write the result into ``root`` (in the dict)."""
-        everything = n_done == self._locked_shapes.bs[0]
-        rows = done  # (N, 1): broadcasts against (N, d) entries without a view
-        obs, state, info = self._reset_state(None if everything else rows, flags_cleared=True)
+    def _reset_rows_into(self, root: dict, rows: torch.Tensor, n_rows: int, flags_cleared: bool) -> None:
+        """The fast path's reset: restart ``rows`` (bool ``(N, 1)``: broadcasts against ``(N, d)`` entries
+        without a view) and write the result into ``root`` (in the dict). ``flags_cleared``: ``rows`` are
+        every done row, so no done flag stays set."""
+        everything = n_rows == self._locked_shapes.bs[0]
+        obs, state, info = self._reset_state(None if everything else rows, flags_cleared=flags_cleared)
         rt = self._rt
         if self._simple_source:
             root["observation"] = obs
@@ -1876,7 +1900,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                     root[key] = _zeroed(value, rows)
         root["terminated"] = rt.term
         root["truncated"] = rt.trunc
-        root["done"] = rt.done_after_reset
+        root["done"] = rt.done_after_reset if flags_cleared or everything else rt.term | rt.trunc
 
     def to(self, device) -> WorldModelEnv:
         """The env lives on its model's device; moving it is an error (build it on the new device instead)."""
