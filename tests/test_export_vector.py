@@ -560,6 +560,47 @@ def test_foreign_env_next_step_resets_each_episode_once(truncate):
     assert resets == [env.resets_called for env in ref.envs] and min(resets) > 5
 
 
+def test_next_step_export_of_a_subclass_with_its_own_step_reports_the_reset_step_as_gymnasium():
+    """A subclass whose _step shapes the reward (+100) must still report reward 0 on NEXT_STEP's reset step, as
+    SyncVectorEnv around the same shaping does: its frozen rows' outputs are its own, not a reset's."""
+
+    class ShapedPool(EnvPool):
+        def _step(self, tensordict):
+            out = super()._step(tensordict)
+            out["reward"] = out["reward"] + 100
+            return out
+
+    from torchrl_swm import WorldModelEnv
+
+    class ShapedWM(WorldModelEnv):
+        def _step(self, tensordict):
+            out = super()._step(tensordict)
+            out["reward"] = out["reward"] + 100
+            return out
+
+    def transition(state, action):  # row 0 ends at t == 3, row 1 at t == 4
+        t = state + 1
+        return t, t, torch.zeros(len(state)), t[:, 0] >= torch.tensor([3.0, 4.0]), torch.zeros(len(state),
+                                                                                                dtype=torch.bool), {}
+
+    box = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    fns = [functools.partial(CountingEnv, length=3), functools.partial(CountingEnv, length=4)]
+    shaped = [lambda fn=fn: gym.wrappers.TransformReward(fn(), lambda r: r + 100) for fn in fns]
+    made = {
+        "pool": (to_gymnasium(ShapedPool(fns, seed_every_episode=False)), np.zeros(2, np.int64)),
+        "world model": (to_gymnasium(ShapedWM(object(), box, box, num_envs=2, initial_state=torch.zeros(1),
+                                              transition_fn=transition)), np.zeros((2, 1), np.float32)),
+        "SyncVectorEnv": (gym.vector.SyncVectorEnv(shaped), np.zeros(2, np.int64)),
+    }
+    rewards = {}
+    for name, (envs, action) in made.items():
+        envs.reset(seed=0)
+        rewards[name] = [envs.step(action)[1].tolist() for _ in range(6)]
+        envs.close()
+    expected = [[100, 100], [100, 100], [100, 100], [0, 100], [100, 0], [100, 100]]
+    assert rewards == {name: expected for name in made}
+
+
 def test_subclasses_of_package_envs_export_like_the_package_envs():
     """A user subclass of EnvPool (or WorldModelEnv) is exported exactly like the class it derives from:
     same traits, same outputs (info shapes included)."""

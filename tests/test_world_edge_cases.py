@@ -578,3 +578,30 @@ def test_a_world_refused_after_it_built_its_pool_closes_that_pool():
                    for note in caught.value.__notes__)
     finally:
         gym.registry.pop("TestBadCloseWorld-v0")
+
+
+def _root_counting_policy(seen):
+    """A policy keeping state at the root, as TorchRL's OrnsteinUhlenbeckProcessModule does (its noise and step
+    count): it reads what it wrote at the last step, which TorchRL's step_mdp carries over."""
+
+    def policy(td):
+        count = td.get("_my_steps", None)
+        count = torch.zeros(td.batch_size[0], 1, dtype=torch.int64) if count is None else count + 1
+        seen.append(count.view(-1).tolist())
+        td.set("_my_steps", count)
+        return td.set("action", torch.zeros(td.batch_size[0], dtype=torch.int64))
+
+    return policy
+
+
+@pytest.mark.parametrize("mode", ["evaluate", "collect"])
+def test_world_carries_the_policys_root_entries_over_as_step_mdp(tmp_path, mode):
+    rollout_seen, world_seen = [], []
+    EnvPool("CartPole-v1", num_envs=1, seed=0).rollout(6, _root_counting_policy(rollout_seen))
+    world = World(EnvPool("CartPole-v1", num_envs=1), policy=_root_counting_policy(world_seen))
+    if mode == "evaluate":
+        world.evaluate(episodes=1, seed=0, max_steps=6, progress=False)
+    else:
+        world.collect(tmp_path / "d", episodes=1, seed=0, max_steps=6, progress=False)
+    assert rollout_seen == [[k] for k in range(6)]
+    assert world_seen[:6] == rollout_seen

@@ -6,6 +6,7 @@ Each ``test_bug_*`` is a regression test for one behaviour listed in shared/note
 from __future__ import annotations
 
 import functools
+import pickle
 import warnings
 
 import gymnasium as gym
@@ -258,6 +259,36 @@ def test_reset_fn_keyword_extras_num_envs_mask_generator():
     assert got["num_envs"] == 5 and got["mask"].all() and got["generator"] is env.reset_generator
     env._reset(TensorDict({"_reset": torch.tensor([[False], [True], [False], [True], [False]])}, [5]))
     assert got["num_envs"] == 2 and got["mask"].tolist() == [False, True, False, True, False]
+
+
+def _extras_first_reset_fn(num_envs, seed):
+    return torch.full((num_envs, 2), -1.0 if seed is None else float(seed))
+
+
+def _extras_first_with_model(model, generator, seed, options, mask=None):
+    return torch.full((int(mask.sum()), 2), float(options.get("start", 0.0)) + (0.0 if seed is None else seed))
+
+
+def _extras_first_transition(generator, state, action):
+    return {"state": state + action, "terminated": (state + action)[:, :1] > 2}
+
+
+@pytest.mark.parametrize("reset_fn", [_extras_first_reset_fn, _extras_first_with_model])
+def test_adapters_declaring_keyword_extras_before_their_arguments_get_each_value_by_name(reset_fn):
+    """reset_fn(num_envs, seed): an extra declared before a parameter that takes one of the role's arguments must
+    not take that argument by position (it raised 'got multiple values for argument' at the first reset)."""
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, reset_fn=reset_fn, transition_fn=_extras_first_transition)
+    assert "seed=seed" in env._reset_bound.description
+    assert env.reset(seed=4)["observation"].tolist() == [[4.0, 4.0]] * 3
+    if reset_fn is _extras_first_with_model:
+        assert env.reset(options={"start": 1.0})["observation"].tolist() == [[1.0, 1.0]] * 3
+    td = env.reset()
+    td["action"] = torch.ones(3, 2)
+    assert env.step(td)["next", "observation"].tolist() == (td["observation"] + 1).tolist()
+    ones = torch.ones(3, 2)
+    rollout = env.rollout(12, lambda td: td.set("action", ones), break_when_any_done=False)  # resets per call
+    assert rollout["next", "done"].any()
+    pickle.loads(pickle.dumps(env._reset_bound.call))  # module-level adapters bound by name stay picklable
 
 
 def test_reset_fn_gets_an_empty_options_dict_when_none_were_given():

@@ -1202,7 +1202,6 @@ class _Run:
             self.episode_ids = torch.zeros(n, dtype=torch.int64)
         self.progress = progress
         self.desc = desc
-        self.reward_keys = list(world.env.reward_keys)
         self.exclude_keys = [*exclude_keys, *[("next", *k) for k in exclude_keys]]
         self._exclude_unchecked = list(exclude_keys)  # checked against the first recorded step
         self.wall_time = 0.0
@@ -1495,8 +1494,12 @@ class _Run:
         self.is_init[:] = False
         for i in np.flatnonzero(finished):
             self._finish(int(i), bool(terminated[i]), bool(cut[i] or truncated[i]))
-        # step_mdp: "next" becomes the root (observations, done flags, transform and recurrent states)
-        root = nxt.exclude(*self.reward_keys)
+        # TorchRL's step_mdp (then its post-step_mdp hooks, as step_and_maybe_reset runs them): "next" becomes the
+        # root (observations, done flags, transform and recurrent states) and the root's own entries carry over
+        # (the action, a policy's state at the root: an OU noise process's)
+        root = self.env._step_mdp(td)
+        if self.env._post_step_mdp_hooks is not None:
+            td, root = self.env._post_step_mdp_hooks(td, root)
         restart = [int(i) for i in np.flatnonzero(finished) if self.queues[i]] if self.mode == "auto" else []
         if not self.freeze:
             # every row is stepped again: the env's done rows that start no episode now need a reset

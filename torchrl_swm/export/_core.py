@@ -137,7 +137,9 @@ def traits(env: EnvBase) -> Traits:
     return Traits(
         pool=base if is_pool else None,
         partial_steps=bool(partial),
-        frozen_rows_exact=(is_pool or package) and env is base,
+        # a subclass's own _step or _reset (reward shaping, a reset reading attributes set between steps) may not
+        # report a frozen row as its reset: such an env is treated as a transformed one
+        frozen_rows_exact=(is_pool or package) and env is base and getattr(base, "_own_step_and_reset", True),
         package_env=package,
         world_model=isinstance(base, WorldModelEnv),
         # TorchRL's GymWrapper of a gymnasium VectorEnv or an SB3 VecEnv: one env.step steps (and auto-resets)

@@ -17,11 +17,14 @@ Autoreset modes (gymnasium's exact semantics, https://farama.org/Vector-Autorese
 * ``NEXT_STEP`` (gymnasium's default): ``obs`` holds the terminal observation; on
   the next step that env's action is ignored and it returns its reset
   observation with reward 0, not terminated, not truncated, and its reset info.
-  For an ``EnvPool`` or another env of this package (and their subclasses)
-  without a render mode (a ``WorldModelEnv`` only with a fixed start, see its
-  ``fixed_start``), the finished rows are reset by ``step_and_maybe_reset``
-  when they finish and frozen by ``"_step"`` on the next step (only ``call()``/
-  ``get_attr()`` in between could tell; it saves a reset round trip per step).
+  For an ``EnvPool`` or another env of this package (and their subclasses
+  without a ``_step`` or ``_reset`` of their own) without a render mode (a
+  ``WorldModelEnv`` only with a fixed start, see its ``fixed_start``), the
+  finished rows are reset by ``step_and_maybe_reset`` when they finish and
+  frozen by ``"_step"`` on the next step. It saves a reset round trip per step;
+  only ``call()``, ``get_attr()`` and ``set_attr()`` in between can tell: they
+  see the new episode, and an attribute set then reaches the episode after it
+  (on ``SyncVectorEnv`` it reaches the new one, as in SAME_STEP mode).
   With a render mode (a pool of envs made with ``render_mode=...``), and for
   other envs that honour TorchRL's ``"_step"`` mask (a ``TransformedEnv`` of
   those, batch-unlocked envs), the finished rows stay in their terminal state

@@ -306,7 +306,13 @@ def bind(
             f"fits by name: {accepted}"
         )
     form = _preferred(consistent, positional, args, with_model, var_positional, required)
-    return _make(fn, role, name, str(sig), form, args, model, {k: extras[k] for k in extra_names})
+    # an extra declared before a parameter that takes an argument by position (reset_fn(num_envs, seed)) would
+    # take that argument itself: the arguments then go by name (none is positional-only: those come first)
+    by_name = None
+    used = positional[: len(form)]
+    if used and any(params.index(p) < params.index(used[-1]) for p in params if p.name in extra_names):
+        by_name = tuple(p.name for p in used)
+    return _make(fn, role, name, str(sig), form, args, model, {k: extras[k] for k in extra_names}, by_name)
 
 
 def _misnamed(positional, form, args) -> tuple[str, str] | None:
@@ -340,17 +346,20 @@ def _preferred(candidates, positional, args, with_model, var_positional, require
     return candidates[0]
 
 
-def _make(fn, role, name, sig_text, form, args, model, extras) -> Bound:
+def _make(fn, role, name, sig_text, form, args, model, extras, by_name=None) -> Bound:
     call_extras = {k: v for k, v in extras.items() if v is not None}
     per_call = tuple(k for k, v in extras.items() if v is None)
     target = functools.partial(fn, **call_extras) if call_extras else fn
     takes_model = bool(form) and form[0] == "model"
     used = form[1:] if takes_model else form
-    if used == args:
+    if by_name is not None:
+        call = _ByName(target, model, by_name, takes_model)
+    elif used == args:
         call = functools.partial(target, model) if takes_model else target
     else:
         call = _Prefix(target, model, len(used), takes_model)  # a prefix of the arguments (reset_fn only)
-    shown = (*form, *(f"{k}=..." for k in (*call_extras, *per_call)))
+    shown = (*(form if by_name is None else (f"{p}={a}" for p, a in zip(by_name, form))),
+             *(f"{k}=..." for k in (*call_extras, *per_call)))
     description = f"{role} {name}{sig_text} called as {role}({', '.join(shown)})"
     return Bound(call, form, tuple(per_call), description, fn)
 
@@ -384,6 +393,18 @@ class _Prefix:
         if self.takes_model:
             return self.fn(self.model, *args[: self.n], **kwargs)
         return self.fn(*args[: self.n], **kwargs)
+
+
+class _ByName:
+    """``fn(**{names[i]: ([model,] *args)[i]}, **kwargs)``: an adapter whose keyword extras come before parameters
+    that take the role's arguments, called with those arguments by name. Picklable."""
+
+    def __init__(self, fn, model, names: tuple[str, ...], takes_model: bool):
+        self.fn, self.model, self.names, self.takes_model = fn, model, names, takes_model
+
+    def __call__(self, *args, **kwargs):
+        values = (self.model, *args) if self.takes_model else args
+        return self.fn(**dict(zip(self.names, values)), **kwargs)
 
 
 class _ActionOnly:
