@@ -222,6 +222,26 @@ def test_ctrl_c_during_collect_leaves_a_loadable_dataset(tmp_path):
         assert not ep["next", "done"][:-1].any()
 
 
+def test_collect_overwrite_interrupted_before_its_first_step_says_the_dataset_is_unchanged(tmp_path, capsys,
+                                                                                            monkeypatch):
+    """An interrupt before the first step is recorded writes nothing (the earlier dataset is kept, overwrite or
+    not): the CLI must not report the earlier run's episodes as this run's."""
+    from torchrl_swm import load_dataset
+
+    (tmp_path / "ctrlc_policy.py").write_text("def policy(td):\n    raise KeyboardInterrupt\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "data"
+    assert cli.main(["collect", "CartPole-v1", "--episodes", "3", "--out", str(out), "--no-progress"]) == 0
+    capsys.readouterr()
+    code = cli.main(["collect", "CartPole-v1", "--episodes", "50", "--out", str(out), "--overwrite",
+                     "--policy", "ctrlc_policy:policy", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 130 and "before any step was recorded" in err and "unchanged" in err, err
+    assert "complete episodes" not in err
+    kept = load_dataset(out)
+    assert kept.num_episodes == 3 and kept.metadata["complete"] is True
+
+
 def test_bad_arguments_are_usage_errors_with_exit_code_2(tmp_path, capsys):
     def error(*argv):
         code = cli.main([str(a) for a in argv])

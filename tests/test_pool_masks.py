@@ -162,6 +162,24 @@ def test_step_mask_all_false_is_a_no_op():
     pool.close()
 
 
+def test_all_false_step_mask_reports_reward_zero_even_with_a_reward_at_the_root():
+    """td = pool.step(td)["next"] leaves the last reward at the root; TorchRL's placeholder for a skipped step
+    copies it. A frozen row reports reward 0, whether some rows or all are frozen, and keeps its observation."""
+    pool = counting_pool(2, length=10)
+    td = pool.reset()
+    td["action"] = torch.ones(2, dtype=torch.int64)  # the counting env's reward is its action: 1
+    td = pool.step(td)["next"]
+    assert td["reward"].flatten().tolist() == [1.0, 1.0]
+    for mask, reward in (([True, False], [1.0, 0.0]), ([False, False], [0.0, 0.0])):
+        x = td.clone()
+        x["action"] = torch.ones(2, dtype=torch.int64)
+        x["_step"] = torch.tensor(mask).unsqueeze(-1)
+        out = pool.step(x)["next"]
+        assert out["reward"].flatten().tolist() == reward, mask
+        assert torch.equal(out["observation"][1], td["observation"][1]) and not out["done"].any()
+    pool.close()
+
+
 @pytest.mark.parametrize(
     "mask, error",
     [

@@ -813,6 +813,18 @@ def test_a_subclass_own_step_and_reset_run_on_every_path():
         assert all((r >= 99).all() for r in stepped), (mode, rewards)
 
 
+def test_all_false_step_mask_reports_reward_zero_even_with_a_reward_at_the_root():
+    env = counting_env(2, length=100)
+    td = env.reset()
+    td["action"] = torch.ones(2, 1)
+    td = env.step(td)["next"]  # the reward (the action, 1) stays at the root
+    td["action"] = torch.ones(2, 1)
+    td["_step"] = torch.zeros(2, 1, dtype=torch.bool)
+    out = env.step(td)["next"]
+    assert out["reward"].flatten().tolist() == [0.0, 0.0]
+    assert out["observation"][:, 0].tolist() == [1.0, 1.0]
+
+
 def test_fast_path_is_used_and_falls_back_for_transformed_envs(monkeypatch):
     calls = []
     original = EnvBase._step_and_maybe_reset

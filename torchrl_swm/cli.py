@@ -220,6 +220,16 @@ def _check_output_dir(path: str, flag: str) -> None:
         raise CLIError(f"{flag} {path}: cannot write in {existing} ({err.strerror or err})") from None
 
 
+def _stamp(path) -> tuple | None:
+    """What tells a dataset at ``path`` from one written later: its ``dataset.json``'s inode and mtime (``None``
+    when there is none)."""
+    try:
+        st = (Path(path) / "dataset.json").stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
 def _check_env_args(args) -> None:
     """Usage errors of the shared arguments, before any env is built."""
     if args.num_envs < 1:
@@ -316,6 +326,7 @@ def _collect(args) -> int:
                 f"{args.env} has no step limit (no gymnasium TimeLimit): pass --max-steps, which also sizes the "
                 "dataset's storage"
             )
+        before = _stamp(out)
         try:
             ds = world.collect(out, args.episodes, seed=args.seed, reset_mode=args.mode or "auto",
                                progress=_progress(args),
@@ -325,6 +336,10 @@ def _collect(args) -> int:
         except KeyboardInterrupt:
             from .data import load_dataset
 
+            if before is not None and _stamp(out) == before:
+                # interrupted before the first step was recorded: nothing was written, an earlier dataset is kept
+                print(f"interrupted before any step was recorded: {out} is unchanged", file=sys.stderr)
+                return 130
             try:
                 partial = load_dataset(out)
                 print(f"interrupted: {out} holds {partial.num_episodes} complete episodes", file=sys.stderr)

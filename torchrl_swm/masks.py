@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["mask_rows", "row_mask", "row_view"]
+__all__ = ["mask_rows", "row_mask", "row_view", "zero_rewards"]
 
 
 def row_mask(mask: torch.Tensor, num_envs: int, key: str) -> torch.Tensor:
@@ -59,3 +59,12 @@ def row_view(mask: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             return mask
         mask = mask.view(mask.shape[0])
     return mask.view(mask.shape + (1,) * (t.ndim - mask.ndim))
+
+
+def zero_rewards(env, next_td):
+    """``next_td`` with every reward leaf of ``env`` set to zero, in place: the output of a step that an
+    all-False ``"_step"`` skipped. TorchRL's placeholder for it (``EnvBase._skip_tensordict``) copies the
+    input's entries, a root ``"reward"`` left by ``td = env.step(td)["next"]`` included, where a frozen row
+    reports reward 0."""
+    next_td.update(env.full_reward_spec.zero())
+    return next_td

@@ -11,7 +11,9 @@ default):
 gymnasium space          TorchRL spec (unbatched)
 =======================  =======================================================
 ``Box``                  ``Bounded`` (``Unbounded`` when every bound is infinite
-                         or at the float dtype's extremes), the space's shape and dtype;
+                         or at the float dtype's extremes; an integer Box over its
+                         dtype's whole range stays ``Bounded``, where ``GymWrapper``
+                         gives ``UnboundedDiscrete``), the space's shape and dtype;
                          as an action space (``action=True``), a float Box with some
                          infinite bounds, or wider than its dtype can subtract, is a
                          :class:`BoxBounded`, whose ``rand()`` samples as gymnasium's

@@ -1063,7 +1063,10 @@ class World:
         Episodes are assigned to envs up front, as in :meth:`evaluate`
         (episode ``j``: env ``j % N``, seed ``seed + j``). An interruption (an
         exception, Ctrl-C) leaves a loadable dataset with every completed
-        episode and no partial one (``metadata["complete"]`` is False).
+        episode and no partial one (``metadata["complete"]`` is False). Nothing
+        is created or replaced until the first step is recorded: a run stopped
+        before it writes nothing, and a dataset already at ``path`` is kept,
+        even with ``overwrite=True``.
 
         Keyword Args:
             max_steps: per-episode step limit (default ``max_episode_steps``,

@@ -30,7 +30,7 @@ from torchrl.envs import EnvBase
 
 from .._meta import NoAutoResetMeta
 from ..errors import EnvError, check_indices, check_int
-from ..masks import mask_rows, row_mask, row_view
+from ..masks import mask_rows, row_mask, row_view, zero_rewards
 from ..specs import batch_spec, space_to_spec
 from .buffers import BufferLayout, HostBuffers
 from .infos import INFO_MASK_KEY, InfoSchema, chosen_info_keys, needs_step_probe
@@ -416,6 +416,10 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
                 f"envs {np.flatnonzero(self._unreset).tolist()} have not been reset since the pool was built: call "
                 "reset() first (rollout, collectors and World do), or reset those rows with a '_reset' mask",
             )
+
+    def _skip_tensordict(self, tensordict: TensorDictBase) -> TensorDictBase:
+        # an all-False "_step" freezes every row: reward 0, as for any frozen row
+        return zero_rewards(self, super()._skip_tensordict(tensordict))
 
     def _step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
         """TorchRL's ``step`` → ``step_mdp`` → ``maybe_reset``, with the reset folded in.

@@ -37,7 +37,7 @@ from torchrl.envs import EnvBase
 
 from .._meta import NoAutoResetMeta
 from ..errors import SpecError, check_int, describe
-from ..masks import row_mask
+from ..masks import row_mask, zero_rewards
 from ..pool.buffers import nest
 from ..specs import as_spec, batch_spec
 from . import _tree
@@ -1797,6 +1797,10 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                                          device=device)
 
     # -- fast path: step -> step_mdp -> maybe_reset ---------------------------------------------------
+    def _skip_tensordict(self, tensordict: TensorDictBase) -> TensorDictBase:
+        # an all-False "_step" freezes every row: reward 0, as for any frozen row
+        return zero_rewards(self, super()._skip_tensordict(tensordict))
+
     def _step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
         """Equivalent to TorchRL's generic ``step`` -> ``step_mdp`` -> ``maybe_reset``, without its overhead.
 
