@@ -291,6 +291,77 @@ def test_adapters_declaring_keyword_extras_before_their_arguments_get_each_value
     pickle.loads(pickle.dumps(env._reset_bound.call))  # module-level adapters bound by name stay picklable
 
 
+def _start_zeros(num_envs=2):
+    return torch.zeros(num_envs, 2)
+
+
+def _t_num_envs_first(num_envs, state, action):  # num_envs is no extra of transition_fn
+    return state
+
+
+def _t_generator_positional_only(generator, /, state, action):
+    return state
+
+
+def _t_mask_before_args(mask, *args):
+    return args[-2]
+
+
+def _r_keyword_only(*, num_envs, seed=None, options=None):
+    return torch.zeros(num_envs, 2)
+
+
+def _r_options_skipping_seed(model, options=None):
+    return torch.zeros(2)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(transition_fn=_t_num_envs_first), "'num_envs' is named for a keyword extra.*receives only"),
+    (dict(transition_fn=_t_generator_positional_only), "'generator' is named for a keyword extra.*positional-only"),
+    (dict(transition_fn=_t_mask_before_args), "'mask' is declared before \\*args"),
+    (dict(reset_fn=_r_keyword_only), "'seed' would never receive the seed"),
+    (dict(reset_fn=_r_options_skipping_seed), "'options' would never receive the options"),
+    (dict(encode_fn=lambda mask, obs: obs, initial_observation=torch.zeros(2)),
+     "'mask' is named for a keyword extra"),
+])
+def test_adapter_signatures_that_would_misbind_are_refused_at_construction(kwargs, match):
+    """Each of these bound once and then gave a parameter another argument (the model, the state, the seed), or
+    never gave a named one its value, or failed with a raw TypeError at the first reset or step."""
+    kwargs = {"transition_fn": lambda s, a: s, "reset_fn": _start_zeros, **kwargs}
+    if "initial_observation" in kwargs:
+        kwargs.pop("reset_fn")
+    with pytest.raises(AdapterError, match=match):
+        WorldModelEnv(object(), BOX2, BOX2, num_envs=2, **kwargs)
+
+
+def test_positional_only_model_and_later_extras_bind_by_position_then_name():
+    got = {}
+
+    def reset_fn(model, /, num_envs, seed=None):
+        got.update(model=model, num_envs=num_envs, seed=seed)
+        return torch.zeros(num_envs, 2)
+
+    class Model:
+        def encode(self, obs, mask=None):  # an unsupplied name with a default, not reached: kept as it is
+            got["mask"] = mask
+            return obs
+
+    model = Model()
+    env = WorldModelEnv(model, BOX2, BOX2, num_envs=2, reset_fn=reset_fn, transition_fn=lambda s, a: s)
+    env.reset(seed=5)
+    assert {k: got[k] for k in ("model", "num_envs", "seed")} == {"model": model, "num_envs": 2, "seed": 5}
+    encoded = WorldModelEnv(model, BOX2, BOX2, num_envs=2, initial_observation=torch.ones(2),
+                            transition_fn=lambda s, a: s)
+    assert encoded.reset()["observation"].tolist() == [[1.0, 1.0]] * 2 and got["mask"] is None
+
+
+@pytest.mark.parametrize("role", ["reward_fn", "terminal_fn", "action_transform_fn"])
+def test_make_world_model_env_reads_every_adapter_signature_at_construction(role):
+    with pytest.raises(AdapterError, match=f"{role} .*fits none of the accepted"):
+        make_world_model_env(object(), BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2),
+                             transition_fn=lambda s, a: {"state": s}, **{role: lambda a, b, c, d, e: a})
+
+
 def test_reset_fn_gets_an_empty_options_dict_when_none_were_given():
     # the seed design's reset: options = {} when the caller gives none, so options.get(...) works in every reset
     seen = []

@@ -2119,11 +2119,10 @@ def test_an_adapter_parameter_named_for_another_argument_is_refused_not_misbound
     def reward_fn(model, obs, action):
         return obs.sum(-1)
 
-    env = make_world_model_env(model, BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2),
-                               transition_fn=lambda s, a: (s + a, s + a, None), reward_fn=reward_fn)
     with pytest.raises(AdapterError, match=r"reward_fn\(model, obs, action\): parameter 'model' would receive the "
-                                           r"state"):
-        env.rollout(1)
+                                           r"state"):  # at construction, as every adapter's signature
+        make_world_model_env(model, BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2),
+                             transition_fn=lambda s, a: (s + a, s + a, None), reward_fn=reward_fn)
 
     def swapped(action, state):
         return state + action

@@ -301,18 +301,56 @@ def bind(
             )
         form = _preferred(candidates, positional, args, with_model, var_positional, required)
         param, given = _misnamed(positional, form, args)
+        if param in EXTRAS:
+            raise AdapterError(_stray_extra(role, text, next(p for p in positional if p.name == param), extras,
+                                            accepted))
         raise AdapterError(
             f"{role} {text}: parameter {param!r} would receive the {given}, which no accepted calling convention "
             f"fits by name: {accepted}"
         )
+    # an extra declared before *args would take a value meant for *args: prefer a convention that fills only the
+    # named parameters (those then go by name, below)
+    early = [p.name for p in params if p.name in extra_names and p.kind is not kinds.KEYWORD_ONLY]
+    if early and var_positional:
+        consistent = [f for f in consistent if len(f) <= len(positional)] or consistent
     form = _preferred(consistent, positional, args, with_model, var_positional, required)
-    # an extra declared before a parameter that takes an argument by position (reset_fn(num_envs, seed)) would
-    # take that argument itself: the arguments then go by name (none is positional-only: those come first)
-    by_name = None
     used = positional[: len(form)]
+    # a parameter named like an extra that is not passed as one must not take another argument
+    stray = [p for p in used if p.name in EXTRAS]
+    if stray:
+        raise AdapterError(_stray_extra(role, text, stray[0], extras, accepted))
+    if with_model:
+        # a parameter named for one of the role's arguments that the chosen convention never passes it
+        # (reset_fn(model, options=None): called as reset_fn(model), its options would be lost)
+        lost = [p.name for p in params if p.name in args and p not in used
+                and p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)]
+        if lost:
+            raise AdapterError(
+                f"{role} {text}: parameter {lost[0]!r} would never receive the {lost[0]}: the role's arguments are "
+                f"passed by position, in the order of one of the accepted calling conventions: {accepted}"
+            )
+    # an extra declared before a parameter that takes an argument by position (reset_fn(num_envs, seed)) would
+    # take that argument itself: the arguments then go by name (positional-only ones, which come first, by
+    # position). Before *args, which takes them by position only, it cannot be helped: an error
+    by_name = None
+    if early and len(form) > len(positional):
+        raise AdapterError(
+            f"{role} {text}: the keyword extra {early[0]!r} is declared before *args, which takes the role's "
+            f"arguments by position, so {early[0]!r} would take the first of them; declare it after *args "
+            f"(keyword-only), e.g. {role}(*args, {early[0]}=None)"
+        )
     if used and any(params.index(p) < params.index(used[-1]) for p in params if p.name in extra_names):
-        by_name = tuple(p.name for p in used)
+        by_name = (sum(p.kind is kinds.POSITIONAL_ONLY for p in used), tuple(p.name for p in used))
     return _make(fn, role, name, str(sig), form, args, model, {k: extras[k] for k in extra_names}, by_name)
+
+
+def _stray_extra(role, text, param, extras, accepted) -> str:
+    """The error for a parameter named like a keyword extra that would take one of the role's arguments."""
+    why = (f"extras are passed by keyword and {param.name!r} is positional-only"
+           if param.kind is inspect.Parameter.POSITIONAL_ONLY
+           else f"{role} receives only the keyword extras {list(extras) or 'none'}")
+    return (f"{role} {text}: parameter {param.name!r} is named for a keyword extra, but {why}, so it would take one "
+            f"of the role's arguments; accepted calling conventions: {accepted}")
 
 
 def _misnamed(positional, form, args) -> tuple[str, str] | None:
@@ -320,7 +358,7 @@ def _misnamed(positional, form, args) -> tuple[str, str] | None:
     receive another argument under ``form``; ``None`` when the names agree (or say nothing)."""
     for param, given in zip(positional, form):
         name = "model" if param.name in MODEL_NAMES else param.name
-        if (name == "model" or name in args) and name != given:
+        if (name == "model" or name in args or name in EXTRAS) and name != given:
             return param.name, given
     return None
 
@@ -353,7 +391,8 @@ def _make(fn, role, name, sig_text, form, args, model, extras, by_name=None) -> 
     takes_model = bool(form) and form[0] == "model"
     used = form[1:] if takes_model else form
     if by_name is not None:
-        call = _ByName(target, model, by_name, takes_model)
+        by_name_k, by_name = by_name
+        call = _ByName(target, model, by_name_k, by_name, takes_model)
     elif used == args:
         call = functools.partial(target, model) if takes_model else target
     else:
@@ -396,15 +435,17 @@ class _Prefix:
 
 
 class _ByName:
-    """``fn(**{names[i]: ([model,] *args)[i]}, **kwargs)``: an adapter whose keyword extras come before parameters
-    that take the role's arguments, called with those arguments by name. Picklable."""
+    """``fn(*values[:k], **{names[i]: values[i] for i >= k}, **kwargs)`` with ``values = ([model,] *args)``: an
+    adapter whose keyword extras come before parameters that take the role's arguments, called with those
+    arguments by name (the first ``k``, positional-only, by position). Picklable."""
 
-    def __init__(self, fn, model, names: tuple[str, ...], takes_model: bool):
-        self.fn, self.model, self.names, self.takes_model = fn, model, names, takes_model
+    def __init__(self, fn, model, positional_only: int, names: tuple[str, ...], takes_model: bool):
+        self.fn, self.model, self.k, self.names, self.takes_model = fn, model, positional_only, names, takes_model
 
     def __call__(self, *args, **kwargs):
         values = (self.model, *args) if self.takes_model else args
-        return self.fn(**dict(zip(self.names, values)), **kwargs)
+        k = self.k
+        return self.fn(*values[:k], **dict(zip(self.names[k:], values[k:])), **kwargs)
 
 
 class _ActionOnly:

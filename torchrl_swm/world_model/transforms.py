@@ -83,6 +83,11 @@ class _WorldModelTransform(Transform):
             )
         return base
 
+    def _check_signature(self, fn, role, args) -> None:
+        """Read ``fn``'s signature now, at construction (an :class:`AdapterError` when no calling convention
+        fits); the binding itself waits for the base env, whose model and generator it holds."""
+        bind(fn, role, args, model=self._model, extras={"generator": None})
+
     def _adapter(self, fn, role, args) -> Bound:
         base = self._base()
         if not self._bound_to(base):
@@ -124,6 +129,7 @@ class ActionAdapter(_WorldModelTransform):
             )
         super().__init__(in_keys=[], out_keys=[], in_keys_inv=[action_key], out_keys_inv=[action_key], model=model)
         self.__dict__["_fn"] = action_transform_fn
+        self._check_signature(action_transform_fn, "action_transform_fn", ("action",))
         _refuse_start(action_space)
         self._outer = as_spec(action_space, name="action_space", action=True)
         if isinstance(self._outer, Composite):
@@ -235,6 +241,7 @@ class RewardAdapter(_WorldModelTransform):
     def __init__(self, reward_fn: Callable, *, model: Any = None):
         super().__init__(in_keys=[], out_keys=[], model=model)
         self.__dict__["_fn"] = reward_fn
+        self._check_signature(reward_fn, "reward_fn", ("state", "obs", "action"))
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         base = self._base()
@@ -271,6 +278,7 @@ class TerminalAdapter(_WorldModelTransform):
     def __init__(self, terminal_fn: Callable, *, model: Any = None):
         super().__init__(in_keys=[], out_keys=[], model=model)
         self.__dict__["_fn"] = terminal_fn
+        self._check_signature(terminal_fn, "terminal_fn", ("state", "obs", "action"))
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         base = self._base()
