@@ -605,3 +605,69 @@ def test_world_carries_the_policys_root_entries_over_as_step_mdp(tmp_path, mode)
         world.collect(tmp_path / "d", episodes=1, seed=0, max_steps=6, progress=False)
     assert rollout_seen == [[k] for k in range(6)]
     assert world_seen[:6] == rollout_seen
+
+
+def _zero_action_policy(td):
+    return td.set("action", torch.zeros(td.batch_size[0], dtype=torch.int64))
+
+
+def test_world_collect_records_the_step_after_the_post_step_mdp_hooks(tmp_path):
+    """A transform's post-step_mdp hook may drop transient keys from the step's data (NextObservationDelta drops
+    the full next observation): rollout and the collectors record the data after it; so does World.collect."""
+    from torchrl.collectors import Collector
+    from torchrl.envs.transforms import NextObservationDelta
+
+    def make():
+        return TransformedEnv(EnvPool("CartPole-v1", num_envs=2, seed=0), NextObservationDelta(in_keys=["observation"]))
+
+    collector = Collector(make(), _zero_action_policy, frames_per_batch=20, total_frames=20)
+    batch = next(iter(collector))
+    collector.shutdown()
+    ds = World(make(), policy=_zero_action_policy).collect(tmp_path / "d", episodes=2, seed=0, max_steps=50,
+                                                            progress=False)
+    for data in (batch, ds.td):
+        keys = set(data.keys(True))
+        assert ("next", "delta", "observation") in keys and ("next", "observation") not in keys
+
+
+def test_world_full_reset_keeps_the_root_entries_as_torchrls_maybe_reset(tmp_path):
+    """When every row restarts (one env, wait mode, episodes ending together), TorchRL's maybe_reset resets with the
+    tensordict and keeps the root's own entries; World did a reset without it, so a policy's state at the root was
+    lost there and kept on partial resets: the data depended on num_envs."""
+    from torchrl.collectors import Collector
+
+    def counting(td):
+        count = td.get("my_count", None)
+        td.set("my_count", torch.zeros(td.batch_size[0], 1, dtype=torch.int64) if count is None else count + 1)
+        return _zero_action_policy(td)
+
+    collector = Collector(EnvPool("CartPole-v1", num_envs=1, seed=0), counting, frames_per_batch=30, total_frames=30)
+    batch = next(iter(collector))
+    collector.shutdown()
+    end = int(batch["next", "done"].view(-1).nonzero()[0])
+    ds = World(EnvPool("CartPole-v1", num_envs=1), policy=counting).collect(tmp_path / "d", 2, seed=0, progress=False)
+    first_rows = ds.td["my_count"].view(-1)[ds.td["step_count"].view(-1) == 0].tolist()
+    assert first_rows == [0, int(batch["my_count"].view(-1)[end + 1])] and first_rows[1] > 0
+
+
+def test_world_refuses_an_env_whose_action_is_not_at_action():
+    env = TransformedEnv(EnvPool("CartPole-v1", num_envs=2, seed=0),
+                         RenameTransform([], [], in_keys_inv=["action"], out_keys_inv=["act"]))
+    with pytest.raises(ValueError, match=r"expected the env's action at 'action'.*\['act'\]"):
+        World(env)
+    env.close()
+
+
+def test_dataset_goals_leave_out_bookkeeping_transform_entries(tmp_path):
+    from torchrl.envs import Compose, InitTracker, RewardSum
+
+    from torchrl_swm.envs import PointMazeExpert, make
+
+    def env(n):
+        return TransformedEnv(EnvPool([lambda: make("torchrl_swm/PointMaze-v0")] * n), Compose(InitTracker(), RewardSum()))
+
+    ds = World(env(2), policy=PointMazeExpert("u", noise=0.3)).collect(tmp_path / "d", episodes=2, seed=0,
+                                                                        max_steps=60, progress=False)
+    result = World(env(2), policy=PointMazeExpert("u")).evaluate(dataset=ds, start_steps=2, goal_offset=3,
+                                                                 eval_budget=5, progress=False)
+    assert result["goal_keys"] == ["state", "target"]

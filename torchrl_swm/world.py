@@ -454,9 +454,17 @@ class _EpisodeBuffer:
 
 
 def _check_keys(env: EnvBase) -> None:
-    """World reads TorchRL's default keys: the reward at ``"reward"``, the done flag at ``"done"``."""
+    """World reads TorchRL's default keys: the action at ``"action"``, the reward at ``"reward"``, the done flag at
+    ``"done"``."""
     reward_keys = [k if isinstance(k, str) else tuple(k) for k in env.reward_keys]
     done_keys = [k if isinstance(k, str) else tuple(k) for k in env.done_keys]
+    action_keys = [k if isinstance(k, str) else tuple(k) for k in env.action_keys]
+    if action_keys != ["action"]:
+        raise ValueError(
+            "World: expected the env's action at 'action' (TorchRL's default key, which World's policies and its "
+            f"datasets use); this env has action keys {action_keys}. Rename it back (e.g. drop the RenameTransform "
+            "of the action) before wrapping it in World."
+        )
     if "reward" not in reward_keys or "done" not in done_keys:
         raise ValueError(
             "World: expected the env's reward at 'reward' and its done flag at 'done' (TorchRL's default keys, "
@@ -494,7 +502,11 @@ class World:
     ``"is_init"`` (``(N, 1)`` bool, True on an episode's first step, as
     TorchRL's ``InitTracker``) and, in dataset evaluation, the goal under
     ``goal_key`` (``("goal", k)`` for each observation key ``k``). Rows of
-    frozen envs are present but their actions are ignored.
+    frozen envs are present but their actions are ignored. Between steps the
+    tensordict moves on as in TorchRL's ``rollout`` and collectors (the env's
+    ``step_mdp``): the root's own entries carry over, and a recurrent policy's
+    ``("next", state)`` reaches the next step only when the env declares it, as
+    there (add its primer: ``env.append_transform(lstm.make_tensordict_primer())``).
 
     Examples:
         >>> import torchrl_swm
@@ -979,10 +991,14 @@ class World:
                 f"goal_key={goal_key!r} is a key World or TorchRL writes in the policy's tensordict (reserved: "
                 f"{sorted(own)} and '_'-prefixed masks); pass another goal_key="
             )
+        # the goal holds the env's own observations: not infos, seeds, nor what StepCounter / RewardSum /
+        # InitTracker write (a collecting run's partial return is no goal)
+        bookkeeping = bookkeeping_keys(self.env)
         goal_keys = [
             k for k in ds.observation_keys
             if (k if isinstance(k, tuple) else (k,)) in env_keys
             and (k if isinstance(k, tuple) else (k,))[0] not in ("info", "info_mask", "episode_seed")
+            and (k if isinstance(k, tuple) else (k,)) not in bookkeeping
         ]
         obs_spec = self.env.full_observation_spec
         for key in goal_keys:
@@ -1292,9 +1308,9 @@ class _Run:
                 kwargs["options"] = per_env
         flags = np.zeros(n, dtype=bool)
         flags[list(seeds)] = True
-        if flags.all():
+        if flags.all() and td is None:
             td = self.env.reset(**kwargs)
-        else:
+        else:  # with the carried root: a full reset keeps its entries, as TorchRL's maybe_reset does
             if td is None:  # first reset: only the rows that have an episode
                 td = self.env.full_done_spec.zero()
             td.set("_reset", _as_mask(flags, self.device))
@@ -1465,6 +1481,14 @@ class _Run:
                 if flag is not None:
                     nxt.set(key, flag | mask.view_as(flag))
 
+        # TorchRL's step_mdp, then its post-step_mdp hooks (which may drop transient keys from the step's data before
+        # it is recorded, as rollout and the collectors record it): "next" becomes the root (observations, done
+        # flags, transform and primed recurrent states) and the root's own entries carry over (the action, a
+        # policy's state at the root: an OU noise process's)
+        root = self.env._step_mdp(td)
+        if self.env._post_step_mdp_hooks is not None:
+            td, root = self.env._post_step_mdp_hooks(td, root)
+            nxt = td.get("next")
         if self.recorder is not None:
             # a dataset holds the whole done triplet: an env without "terminated" or "truncated" gets them here
             # (its done is its termination; World's cut is the truncation), False at the root as every root flag
@@ -1497,12 +1521,6 @@ class _Run:
         self.is_init[:] = False
         for i in np.flatnonzero(finished):
             self._finish(int(i), bool(terminated[i]), bool(cut[i] or truncated[i]))
-        # TorchRL's step_mdp (then its post-step_mdp hooks, as step_and_maybe_reset runs them): "next" becomes the
-        # root (observations, done flags, transform and recurrent states) and the root's own entries carry over
-        # (the action, a policy's state at the root: an OU noise process's)
-        root = self.env._step_mdp(td)
-        if self.env._post_step_mdp_hooks is not None:
-            td, root = self.env._post_step_mdp_hooks(td, root)
         restart = [int(i) for i in np.flatnonzero(finished) if self.queues[i]] if self.mode == "auto" else []
         if not self.freeze:
             # every row is stepped again: the env's done rows that start no episode now need a reset
