@@ -332,13 +332,13 @@ def bind(
     # an extra declared before a parameter that takes an argument by position (reset_fn(num_envs, seed)) would
     # take that argument itself: the arguments then go by name (positional-only ones, which come first, by
     # position). Before *args, which takes them by position only, it cannot be helped: an error
-    by_name = None
     if early and len(form) > len(positional):
         raise AdapterError(
             f"{role} {text}: the keyword extra {early[0]!r} is declared before *args, which takes the role's "
             f"arguments by position, so {early[0]!r} would take the first of them; declare it after *args "
             f"(keyword-only), e.g. {role}(*args, {early[0]}=None)"
         )
+    by_name = None
     if used and any(params.index(p) < params.index(used[-1]) for p in params if p.name in extra_names):
         by_name = (sum(p.kind is kinds.POSITIONAL_ONLY for p in used), tuple(p.name for p in used))
     return _make(fn, role, name, str(sig), form, args, model, {k: extras[k] for k in extra_names}, by_name)
