@@ -1879,7 +1879,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             out.update(values)  # nested entries (Dict observations, TensorDict states) arrive as dicts
         return tensordict, out
 
-    def _reset_rows_into(self, root: dict, rows: torch.Tensor, n_rows: int, flags_cleared: bool) -> None:
+    def _reset_rows_into(self, root: dict, rows: torch.Tensor, n_rows: int, flags_cleared: bool = True) -> None:
         """The fast path's reset: restart ``rows`` (bool ``(N, 1)``: broadcasts against ``(N, d)`` entries
         without a view) and write the result into ``root`` (in the dict). ``flags_cleared``: ``rows`` are
         every done row, so no done flag stays set."""
