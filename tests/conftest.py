@@ -1,4 +1,5 @@
 import os
+import signal
 import sys
 
 import pytest
@@ -16,6 +17,11 @@ torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # spawned workers and subprocesses too
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+# A run started in the background (`cmd &`, nohup) inherits an ignored SIGINT, and Python then installs no
+# KeyboardInterrupt handler: the tests that send themselves a real Ctrl-C need Python's default one
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(params=DEVICES)

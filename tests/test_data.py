@@ -500,8 +500,19 @@ def test_a_key_written_at_some_steps_only_is_an_error_never_uninitialised_memory
         return td
 
     world = World(counting_pool(2))
-    with pytest.raises(ValueError, match=r"'extra' was written at the first step but not at this one.*exclude_keys="):
-        world.collect(tmp_path / "a", 2, seed=0, max_steps=10, policy=first_step_only, progress=False)
+    # a root entry carries over to the next steps (TorchRL's step_mdp, as in its collectors' data): recorded
+    ds = world.collect(tmp_path / "a", 2, seed=0, max_steps=10, policy=first_step_only, progress=False)
+    assert (ds.td["extra"] == 7.0).all()
+
+    def first_step_only_next(td):  # under "next", nothing carries it: missing at the later steps
+        td["action"] = torch.zeros(td.batch_size, dtype=torch.int64)
+        if not hasattr(first_step_only_next, "done"):
+            first_step_only_next.done = True
+            td["next", "extra"] = torch.full(td.batch_size, 7.0)
+        return td
+
+    with pytest.raises(ValueError, match=r"'extra'\) was written at the first step but not at this one.*exclude_keys="):
+        world.collect(tmp_path / "a2", 2, seed=0, max_steps=10, policy=first_step_only_next, progress=False)
 
     def later_steps_only(td):
         td["action"] = torch.zeros(td.batch_size, dtype=torch.int64)
