@@ -664,7 +664,8 @@ def test_dataset_goals_leave_out_bookkeeping_transform_entries(tmp_path):
     from torchrl_swm.envs import PointMazeExpert, make
 
     def env(n):
-        return TransformedEnv(EnvPool([lambda: make("torchrl_swm/PointMaze-v0")] * n), Compose(InitTracker(), RewardSum()))
+        return TransformedEnv(EnvPool([lambda: make("torchrl_swm/PointMaze-v0")] * n),
+                              Compose(InitTracker(), RewardSum()))
 
     ds = World(env(2), policy=PointMazeExpert("u", noise=0.3)).collect(tmp_path / "d", episodes=2, seed=0,
                                                                         max_steps=60, progress=False)
