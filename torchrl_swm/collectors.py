@@ -19,7 +19,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from typing import Any
 
 from tensordict import TensorDictBase
@@ -55,7 +55,7 @@ def raise_on_worker_failure(collector: Any, *, shutdown_timeout: float = 60.0) -
         for batch in collector:
             # any exit while batches still come is a failure, even with code 0 (an env's sys.exit(): Python prints
             # no traceback for it, and a MultiAsyncCollector goes on with the other workers)
-            _raise_if_any_failed(procs, when="during collection", clean_exit_fails=True)
+            _raise_if_any_failed(procs, when="during collection", clean_exit_fails=range(len(procs)))
             yield batch
     finally:
         running = {i for i, proc in enumerate(procs) if _exit_code(proc) is None}
@@ -76,13 +76,10 @@ def _exit_code(proc: Any) -> int | None:
 
 
 def _raise_if_any_failed(procs: list, *, when: str, running: set[int] = frozenset(), timeout: float = 0.0,
-                         clean_exit_fails: bool | set[int] = False) -> None:
-    """``clean_exit_fails``: whether an exit code of 0 is a failure too (for every worker, or those in the set)."""
-    def failed_code(i, code):
-        strict = clean_exit_fails is True or (isinstance(clean_exit_fails, set) and i in clean_exit_fails)
-        return code is not None and (code != 0 or strict)
-
-    failed = [(i, code) for i, code in enumerate(map(_exit_code, procs)) if failed_code(i, code)]
+                         clean_exit_fails: Container[int] = ()) -> None:
+    """``clean_exit_fails``: the workers for which an exit code of 0 is a failure too."""
+    failed = [(i, code) for i, code in enumerate(map(_exit_code, procs))
+              if code is not None and (code != 0 or i in clean_exit_fails)]
     if failed:
         def describe(i, code):
             if code < 0 and i in running:  # a signal, maybe the shutdown's own SIGTERM: say so

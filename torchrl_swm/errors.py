@@ -41,6 +41,22 @@ def _integral(value) -> bool:
     return False
 
 
+def _real(value) -> bool:
+    """A Python or numpy int or float; never a bool (``True`` is no radius or frame rate)."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def check_number(value, what: str) -> float:
+    """``value`` as a float, refusing anything :func:`_real` does not accept, naming ``what``.
+
+    Raises:
+        TypeError: ``value`` is not a real number.
+    """
+    if not _real(value):
+        raise TypeError(f"{what} must be a number, got {describe(value)}")
+    return float(value)
+
+
 def _is_tensor(value) -> bool:
     # torch is not imported here: the process backend's workers import this module and stay free of torch
     torch = sys.modules.get("torch")

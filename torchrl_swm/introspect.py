@@ -35,11 +35,17 @@ def transforms_of(env: EnvBase) -> Iterator[Transform]:
         env = env.base_env
 
 
+def step_limits(env: EnvBase) -> list[tuple[StepCounter, bool]]:
+    """``env``'s ``StepCounter`` transforms with a ``max_steps``, each with whether it ends episodes
+    (``update_done``; one that only flags ``truncated`` lets them run on)."""
+    return [(t, bool(getattr(t, "update_done", True))) for t in transforms_of(env)
+            if isinstance(t, StepCounter) and t.max_steps is not None]
+
+
 def step_counter_limit(env: EnvBase) -> int | None:
-    """The smallest ``max_steps`` of ``env``'s ``StepCounter`` transforms that end episodes (``update_done``; one
-    that only flags ``truncated`` lets them run on), or ``None`` without one."""
-    limits = [int(t.max_steps) for t in transforms_of(env)
-              if isinstance(t, StepCounter) and t.max_steps is not None and getattr(t, "update_done", True)]
+    """The smallest ``max_steps`` of ``env``'s ``StepCounter`` transforms that end episodes, or ``None``
+    without one."""
+    limits = [int(t.max_steps) for t, ends in step_limits(env) if ends]
     return min(limits) if limits else None
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import describe
+from .errors import _real, check_number, describe
 
 __all__ = ["VideoRecorder", "require_imageio", "count_frames"]
 
@@ -70,7 +70,7 @@ _MIN_FPS, _MAX_FPS = 0.001, 10_000
 
 
 def _usable_fps(fps) -> bool:
-    return not isinstance(fps, bool) and math.isfinite(fps) and _MIN_FPS <= fps <= _MAX_FPS
+    return _real(fps) and math.isfinite(fps) and _MIN_FPS <= fps <= _MAX_FPS
 
 
 class VideoRecorder:
@@ -101,17 +101,12 @@ class VideoRecorder:
     ):
         if layout not in ("episodes", "grid"):
             raise ValueError(f"VideoRecorder: layout must be 'episodes' or 'grid', got {layout!r}")
-        for name, value in (("fps", fps), ("quality", quality)):
-            if name == "fps" and value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-                raise TypeError(f"VideoRecorder: {name} must be a number, got {describe(value)}")
-            if name == "fps" and not _usable_fps(value):
-                raise ValueError(f"VideoRecorder: fps must be a number from {_MIN_FPS} to {_MAX_FPS} (ffmpeg takes it "
-                                 f"as a fraction), got {value!r}")
-            if name == "quality" and not 0 <= value <= 10:
-                raise ValueError(f"VideoRecorder: quality must be a number from 0 to 10 (imageio's ffmpeg quality), "
-                                 f"got {value!r}")
+        if fps is not None and not _usable_fps(check_number(fps, "VideoRecorder: fps")):
+            raise ValueError(f"VideoRecorder: fps must be a number from {_MIN_FPS} to {_MAX_FPS} (ffmpeg takes it "
+                             f"as a fraction), got {fps!r}")
+        if not 0 <= check_number(quality, "VideoRecorder: quality") <= 10:
+            raise ValueError(f"VideoRecorder: quality must be a number from 0 to 10 (imageio's ffmpeg quality), "
+                             f"got {quality!r}")
         self.imageio = require_imageio()
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -139,7 +134,7 @@ class VideoRecorder:
         """Called once by World before the run."""
         self.num_envs = num_envs
         if self.fps is None:  # fractional, as gymnasium's RecordVideo keeps it; 30 where the env's is unusable
-            self.fps = float(fps) if isinstance(fps, (int, float, np.integer, np.floating)) and _usable_fps(fps) else 30
+            self.fps = float(fps) if _usable_fps(fps) else 30
 
     def _open(self, path: Path):
         return self.imageio.get_writer(

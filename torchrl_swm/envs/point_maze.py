@@ -44,7 +44,7 @@ from collections.abc import Mapping, Sequence
 import gymnasium as gym
 import numpy as np
 
-from ..errors import EnvError, check_int, describe
+from ..errors import EnvError, check_int, check_number
 
 __all__ = ["PointMazeEnv", "PointMazeExpert", "LAYOUTS", "expert_actions", "expert_policy"]
 
@@ -155,8 +155,7 @@ class PointMazeEnv(gym.Env):
             ("force_scale", force_scale, 0.0, 1e6, False),
             ("max_speed", max_speed, 0.0, 1.0, False),
         ):
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-                raise TypeError(f"PointMaze: {name} must be a number, got {describe(value)}")
+            check_number(value, f"PointMaze: {name}")
             if not ((low <= value if closed else low < value) and value <= high):
                 bounds = f"{'[' if closed else '('}{low}, {high:g}]"
                 raise ValueError(f"PointMaze: {name} must be in {bounds}, got {value!r}")

@@ -40,11 +40,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torchrl.data import Binary, Composite, MultiOneHot, OneHot, TensorSpec
-from torchrl.envs import EnvBase, GymWrapper, StepCounter, TransformedEnv
+from torchrl.envs import EnvBase, GymWrapper, TransformedEnv
 from torchrl.envs.batched_envs import BatchedEnvBase
 
 from ..errors import SpecError, describe
-from ..introspect import bookkeeping_keys, transforms_of
+from ..introspect import bookkeeping_keys, step_limits
 from ..pool.infos import cast_problem
 from ..pool.rows import dict_paths, observation_leaves  # the pool's own keys and Dict paths of its leaves
 from ..specs import numpy_dtype, spec_to_space, torch_dtype, unbatch_spec
@@ -475,8 +475,8 @@ class Layout:
         self.terminated_key = "terminated" if "terminated" in done_keys else "done"
         self.truncated_key = "truncated" if "truncated" in done_keys else None
         self.done_keys = sorted(done_keys)
-        for transform in transforms_of(env):
-            if isinstance(transform, StepCounter) and transform.max_steps is not None and not transform.update_done:
+        for transform, ends_episodes in step_limits(env):
+            if not ends_episodes:
                 # truncated without done: TorchRL's episode goes on, gymnasium's ends on truncation (and the
                 # export would reset a row its env does not)
                 raise SpecError(

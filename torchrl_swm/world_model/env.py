@@ -36,7 +36,7 @@ from torchrl.data import Categorical, Composite, TensorSpec, Unbounded
 from torchrl.envs import EnvBase
 
 from .._meta import NoAutoResetMeta
-from ..errors import SpecError, check_int, describe
+from ..errors import SpecError, _real, check_int, describe
 from ..masks import row_mask, zero_rewards
 from ..pool.buffers import nest
 from ..specs import as_spec, batch_spec
@@ -59,7 +59,6 @@ __all__ = ["WorldModelEnv"]
 _DONE_KEYS = ("done", "terminated", "truncated")
 #: Root keys TorchRL or this env write themselves: no observation entry or state_key may take them.
 _RESERVED_KEYS = frozenset(("reward", *_DONE_KEYS, "info", "action", "next", "_reset", "_step"))
-_FLOAT_TYPES = (int, float, np.integer, np.floating)
 
 # Seed-design keyword arguments that are transforms here: explain instead of a bare TypeError.
 _TRANSFORM_KWARGS = {
@@ -1064,7 +1063,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                 )
             self._check_device(value, "reward", where, form)
             return value
-        if isinstance(value, _FLOAT_TYPES) and not isinstance(value, (bool, np.bool_)):
+        if _real(value):
             return torch.full(bs1, float(value), dtype=self._reward_dtype, device=self.device)
         raise ReturnFormError(
             f"{where} returned {form}: reward: expected a float tensor of shape {tuple(bs1)}, got {describe(value)}"
