@@ -501,11 +501,51 @@ def test_discovered_methods_count_parameters_with_defaults_as_the_seed_does():
     # imagine_step(prev_state, prev_action, nonterm=1.0) gets (state, action)
     assert discover_transition(RSSMLike()).form == ("state", "action")
 
-    class FlagAfterAction:  # as in the seed: (state, action); such a model takes a transition_fn
-        def step(self, action, deterministic=False):
+    class FlagAfterAction:  # a first parameter named action: the model keeps its own state (by position, the
+        def step(self, action, deterministic=False):  # seed would pass it the state)
             return action, deterministic
 
-    assert discover_transition(FlagAfterAction())("s", "a") == ("s", "a")
+    bound = discover_transition(FlagAfterAction())
+    assert bound.form == ("action",)
+    assert bound("s", "a") == ("a", False)
+
+
+def test_discovered_method_whose_names_contradict_its_arguments_is_an_adapter_error():
+    class Reversed:
+        def step(self, action, state):
+            return state + action
+
+    with pytest.raises(AdapterError, match=r"model.step .*\(action, state\): parameter 'action' would receive the "
+                                           r"state"):
+        discover_transition(Reversed())
+
+    class ResetOptionsFirst:
+        def reset(self, options, seed=None):
+            return torch.zeros(3, 2)
+
+    box = gym.spaces.Box(-1, 1, (2,))
+    with pytest.raises(AdapterError, match=r"model.reset .*parameter 'options' would receive the seed"):
+        WorldModelEnv(ResetOptionsFirst(), box, box, num_envs=3, transition_fn=lambda s, a: s + a)
+    # names that say nothing keep the seed's positional rule; a model-like name is the model's own business
+    assert discover_transition(type("M", (), {"step": lambda self, net, a: net})()).form == ("state", "action")
+
+
+def test_model_keeping_its_own_state_with_a_flag_steps_with_the_actions():
+    class Stateful:
+        def reset(self, num_envs):
+            self.pos = torch.zeros(num_envs, 2)
+            return self.pos.clone()
+
+        def step(self, action, deterministic=False):
+            self.pos = self.pos + action
+            return self.pos.clone()
+
+    box = gym.spaces.Box(-9, 9, (2,))
+    env = WorldModelEnv(Stateful(), box, gym.spaces.Box(-1, 1, (2,)), num_envs=3, seed=0)
+    td = env.reset()
+    for _ in range(3):
+        td = env.step(td.set("action", torch.ones(3, 2)))["next"]
+    assert torch.equal(td["observation"], torch.full((3, 2), 3.0))
 
 
 def test_model_parameter_that_is_not_first_is_an_adapter_error():

@@ -1076,6 +1076,35 @@ def test_unlocked_env_resets_any_batch_shape_from_reset_fn_and_dict_states():
     assert torch.allclose(out["observation"], td["observation"] + 0.1)
 
 
+@pytest.mark.parametrize("start", ["initial_state", "reset_fn", "reset_fn_tensordict"])
+def test_unlocked_env_with_a_scalar_state_resets_batch_empty(start):
+    """A 0-d state of a batch-unlocked env: batch () is one row, as check_env_specs and rollout use it."""
+
+    def transition(s, a):
+        x = s + a
+        return x, x, x, x.abs() > 2, torch.zeros_like(x, dtype=torch.bool), {"twice": x * 2}
+
+    starts = {
+        "initial_state": {"initial_state": torch.tensor(0.5)},
+        "reset_fn": {"reset_fn": lambda num_envs: torch.full((num_envs,), 0.5)},
+        "reset_fn_tensordict": {"reset_fn": lambda num_envs: TensorDict(
+            observation=torch.full((num_envs,), 0.5), batch_size=[num_envs])},
+    }
+    scalar = gym.spaces.Box(-9, 9, ())
+    env = WorldModelEnv(None, scalar, gym.spaces.Box(-1, 1, ()), num_envs=None, transition_fn=transition,
+                        state_key="observation", info_spec={"twice": torch.tensor(0.0)}, **starts[start])
+    td = env.reset()
+    assert td.batch_size == () and torch.equal(td["observation"], torch.tensor(0.5))
+    assert env.reset(TensorDict(batch_size=[2, 3]))["observation"].shape == (2, 3)
+    check_env_specs(env)
+    # the episode ends at 2.5 (> 2): the third step starts over from 0.5
+    out = env.rollout(3, policy=lambda td: td.set("action", torch.tensor(1.0)), break_when_any_done=False)
+    assert torch.equal(out["observation"], torch.tensor([0.5, 1.5, 0.5]))
+    assert torch.equal(out["next", "observation"], torch.tensor([1.5, 2.5, 1.5]))
+    assert torch.equal(out["next", "info", "twice"], torch.tensor([[3.0], [5.0], [3.0]]))
+    assert out["next", "done"].squeeze(-1).tolist() == [False, True, False]
+
+
 @pytest.mark.parametrize("planner_name", ["MPPI", "CEM"])
 def test_torchrl_planner_over_an_exact_point_mass_reaches_the_goal(planner_name):
     from torchrl.modules.planners import CEMPlanner, MPPIPlanner

@@ -154,8 +154,8 @@ def put_rows(x, index: torch.Tensor, src):
 def unflatten_rows(x, batch_shape: tuple[int, ...]):
     """Leaves with one leading dim of ``prod(batch_shape)`` rows reshaped to ``batch_shape``."""
     if isinstance(x, TensorDictBase) and x.batch_dims:
-        return x.reshape(*batch_shape, *x.batch_size[1:])
-    return tree_map(lambda t: t.reshape(*batch_shape, *t.shape[1:]), x)
+        return x.reshape(torch.Size((*batch_shape, *x.batch_size[1:])))
+    return tree_map(lambda t: t.reshape((*batch_shape, *t.shape[1:])), x)  # a tuple: batch () of 0-d leaves
 
 
 def call_on_rows(fn, batch_shape: tuple[int, ...], *args, **kwargs):
@@ -225,8 +225,9 @@ def _split_rows(x, n: int, batch_shape: tuple, memo: dict):
 def broadcast_rows(x, batch_shape: tuple[int, ...]):
     """An unbatched state repeated over ``batch_shape`` (a fresh, contiguous copy)."""
     if isinstance(x, TensorDictBase):
-        return x.expand(*batch_shape, *x.batch_size).clone()
-    return tree_map(lambda t: t.expand(*batch_shape, *t.shape).clone(), x)
+        return x.expand(torch.Size((*batch_shape, *x.batch_size))).clone()
+    # a Size, not unpacked dims: expand() of no dims (batch () over a 0-d state) is a TypeError
+    return tree_map(lambda t: t.expand(torch.Size((*batch_shape, *t.shape))).clone(), x)
 
 
 def check_batch(x, batch_shape: tuple[int, ...], what: str) -> None:

@@ -288,19 +288,19 @@ def bind(
             f"{'' if var_positional else f' and at most {len(positional)}'}, which fits none of the accepted "
             f"calling conventions: {accepted}"
         )
-    # A user's adapter whose parameter is named like one argument (the model, or one of ``args``) must not
-    # receive another: ``transition_fn(model, action)`` fits ``(state, action)`` by count, with the state in
-    # ``model``. The model's own methods are bound by position, as the seed design does.
-    consistent = [f for f in candidates if _misnamed(positional, f, args) is None] if with_model else candidates
+    # A parameter named like one argument (the model, or one of ``args``) must not receive another:
+    # ``transition_fn(model, action)`` fits ``(state, action)`` by count, with the state in ``model``. The model's
+    # own methods never get the model, so only the role's argument names count there (``step(action, state)``).
+    consistent = [f for f in candidates if _misnamed(positional, f, args, with_model) is None]
     if not consistent:
-        late = [p.name for p in positional[1:] if p.name in MODEL_NAMES]
+        late = [p.name for p in positional[1:] if p.name in MODEL_NAMES] if with_model else []
         if late:  # the model goes first or not at all
             raise AdapterError(
                 f"{role} {text}: parameter {late[0]!r} looks like the model but is not the first parameter; the model "
                 f"is passed first or not at all: accepted calling conventions: {accepted}"
             )
         form = _preferred(candidates, positional, args, with_model, var_positional, required)
-        param, given = _misnamed(positional, form, args)
+        param, given = _misnamed(positional, form, args, with_model)
         if param in EXTRAS:
             raise AdapterError(_stray_extra(role, text, next(p for p in positional if p.name == param), extras,
                                             accepted))
@@ -353,11 +353,11 @@ def _stray_extra(role, text, param, extras, accepted) -> str:
             f"of the role's arguments; accepted calling conventions: {accepted}")
 
 
-def _misnamed(positional, form, args) -> tuple[str, str] | None:
-    """The first ``(parameter, argument)`` where a parameter named like the model or one of ``args`` would
-    receive another argument under ``form``; ``None`` when the names agree (or say nothing)."""
+def _misnamed(positional, form, args, model_names: bool = True) -> tuple[str, str] | None:
+    """The first ``(parameter, argument)`` where a parameter named like the model (when ``model_names``) or one
+    of ``args`` would receive another argument under ``form``; ``None`` when the names agree (or say nothing)."""
     for param, given in zip(positional, form):
-        name = "model" if param.name in MODEL_NAMES else param.name
+        name = "model" if model_names and param.name in MODEL_NAMES else param.name
         if (name == "model" or name in args or name in EXTRAS) and name != given:
             return param.name, given
     return None
@@ -502,9 +502,9 @@ def _accepts_two(fn, extras=()) -> bool:
 
     Parameters with defaults count, as in the seed, so code written for it moves over unchanged:
     ``imagine_step(prev_state, prev_action, nonterm=1.0)`` and ``forward(s, a=None)`` get
-    ``(state, action)``; so does ``step(action, deterministic=False)``, which then needs a
-    ``transition_fn``. Keyword extras (``generator``, ``mask``) do not count:
-    ``step(action, mask=None)`` is ``(action)``.
+    ``(state, action)``. A first parameter named ``action`` says the model keeps its own state:
+    ``step(action, deterministic=False)`` is ``(action)`` (by position it would take the state).
+    Keyword extras (``generator``, ``mask``) do not count: ``step(action, mask=None)`` is ``(action)``.
     """
     sig = _signature(fn)
     if sig is None:
@@ -517,6 +517,8 @@ def _accepts_two(fn, extras=()) -> bool:
         p for p in params
         if p.kind is kinds.POSITIONAL_ONLY or (p.kind is kinds.POSITIONAL_OR_KEYWORD and p.name not in extras)
     ]
+    if positional and positional[0].name == "action" and all(p.default is not p.empty for p in positional[1:]):
+        return False
     return len(positional) >= 2
 
 

@@ -1086,7 +1086,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                 if broadcast and isinstance(value, (torch.Tensor, np.ndarray, np.generic, int, float)):
                     one = torch.as_tensor(value, device=self.device)
                     if one.shape == leaf.shape:
-                        value = one.expand(*bs, *leaf.shape).clone()
+                        value = one.expand(torch.Size((*bs, *leaf.shape))).clone()
                 if isinstance(value, torch.Tensor) and value.shape == (*bs, *leaf.shape):
                     value = value.unsqueeze(len(bs))
                 out[leaf.key] = self._tensor(value, full, leaf.dtype, f"info[{name!r}]", where, form)
