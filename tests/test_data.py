@@ -4,6 +4,7 @@ import functools
 import json
 import os
 import shutil
+import threading
 
 import gymnasium as gym
 import numpy as np
@@ -636,6 +637,27 @@ def test_a_damaged_or_partial_dataset_is_a_dataset_error_never_a_silent_load(tmp
     (tmp_path / "not_object" / "dataset.json").write_text("[]")
     with pytest.raises(DatasetError, match=r"dataset.json': expected a JSON object, got list"):
         load_dataset(tmp_path / "not_object")
+
+
+def test_a_dataset_being_committed_to_is_read_again_not_called_damaged(tmp_path):
+    # each commit of a collection in progress rewrites storage/meta.json (TorchRL's dumps): a reader that catches
+    # it half written (here: empty until a timer writes it back) reads again while dataset.json says incomplete
+    World(counting_pool(2)).collect(tmp_path / "ds", 3, seed=0, max_steps=10, progress=False)
+    expected = load_dataset(tmp_path / "ds").td.to_dict()
+    dataset_json, storage_meta = tmp_path / "ds" / "dataset.json", tmp_path / "ds" / "storage" / "meta.json"
+    dataset_json.write_text(json.dumps({**json.loads(dataset_json.read_text()), "complete": False}))
+    content = storage_meta.read_text()
+    storage_meta.write_text("")
+    timer = threading.Timer(0.1, storage_meta.write_text, args=(content,))
+    timer.start()
+    try:
+        ds = load_dataset(tmp_path / "ds")
+    finally:
+        timer.join()
+    assert (ds.td == TensorDict(expected, batch_size=ds.td.batch_size)).all()
+    storage_meta.write_text("")  # never written back: damaged, and the message says it may be in progress
+    with pytest.raises(DatasetError, match=r"storage cannot be read \(JSONDecodeError.*still being written"):
+        load_dataset(tmp_path / "ds")
 
 
 @pytest.mark.parametrize("damage", ["shape", "dtype", "storage_rows", "no_episode"])

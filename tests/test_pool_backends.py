@@ -726,6 +726,19 @@ def test_env_spec_metadata_and_render_mode_of_every_backend(kind):
     pool.close()
 
 
+@pytest.mark.parametrize("mode", ["sync", "async", "vector_entry_point"])
+@pytest.mark.parametrize("limit", [15, 700, None])
+def test_env_spec_of_a_make_vec_pool_gives_the_time_limit_its_rows_run_under(mode, limit):
+    # gym.make_vec(id, N, max_episode_steps=K) keeps the registry's 500 in spec.max_episode_steps, K in its kwargs
+    kwargs = {} if limit is None else {"max_episode_steps": limit}
+    pool = EnvPool(gym.make_vec("CartPole-v1", 2, vectorization_mode=mode, **kwargs), seed=0)
+    try:
+        assert pool.env_spec.id == "CartPole-v1"
+        assert pool.env_spec.max_episode_steps == (500 if limit is None else limit)
+    finally:
+        pool.close()
+
+
 def test_a_subclass_step_is_honoured_by_the_fast_path():
     class Shaped(EnvPool):
         calls = 0

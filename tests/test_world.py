@@ -365,6 +365,20 @@ def test_reported_step_limit_is_the_effective_one(tmp_path):
     counting_pool.close()
 
 
+@pytest.mark.parametrize("mode", ["sync", "vector_entry_point"])
+def test_a_make_vec_pools_own_time_limit_is_worlds_not_the_registrys(mode):
+    # gym.make_vec(..., max_episode_steps=K) keeps the registry's 500 in spec.max_episode_steps: World must run
+    # an episode of this policy to its 586-step termination under K=700, and report a limit of 15 under K=15
+    for limit, length in [(700, 586), (15, 15)]:
+        venv = gym.make_vec("CartPole-v1", 1, vectorization_mode=mode, max_episode_steps=limit)
+        with World(EnvPool(venv), policy=lambda td: td.set("action", (td["observation"][:, 2]
+                                                                     + 0.3 * td["observation"][:, 3] > 0).long())) as w:
+            result = w.evaluate(1, seed=0, progress=False)
+        assert result["episode_lengths"].tolist() == [length]
+        assert result["episode_terminated"].tolist() == [limit == 700]
+        assert result["max_steps"] == limit and result["env_time_limit"] == limit
+
+
 def test_env_spec_and_metadata_are_read_once_not_per_evaluate(monkeypatch):
     # on a process pool each get_attr is a round trip to a worker
     pool = EnvPool("CartPole-v1", num_envs=2, backend="process", num_workers=2, seed=0)

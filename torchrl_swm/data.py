@@ -57,6 +57,9 @@ from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 
 from .errors import check_int, describe
 
+# pauses (s) between reads of a storage that a collection may be committing to (see WorldDataset._load_storage)
+_LIVE_READ_PAUSES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4)
+
 __all__ = ["load_dataset", "WorldDataset", "DatasetWriter", "DatasetError", "FORMAT", "FORMAT_VERSION"]
 
 FORMAT = "torchrl_swm.dataset"
@@ -508,13 +511,7 @@ class WorldDataset:
             if not storage.is_dir():
                 raise DatasetError(f"{str(self.path)!r}: the storage directory is missing")
             self._check_storage_files(storage)
-            try:
-                full = _copy_on_write(TensorDict.load_memmap(storage))
-            except Exception as err:  # a file tensordict needs is gone or damaged (meta.json...)
-                raise DatasetError(
-                    f"{str(self.path)!r}: the storage cannot be read ({type(err).__name__}: {err}); the dataset is "
-                    "damaged or incomplete (a partial copy?)"
-                ) from err
+            full = self._load_storage(storage)
             if full.batch_size[0] < self.num_steps:
                 raise DatasetError(
                     f"{str(self.path)!r}: storage has {full.batch_size[0]} rows, dataset.json says {self.num_steps}"
@@ -523,6 +520,25 @@ class WorldDataset:
             self.td = full[: self.num_steps]
         self._episodes = None
         self._obs_keys = None
+
+    def _load_storage(self, storage: Path) -> TensorDictBase:
+        """The storage, memory-mapped. A collection in progress rewrites the storage's ``meta.json`` files at each
+        commit (TorchRL's ``dumps``), so a reader can catch one half written: a dataset not yet complete is read
+        again for about a second before it is called damaged."""
+        pauses = _LIVE_READ_PAUSES if self.metadata.get("complete") is False else ()
+        for pause in pauses:
+            try:
+                return _copy_on_write(TensorDict.load_memmap(storage))
+            except Exception:
+                time.sleep(pause)
+        try:
+            return _copy_on_write(TensorDict.load_memmap(storage))
+        except Exception as err:  # a file tensordict needs is gone or damaged (meta.json...)
+            live = " or still being written (a collect in progress?)" if pauses else ""
+            raise DatasetError(
+                f"{str(self.path)!r}: the storage cannot be read ({type(err).__name__}: {err}); the dataset is "
+                f"damaged or incomplete (a partial copy?){live}"
+            ) from err
 
     def _check_entries(self, full: TensorDictBase) -> None:
         """The storage holds every entry ``dataset.json`` lists, with its shape and dtype (a storage whose own

@@ -635,7 +635,12 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
 
     @property
     def env_spec(self):
-        """The sub-envs' gymnasium ``EnvSpec`` (env 0's; the ``VectorEnv``'s own for a vector pool), or ``None``."""
+        """The sub-envs' gymnasium ``EnvSpec`` (env 0's), or ``None``. A natively batched ``VectorEnv`` has no
+        sub-envs: its own spec, whose ``max_episode_steps`` is the limit its rows run under (``gym.make_vec``'s
+        ``max_episode_steps=`` argument, which gymnasium keeps in the spec's ``kwargs``)."""
+        cache = self.__dict__.setdefault("_env_attrs", {})
+        if "spec" not in cache and isinstance(self._backend, VectorBackend):
+            cache["spec"] = self._backend.env_spec()
         return self._first_env_attr("spec")
 
     @property

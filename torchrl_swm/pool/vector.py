@@ -33,6 +33,7 @@ single envs to freeze rows.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
 import gymnasium as gym
@@ -493,6 +494,18 @@ class VectorBackend(InProcessBackend):
                 f"separate envs and it has no {what}(). Use the vector env itself."
             )
         return fn
+
+    def env_spec(self):
+        """The sub-envs' ``EnvSpec`` (env 0's) where the vector env has separate envs; else the vector env's own,
+        with the time limit its rows run under: ``gym.make_vec(id, N, max_episode_steps=K)`` leaves the registry's
+        limit in ``spec.max_episode_steps`` and ``K`` in ``spec.kwargs``, which is what its rows get."""
+        if self.per_env_access:
+            return self.get_attr([0], "spec")[0]
+        spec = getattr(self.venv, "spec", None)
+        limit = None if spec is None else spec.kwargs.get("max_episode_steps")
+        if limit is not None and limit != spec.max_episode_steps:
+            spec = dataclasses.replace(spec, max_episode_steps=limit)
+        return spec
 
     @property
     def per_env_access(self) -> bool:
