@@ -463,8 +463,14 @@ def test_process_backend_interrupted_step_does_not_desync_the_replies():
     with _process_pool([functools.partial(SlowEnv, 0.5)] * 2, 2) as pool:
         td = _step_interrupted(pool, 0.15)  # interrupted while the workers sleep in step 1
         assert pool.get_attr("t") == [1, 1]  # its own reply, not the interrupted step's
-        assert pool.step(td)["next", "observation"].view(-1).tolist() == [2.0, 2.0]
-        assert pool.get_attr("t") == [2, 2]
+        # the interrupted step moved the envs with no transition returned: they step again only once reset
+        with pytest.raises(EnvError, match=r"envs \[0, 1\] since a step of theirs raised"):
+            pool.step(td)
+        td = pool.reset()
+        assert pool.get_attr("t") == [0, 0]
+        assert pool.step(td.set("action", torch.zeros(2, dtype=torch.int64)))["next", "observation"].view(-1).tolist() \
+            == [1.0, 1.0]
+        assert pool.get_attr("t") == [1, 1]
 
 
 class SlowExitingEnv(SlowEnv):
@@ -1089,6 +1095,7 @@ def test_a_reward_of_shape_1_is_refused_whatever_the_number_of_rows_stepped(num_
         with pytest.raises(EnvError, match=r"env 0 \(step\): reward: expected a scalar float, got ndarray"):
             pool.step(td)
         if num_envs > 1:  # one row stepped: the same verdict
+            td = pool.reset().set("action", torch.zeros(num_envs, dtype=torch.int64))
             td["_step"] = torch.tensor([[True]] + [[False]] * (num_envs - 1))
             with pytest.raises(EnvError, match="reward: expected a scalar float"):
                 pool.step(td)
@@ -1258,11 +1265,14 @@ class PayingSlowEnv(SlowEnv):
         return obs, 1.0, term, trunc, info
 
 
-def _ctrl_c_in_a_step(pool):
-    """Reset ``pool`` (4 envs), step it with zero actions and deliver a real SIGINT (Ctrl-C) 0.3 s into the
-    step; returns the tensordict it stepped (the caller installs Python's default SIGINT handler)."""
+def _ctrl_c_in_a_step(pool, step_mask=None):
+    """Reset ``pool`` (4 envs), step it with zero actions (the rows of ``step_mask``) and deliver a real SIGINT
+    (Ctrl-C) 0.3 s into the step; returns the tensordict it stepped (the caller installs Python's default SIGINT
+    handler)."""
     td = pool.reset()
     td["action"] = torch.zeros(4, dtype=torch.int64)
+    if step_mask is not None:
+        td["_step"] = torch.tensor(step_mask).view(4, 1)
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     with pytest.raises(KeyboardInterrupt):
@@ -1279,12 +1289,13 @@ def test_process_backend_frozen_rows_report_zero_reward_after_an_interrupted_ste
     fns = [PayingSlowEnv, PayingSlowEnv, functools.partial(PayingSlowEnv, 1.0), functools.partial(PayingSlowEnv, 1.0)]
     try:
         with _process_pool(fns, 2) as pool:
-            td = _ctrl_c_in_a_step(pool)  # worker 1's envs sleep 1 s: the Ctrl-C lands while they step
+            # worker 1's envs sleep 1 s: the Ctrl-C lands while they step
+            td = _ctrl_c_in_a_step(pool, [False, False, True, True])
             td["_step"] = torch.tensor([[True], [True], [False], [False]])
-            out = pool.step(td)
+            out = pool.step(td)  # rows 2-3 must be reset before they step again, not before they are frozen
             assert out["next", "reward"].view(-1).tolist() == [1.0, 1.0, 0.0, 0.0]
-            # the interrupted step happened in every env; the frozen rows keep its observation
-            assert out["next", "observation"].view(-1).tolist() == [2.0, 2.0, 1.0, 1.0]
+            # the interrupted step happened in envs 2-3; the frozen rows keep its observation
+            assert out["next", "observation"].view(-1).tolist() == [1.0, 1.0, 1.0, 1.0]
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -1318,10 +1329,12 @@ def test_process_backend_an_env_error_in_an_interrupted_step_is_raised_by_the_ne
                 pool.step(td)
             assert "interrupted" in "\n".join(err.value.__notes__)
             assert err.value.env_index == 3
-            pool.set_attr("delay", 0.0)  # reported once, before anything was sent: the pool goes on
-            out = pool.step(td)
-            # envs 0-2 stepped in the interrupted step and in this one; env 3 failed its first, stepped now
-            assert out["next", "observation"].view(-1).tolist() == [2.0, 2.0, 2.0, 1.0]
+            pool.set_attr("delay", 0.0)  # reported once, before anything was sent
+            # envs 0-2 stepped in the interrupted step, with no transition returned: reset before they step
+            with pytest.raises(EnvError, match=r"envs \[0, 1, 2, 3\] since a step of theirs raised"):
+                pool.step(td)
+            td = pool.reset().set("action", torch.zeros(4, dtype=torch.int64))
+            assert pool.step(td)["next", "observation"].view(-1).tolist() == [1.0, 1.0, 1.0, 1.0]
     finally:
         signal.signal(signal.SIGINT, previous)
 

@@ -801,15 +801,16 @@ def test_stepping_an_env_never_reset_is_an_error_not_a_transition_of_no_episode(
     kwargs = {"backend": "process", "num_workers": 2} if backend == "process" else {}
     pool = EnvPool([functools.partial(counting, length=50)] * 3, seed=10, **kwargs)
     td = TensorDict({"action": torch.zeros(3, dtype=torch.int64)}, batch_size=[3])
-    with pytest.raises(EnvError, match=r"env 0 \(step\): envs \[0, 1, 2\] have not been reset since the pool was "
-                                       r"built: call reset\(\) first"):
+    with pytest.raises(EnvError, match=r"env 0 \(step\): these envs must be reset before they step: envs \[0, 1, 2\] "
+                                       r"since the pool was built \(never reset\)\. Call reset\(\) first"):
         pool.step(td)
     # a partial first reset: the rows it reset may step (the others frozen), not the others
     td["_reset"] = torch.tensor([[False], [True], [False]])
     td = pool.reset(td)
     assert td["observation"][1, 0] == 0  # a fresh episode, t = 0
     td["action"] = torch.zeros(3, dtype=torch.int64)
-    with pytest.raises(EnvError, match=r"env 0 \(step\): envs \[0, 2\] have not been reset"):
+    with pytest.raises(EnvError, match=r"env 0 \(step\): these envs must be reset before they step: envs \[0, 2\] "
+                                       r"since the pool was built"):
         pool.step(td)
     td["_step"] = torch.tensor([[False], [True], [False]])
     assert pool.step(td)["next", "observation"][1, 0] == 1
@@ -818,3 +819,156 @@ def test_stepping_an_env_never_reset_is_an_error_not_a_transition_of_no_episode(
     assert pool.step(td)["next", "observation"][:, 0].tolist() == [1.0, 1.0, 1.0]
     assert td["episode_seed"].view(-1).tolist() == [10, 14, 12]  # env 1 starts its second episode
     pool.close()
+
+
+class FailsOnce(CountingEnv):
+    """A counting env (episodes of ``length`` steps) that raises once: at its ``step_at``-th step call or its
+    ``reset_at``-th reset call, counting the construction probe's (one reset, one step)."""
+
+    def __init__(self, step_at=None, reset_at=None, length=50):
+        super().__init__(length=length)
+        self.step_at, self.reset_at, self.step_calls, self.reset_calls = step_at, reset_at, 0, 0
+
+    def reset(self, *, seed=None, options=None):
+        self.reset_calls += 1
+        if self.reset_calls == self.reset_at:
+            raise ValueError("reset failed once")
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        self.step_calls += 1
+        if self.step_calls == self.step_at:
+            raise ValueError("step failed once")
+        return super().step(action)
+
+
+def _fails_once_pool(backend, **where):
+    """Five FailsOnce envs, env 3 failing as ``where`` says, seed 100; the process backend with 2 workers (env 3
+    in the second)."""
+    fns = [FailsOnce] * 3 + [functools.partial(FailsOnce, **where), FailsOnce]
+    kwargs = {"backend": "process", "num_workers": 2} if backend == "process" else {}
+    return EnvPool(fns, seed=100, **kwargs)
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_envs_whose_step_raised_are_refused_until_reset_never_a_transition_from_an_unseen_state(backend):
+    # env 3 fails the pool's second step: the envs stepped before it moved with no transition returned (serial:
+    # envs 0-2; process: worker 0's), so a next step would report t 1 -> 3 as one transition
+    pool = _fails_once_pool(backend, step_at=3)
+    try:
+        td = pool.reset().set("action", torch.zeros(5, dtype=torch.int64))
+        td = pool.step(td)["next"]
+        with pytest.raises(EnvError, match=r"env 3 \(step\): ValueError: step failed once"):
+            pool.step(td.set("action", torch.zeros(5, dtype=torch.int64)))
+        refused = r"env 0 \(step\): these envs must be reset before they step: envs \[0, 1, 2, 3, 4\] since a step " \
+                  r"of theirs raised"
+        with pytest.raises(EnvError, match=refused):
+            pool.step(td)
+        td = pool.reset(td.set("_reset", torch.tensor([[False]] * 3 + [[True], [False]])))  # the failed env only
+        with pytest.raises(EnvError, match=r"envs \[0, 1, 2, 4\] since a step of theirs raised"):
+            pool.step(td)
+        with pytest.raises(EnvError, match=r"envs \[0, 1, 2, 4\] since a step of theirs raised"):  # the fused path
+            pool.rollout(2, auto_reset=False, tensordict=td, break_when_any_done=False)
+        td = pool.reset()
+        out = pool.rollout(4, auto_reset=False, tensordict=td, break_when_any_done=False)
+        assert out["observation"][:, :, 0].tolist() == [[0, 1, 2, 3]] * 5  # every row counts from its reset
+        assert out["next", "observation"][:, :, 0].tolist() == [[1, 2, 3, 4]] * 5
+        assert out["episode_seed"][:, 0, 0].tolist() == [105, 106, 107, 113, 109]  # env 3 reset alone with 108
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_rows_a_failed_step_left_alone_step_on(backend):
+    pool = _fails_once_pool(backend, step_at=2)
+    try:
+        td = pool.reset().set("action", torch.zeros(5, dtype=torch.int64))
+        td["_step"] = torch.tensor([[False], [True], [False], [True], [False]])
+        with pytest.raises(EnvError, match=r"env 3 \(step\): ValueError: step failed once"):
+            pool.step(td)
+        td["_step"] = torch.tensor([[True], [False], [True], [False], [True]])  # the rows frozen in it step on
+        assert pool.step(td)["next", "observation"][[0, 2, 4], 0].tolist() == [1, 1, 1]
+        td["_step"] = torch.tensor([[False], [True], [False], [False], [False]])
+        with pytest.raises(EnvError, match=r"env 1 \(step\): these envs must be reset before they step: envs "
+                                           r"\[1, 3\] since a step of theirs raised"):
+            pool.step(td)
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_envs_whose_reset_raised_are_refused_until_reset_and_the_retry_draws_the_same_seeds(backend):
+    # env 3 fails the second full reset: the envs reset before it started episodes (seeds 105..) whose first
+    # observation was never returned, and the seed schedule is rewound, so only a retry may step them
+    pool = _fails_once_pool(backend, reset_at=3)
+    try:
+        td = pool.reset()
+        with pytest.raises(EnvError, match=r"env 3 \(reset\): ValueError: reset failed once"):
+            pool.reset()
+        with pytest.raises(EnvError, match=r"envs \[0, 1, 2, 3, 4\] since a reset of theirs raised \(it may have "
+                                           r"started episodes whose first observation was never returned\)"):
+            pool.step(td.set("action", torch.zeros(5, dtype=torch.int64)))
+        td = pool.reset()
+        assert td["episode_seed"].view(-1).tolist() == [105, 106, 107, 108, 109]
+        assert pool.get_attr("last_seed") == [105, 106, 107, 108, 109]
+        assert td["observation"][:, 1].tolist() == pool.get_attr("episode")  # the episodes the pool reported
+        out = pool.step(td.set("action", torch.ones(5, dtype=torch.int64)))
+        assert out["next", "observation"][:, 0].tolist() == [1.0] * 5
+    finally:
+        pool.close()
+
+
+def test_a_failed_reset_of_done_rows_in_step_and_maybe_reset_refuses_the_rows_it_stepped():
+    # the step's transition is lost with the reset that raised after it: its rows moved unseen
+    fns = [functools.partial(FailsOnce, length=1 + j) for j in range(3)]
+    fns[0] = functools.partial(FailsOnce, length=1, reset_at=3)
+    pool = EnvPool(fns, seed=0)
+    try:
+        td = pool.reset().set("action", torch.zeros(3, dtype=torch.int64))
+        with pytest.raises(EnvError, match=r"env 0 \(reset\): ValueError: reset failed once"):
+            pool.step_and_maybe_reset(td)
+        with pytest.raises(EnvError, match=r"envs \[0, 1, 2\] since a step of theirs raised"):
+            pool.step(td)
+    finally:
+        pool.close()
+
+
+class RenderFailsOnce(gym.Env):
+    """Env ``index`` 1's ``render()`` raises at its 4th call (construction probe, reset, then steps)."""
+
+    metadata = {"render_modes": ["rgb_array"]}
+    observation_space = gym.spaces.Box(0, 1, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, index):
+        self.index, self.render_mode, self.renders = index, "rgb_array", 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+    def render(self):
+        self.renders += 1
+        if self.index == 1 and self.renders == 4:
+            raise ValueError("render failed")
+        return np.zeros((4, 4, 3), np.uint8)
+
+
+@pytest.mark.parametrize("kind", ["serial", "sync_vector"])
+def test_an_env_render_that_raises_is_an_env_error_of_phase_render(kind):
+    fns = [functools.partial(RenderFailsOnce, i) for i in range(3)]
+    pool = EnvPool(gym.vector.SyncVectorEnv(fns) if kind == "sync_vector" else fns, pixels=True, info_keys=[])
+    try:
+        td = pool.reset().set("action", torch.zeros(3, dtype=torch.int64))
+        td = pool.step(td)["next"].set("action", torch.zeros(3, dtype=torch.int64))
+        with pytest.raises(EnvError, match=r"\(render\): ValueError: render failed") as err:
+            pool.step(td)
+        assert err.value.phase == "render" and isinstance(err.value.__cause__, ValueError)
+        assert err.value.env_index == (1 if kind == "serial" else None)  # a vector env does not say which
+        with pytest.raises(EnvError, match=r"since a step of theirs raised"):
+            pool.step(td)
+    finally:
+        pool.close()

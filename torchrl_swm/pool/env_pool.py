@@ -43,6 +43,15 @@ from .vector import VectorBackend
 
 __all__ = ["EnvPool"]
 
+# why rows must be reset before they step (EnvPool._unreset)
+_BUILT, _STEP_RAISED, _RESET_RAISED = 1, 2, 3
+_UNRESET_WHY = {
+    _BUILT: "the pool was built (never reset)",
+    _STEP_RAISED: "a step of theirs raised (it may have moved some of them, with no transition returned)",
+    _RESET_RAISED: "a reset of theirs raised (it may have started episodes whose first observation was never "
+                   "returned)",
+}
+
 try:  # gym.make's own id lookup, which emits its version warnings (private: a later gymnasium may move it)
     from gymnasium.envs.registration import _find_spec
 except ImportError:  # pragma: no cover
@@ -274,8 +283,9 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         obs_spaces = observation_leaves(self.single_observation_space)
 
         self._seeds = SeedSchedule(n, seed, every_episode=seed_every_episode)
-        # rows not reset since construction (the probe left them mid-way); None once every row was reset
-        self._unreset: np.ndarray | None = np.ones(n, dtype=bool)
+        # rows to reset before they step, as why (_BUILT, _STEP_RAISED, _RESET_RAISED): the probe left them mid-way,
+        # or a step or reset that raised may have moved them without a transition; None once none is left
+        self._unreset: np.ndarray | None = np.full(n, _BUILT, dtype=np.int8)
         # whether every row was reset and none stepped since, and whether set_seed came then (see _set_seed)
         self._fresh = False
         self._seeded_after_reset = False
@@ -379,12 +389,21 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             self._backend.reset(rows, reset_seeds, options, episode_seeds)
         except BaseException:
             seeds.rewind(rows, saved)
+            self._must_reset(rows, _RESET_RAISED)  # some may have started an episode the caller never got
             raise
         if self._unreset is not None:
-            self._unreset[slice(None) if rows is None else rows] = False
+            self._unreset[slice(None) if rows is None else rows] = 0
             if not self._unreset.any():
                 self._unreset = None
         self._resize_frames(rows)
+
+    def _must_reset(self, rows: np.ndarray | None, why: int) -> None:
+        """Refuse to step ``rows`` (all when ``None``) until they are reset: a step or reset that raised may have
+        moved some of them (the envs before the one that raised, a worker that finished) with no transition
+        returned, so their next step would report a transition from a state the caller never saw."""
+        if self._unreset is None:
+            self._unreset = np.zeros(self.num_envs, dtype=np.int8)
+        self._unreset[slice(None) if rows is None else rows] = why
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         return self._step_rows(tensordict, tensordict.get("_step", None))
@@ -401,20 +420,30 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         if rows is not None:
             self._backend.settle()  # an interrupted step's late rewards must not land on the zeros
             self._host.arrays[("reward",)].fill(0.0)  # frozen rows report reward 0
-        self._backend.step(actions, rows)
+        try:
+            self._backend.step(actions, rows)
+        except BaseException:
+            self._must_reset(rows, _STEP_RAISED)
+            raise
         self._resize_frames(rows)
         return self._host.snapshot(self._step_keys, self.batch_size)
 
     def _refuse_unreset(self, rows: np.ndarray | None) -> None:
-        """Stepping an env never reset would continue the construction probe's step: a transition of no episode."""
+        """Stepping an env never reset would continue the construction probe's step: a transition of no episode;
+        one whose last step or reset raised, a transition from a state the caller never saw."""
         self._raise_if_closed()  # before blaming envs that are gone
         unreset = self._unreset if rows is None else self._unreset[rows]
         if unreset.any():
+            self._backend.check_ready("step")  # a dead worker, an env error owed by an interrupted step: first
             first = int(np.flatnonzero(unreset)[0]) if rows is None else int(rows[np.flatnonzero(unreset)[0]])
+            since = "; ".join(
+                f"envs {np.flatnonzero(self._unreset == why).tolist()} since {text}"
+                for why, text in _UNRESET_WHY.items() if (self._unreset == why).any()
+            )
             raise EnvError(
                 first, "step",
-                f"envs {np.flatnonzero(self._unreset).tolist()} have not been reset since the pool was built: call "
-                "reset() first (rollout, collectors and World do), or reset those rows with a '_reset' mask",
+                f"these envs must be reset before they step: {since}. Call reset() first (rollout, collectors and "
+                "World do), or reset those rows with a '_reset' mask",
             )
 
     def _skip_tensordict(self, tensordict: TensorDictBase) -> TensorDictBase:
@@ -459,7 +488,11 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         # they are zeroed now, while the done buffer still marks the rows the reset clears
         partial = done_rows.size < self.num_envs
         carried = self._carried(tensordict, self._done_mask() if partial else None)
-        self._reset_rows(done_rows)
+        try:
+            self._reset_rows(done_rows)
+        except BaseException:  # the step's transition is lost with it: its rows moved unseen
+            self._must_reset(mask_rows(step_mask, self.num_envs, "_step"), _STEP_RAISED)
+            raise
         return tensordict, self._next_root(carried, self._host.snapshot(self._reset_keys, self.batch_size), device,
                                            tensordict)
 

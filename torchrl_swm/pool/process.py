@@ -499,6 +499,12 @@ class ProcessBackend:
         before it touches the buffers itself (a frozen row's zero reward) or reads them."""
         self._drain_owed()
 
+    def check_ready(self, command: str) -> None:
+        """Raise what would stop ``command`` before it reaches an env: an env error of an interrupted command, a
+        dead worker (the pool reports these before refusing rows of its own accord)."""
+        self._drain_owed()
+        self._refuse_after_a_dead_worker(command)
+
     def step(self, actions: np.ndarray, rows) -> None:
         self._drain_owed()  # an interrupted step's workers may still read the action buffer (and may have died)
         self._refuse_after_a_dead_worker("step")

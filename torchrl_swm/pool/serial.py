@@ -193,6 +193,9 @@ class InProcessBackend:
     def settle(self) -> None:
         """Nothing writes the buffers behind the pool's back here (see ``ProcessBackend.settle``)."""
 
+    def check_ready(self, command: str) -> None:
+        """Raise what would stop ``command`` before it reaches an env (see ``ProcessBackend.check_ready``)."""
+
 
 class SerialBackend(InProcessBackend):
     """Steps envs ``first .. first + len(env_fns) - 1`` in this process.

@@ -261,6 +261,9 @@ class VectorBackend(InProcessBackend):
         )
         return EnvError(None, phase, f"{text}{where}")
 
+    def check_ready(self, command: str) -> None:
+        self._check_workers(command)
+
     def _check_workers(self, phase: str) -> None:
         dead = self._shut_down_workers()
         if dead:
@@ -279,7 +282,10 @@ class VectorBackend(InProcessBackend):
         return None if first is None else int(first)  # natively batched envs take one seed for the batch
 
     def _render(self) -> np.ndarray:
-        frames = self.venv.render()
+        try:
+            frames = self.venv.render()
+        except Exception as err:
+            raise self._env_failure(err, "render", None) from err
         try:
             frames = np.stack(frames)
         except Exception as err:
