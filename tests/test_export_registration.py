@@ -42,6 +42,22 @@ def test_batched_factory_make_vec_builds_one_batched_env():
     envs.close()
 
 
+def test_make_vec_picks_the_autoreset_mode_of_a_registered_batched_factory():
+    # gymnasium passes a vector entry point's arguments as kwargs: autoreset_mode= is the export's, not the pool's
+    env_id = _id("Pool")
+    register_gymnasium_env(env_id, pool_factory)
+    for mode, expected in [(AutoresetMode.SAME_STEP, AutoresetMode.SAME_STEP), ("disabled", AutoresetMode.DISABLED),
+                           (None, AutoresetMode.NEXT_STEP)]:
+        kwargs = {} if mode is None else {"autoreset_mode": mode}
+        envs = gym.make_vec(env_id, num_envs=3, **kwargs)
+        assert envs.metadata["autoreset_mode"] is expected and envs.autoreset_mode is expected
+        envs.reset(seed=0)
+        envs.step(np.zeros(3, np.int64))
+        envs.close()
+    with pytest.raises(ValueError, match=r"autoreset_mode"):
+        gym.make_vec(env_id, num_envs=3, autoreset_mode="sometimes")
+
+
 def test_batched_factory_make_builds_one_env():
     env_id = _id("Pool")
     register_gymnasium_env(env_id, functools.partial(EnvPool, "CartPole-v1"), max_episode_steps=20)

@@ -17,7 +17,7 @@ from torchrl.data import Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase, StepCounter, TransformedEnv
 
 from envs import CountingEnv, DictObsEnv, InfoEnv, counting, sparse_info
-from torchrl_swm import EnvError, EnvPool, to_gymnasium
+from torchrl_swm import EnvError, EnvPool, SpecError, to_gymnasium
 from torchrl_swm.benchmarks.export import ACT, LAT, MLPWorldModelEnv, make_model, world_model_env
 from torchrl_swm.export import TorchRLVectorEnv
 
@@ -172,6 +172,50 @@ def test_info_keys_and_observation_keys_can_be_chosen():
     assert set(infos) == {"t", "_t"}
     envs = to_gymnasium(EnvPool([functools.partial(CountingEnv, length=2)] * 2), info_keys=[])
     assert envs.reset(seed=0)[1] == {}
+
+
+class OwnSeedInfoEnv(gym.Env):
+    """Reports an ``"episode_seed"`` info of its own (a level id), as the pool names its root leaf."""
+
+    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.level = 1000 + int(self.np_random.integers(100))
+        return np.zeros(1, np.float32), {"episode_seed": self.level, "goal": np.array([0.5, -0.5], np.float32)}
+
+    def step(self, action):
+        return np.zeros(1, np.float32), 0.0, self.level % 2 == 0, False, {"episode_seed": self.level,
+                                                                           "goal": np.array([0.5, -0.5], np.float32)}
+
+
+@pytest.mark.parametrize("mode", ["next_step", "same_step"])
+def test_an_envs_own_info_named_like_a_pool_leaf_is_exported_as_sync_vector_env_shows_it(mode):
+    # the pool's root "episode_seed" and the env's ("info", "episode_seed") would both go to infos["episode_seed"]
+    envs = to_gymnasium(EnvPool([OwnSeedInfoEnv] * 3, seed=0, seed_every_episode=False), autoreset_mode=mode)
+    modes = {"next_step": AutoresetMode.NEXT_STEP, "same_step": AutoresetMode.SAME_STEP}
+    sync = gym.vector.SyncVectorEnv([OwnSeedInfoEnv] * 3, autoreset_mode=modes[mode])
+    assert_same(envs.reset(seed=0)[1], sync.reset(seed=0)[1], "reset infos")
+    for t in range(6):
+        (obs, reward, term, trunc, infos), expected = envs.step(np.zeros(3, np.int64)), sync.step(np.zeros(3, np.int64))
+        assert_same((obs, term, trunc, infos), tuple(expected[i] for i in (0, 2, 3, 4)), f"step {t}")
+        assert np.array_equal(reward, expected[1])  # float32 against float64: the values
+    with pytest.raises(SpecError, match=r"info leaves \('info', 'episode_seed'\) and \('episode_seed',\) would both "
+                                        r"go to info\['episode_seed'\]: choose one of them with info_keys="):
+        to_gymnasium(EnvPool([OwnSeedInfoEnv] * 3), info_keys=[("info", "episode_seed"), "episode_seed"])
+    chosen = to_gymnasium(EnvPool([OwnSeedInfoEnv] * 3, seed=0), info_keys=["episode_seed"])
+    assert chosen.reset(seed=0)[1]["episode_seed"].tolist() == [0, 1, 2]  # the pool's, when chosen alone
+
+
+def test_an_info_leaf_chosen_as_an_observation_has_the_infos_shape():
+    envs = to_gymnasium(EnvPool([OwnSeedInfoEnv] * 3, seed=0), observation_keys=["observation", ("info", "goal")])
+    assert envs.single_observation_space["info"]["goal"] == gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    obs, infos = envs.reset(seed=0)
+    assert obs["info"]["goal"].shape == infos["goal"].shape == (3, 2) and obs in envs.observation_space
+    assert np.array_equal(obs["info"]["goal"], np.tile([0.5, -0.5], (3, 1)))
+    obs = envs.step(np.zeros(3, np.int64))[0]
+    assert obs["info"]["goal"].shape == (3, 2) and obs in envs.observation_space
 
 
 def test_dict_observation_space_and_nested_keys():

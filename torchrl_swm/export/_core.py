@@ -498,10 +498,10 @@ class Layout:
             wanted = [info_keys] if isinstance(info_keys, (str, tuple)) else info_keys
             info = self._select(spec, leaves, wanted, "info_keys")
             info = [k for k in info if k[0] != "info_mask"]
-        self.info_leaves = [
+        self.info_leaves = self._without_clashes([
             _info_leaf(k, _unbatch(spec[k], ndim, f"{self.name}: observation_spec[{k}]"), package, self.name)
             for k in info
-        ]
+        ], chosen=info_keys is not None)
         # presence masks: ("info_mask", *path) says where ("info", *path) was reported
         masks = {k[1:]: k for k in leaves if k[0] == "info_mask"}
         self.info_mask_leaves: list[Leaf] = []
@@ -552,13 +552,17 @@ class Layout:
         own_paths = self._pool_dict_paths()
         for key in obs:
             leaf_spec = _unbatch(spec[key], ndim, f"{self.name}: observation_spec[{key}]")
+            # an info leaf chosen as an observation loses the package's time dim of 1, as it does as an info
+            squeeze = package and key[0] in _INFO_ROOT_KEYS and len(leaf_spec.shape) >= 1 and leaf_spec.shape[0] == 1
+            if squeeze:
+                leaf_spec = leaf_spec[0]
             space = spaces.get(key)
             path = key
             if space is None:
                 space = spec_to_space(leaf_spec, name=f"{self.name}: observation_spec[{key}]")
             else:  # the pool's own leaf: under the env's own Dict keys (1, not the TensorDict key "1")
                 path = own_paths.get(key, key)
-            self.obs_leaves.append(Leaf(key, path, leaf_spec, space, np.dtype(space.dtype), device=self.device))
+            self.obs_leaves.append(Leaf(key, path, leaf_spec, space, np.dtype(space.dtype), squeeze, device=self.device))
         # one env's row of a Box leaf of shape () is a 0-d array, as gymnasium envs return it (a Discrete's a scalar)
         self.obs_is_box = [isinstance(leaf.space, gym.spaces.Box) for leaf in self.obs_leaves]
         if self.single_leaf:
@@ -566,6 +570,28 @@ class Layout:
         else:
             pool_space = None if self._pool is None else self._pool.single_observation_space
             self.single_observation_space = _nest_space(self.obs_leaves, pool_space)
+
+    def _without_clashes(self, leaves: list[Leaf], chosen: bool) -> list[Leaf]:
+        """Info leaves that go to different places of the info dict. An env's own info named like one of the
+        pool's root leaves (an ``("info", "episode_seed")`` and the pool's ``"episode_seed"``) would overwrite
+        it: by default the env's own wins, as ``SyncVectorEnv`` shows it; leaves chosen with ``info_keys`` that
+        clash are an error."""
+
+        def clash(a: Leaf, b: Leaf) -> bool:
+            n = min(len(a.path), len(b.path))
+            return a.path[:n] == b.path[:n]
+
+        if not chosen:
+            own = [leaf for leaf in leaves if leaf.key[0] == "info"]
+            leaves = [leaf for leaf in leaves if leaf.key[0] == "info" or not any(clash(leaf, o) for o in own)]
+        for i, a in enumerate(leaves):
+            for b in leaves[i + 1:]:
+                if clash(a, b):
+                    raise SpecError(
+                        f"{self.name}: info leaves {a.key} and {b.key} would both go to info[{a.path[0]!r}]: choose "
+                        f"one of them with info_keys="
+                    )
+        return leaves
 
     def _select(self, spec: Composite, leaves: list[Key], wanted, what) -> list[Key]:
         out = []

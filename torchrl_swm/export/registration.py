@@ -124,11 +124,14 @@ class _VectorEntryPoint:
     def __init__(self, factory, export_kwargs):
         self.factory, self.export_kwargs = factory, export_kwargs
 
-    def __call__(self, num_envs: int, max_episode_steps: int | None = None, **kwargs):
+    def __call__(self, num_envs: int, max_episode_steps: int | None = None, autoreset_mode=None, **kwargs):
+        from ._core import autoreset_mode as _mode
         from .vector_env import TorchRLVectorEnv
 
-        env = _build_batched(self.factory, num_envs, kwargs)
         export_kwargs = dict(self.export_kwargs)
+        if autoreset_mode is not None:  # make_vec(id, N, autoreset_mode=...): the export's mode, not the factory's
+            export_kwargs["autoreset_mode"] = _mode(autoreset_mode)  # a bad mode fails before envs are built
+        env = _build_batched(self.factory, num_envs, kwargs)
         if max_episode_steps is not None:  # the export leaves its "step_count" out of the observation
             from torchrl.envs import StepCounter, TransformedEnv
 
@@ -169,7 +172,10 @@ def register_gymnasium_env(
     Keyword Args:
         batched: whether the factory is batched; by default, whether it has a
             ``num_envs`` parameter.
-        autoreset_mode: the vector env's mode (``make_vec`` with a batched factory).
+        autoreset_mode: the vector env's mode (``make_vec`` with a batched factory);
+            ``gym.make_vec(id, N, autoreset_mode=...)`` picks another for that vector env
+            (gymnasium passes a vector entry point's arguments as keyword arguments, not
+            ``vector_kwargs``).
         numpy, observation_keys, info_keys: as :func:`torchrl_swm.to_gymnasium`.
         max_episode_steps, reward_threshold, nondeterministic: gymnasium's spec fields.
         kwargs: default keyword arguments for the factory.
