@@ -660,6 +660,28 @@ def test_a_dataset_being_committed_to_is_read_again_not_called_damaged(tmp_path)
         load_dataset(tmp_path / "ds")
 
 
+def test_a_dataset_caught_between_compaction_and_its_last_dataset_json_is_read_again(tmp_path):
+    # a finished collect compacts the storage to num_steps rows, then writes dataset.json (complete, storage_rows):
+    # in between, dataset.json still gives the capacity, and the compacted files look cut short
+    World(counting_pool(2)).collect(tmp_path / "ds", 3, seed=0, max_steps=10, progress=False)
+    dataset_json = tmp_path / "ds" / "dataset.json"
+    final = dataset_json.read_text()
+    meta = json.loads(final)
+    expected = load_dataset(tmp_path / "ds").td.to_dict()
+    dataset_json.write_text(json.dumps({**meta, "complete": False, "storage_rows": 10 * meta["num_steps"]}))
+    timer = threading.Timer(0.1, dataset_json.write_text, args=(final,))
+    timer.start()
+    try:
+        ds = load_dataset(tmp_path / "ds")
+    finally:
+        timer.join()
+    assert ds.metadata["complete"] is True
+    assert (ds.td == TensorDict(expected, batch_size=ds.td.batch_size)).all()
+    dataset_json.write_text(json.dumps({**meta, "complete": False, "storage_rows": 10 * meta["num_steps"]}))
+    with pytest.raises(DatasetError, match=r"is cut short.*still being written"):
+        load_dataset(tmp_path / "ds")
+
+
 @pytest.mark.parametrize("damage", ["shape", "dtype", "storage_rows", "no_episode"])
 def test_a_storage_that_disagrees_with_dataset_json_is_a_dataset_error(tmp_path, damage):
     # the storage's own meta.json would reshape (or reinterpret) the rows without a word

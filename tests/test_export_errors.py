@@ -1,5 +1,7 @@
 """Bad input gets clear errors, never silent reshaping."""
 
+import functools
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ from tensordict import TensorDict
 from torchrl.data import Composite, NonTensor, Unbounded
 from torchrl.envs import EnvBase, GymEnv
 
-from torchrl_swm import EnvPool, SpecError, WorldModelEnv, to_gymnasium
+from torchrl_swm import EnvError, EnvPool, SpecError, WorldModelEnv, to_gymnasium
 from torchrl_swm.benchmarks.export import ACT, MLPWorldModelEnv
 
 
@@ -464,4 +466,45 @@ def test_a_step_counter_that_flags_truncated_without_ending_episodes_is_refused(
     envs = to_gymnasium(fine)
     envs.reset(seed=0)
     assert [envs.step(np.zeros(2, np.int64))[3].tolist() for _ in range(3)][-1] == [True, True]
+    envs.close()
+
+
+class _StepFailsOnce(gym.Env):
+    """obs ``[t]``; episodes of ``length`` steps; raises at its ``fail_at``-th step call (the pool's probe counts)."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, length=50, fail_at=None):
+        self.length, self.fail_at, self.calls, self.t = length, fail_at, 0, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0], np.float32), {}
+
+    def step(self, action):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise ValueError("step failed once")
+        self.t += 1
+        return np.array([self.t], np.float32), 1.0, self.t >= self.length, False, {}
+
+
+@pytest.mark.parametrize("mode", ["next_step", "same_step", "disabled"])
+def test_after_a_step_that_raised_reset_then_step_moves_every_env(mode):
+    # NEXT_STEP froze env 0 (finished) with "_step" in the step that raised: that mask must not outlive it
+    fns = [functools.partial(_StepFailsOnce, length=2), _StepFailsOnce, functools.partial(_StepFailsOnce, fail_at=4)]
+    envs = to_gymnasium(EnvPool(fns, seed=0), autoreset_mode=mode)
+    envs.reset(seed=0)
+    for _ in range(2):
+        envs.step(np.zeros(3, np.int64))
+    if mode == "disabled":
+        envs.reset(options={"reset_mask": np.array([True, False, False])})
+    with pytest.raises(EnvError, match=r"env 2 \(step\): ValueError: step failed once"):
+        envs.step(np.zeros(3, np.int64))
+    obs, _ = envs.reset()
+    assert obs[:, 0].tolist() == [0.0, 0.0, 0.0]
+    obs, reward, *_ = envs.step(np.ones(3, np.int64))
+    assert obs[:, 0].tolist() == [1.0, 1.0, 1.0] and reward.tolist() == [1.0, 1.0, 1.0]
     envs.close()

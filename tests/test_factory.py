@@ -7,7 +7,7 @@ import functools
 import gymnasium as gym
 import pytest
 import torch
-from envs import counting
+from envs import CountingEnv, counting
 from torchrl.envs import TransformedEnv
 from wm_models import ACT1, OBS3, CountingModel, PointMass
 
@@ -45,6 +45,9 @@ def test_gym_backend_with_factories_and_default_num_envs():
     pool.close()
     pool = make_env("CartPole-v1")
     assert pool.num_envs == 1
+    pool.close()
+    pool = make_env(CountingEnv)  # one factory (an env class): one env, as for an id
+    assert isinstance(pool, EnvPool) and pool.num_envs == 1
     pool.close()
 
 

@@ -94,6 +94,13 @@ def test_invalid_states_are_rejected():
         PointMazeEnv(layout="nope")
     with pytest.raises(ValueError, match="enclosed"):
         PointMazeEnv(layout=["...", "#.#"])
+    # two rooms: start and target in different rooms would never meet (corners do not connect cells)
+    for layout, cut_off in ((["#####", "#.#.#", "#####"], r"\[\(1, 3\)\]"),
+                            (["####", "#.##", "##.#", "####"], r"\[\(2, 2\)\]")):
+        with pytest.raises(ValueError, match=rf"every free cell must be reachable .* cells {cut_off} \(row, column\) "
+                                             r"are cut off from \(1, 1\)"):
+            PointMazeEnv(layout=layout)
+    PointMazeEnv(layout=["#####", "#...#", "#.#.#", "#####"])  # around a wall: fine
     # geometry that would fail at reset, freeze the agent or make the goal unreachable is refused up front
     for kwargs, error, message in (
         ({"agent_radius": 0.6}, ValueError, r"agent_radius must be in \(0.0, 0.45\], got 0.6"),

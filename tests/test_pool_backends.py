@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 import torch
 from envs import ActionRecordingEnv, CountingEnv, DictObsEnv, FailingEnv, StubbornFailingEnv, counting, sparse_info
+from gymnasium.envs.classic_control import CartPoleEnv
 from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict
 from torchrl.envs.utils import check_env_specs
 from torchrl.testing import rollout_consistency_assertion
 
-from torchrl_swm import EnvError, EnvPool, SpecError
+from torchrl_swm import EnvError, EnvPool, SpecError, World
 
 
 def drive(pool, steps, seed=0, step_masks=None, reset_at=None):
@@ -735,6 +736,36 @@ def test_env_spec_of_a_make_vec_pool_gives_the_time_limit_its_rows_run_under(mod
     try:
         assert pool.env_spec.id == "CartPole-v1"
         assert pool.env_spec.max_episode_steps == (500 if limit is None else limit)
+    finally:
+        pool.close()
+
+
+def test_env_spec_of_an_async_vector_env_whose_spec_does_not_pickle_leaves_the_workers_alone():
+    # a lambda entry point (or an env class defined in __main__) does not pickle: fetching the sub-envs' spec
+    # through the AsyncVectorEnv's pipes would make gymnasium shut its workers down
+    gym.register("tests/LambdaCartPole-v0", entry_point=lambda **kw: CartPoleEnv(**kw), max_episode_steps=30)
+    pool = EnvPool(gym.make_vec("tests/LambdaCartPole-v0", 2, vectorization_mode="async"), seed=0)
+    try:
+        assert pool.env_spec.id == "tests/LambdaCartPole-v0" and pool.env_spec.max_episode_steps == 30
+        result = World(pool).evaluate(4, seed=0, progress=False)
+        assert result["env_time_limit"] == 30 and (result["episode_lengths"] <= 30).all()
+        assert pool.reset()["observation"].shape == (2, 4)  # the workers are alive
+    finally:
+        pool.close()
+
+
+def test_a_worker_that_died_while_idle_is_named_before_rows_are_refused():
+    fns = [functools.partial(counting, length=50)] * 3 + [functools.partial(FailingEnv, fail_at=2)]
+    pool = EnvPool(fns, seed=0, backend="process", num_workers=2)
+    try:
+        td = pool.reset().set("action", torch.zeros(4, dtype=torch.int64))
+        with pytest.raises(EnvError, match=r"env 3 \(step\): ValueError: boom"):
+            pool.step(td)
+        os.kill(pool._backend.pids[0], signal.SIGKILL)
+        pool._backend._processes[0].join(10)
+        with pytest.raises(EnvError, match=r"worker 0 \(envs 0..1, pid \d+\) died with exit code -9: the pool cannot "
+                                           r"step or reset"):
+            pool.step(td)
     finally:
         pool.close()
 

@@ -473,6 +473,27 @@ def test_process_backend_interrupted_step_does_not_desync_the_replies():
         assert pool.get_attr("t") == [1, 1]
 
 
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_vector_pool_after_an_interrupted_step(kind):
+    # a SyncVectorEnv's envs step again once reset; an AsyncVectorEnv still waits for the interrupted call's
+    # answers and cannot step or reset again: said as such, not "call reset() first"
+    fns = [functools.partial(SlowEnv, 0.5)] * 2
+    pool = EnvPool(gym.vector.AsyncVectorEnv(fns) if kind == "async" else gym.vector.SyncVectorEnv(fns), seed=0)
+    try:
+        td = _step_interrupted(pool, 0.15)
+        if kind == "async":
+            with pytest.raises(EnvError, match=r"the AsyncVectorEnv still waits for the answers of an interrupted "
+                                               r"call \(step\); it cannot step or reset again"):
+                pool.step(td)
+        else:
+            with pytest.raises(EnvError, match=r"envs \[0, 1\] since a step of theirs raised"):
+                pool.step(td)
+            td = pool.reset().set("action", torch.zeros(2, dtype=torch.int64))
+            assert pool.step(td)["next", "observation"].view(-1).tolist() == [1.0, 1.0]
+    finally:
+        pool.close()
+
+
 class SlowExitingEnv(SlowEnv):
     """A :class:`SlowEnv` whose worker process exits (code 3) in its first step after the probe."""
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
+from torchrl.envs import StepCounter, TransformedEnv
 from envs import CountingEnv, DictObsEnv, FailingEnv, counting
 
 from torchrl_swm import EnvError, EnvPool, SpecError
@@ -918,17 +919,45 @@ def test_envs_whose_reset_raised_are_refused_until_reset_and_the_retry_draws_the
         pool.close()
 
 
-def test_a_failed_reset_of_done_rows_in_step_and_maybe_reset_refuses_the_rows_it_stepped():
-    # the step's transition is lost with the reset that raised after it: its rows moved unseen
+@pytest.mark.parametrize("transformed", [False, True])
+def test_a_failed_reset_of_done_rows_in_step_and_maybe_reset_refuses_the_rows_it_stepped(transformed):
+    # the step's transition is lost with the reset that raised after it: its rows moved unseen (a TransformedEnv
+    # takes TorchRL's generic step_and_maybe_reset: the pool sees a step, then a reset)
     fns = [functools.partial(FailsOnce, length=1 + j) for j in range(3)]
     fns[0] = functools.partial(FailsOnce, length=1, reset_at=3)
     pool = EnvPool(fns, seed=0)
+    env = TransformedEnv(pool, StepCounter()) if transformed else pool
+    try:
+        td = env.reset().set("action", torch.zeros(3, dtype=torch.int64))
+        with pytest.raises(EnvError, match=r"env 0 \(reset\): ValueError: reset failed once"):
+            env.step_and_maybe_reset(td.clone())
+        td["_step"] = torch.tensor([[False], [True], [False]])  # env 1 alone: t 0 -> 2 would be one transition
+        with pytest.raises(EnvError, match=r"envs \[0\] since a reset of theirs raised .*; envs \[1, 2\] since their "
+                                           r"last step, which a reset that raised followed at once"):
+            env.step(td)
+        td = env.reset().set("action", torch.zeros(3, dtype=torch.int64))
+        assert env.step(td)["next", "observation"][:, 0].tolist() == [1.0, 1.0, 1.0]
+    finally:
+        pool.close()
+
+
+def test_a_reset_that_raises_after_a_delivered_step_refuses_that_steps_rows_too():
+    # the pool cannot tell TorchRL's step_and_maybe_reset from a step whose output was delivered: a reset that
+    # raises right after a step asks for those rows to be reset as well (a full reset, the usual recovery, does)
+    fns = [functools.partial(FailsOnce, length=1, reset_at=3), FailsOnce, FailsOnce]
+    pool = EnvPool(fns, seed=0)
     try:
         td = pool.reset().set("action", torch.zeros(3, dtype=torch.int64))
-        with pytest.raises(EnvError, match=r"env 0 \(reset\): ValueError: reset failed once"):
-            pool.step_and_maybe_reset(td)
-        with pytest.raises(EnvError, match=r"envs \[0, 1, 2\] since a step of theirs raised"):
-            pool.step(td)
+        td["_step"] = torch.tensor([[True], [True], [False]])
+        out = pool.step(td)
+        with pytest.raises(EnvError, match=r"env 0 \(reset\)"):
+            pool.reset(out["next"].set("_reset", torch.tensor([[True], [False], [False]])))
+        td["_step"] = torch.tensor([[False], [False], [True]])  # env 2 did not step: it steps on
+        assert pool.step(td)["next", "observation"][2, 0] == 1
+        with pytest.raises(EnvError, match=r"envs \[0\] since a reset .*; envs \[1\] since their last step"):
+            pool.step(td.set("_step", torch.tensor([[False], [True], [False]])))
+        td = pool.reset().set("action", torch.zeros(3, dtype=torch.int64))
+        assert pool.step(td)["next", "observation"][:, 0].tolist() == [1.0, 1.0, 1.0]
     finally:
         pool.close()
 

@@ -160,8 +160,10 @@ def _pool_quitting_at(step):
 
 def test_a_worker_exiting_with_code_0_mid_collection_is_a_failure():
     # os._exit(0) in an env leaves no traceback anywhere: the collection must still fail
+    # total_frames is far more than the healthy worker alone collects before the other's start-up (spawn, imports)
+    # and quit, even on a loaded machine: the collection cannot end healthy first
     collector = MultiAsyncCollector([make_pool_factory(0), functools.partial(_pool_quitting_at, 2)], None,
-                                    frames_per_batch=N * T, total_frames=N * T * 2)
+                                    frames_per_batch=N * T, total_frames=N * T * 10_000)
     with pytest.raises(RuntimeError, match=r"worker 1 \(exit code 0"):
         for _ in raise_on_worker_failure(collector):
             pass

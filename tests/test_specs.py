@@ -1,5 +1,7 @@
 """Space <-> spec conversion (torchrl_swm.specs)."""
 
+import re
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -52,6 +54,14 @@ def test_unsupported_space_names_the_type(space):
     with pytest.raises(SpecError, match=type(space).__name__) as info:
         space_to_spec(space, name="observation_space")
     assert "expected one of Box, Discrete" in str(info.value)
+
+
+@pytest.mark.parametrize("key", [1, 0.5, ""])
+def test_a_dict_key_that_is_not_a_non_empty_string_is_a_spec_error_naming_it(key):
+    # TorchRL would raise its own bare TypeError; EnvPool renames a single env's int keys itself
+    with pytest.raises(SpecError, match=rf"obs\['outer'\]: Dict key {re.escape(repr(key))} \({type(key).__name__}\): "
+                                        r"expected a non-empty string"):
+        space_to_spec(gym.spaces.Dict({"outer": gym.spaces.Dict({key: gym.spaces.Discrete(2)})}), name="obs")
 
 
 def test_unsupported_leaf_inside_dict_names_the_key():

@@ -526,6 +526,18 @@ def test_discovered_method_whose_names_contradict_its_arguments_is_an_adapter_er
     box = gym.spaces.Box(-1, 1, (2,))
     with pytest.raises(AdapterError, match=r"model.reset .*parameter 'options' would receive the seed"):
         WorldModelEnv(ResetOptionsFirst(), box, box, num_envs=3, transition_fn=lambda s, a: s + a)
+    # a parameter named for an argument its method would never get: reproducibility lost without a word
+    class ResetOptionsDefault:
+        def reset(self, options=None, seed=None):  # called as reset(): both lost
+            return torch.zeros(3, 2)
+
+    class ResetBatchSizeFirst:
+        def reset(self, batch_size=None, seed=None):  # called as reset(): the seed lost
+            return torch.zeros(3, 2)
+
+    for model, lost in ((ResetOptionsDefault(), "options"), (ResetBatchSizeFirst(), "seed")):
+        with pytest.raises(AdapterError, match=rf"model.reset .*parameter '{lost}' would never receive the {lost}"):
+            WorldModelEnv(model, box, box, num_envs=3, transition_fn=lambda s, a: s + a)
     # names that say nothing keep the seed's positional rule; a model-like name is the model's own business
     assert discover_transition(type("M", (), {"step": lambda self, net, a: net})()).form == ("state", "action")
 

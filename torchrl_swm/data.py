@@ -57,7 +57,7 @@ from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 
 from .errors import check_int, describe
 
-# pauses (s) between reads of a storage that a collection may be committing to (see WorldDataset._load_storage)
+# pauses (s) between reads of a dataset that a collection may be writing (see WorldDataset.__init__)
 _LIVE_READ_PAUSES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4)
 
 __all__ = ["load_dataset", "WorldDataset", "DatasetWriter", "DatasetError", "FORMAT", "FORMAT_VERSION"]
@@ -489,6 +489,24 @@ class WorldDataset:
         meta_path = self.path / METADATA_FILE
         if not meta_path.exists():
             raise DatasetError(f"{str(self.path)!r} is not a torchrl_swm dataset: {METADATA_FILE} is missing")
+        # A collection in progress rewrites the storage's meta.json files at each commit (TorchRL's dumps) and
+        # compacts the storage at its end before dataset.json says so: a reader can catch either half done. A
+        # dataset not yet complete is read again, from dataset.json on, for about a second before it is called
+        # damaged.
+        for pause in (*_LIVE_READ_PAUSES, None):
+            try:
+                self._open(meta_path)
+                return
+            except DatasetError as err:
+                if not isinstance(self.metadata, dict) or self.metadata.get("complete") is not False:
+                    raise
+                if pause is None:
+                    raise DatasetError(f"{err} (or still being written: a collect in progress?)") from err
+                time.sleep(pause)
+
+    def _open(self, meta_path: Path) -> None:
+        """Read ``dataset.json`` and map the storage, checked against it."""
+        self.metadata = {}
         try:
             self.metadata = json.loads(meta_path.read_text())
         except json.JSONDecodeError as err:
@@ -522,22 +540,12 @@ class WorldDataset:
         self._obs_keys = None
 
     def _load_storage(self, storage: Path) -> TensorDictBase:
-        """The storage, memory-mapped. A collection in progress rewrites the storage's ``meta.json`` files at each
-        commit (TorchRL's ``dumps``), so a reader can catch one half written: a dataset not yet complete is read
-        again for about a second before it is called damaged."""
-        pauses = _LIVE_READ_PAUSES if self.metadata.get("complete") is False else ()
-        for pause in pauses:
-            try:
-                return _copy_on_write(TensorDict.load_memmap(storage))
-            except Exception:
-                time.sleep(pause)
         try:
             return _copy_on_write(TensorDict.load_memmap(storage))
         except Exception as err:  # a file tensordict needs is gone or damaged (meta.json...)
-            live = " or still being written (a collect in progress?)" if pauses else ""
             raise DatasetError(
                 f"{str(self.path)!r}: the storage cannot be read ({type(err).__name__}: {err}); the dataset is "
-                f"damaged or incomplete (a partial copy?){live}"
+                "damaged or incomplete (a partial copy?)"
             ) from err
 
     def _check_entries(self, full: TensorDictBase) -> None:

@@ -203,10 +203,13 @@ def make_env(target, backend: str = "auto", **kwargs):
 
 
 def _gym_backend(target, num_envs: int | None = None, **kwargs):
+    import gymnasium as gym
+
     from .pool import EnvPool
 
-    if isinstance(target, str) and num_envs is None:
-        num_envs = 1
+    one_factory = callable(target) and not isinstance(target, (gym.Env, Sequence))
+    if num_envs is None and (isinstance(target, str) or one_factory):
+        num_envs = 1  # an id or one factory (a class...): one env, as gym.make gives
     return EnvPool(target, num_envs=num_envs, **kwargs)
 
 

@@ -284,6 +284,12 @@ def space_to_spec(
         shape = (space.n,) if isinstance(space.n, (int, np.integer)) else tuple(space.n)
         return Binary(shape=shape, dtype=torch_dtype(space.dtype), device=device)
     if isinstance(space, gym.spaces.Dict):
+        odd = [key for key in space.spaces if not isinstance(key, str) or not key]
+        if odd:  # TorchRL's Composite takes non-empty string keys (EnvPool renames a single env's int keys itself)
+            raise SpecError(
+                f"{name}: Dict key {odd[0]!r} ({type(odd[0]).__name__}): expected a non-empty string (TorchRL "
+                "specs and tensordicts are keyed by strings); name the entry with a string"
+            )
         return Composite(
             {
                 key: space_to_spec(sub, categorical=categorical, device=device, name=f"{name}[{key!r}]", action=action)

@@ -98,6 +98,14 @@ def _parse_layout(layout) -> np.ndarray:
         raise ValueError("PointMaze: a layout needs at least two free cells")
     if not (walls[0].all() and walls[-1].all() and walls[:, 0].all() and walls[:, -1].all()):
         raise ValueError("PointMaze: the layout must be enclosed by walls ('#' on every border cell)")
+    free = [tuple(int(i) for i in cell) for cell in np.argwhere(~walls)]
+    reached = _bfs_parents(walls, free[0])
+    cut_off = [cell for cell in free if cell not in reached]
+    if cut_off:  # episodes start and end in random free cells: some would never reach their target
+        raise ValueError(
+            f"PointMaze: every free cell must be reachable from every other (through side-by-side free cells), but "
+            f"cells {cut_off[:5]}{' ...' if len(cut_off) > 5 else ''} (row, column) are cut off from {free[0]}"
+        )
     return walls
 
 
@@ -350,23 +358,29 @@ class PointMazeEnv(gym.Env):
 
 
 # -- a scripted expert: shortest path over cells, then a PD controller ----------------------------
+def _bfs_parents(walls: np.ndarray, goal: tuple[int, int]) -> dict:
+    """Breadth-first search from ``goal`` over free cells (4-connected): ``{cell: the next cell towards goal}``
+    for every cell that reaches it."""
+    parents = {goal: goal}
+    queue = deque([goal])
+    while queue:
+        cur = queue.popleft()
+        for dr, dc in ((1, 0), (-1, 0), (0, 1), (0, -1)):
+            nxt = (cur[0] + dr, cur[1] + dc)
+            if not walls[nxt] and nxt not in parents:
+                parents[nxt] = cur
+                queue.append(nxt)
+    return parents
+
+
 def _next_waypoints(walls: np.ndarray, starts: np.ndarray, goals: np.ndarray) -> np.ndarray:
     """For each (start cell, goal cell), the centre of the next cell on a shortest path."""
     out = np.empty((len(starts), 2), dtype=np.float64)
     cache: dict[tuple[int, int], dict] = {}
     for i, (s, g) in enumerate(zip(map(tuple, starts), map(tuple, goals))):
         parents = cache.get(g)
-        if parents is None:  # BFS from the goal: parents point one step closer to it
-            parents = {g: g}
-            queue = deque([g])
-            while queue:
-                cur = queue.popleft()
-                for dr, dc in ((1, 0), (-1, 0), (0, 1), (0, -1)):
-                    nxt = (cur[0] + dr, cur[1] + dc)
-                    if not walls[nxt] and nxt not in parents:
-                        parents[nxt] = cur
-                        queue.append(nxt)
-            cache[g] = parents
+        if parents is None:
+            parents = cache[g] = _bfs_parents(walls, g)
         step = parents.get(s, s)
         out[i] = (step[1] + 0.5, step[0] + 0.5)
     return out

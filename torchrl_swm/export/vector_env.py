@@ -297,7 +297,13 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
             if mode is AutoresetMode.SAME_STEP:
                 return self._step_same(root)
             if mode is AutoresetMode.NEXT_STEP:
-                return self._step_next(root)
+                try:
+                    return self._step_next(root)
+                except BaseException:
+                    # the rows it froze must not stay frozen: the next reset() reuses this root for the envs
+                    # it leaves alone, and a stale "_step" would make the step after it do nothing
+                    root.pop("_step", None)
+                    raise
             return self._step_disabled(root)
 
     # -- the three modes -----------------------------------------------------------------

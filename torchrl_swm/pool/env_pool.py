@@ -44,13 +44,16 @@ from .vector import VectorBackend
 __all__ = ["EnvPool"]
 
 # why rows must be reset before they step (EnvPool._unreset)
-_BUILT, _STEP_RAISED, _RESET_RAISED = 1, 2, 3
+_BUILT, _STEP_RAISED, _RESET_RAISED, _STEP_LOST = 1, 2, 3, 4
 _UNRESET_WHY = {
     _BUILT: "the pool was built (never reset)",
     _STEP_RAISED: "a step of theirs raised (it may have moved some of them, with no transition returned)",
     _RESET_RAISED: "a reset of theirs raised (it may have started episodes whose first observation was never "
                    "returned)",
+    _STEP_LOST: "their last step, which a reset that raised followed at once (as step_and_maybe_reset does, whose "
+                "transition is then lost)",
 }
+_NO_STEP = object()  # EnvPool._last_step_rows: no step since the last reset
 
 try:  # gym.make's own id lookup, which emits its version warnings (private: a later gymnasium may move it)
     from gymnasium.envs.registration import _find_spec
@@ -286,6 +289,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         # rows to reset before they step, as why (_BUILT, _STEP_RAISED, _RESET_RAISED): the probe left them mid-way,
         # or a step or reset that raised may have moved them without a transition; None once none is left
         self._unreset: np.ndarray | None = np.full(n, _BUILT, dtype=np.int8)
+        self._last_step_rows = _NO_STEP  # the rows of the last step when no reset followed it (None: all)
         # whether every row was reset and none stepped since, and whether set_seed came then (see _set_seed)
         self._fresh = False
         self._seeded_after_reset = False
@@ -390,7 +394,13 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         except BaseException:
             seeds.rewind(rows, saved)
             self._must_reset(rows, _RESET_RAISED)  # some may have started an episode the caller never got
+            if self._last_step_rows is not _NO_STEP:
+                # a reset right after a step may be TorchRL's step_and_maybe_reset (a transform's too), whose
+                # step's transition is lost with it: the rows that step moved must be reset as well
+                self._must_reset(self._last_step_rows, _STEP_LOST)
+                self._unreset[slice(None) if rows is None else rows] = _RESET_RAISED
             raise
+        self._last_step_rows = _NO_STEP
         if self._unreset is not None:
             self._unreset[slice(None) if rows is None else rows] = 0
             if not self._unreset.any():
@@ -425,6 +435,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         except BaseException:
             self._must_reset(rows, _STEP_RAISED)
             raise
+        self._last_step_rows = rows
         self._resize_frames(rows)
         return self._host.snapshot(self._step_keys, self.batch_size)
 
@@ -488,11 +499,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         # they are zeroed now, while the done buffer still marks the rows the reset clears
         partial = done_rows.size < self.num_envs
         carried = self._carried(tensordict, self._done_mask() if partial else None)
-        try:
-            self._reset_rows(done_rows)
-        except BaseException:  # the step's transition is lost with it: its rows moved unseen
-            self._must_reset(mask_rows(step_mask, self.num_envs, "_step"), _STEP_RAISED)
-            raise
+        self._reset_rows(done_rows)
         return tensordict, self._next_root(carried, self._host.snapshot(self._reset_keys, self.batch_size), device,
                                            tensordict)
 

@@ -503,6 +503,11 @@ class ProcessBackend:
         """Raise what would stop ``command`` before it reaches an env: an env error of an interrupted command, a
         dead worker (the pool reports these before refusing rows of its own accord)."""
         self._drain_owed()
+        if self._dead_worker is None:  # one that died while idle is found only by the next command: look now
+            for w, proc in enumerate(self._processes):
+                if proc.exitcode is not None:
+                    self._dead(w)
+                    break
         self._refuse_after_a_dead_worker(command)
 
     def step(self, actions: np.ndarray, rows) -> None:

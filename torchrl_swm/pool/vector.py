@@ -263,6 +263,13 @@ class VectorBackend(InProcessBackend):
 
     def check_ready(self, command: str) -> None:
         self._check_workers(command)
+        inner = _innermost(self.venv)
+        if isinstance(inner, gym.vector.AsyncVectorEnv) and inner._state is not AsyncState.DEFAULT:
+            raise EnvError(
+                None, command,
+                f"the AsyncVectorEnv still waits for the answers of an interrupted call ({inner._state.value}); it "
+                "cannot step or reset again: close this pool and build a new one",
+            )
 
     def _check_workers(self, phase: str) -> None:
         dead = self._shut_down_workers()
@@ -502,11 +509,14 @@ class VectorBackend(InProcessBackend):
         return fn
 
     def env_spec(self):
-        """The sub-envs' ``EnvSpec`` (env 0's) where the vector env has separate envs; else the vector env's own,
-        with the time limit its rows run under: ``gym.make_vec(id, N, max_episode_steps=K)`` leaves the registry's
-        limit in ``spec.max_episode_steps`` and ``K`` in ``spec.kwargs``, which is what its rows get."""
-        if self.per_env_access:
-            return self.get_attr([0], "spec")[0]
+        """The sub-envs' ``EnvSpec`` (env 0's) where they are at hand (a ``SyncVectorEnv``); else the vector env's
+        own, with the time limit its rows run under: ``gym.make_vec(id, N, max_episode_steps=K)`` leaves the
+        registry's limit in ``spec.max_episode_steps`` and ``K`` in ``spec.kwargs``, which is what its rows get.
+        (An ``AsyncVectorEnv``'s would come through a pipe: a spec that does not pickle, an entry point defined
+        in ``__main__``, would make gymnasium shut its workers down.)"""
+        inner = _innermost(self.venv)
+        if isinstance(inner, gym.vector.SyncVectorEnv):
+            return inner.envs[0].spec
         spec = getattr(self.venv, "spec", None)
         limit = None if spec is None else spec.kwargs.get("max_episode_steps")
         if limit is not None and limit != spec.max_episode_steps:

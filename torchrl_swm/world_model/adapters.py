@@ -319,16 +319,15 @@ def bind(
     stray = [p for p in used if p.name in EXTRAS]
     if stray:
         raise AdapterError(_stray_extra(role, text, stray[0], extras, accepted))
-    if with_model:
-        # a parameter named for one of the role's arguments that the chosen convention never passes it
-        # (reset_fn(model, options=None): called as reset_fn(model), its options would be lost)
-        lost = [p.name for p in params if p.name in args and p not in used
-                and p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)]
-        if lost:
-            raise AdapterError(
-                f"{role} {text}: parameter {lost[0]!r} would never receive the {lost[0]}: the role's arguments are "
-                f"passed by position, in the order of one of the accepted calling conventions: {accepted}"
-            )
+    # a parameter named for one of the role's arguments that the chosen convention never passes it
+    # (reset_fn(model, options=None) or a model's reset(options=None, seed=None): called without it, lost)
+    lost = [p.name for p in params if p.name in args and p not in used
+            and p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)]
+    if lost:
+        raise AdapterError(
+            f"{role} {text}: parameter {lost[0]!r} would never receive the {lost[0]}: the role's arguments are "
+            f"passed by position, in the order of one of the accepted calling conventions: {accepted}"
+        )
     # an extra declared before a parameter that takes an argument by position (reset_fn(num_envs, seed)) would
     # take that argument itself: the arguments then go by name (positional-only ones, which come first, by
     # position). Before *args, which takes them by position only, it cannot be helped: an error
