@@ -639,6 +639,18 @@ def test_a_damaged_or_partial_dataset_is_a_dataset_error_never_a_silent_load(tmp
         load_dataset(tmp_path / "not_object")
 
 
+def _load_while_written_back(path, file, mid_way: str, after: float = 0.1):
+    """``load_dataset(path)`` while ``file`` holds ``mid_way`` until a timer writes its content back ``after`` s in."""
+    content = file.read_text()
+    file.write_text(mid_way)
+    timer = threading.Timer(after, file.write_text, args=(content,))
+    timer.start()
+    try:
+        return load_dataset(path)
+    finally:
+        timer.join()
+
+
 def test_a_dataset_being_committed_to_is_read_again_not_called_damaged(tmp_path):
     # each commit of a collection in progress rewrites storage/meta.json (TorchRL's dumps): a reader that catches
     # it half written (here: empty until a timer writes it back) reads again while dataset.json says incomplete
@@ -646,14 +658,7 @@ def test_a_dataset_being_committed_to_is_read_again_not_called_damaged(tmp_path)
     expected = load_dataset(tmp_path / "ds").td.to_dict()
     dataset_json, storage_meta = tmp_path / "ds" / "dataset.json", tmp_path / "ds" / "storage" / "meta.json"
     dataset_json.write_text(json.dumps({**json.loads(dataset_json.read_text()), "complete": False}))
-    content = storage_meta.read_text()
-    storage_meta.write_text("")
-    timer = threading.Timer(0.1, storage_meta.write_text, args=(content,))
-    timer.start()
-    try:
-        ds = load_dataset(tmp_path / "ds")
-    finally:
-        timer.join()
+    ds = _load_while_written_back(tmp_path / "ds", storage_meta, "")
     assert (ds.td == TensorDict(expected, batch_size=ds.td.batch_size)).all()
     storage_meta.write_text("")  # never written back: damaged, and the message says it may be in progress
     with pytest.raises(DatasetError, match=r"storage cannot be read \(JSONDecodeError.*still being written"):
@@ -665,19 +670,13 @@ def test_a_dataset_caught_between_compaction_and_its_last_dataset_json_is_read_a
     # in between, dataset.json still gives the capacity, and the compacted files look cut short
     World(counting_pool(2)).collect(tmp_path / "ds", 3, seed=0, max_steps=10, progress=False)
     dataset_json = tmp_path / "ds" / "dataset.json"
-    final = dataset_json.read_text()
-    meta = json.loads(final)
+    meta = json.loads(dataset_json.read_text())
     expected = load_dataset(tmp_path / "ds").td.to_dict()
-    dataset_json.write_text(json.dumps({**meta, "complete": False, "storage_rows": 10 * meta["num_steps"]}))
-    timer = threading.Timer(0.1, dataset_json.write_text, args=(final,))
-    timer.start()
-    try:
-        ds = load_dataset(tmp_path / "ds")
-    finally:
-        timer.join()
+    mid_way = json.dumps({**meta, "complete": False, "storage_rows": 10 * meta["num_steps"]})
+    ds = _load_while_written_back(tmp_path / "ds", dataset_json, mid_way)
     assert ds.metadata["complete"] is True
     assert (ds.td == TensorDict(expected, batch_size=ds.td.batch_size)).all()
-    dataset_json.write_text(json.dumps({**meta, "complete": False, "storage_rows": 10 * meta["num_steps"]}))
+    dataset_json.write_text(mid_way)
     with pytest.raises(DatasetError, match=r"is cut short.*still being written"):
         load_dataset(tmp_path / "ds")
 

@@ -286,8 +286,8 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         obs_spaces = observation_leaves(self.single_observation_space)
 
         self._seeds = SeedSchedule(n, seed, every_episode=seed_every_episode)
-        # rows to reset before they step, as why (_BUILT, _STEP_RAISED, _RESET_RAISED): the probe left them mid-way,
-        # or a step or reset that raised may have moved them without a transition; None once none is left
+        # rows to reset before they step, as why (a key of _UNRESET_WHY): the probe left them mid-way, or a step or
+        # reset that raised may have moved them without a transition; None once none is left
         self._unreset: np.ndarray | None = np.full(n, _BUILT, dtype=np.int8)
         self._last_step_rows = _NO_STEP  # the rows of the last step when no reset followed it (None: all)
         # whether every row was reset and none stepped since, and whether set_seed came then (see _set_seed)
@@ -434,6 +434,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             self._backend.step(actions, rows)
         except BaseException:
             self._must_reset(rows, _STEP_RAISED)
+            self._last_step_rows = _NO_STEP  # its rows are refused already, and no earlier step's transition is lost
             raise
         self._last_step_rows = rows
         self._resize_frames(rows)
@@ -675,8 +676,9 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
 
     @property
     def env_spec(self):
-        """The sub-envs' gymnasium ``EnvSpec`` (env 0's), or ``None``. A natively batched ``VectorEnv`` has no
-        sub-envs: its own spec, whose ``max_episode_steps`` is the limit its rows run under (``gym.make_vec``'s
+        """The sub-envs' gymnasium ``EnvSpec`` (env 0's; a ``SyncVectorEnv``'s env 0's), or ``None``. Over another
+        ``VectorEnv`` (an ``AsyncVectorEnv``, whose envs are in other processes, or a natively batched one), the
+        vector env's own spec, whose ``max_episode_steps`` is the limit its rows run under (``gym.make_vec``'s
         ``max_episode_steps=`` argument, which gymnasium keeps in the spec's ``kwargs``)."""
         cache = self.__dict__.setdefault("_env_attrs", {})
         if "spec" not in cache and isinstance(self._backend, VectorBackend):
