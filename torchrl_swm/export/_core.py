@@ -562,7 +562,8 @@ class Layout:
                 space = spec_to_space(leaf_spec, name=f"{self.name}: observation_spec[{key}]")
             else:  # the pool's own leaf: under the env's own Dict keys (1, not the TensorDict key "1")
                 path = own_paths.get(key, key)
-            self.obs_leaves.append(Leaf(key, path, leaf_spec, space, np.dtype(space.dtype), squeeze, device=self.device))
+            dtype = np.dtype(space.dtype)
+            self.obs_leaves.append(Leaf(key, path, leaf_spec, space, dtype, squeeze, device=self.device))
         # one env's row of a Box leaf of shape () is a 0-d array, as gymnasium envs return it (a Discrete's a scalar)
         self.obs_is_box = [isinstance(leaf.space, gym.spaces.Box) for leaf in self.obs_leaves]
         if self.single_leaf:
