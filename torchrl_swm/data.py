@@ -529,7 +529,13 @@ class WorldDataset:
             if not storage.is_dir():
                 raise DatasetError(f"{str(self.path)!r}: the storage directory is missing")
             self._check_storage_files(storage)
-            full = self._load_storage(storage)
+            try:
+                full = _copy_on_write(TensorDict.load_memmap(storage))
+            except Exception as err:  # a file tensordict needs is gone or damaged (meta.json...)
+                raise DatasetError(
+                    f"{str(self.path)!r}: the storage cannot be read ({type(err).__name__}: {err}); the dataset is "
+                    "damaged or incomplete (a partial copy?)"
+                ) from err
             if full.batch_size[0] < self.num_steps:
                 raise DatasetError(
                     f"{str(self.path)!r}: storage has {full.batch_size[0]} rows, dataset.json says {self.num_steps}"
@@ -538,15 +544,6 @@ class WorldDataset:
             self.td = full[: self.num_steps]
         self._episodes = None
         self._obs_keys = None
-
-    def _load_storage(self, storage: Path) -> TensorDictBase:
-        try:
-            return _copy_on_write(TensorDict.load_memmap(storage))
-        except Exception as err:  # a file tensordict needs is gone or damaged (meta.json...)
-            raise DatasetError(
-                f"{str(self.path)!r}: the storage cannot be read ({type(err).__name__}: {err}); the dataset is "
-                "damaged or incomplete (a partial copy?)"
-            ) from err
 
     def _check_entries(self, full: TensorDictBase) -> None:
         """The storage holds every entry ``dataset.json`` lists, with its shape and dtype (a storage whose own

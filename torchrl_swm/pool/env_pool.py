@@ -393,12 +393,11 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             self._backend.reset(rows, reset_seeds, options, episode_seeds)
         except BaseException:
             seeds.rewind(rows, saved)
-            self._must_reset(rows, _RESET_RAISED)  # some may have started an episode the caller never got
             if self._last_step_rows is not _NO_STEP:
                 # a reset right after a step may be TorchRL's step_and_maybe_reset (a transform's too), whose
                 # step's transition is lost with it: the rows that step moved must be reset as well
                 self._must_reset(self._last_step_rows, _STEP_LOST)
-                self._unreset[slice(None) if rows is None else rows] = _RESET_RAISED
+            self._must_reset(rows, _RESET_RAISED)  # some may have started an episode the caller never got
             raise
         self._last_step_rows = _NO_STEP
         if self._unreset is not None:
@@ -680,9 +679,6 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         ``VectorEnv`` (an ``AsyncVectorEnv``, whose envs are in other processes, or a natively batched one), the
         vector env's own spec, whose ``max_episode_steps`` is the limit its rows run under (``gym.make_vec``'s
         ``max_episode_steps=`` argument, which gymnasium keeps in the spec's ``kwargs``)."""
-        cache = self.__dict__.setdefault("_env_attrs", {})
-        if "spec" not in cache and isinstance(self._backend, VectorBackend):
-            cache["spec"] = self._backend.env_spec()
         return self._first_env_attr("spec")
 
     @property
@@ -700,7 +696,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         cache = self.__dict__.setdefault("_env_attrs", {})
         if name not in cache:
             if isinstance(self._backend, VectorBackend):
-                cache[name] = getattr(self._backend.venv, name, None)
+                cache[name] = self._backend.env_spec() if name == "spec" else getattr(self._backend.venv, name, None)
             else:
                 cache[name] = self.get_attr(name, indices=[0])[0]
         return cache[name]

@@ -390,13 +390,13 @@ def _make(fn, role, name, sig_text, form, args, model, extras, by_name=None) -> 
     takes_model = bool(form) and form[0] == "model"
     used = form[1:] if takes_model else form
     if by_name is not None:
-        by_name_k, by_name = by_name
-        call = _ByName(target, model, by_name_k, by_name, takes_model)
+        positional_only, names = by_name
+        call = _ByName(target, model, positional_only, names, takes_model)
     elif used == args:
         call = functools.partial(target, model) if takes_model else target
     else:
         call = _Prefix(target, model, len(used), takes_model)  # a prefix of the arguments (reset_fn only)
-    shown = (*(form if by_name is None else (f"{p}={a}" for p, a in zip(by_name, form))),
+    shown = (*(form if by_name is None else (f"{p}={a}" for p, a in zip(names, form))),
              *(f"{k}=..." for k in (*call_extras, *per_call)))
     description = f"{role} {name}{sig_text} called as {role}({', '.join(shown)})"
     return Bound(call, form, tuple(per_call), description, fn)
