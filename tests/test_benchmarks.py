@@ -159,3 +159,38 @@ def test_a_ceiling_drowned_in_noise_is_reported_unmeasurable_and_the_plot_still_
     assert collector.ratio == 30.0 / 80.0 and collector.us_per_call == 80.0  # 30 µs + 50 µs of Collector
     save_plot([rollout, collector], tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 1000
+
+
+def test_timed_runs_start_from_a_frozen_heap_that_is_thawed_after_even_on_failure():
+    # a garbage collection during one row's timed run must not traverse the other subjects' objects
+    # (a SerialEnv of 256 GymEnv next to a Collector cost the Collector ~0.6 ms per batched step)
+    import gc
+
+    from torchrl_swm.benchmarks.harness import measure, measure_together
+
+    seen = []
+
+    class Subject:
+        def __init__(self, fail=False):
+            self.fail, self.timed = fail, False
+            self.heap = [[i] for i in range(1000)]  # objects built before timing
+
+        def run(self, units):
+            seen.append(gc.get_freeze_count())
+            if self.fail and len(seen) > 8:
+                raise RuntimeError("fails while timed")
+            time.sleep(0.0005 * units)
+
+        def close(self):
+            pass
+
+    assert gc.get_freeze_count() == 0
+    measure(Subject, envs_per_step=1, seconds=0.05, repeats=2)
+    assert seen[0] == 0 and seen[-1] >= 1000  # warm-up on a live heap; timed runs with the subject frozen
+    assert gc.get_freeze_count() == 0
+    seen.clear()
+    failures = {}
+    results = measure_together({"a": Subject, "b": lambda: Subject(fail=True)}, envs_per_step=1, seconds=0.05,
+                               repeats=3, failures=failures)
+    assert set(results) == {"a"} and set(failures) == {"b"} and max(seen) >= 2000
+    assert gc.get_freeze_count() == 0
