@@ -509,3 +509,22 @@ def test_quickstart_out_naming_a_file_is_a_usage_error(tmp_path, capsys):
         cli.main(["quickstart", "--tiny", "--out", str(tmp_path / "afile")])
     assert exit_info.value.code == 2
     assert "torchrl-swm quickstart: error: --out" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "unwritable"])
+def test_quickstart_out_that_cannot_be_created_is_a_usage_error_before_any_work(tmp_path, capsys, where):
+    # it was a raw FileNotFoundError, exit code 1, after the whole run's training
+    (tmp_path / "afile").write_text("x")
+    if where == "unwritable":
+        if os.geteuid() == 0:
+            pytest.skip("root writes anywhere")
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        out, expected = locked / "q", f"cannot write in {locked}"
+    else:
+        out, expected = tmp_path / "afile" / "q", "exists and is not a directory"
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["quickstart", "--tiny", "--out", str(out)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "torchrl-swm quickstart: error: --out" in err and expected in err

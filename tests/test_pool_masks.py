@@ -1,6 +1,7 @@
 """EnvPool masks and terminal observations: "_reset", "_step", mask isolation, dynamics continuity."""
 
 import functools
+import re
 
 import gymnasium as gym
 import numpy as np
@@ -197,10 +198,6 @@ def test_bad_masks_raise_clear_errors(mask, error):
 
 def test_bad_step_mask_shape():
     pool = counting_pool(4, length=10)
-    td = pool.reset()
-    td["action"] = torch.zeros(4, dtype=torch.int64)
-    td.set("_step", torch.ones(4, 2, 2, dtype=torch.bool))
-    pool.step(td)  # (N, extra...) is reduced with any(), like SerialEnv
     bad = pool.reset()
     bad["action"] = torch.zeros(4, dtype=torch.int64)
     with pytest.raises(TypeError, match="_step"):
@@ -208,19 +205,26 @@ def test_bad_step_mask_shape():
     pool.close()
 
 
-def test_masks_with_extra_dims_select_a_row_when_any_of_its_entries_is_true():
+@pytest.mark.parametrize("shape", [(3, 2), (3, 1, 1), (3, 2, 2)])
+def test_masks_of_another_shape_are_refused_before_any_env_steps_or_resets(shape):
+    # a row is one env: a (3, 2) mask has nothing to select within a row, and reducing it with any() (as this
+    # pool once did) silently acted on rows the caller may not have meant; TorchRL's SerialEnv refuses it too
     pool = counting_pool(3, length=50)
     td = pool.reset()
     steps, resets = [env.steps_called for env in pool.envs], [env.resets_called for env in pool.envs]
+    mask = torch.zeros(shape, dtype=torch.bool)
+    mask.view(-1)[-1] = True
     td["action"] = torch.ones(3, dtype=torch.int64)
-    td["_step"] = torch.tensor([[True, False], [False, False], [True, True]])  # rows 0 and 2
-    td = pool.step(td)["next"].clone()
-    assert td["observation"][:, 0].tolist() == [1.0, 0.0, 1.0]
-    assert [env.steps_called - s for env, s in zip(pool.envs, steps)] == [1, 0, 1]
-    td["_reset"] = torch.tensor([[False, False], [False, True], [True, False]])  # rows 1 and 2
-    out = pool.reset(td)
-    assert [env.resets_called - r for env, r in zip(pool.envs, resets)] == [0, 1, 1]
-    assert out["observation"][:, 0].tolist() == [1.0, 0.0, 0.0]
+    expected = r"mask: expected shape \(3, 1\) \(or \(3,\)\), one flag per env, got " + re.escape(str(shape))
+    with pytest.raises(ValueError, match="'_step' " + expected):
+        pool.step(td.clone().set("_step", mask))
+    with pytest.raises(ValueError, match="'_step' " + expected):
+        pool.step_and_maybe_reset(td.clone().set("_step", mask))
+    with pytest.raises(ValueError, match="'_reset' " + expected):
+        pool.reset(td.clone().set("_reset", mask))
+    assert [env.steps_called for env in pool.envs] == steps and [env.resets_called for env in pool.envs] == resets
+    td = pool.step(td)["next"]  # the pool is still usable
+    assert td["observation"][:, 0].tolist() == [1.0, 1.0, 1.0]
     pool.close()
 
 

@@ -595,6 +595,24 @@ def test_step_mask_freezes_rows_and_reports_reward_zero():
     assert env.state[:, 0].tolist() == [2.0, 1.0, 2.0]
 
 
+@pytest.mark.parametrize("shape", [(3, 2), (3, 1, 1)])
+def test_masks_of_another_shape_are_refused_before_the_model_runs(shape):
+    # one flag per env, as the pool takes them: a (3, 2) mask was reduced with any() on a step, and on a reset
+    # failed inside TorchRL with a raw IndexError after the rows were already reset
+    env = counting_env(3, length=100)
+    td = env.reset()
+    td["action"] = torch.ones(3, 1)
+    td = env.step(td)["next"].clone()
+    calls, state = env.model.calls, env.state.clone()
+    mask = torch.zeros(shape, dtype=torch.bool)
+    mask.view(-1)[-1] = True
+    td["action"] = torch.ones(3, 1)
+    for call, key in ((env.step, "_step"), (env.step_and_maybe_reset, "_step"), (env.reset, "_reset")):
+        with pytest.raises(ValueError, match=rf"'{key}' mask: expected shape \(3, 1\) \(or \(3,\)\)"):
+            call(td.clone().set(key, mask))
+    assert env.model.calls == calls and torch.equal(env.state, state)
+
+
 FAST_CASES = {
     "counting": lambda: counting_env(6, length=torch.tensor([1, 2, 3, 4, 5, 6])),
     "noisy": lambda: noisy_env(8, seed=2),
@@ -1044,8 +1062,13 @@ def test_unlocked_env_takes_any_batch_and_needs_the_state_in_the_tensordict():
     assert rollout.batch_size == (5, 3, 4)
     with pytest.raises(KeyError, match="has no state under 'observation'"):
         env._step(TensorDict({"action": torch.zeros(2, 2)}, [2]))
-    with pytest.raises(ValueError, match="num_envs >= 1"):
+    with pytest.raises(ValueError, match=r"num_envs .*expected an int >= 1, got 0"):
         WorldModelEnv(PointMass(), BOX4, FORCE, num_envs=0, initial_state=torch.zeros(4))
+    # not "expected num_envs >= 1, got 2.0", which 2.0 satisfies: the type is what is wrong, as EnvPool says
+    for bad, text in ((2.0, "float 2.0"), ("2", "str '2'"), (True, "bool True"), (2.5, "float 2.5")):
+        with pytest.raises(TypeError, match=rf"num_envs .*expected an int, got {text}"):
+            WorldModelEnv(PointMass(), BOX4, FORCE, num_envs=bad, initial_state=torch.zeros(4))
+    assert WorldModelEnv(PointMass(), BOX4, FORCE, num_envs=np.int64(2), initial_state=torch.zeros(4)).num_envs == 2
 
 
 def test_unlocked_env_resets_any_batch_shape_from_reset_fn_and_dict_states():
@@ -2878,3 +2901,26 @@ def test_row_step_counter_keeps_frozen_rows_counts_in_a_batch_of_any_rank():
         assert (td["step_count"][frozen] == 0).all() and not td["truncated"][frozen].any()
         assert (td["step_count"][~frozen] == 3).all() and td["truncated"][~frozen].all()
         base.close()
+
+
+def test_a_closed_world_model_env_says_it_is_closed_as_a_closed_pool_does():
+    # it kept stepping after close(), e.g. after a Collector's shutdown() closed it, where a pool says it is closed
+    env = counting_env(2, length=100)
+    td = env.reset()
+    collector = Collector(env, None, frames_per_batch=4, total_frames=8)
+    assert [batch.numel() for batch in collector] == [4, 4]
+    collector.shutdown()  # TorchRL's collector closes the env it was given
+    assert env.is_closed
+    calls = env.model.calls
+    for use in (env.reset, lambda: env.rand_step(td), lambda: env.rollout(3), lambda: env.state,
+                lambda: env.step_and_maybe_reset(env.rand_action(td.clone()))):
+        with pytest.raises(RuntimeError, match=r"WorldModelEnv is closed .*Build a new WorldModelEnv"):
+            use()
+    assert env.model.calls == calls
+    env.close()  # closing again is harmless
+    assert "WorldModelEnv(num_envs=2" in repr(env)
+    export = to_gymnasium(counting_env(2, length=100))
+    export.reset(seed=0)
+    export.close()
+    with pytest.raises(RuntimeError, match=r"WorldModelEnv is closed"):
+        export.step(np.ones((2, 1), np.float32))

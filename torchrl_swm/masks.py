@@ -16,26 +16,25 @@ __all__ = ["mask_rows", "row_mask", "row_view", "zero_rewards"]
 def row_mask(mask: torch.Tensor, num_envs: int, key: str) -> torch.Tensor:
     """Validate ``mask`` and reduce it to one bool per env, shape ``(num_envs,)``.
 
-    Accepted shapes are ``(N, 1)`` (the done shape TorchRL sends), ``(N,)``, and
-    ``(N, *extra)`` reduced with ``any`` over the extra dims, as ``SerialEnv`` does.
+    Accepted shapes are ``(N, 1)`` (the done shape TorchRL sends) and ``(N,)``. Any
+    other shape is refused, never reduced: a row's envs have no extra dims for a
+    ``(N, 2)`` mask to select within (TorchRL's ``SerialEnv`` refuses such masks too).
 
     Raises:
         TypeError: when the mask is not a bool tensor.
-        ValueError: when its leading dim is not ``num_envs``.
+        ValueError: when its shape is neither ``(num_envs, 1)`` nor ``(num_envs,)``.
     """
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"{key!r} mask: expected a bool torch.Tensor of shape ({num_envs}, 1), got {type(mask).__name__}")
     if mask.dtype is not torch.bool:
         raise TypeError(f"{key!r} mask: expected dtype torch.bool, got {mask.dtype} (shape {tuple(mask.shape)})")
-    if mask.ndim == 0 or mask.shape[0] != num_envs:
-        raise ValueError(
-            f"{key!r} mask: expected shape ({num_envs}, 1) (or ({num_envs},)), got {tuple(mask.shape)}"
-        )
-    if mask.ndim == 1:
+    if mask.ndim == 1 and mask.shape[0] == num_envs:
         return mask
-    if mask.ndim == 2 and mask.shape[1] == 1:
+    if mask.ndim == 2 and mask.shape[0] == num_envs and mask.shape[1] == 1:
         return mask.view(num_envs)
-    return mask.reshape(num_envs, -1).any(-1)
+    raise ValueError(
+        f"{key!r} mask: expected shape ({num_envs}, 1) (or ({num_envs},)), one flag per env, got {tuple(mask.shape)}"
+    )
 
 
 def mask_rows(mask: torch.Tensor | None, num_envs: int, key: str) -> np.ndarray | None:

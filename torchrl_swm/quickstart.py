@@ -48,7 +48,6 @@ import importlib.util
 import json
 import logging
 import math
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -827,8 +826,12 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = "python -m torchrl
             p.error(f"--{name.replace('_', '-')}: expected a positive integer, got {value}")
     if args.seed < 0:
         p.error(f"--seed: expected a non-negative integer, got {args.seed}")
-    if os.path.lexists(args.out) and not os.path.isdir(args.out):
-        p.error(f"--out {args.out}: exists and is not a directory")
+    from .cli import CLIError, _check_output_dir
+
+    try:  # not a raw FileNotFoundError minutes in, after the training
+        _check_output_dir(args.out, "--out")
+    except CLIError as err:
+        p.error(str(err))
     if args.threads is not None and args.threads < 0:
         p.error(f"--threads: expected 0 (torch's default) or a positive integer, got {args.threads}")
     overrides = {k: v for k, v in vars(args).items()

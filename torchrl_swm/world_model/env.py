@@ -211,6 +211,26 @@ class _Runtime:
         self.reward_from_model = self.terminated_from_model = True
 
 
+class _ClosedRuntime:
+    """Stands in for the :class:`_Runtime` once the env is closed: any use says so (no check on the hot path)."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name):
+        raise _closed_error()
+
+    def __setattr__(self, name, value):
+        raise _closed_error()
+
+
+def _closed_error() -> RuntimeError:
+    return RuntimeError(
+        "WorldModelEnv is closed (close() was called, perhaps by a Collector's shutdown(), which closes its env); "
+        "its envs' state is gone. Build a new WorldModelEnv (the model can be reused), or pass the Collector a "
+        "factory of envs instead of an env."
+    )
+
+
 class _Shapes:
     """Expected full shapes for one batch shape (cached: no tuple building per step)."""
 
@@ -521,9 +541,8 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             )
         locked = num_envs is not None
         if locked:
-            if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
-                raise ValueError(f"WorldModelEnv: expected num_envs >= 1 (or None), got {num_envs!r}")
-            batch_size = torch.Size([int(num_envs)])
+            num_envs = check_int(num_envs, "WorldModelEnv: num_envs (or None, batch-unlocked)", minimum=1)
+            batch_size = torch.Size([num_envs])
         else:
             batch_size = torch.Size([])
         super().__init__(batch_size=batch_size, device=device)
@@ -1157,6 +1176,8 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
     def _advance(self, td, shapes: _Shapes, partial) -> TensorDict:
         """One step for the whole batch: the model is called once; returns the ``"next"`` TensorDict."""
         rt = self._rt
+        # the "_step" mask is checked before the model runs (a stochastic model would draw for nothing)
+        step_rows = None if partial is None else row_mask(partial, shapes.bs[0], "_step")
         # action
         if self._action_leaf is not None:
             action = td._get_str("action", None) if type(td) is TensorDict else td.get("action", None)
@@ -1234,8 +1255,8 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             info = self._read_info(info, bs, where, form)
         else:
             info = None
-        if partial is not None:
-            rows = row_mask(partial, bs[0], "_step")
+        if step_rows is not None:
+            rows = step_rows
             if not bool(rows.all()):
                 if rt.term is None:
                     raise RuntimeError(
@@ -1919,6 +1940,12 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             f"WorldModelEnv is on {self._dev} (its model's device) and cannot be moved to {device}: build it there, "
             f"e.g. WorldModelEnv(model.to({str(device)!r}), ..., device={str(device)!r})"
         )
+
+    def close(self, *, raise_if_closed: bool = True) -> None:
+        """Close the env, as :class:`~torchrl_swm.EnvPool` closes: the rows' state is released (device memory
+        included), and any later step or reset is an error. Closing twice is fine."""
+        super().close(raise_if_closed=raise_if_closed)
+        self.__dict__["_rt"] = _ClosedRuntime()
 
     def __repr__(self) -> str:
         return (

@@ -572,6 +572,32 @@ def make_world_model_env(
 
     Returns:
         a :class:`~torchrl.envs.TransformedEnv`; ``env.base_env`` is the :class:`WorldModelEnv`.
+
+    Example:
+        A point mass whose model takes a 2-d force, driven through 4 discrete moves, rewarded by
+        its distance to the origin, with a time limit of 5 steps:
+
+        >>> import gymnasium as gym, numpy as np, torch
+        >>> from torchrl_swm import make_world_model_env
+        >>> class PointMass(torch.nn.Module):
+        ...     def step(self, state, action):
+        ...         return state + 0.1 * action
+        >>> moves = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
+        >>> env = make_world_model_env(
+        ...     PointMass(),
+        ...     observation_space=gym.spaces.Box(-np.inf, np.inf, (2,), np.float32),
+        ...     action_space=gym.spaces.Discrete(4),
+        ...     action_transform_fn=lambda a: moves[a],
+        ...     reward_fn=lambda state, obs, action: -obs.norm(dim=-1),
+        ...     initial_state=torch.ones(2),
+        ...     num_envs=4,
+        ...     max_episode_steps=5,
+        ... )
+        >>> [type(t).__name__ for t in env.transform]
+        ['ActionAdapter', 'RewardAdapter', 'RowStepCounter']
+        >>> td = env.rollout(8, break_when_any_done=False)
+        >>> td.shape, td["next", "truncated"][0, :, 0].tolist()
+        (torch.Size([4, 8]), [False, False, False, False, True, False, False, False])
     """
     if action_space is None:
         raise TypeError("make_world_model_env: action_space= is required (gymnasium space or TorchRL spec)")
