@@ -1442,3 +1442,88 @@ def test_the_fast_paths_keep_the_callers_dim_names_as_step_mdp_does():
         assert rollout.names == ["env", "time"]
         assert env.step_and_maybe_reset(env.rand_action(env.reset()))[1].names == [None]  # none asked: none given
         env.close()
+
+
+class _OneStepScore(gym.Env):
+    """Every episode lasts one step (a bandit); the step info has a key the reset info lacks."""
+
+    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        return np.ones(1, np.float32), 1.0, True, False, {"score": 5.0 + int(action)}
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode))
+def test_info_keys_of_a_probe_step_where_every_env_ends_are_inferred_in_every_autoreset_mode(mode):
+    # SAME_STEP puts a finished env's step info under final_info: the probe read only the top level (its reset
+    # info), so the key was missed and the first step raised "not in the pool's info spec"
+    single = EnvPool([_OneStepScore] * 2, seed=0)
+    pool = EnvPool(gym.vector.SyncVectorEnv([_OneStepScore] * 2, autoreset_mode=mode), seed=0)
+    assert list(pool.observation_spec["info"].keys()) == list(single.observation_spec["info"].keys()) == ["score"]
+    for p in (single, pool):
+        td = p.reset()
+        for t in range(3):
+            td["action"] = torch.tensor([t % 2, 1])
+            out, td = p.step_and_maybe_reset(td)
+            assert out["next", "info", "score"].view(-1).tolist() == [5.0 + t % 2, 6.0]
+            assert out["next", "done"].all() and (td["info", "score"] == 0).all()  # the reset reports none
+        p.close()
+
+
+def test_a_same_step_full_reset_seeding_some_rows_resets_each_unseeded_finished_row_once():
+    # a row the SAME_STEP vector env already reset, given no seed, starts the episode that reset began (as a
+    # pool of single envs does); seeding another row in the same call reset it a second time
+    class Draw(gym.Env):
+        observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float64)
+        action_space = gym.spaces.Discrete(2)
+
+        def __init__(self, i):
+            self.i = i
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.t, self.u = 0, self.np_random.random()
+            return np.array([0.0, self.u]), {}
+
+        def step(self, action):
+            self.t += 1
+            return np.array([self.t, self.u]), 0.0, self.t >= 1 + 4 * self.i, False, {}
+
+    fns = [functools.partial(Draw, i) for i in range(3)]
+    starts = {}
+    for name, make in (("single", lambda: EnvPool(fns, seed=0, seed_every_episode=False)),
+                       ("vector", lambda: EnvPool(gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP),
+                                                  seed=0))):
+        pool = make()
+        td = pool.reset()
+        td["action"] = torch.zeros(3, dtype=torch.int64)
+        assert pool.step(td)["next", "done"].view(-1).tolist() == [True, False, False]
+        td = pool.reset(seed=[None, 5, None])
+        starts[name] = (td["observation"].clone(), td["episode_seed"].view(-1).tolist())
+        pool.close()
+    assert torch.equal(starts["vector"][0], starts["single"][0]) and starts["vector"][1] == starts["single"][1]
+
+
+def test_a_disabled_vector_env_refuses_to_step_rows_that_finished_and_were_not_reset():
+    # it was gymnasium's raw AssertionError; the other modes name the rows
+    pool = EnvPool(gym.vector.SyncVectorEnv([_OneStepScore] * 2, autoreset_mode=AutoresetMode.DISABLED), seed=0)
+    td = pool.reset()
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    td = pool.step(td)["next"]
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(EnvError, match=r"rows \[0, 1\] finished at the previous step and were not reset: the DISABLED "
+                                       r"VectorEnv refuses to step them before they are reset. Reset them first"):
+        pool.step(td)
+    td = pool.reset(td.set("_reset", torch.tensor([[True], [False]])))
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(EnvError, match=r"env 1 \(step\):.* reset"):  # row 0 was reset, row 1 was not
+        pool.step(td)
+    td = pool.reset()
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    assert pool.step(td)["next", "done"].all()  # reset rows step again
+    pool.close()

@@ -150,7 +150,7 @@ class VectorBackend(InProcessBackend):
             )
         self.writer: RowWriter | None = None
         self.frames: np.ndarray | None = None
-        self.pending_done = np.zeros(self.num_envs, dtype=bool)  # NEXT_STEP: done, not yet reset
+        self.pending_done = np.zeros(self.num_envs, dtype=bool)  # NEXT_STEP, DISABLED: done, not yet reset
         self.stashed = np.zeros(self.num_envs, dtype=bool)  # SAME_STEP: reset obs kept for TorchRL's reset
         self._stash_obs = None
         self._stash_info: list = []
@@ -206,13 +206,16 @@ class VectorBackend(InProcessBackend):
         """Reset (seeded) and, unless ``step=False``, step once with a sampled action, for the info spec
         and frame shape."""
         phase = "reset"
-        step_info = None
+        step_info, done = None, None
         try:
             reset_obs, reset_info = self.venv.reset(seed=self._seed_arg(seeds))
             frame_shape = self._render().shape[1:] if self.pixels else None
             if step:
                 phase = "step"
-                step_info = self.venv.step(self._probe_actions(int(seeds[0]), reset_obs, reset_info))[4]
+                _, _, terminated, truncated, step_info = self.venv.step(
+                    self._probe_actions(int(seeds[0]), reset_obs, reset_info)
+                )
+                done = np.logical_or(terminated, truncated)
         except EnvError:
             raise
         except Exception as err:
@@ -220,12 +223,22 @@ class VectorBackend(InProcessBackend):
             raise EnvError(
                 None, phase, f"{type(err).__name__}: {err} (while probing the vector env at construction{hint})"
             ) from err
+        phases = [("reset", reset_info, None), ("step", step_info, None)]
+        if step_info is not None and self.mode is AutoresetMode.SAME_STEP and np.shape(done) == (self.num_envs,) \
+                and done.any():
+            # as step() reads them: a finished row's top-level info is its next episode's reset info, and its
+            # last step's is in final_info (with the episode statistics of the wrappers in the vector env)
+            final_info = step_info.get("final_info", {})
+            terminal = self._terminal_extras(step_info, final_info)
+            next_reset = {k: v for k, v in step_info.items() if k not in terminal}
+            phases = [("reset", reset_info, None), ("step", step_info, ~done), ("reset", next_reset, done),
+                      ("step", {**terminal, **final_info}, done)]
         infos, batch_wide = [], {}
-        for phase, info in (("reset", reset_info), ("step", step_info)):
+        for phase, info, rows in phases:
             if info is None:
                 continue
             per_env = _split_vector_info(info, self.num_envs, phase, batch_wide)
-            infos.extend((i, phase, env_info) for i, env_info in enumerate(per_env))
+            infos.extend((i, phase, env_info) for i, env_info in enumerate(per_env) if rows is None or rows[i])
         return {"infos": infos, "frame_shape": frame_shape, "batch_wide": batch_wide}
 
     def _probe_actions(self, seed: int, obs, info):
@@ -317,12 +330,13 @@ class VectorBackend(InProcessBackend):
             option is None and self.stashed.all() and all(s is None for s in seeds)
         ):
             rows = None  # every row, not all reset by the vector env itself: a full reset needs no masked reset
-        elif (rows is None and option is None and self.stashed.any() and not any(s is not None for s in seeds or ())
-              and (self._masked_reset is not None or self.stashed.all())):
-            # an unseeded full reset after a SAME_STEP vector env reset finished rows itself: their new episodes
-            # have begun, and resetting them again would draw from their streams twice (SyncVectorEnv's own
-            # reset() resets each env once); they take that reset, the others a masked one
-            rows = np.arange(self.num_envs)
+        elif rows is None and option is None and self.stashed.any():
+            # a full reset after a SAME_STEP vector env reset finished rows itself: the new episodes of those given
+            # no seed have begun, and resetting them again would draw from their streams twice (SyncVectorEnv's
+            # own reset() resets each env once); they take that reset, the others a masked one (seeded or not)
+            reusable = self.stashed if not seeds else self.stashed & np.array([s is None for s in seeds], dtype=bool)
+            if reusable.any() and (self._masked_reset is not None or reusable.all()):
+                rows = np.arange(self.num_envs)
         self._check_workers("reset")
         if rows is None:
             try:
@@ -427,13 +441,14 @@ class VectorBackend(InProcessBackend):
                 "factories for partial steps (rollout(break_when_all_done=True), World's wait mode).",
             )
         unreset = self.pending_done | self.stashed
-        if self.mode is not AutoresetMode.DISABLED and unreset.any():
+        if unreset.any():
+            why = ("refuses to step them before they are reset" if self.mode is AutoresetMode.DISABLED else
+                   "has reset or would reset them itself, so this step would record a ghost transition")
             raise EnvError(
                 int(np.flatnonzero(unreset)[0]), "step",
                 f"rows {np.flatnonzero(unreset).tolist()} finished at the previous step and were not reset: the "
-                f"{self.mode.name} VectorEnv has reset or would reset them itself, so this step would record a ghost "
-                "transition. Reset them first (a '_reset' mask), or drive the pool with step_and_maybe_reset, "
-                "rollout or a collector.",
+                f"{self.mode.name} VectorEnv {why}. Reset them first (a '_reset' mask), or drive the pool with "
+                "step_and_maybe_reset, rollout or a collector.",
             )
         self._check_workers("step")
         try:
@@ -465,7 +480,7 @@ class VectorBackend(InProcessBackend):
             writer.observations(None, obs, "step")
             writer.info.write_batch(info, everyone, "step")
         writer.step_flags(slice(0, self.num_envs), range(self.num_envs), reward, terminated, truncated)
-        if self.mode is AutoresetMode.NEXT_STEP:
+        if self.mode is not AutoresetMode.SAME_STEP:
             self.pending_done = done
         if self.frames is not None:
             self._store_frames(None)
