@@ -194,3 +194,35 @@ def test_timed_runs_start_from_a_frozen_heap_that_is_thawed_after_even_on_failur
                                repeats=3, failures=failures)
     assert set(results) == {"a"} and set(failures) == {"b"} and max(seen) >= 2000
     assert gc.get_freeze_count() == 0
+
+
+def test_a_heap_the_caller_froze_stays_frozen():
+    # gc.unfreeze() thaws everything: the harness must not thaw what it did not freeze
+    import gc
+
+    from torchrl_swm.benchmarks.harness import frozen_heap, measure
+
+    class Tiny:
+        def run(self, units):
+            time.sleep(1e-4 * units)
+
+        def close(self):
+            pass
+
+    state = [[i] for i in range(1000)]  # noqa: F841 (kept alive, frozen below)
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        measure(Tiny, envs_per_step=1, seconds=0.02, repeats=2)
+        with frozen_heap():
+            with frozen_heap():
+                pass
+            assert gc.get_freeze_count() >= frozen
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+    with frozen_heap():
+        with frozen_heap():  # nested: the inner block leaves the outer one's heap frozen
+            pass
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0

@@ -528,3 +528,20 @@ def test_quickstart_out_that_cannot_be_created_is_a_usage_error_before_any_work(
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "torchrl-swm quickstart: error: --out" in err and expected in err
+
+
+def test_output_and_dataset_paths_expand_a_tilde_as_the_video_writer_does(tmp_path, monkeypatch, capsys):
+    # '--out=~/x' reaches the program unexpanded (the shell expands ~ only at a word's start): the dataset went
+    # to ./~/x while imageio wrote the video under $HOME, after the whole run
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["collect", "CartPole-v1", "--episodes", "1", "--max-steps", "5", "--out=~/data",
+                     "--no-progress"]) == 0
+    assert (tmp_path / "data" / "dataset.json").exists() and not (tmp_path / "~").exists()
+    assert cli.main(["info", "~/data"]) == 0
+    assert cli.main(["eval", "CartPole-v1", "--episodes", "1", "--max-steps", "5", "--json=~/r.json",
+                     "--no-progress"]) == 0
+    assert (tmp_path / "r.json").exists()
+    from torchrl_swm.quickstart import parse_args
+
+    assert parse_args(["--out=~/q"]).out == str(tmp_path / "q")

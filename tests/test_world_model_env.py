@@ -2243,6 +2243,28 @@ def test_a_decoder_on_a_batch_unlocked_env_is_probed_with_a_batch():
     assert env.step(td)["next", "pixels"].shape == (5, 2, 4)
 
 
+@pytest.mark.parametrize("bs", [(), (3,), (2, 3)])
+def test_a_sampling_decoder_on_a_batch_unlocked_env_resets_episodes_of_any_batch(bs):
+    # its rows are merged by TorchRL, not by the decoder: a (2, 3, 1) "_reset" was refused as a mask of the wrong
+    # shape, and batch () compared the mask against the pixels' first dim
+    box, act = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32), gym.spaces.Box(-1, 1, (2,), np.float32)
+
+    def decoder(obs, generator=None):
+        return obs + torch.rand(obs.shape, generator=generator, device=obs.device)
+
+    env = make_world_model_env(object(), box, act, num_envs=None, state_key="observation", initial_state=torch.ones(2),
+                               transition_fn=lambda state, action: state + action, max_episode_steps=4, decoder=decoder)
+    td = env.reset(TensorDict(batch_size=bs))
+    td = env.rollout(10, tensordict=td, auto_reset=False, break_when_any_done=False,
+                     policy=lambda td: td.set("action", torch.ones(*bs, 2)))
+    assert td.shape == (*bs, 10)
+    truncated = td["next", "truncated"].reshape(-1, 10)
+    assert (truncated == torch.tensor([t % 4 == 3 for t in range(10)])).all()
+    obs = td["observation"].reshape(-1, 10, 2)
+    assert (obs[:, :, 0] == torch.tensor([1.0 + t % 4 for t in range(10)])).all()  # restarted at each limit
+    assert ((td["pixels"] - td["observation"]).abs() < 1).all()
+
+
 @pytest.mark.parametrize("action, space", [
     (torch.tensor([0.0, 1, 2, 0]), gym.spaces.Discrete(3)),  # a float index
     (torch.tensor([[0], [1], [2], [0]]), gym.spaces.Discrete(3)),  # an (N, 1) index
@@ -2903,24 +2925,30 @@ def test_row_step_counter_keeps_frozen_rows_counts_in_a_batch_of_any_rank():
         base.close()
 
 
-def test_a_closed_world_model_env_says_it_is_closed_as_a_closed_pool_does():
-    # it kept stepping after close(), e.g. after a Collector's shutdown() closed it, where a pool says it is closed
+def test_a_closed_world_model_env_refuses_steps_until_a_full_reset_reopens_it():
+    # it kept stepping after close(); TorchRL's Collector closes its env itself once it reaches total_frames, and
+    # TorchRL's batched envs restart at their next reset: a full reset reopens it (rollout, a new Collector)
+    import copy
+
     env = counting_env(2, length=100)
     td = env.reset()
-    collector = Collector(env, None, frames_per_batch=4, total_frames=8)
-    assert [batch.numel() for batch in collector] == [4, 4]
-    collector.shutdown()  # TorchRL's collector closes the env it was given
-    assert env.is_closed
+    assert [batch.numel() for batch in Collector(env, None, frames_per_batch=4, total_frames=8)] == [4, 4]
+    assert env.is_closed  # closed by the collector at total_frames, with no shutdown() from the caller
     calls = env.model.calls
-    for use in (env.reset, lambda: env.rand_step(td), lambda: env.rollout(3), lambda: env.state,
-                lambda: env.step_and_maybe_reset(env.rand_action(td.clone()))):
-        with pytest.raises(RuntimeError, match=r"WorldModelEnv is closed .*Build a new WorldModelEnv"):
+    for use in (lambda: env.rand_step(td), lambda: env.state, lambda: env.step_and_maybe_reset(env.rand_action(td)),
+                lambda: env.reset(reset_td(2, [1]))):  # a partial reset would keep rows whose state is gone
+        with pytest.raises(RuntimeError, match=r"WorldModelEnv is closed .*total_frames.*reset\(\) every row"):
             use()
     assert env.model.calls == calls
     env.close()  # closing again is harmless
-    assert "WorldModelEnv(num_envs=2" in repr(env)
+    assert "WorldModelEnv(num_envs=2" in repr(env) and type(copy.deepcopy(env)) is WorldModelEnv
+    rollout = env.rollout(3)  # resets first: reopened, from the start
+    assert not env.is_closed and rollout["next", "observation"][:, :, 0].tolist() == [[1.0, 2.0, 3.0]] * 2
+    assert [batch.numel() for batch in Collector(env, None, frames_per_batch=4, total_frames=4)] == [4]
     export = to_gymnasium(counting_env(2, length=100))
     export.reset(seed=0)
     export.close()
     with pytest.raises(RuntimeError, match=r"WorldModelEnv is closed"):
         export.step(np.ones((2, 1), np.float32))
+    assert export.reset(seed=0)[0][:, 0].tolist() == [0.0, 0.0]
+    assert export.step(np.ones((2, 1), np.float32))[0][:, 0].tolist() == [1.0, 1.0]

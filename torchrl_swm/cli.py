@@ -299,7 +299,7 @@ def _world(args, policy_spec):
 def _configure_collect(p: argparse.ArgumentParser) -> None:
     _add_env_arguments(p, default_envs=4, mode_help="reset mode (default: auto)")
     p.add_argument("--episodes", type=int, required=True, help="episodes to collect")
-    p.add_argument("--out", required=True,
+    p.add_argument("--out", required=True, type=os.path.expanduser,
                    help="dataset directory (must not exist, or be empty; missing parents are created)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
 
@@ -357,11 +357,12 @@ def _configure_eval(p: argparse.ArgumentParser) -> None:
     _add_env_arguments(p, default_envs=8, mode_help="reset mode (default: auto; wait for --dataset evaluation)")
     p.add_argument("--episodes", type=int, default=None,
                    help="episodes (default: one per env, or all dataset episodes)")
-    p.add_argument("--video", default=None, help="write one MP4 per episode to this directory")
+    p.add_argument("--video", default=None, type=os.path.expanduser, help="write one MP4 per episode to this directory")
     p.add_argument("--video-grid", action="store_true", help="write a single grid video instead")
-    p.add_argument("--json", default=None, help="also write the result (per-episode arrays) to this JSON file")
+    p.add_argument("--json", default=None, type=os.path.expanduser,
+                   help="also write the result (per-episode arrays) to this JSON file")
     g = p.add_argument_group("dataset-driven evaluation")
-    g.add_argument("--dataset", default=None,
+    g.add_argument("--dataset", default=None, type=os.path.expanduser,
                    help="start episodes from states of this dataset (the first --episodes of its episodes; "
                         "--max-steps does not apply: --eval-budget is the step limit)")
     g.add_argument("--goal-offset", type=int, default=None, help="goal = dataset step start + goal offset")
@@ -457,7 +458,7 @@ def _eval(args) -> int:
 
 # -- info -------------------------------------------------------------------------------------------------------
 def _configure_info(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="a dataset directory written by collect")
+    p.add_argument("path", type=os.path.expanduser, help="a dataset directory written by collect")
     p.add_argument("--json", action="store_true", help="print dataset.json instead of the summary")
 
 

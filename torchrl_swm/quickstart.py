@@ -48,6 +48,7 @@ import importlib.util
 import json
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -804,7 +805,7 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = "python -m torchrl
         prog=prog,
         description="Collect real data, train a world model, plan in it, evaluate in the real env, export.",
     )
-    p.add_argument("--out", default=d.out, help="output directory (default: %(default)s)")
+    p.add_argument("--out", default=d.out, type=os.path.expanduser, help="output directory (default: %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--tiny", action="store_true", help="tiny sizes for a smoke run (CI); explicit flags still apply")
     p.add_argument("--no-video", action="store_true", help="do not write the MP4")

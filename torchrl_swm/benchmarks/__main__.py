@@ -24,8 +24,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--seconds", type=float, default=2.0,
                         help="timed seconds per row (split over 3 repeats; 5 in the export section)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
-    parser.add_argument("--json", help="save the rows to this JSON file")
-    parser.add_argument("--plot", help="save a bar chart of the ratios to this PNG file")
+    parser.add_argument("--json", type=os.path.expanduser, help="save the rows to this JSON file")
+    parser.add_argument("--plot", type=os.path.expanduser, help="save a bar chart of the ratios to this PNG file")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     return parser
 

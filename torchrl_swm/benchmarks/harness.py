@@ -32,7 +32,12 @@ __all__ = ["Row", "measure", "measure_together", "frozen_heap"]
 @contextlib.contextmanager
 def frozen_heap() -> Iterator[None]:
     """Collect, then leave every object alive now out of later garbage collections (:func:`gc.freeze`)
-    until the block ends; collections still run, over the objects allocated inside the block."""
+    until the block ends; collections still run, over the objects allocated inside the block. A heap that
+    is frozen already (by the caller, or an enclosing block) is left as it is: ``gc.unfreeze`` would thaw
+    all of it, not only what this block froze."""
+    if gc.get_freeze_count():
+        yield
+        return
     gc.collect()
     gc.freeze()
     try:

@@ -212,11 +212,14 @@ class _Runtime:
 
 
 class _ClosedRuntime:
-    """Stands in for the :class:`_Runtime` once the env is closed: any use says so (no check on the hot path)."""
+    """Stands in for the :class:`_Runtime` once the env is closed: any use says so (no check on the hot path),
+    until a reset of every row reopens the env."""
 
     __slots__ = ()
 
     def __getattr__(self, name):
+        if name.startswith("__"):  # copy/pickle probes (__deepcopy__...): absent, as Python expects
+            raise AttributeError(name)
         raise _closed_error()
 
     def __setattr__(self, name, value):
@@ -225,9 +228,9 @@ class _ClosedRuntime:
 
 def _closed_error() -> RuntimeError:
     return RuntimeError(
-        "WorldModelEnv is closed (close() was called, perhaps by a Collector's shutdown(), which closes its env); "
-        "its envs' state is gone. Build a new WorldModelEnv (the model can be reused), or pass the Collector a "
-        "factory of envs instead of an env."
+        "WorldModelEnv is closed (close() was called, perhaps by a Collector's shutdown(), which TorchRL's Collector "
+        "also runs once it reaches total_frames): its rows' state was released. reset() every row to reopen it "
+        "(rollout() and a new Collector do), as TorchRL's batched envs restart at their next reset."
     )
 
 
@@ -1760,9 +1763,14 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             raise TypeError(
                 f"WorldModelEnv.reset: unexpected keyword arguments {sorted(kwargs)}; expected seed= and options="
             )
+        mask = None if tensordict is None else tensordict.get("_reset", None)
+        if type(self.__dict__.get("_rt")) is _ClosedRuntime:
+            if self._locked and mask is not None and not bool(row_mask(mask, self.batch_size[0], "_reset").all()):
+                raise _closed_error()  # a partial reset would keep rows whose state is gone
+            self.__dict__["_rt"] = _Runtime()  # reopened, as TorchRL's batched envs restart at their next reset
+            self.is_closed = False
         if seed is not None:
             self._set_seed(seed)
-        mask = None if tensordict is None else tensordict.get("_reset", None)
         if not self._locked:
             bs = tuple(tensordict.batch_size) if tensordict is not None else tuple(self.batch_size)
             return self._graph_free(self._reset_unlocked, bs, seed, options)
@@ -1942,8 +1950,9 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         )
 
     def close(self, *, raise_if_closed: bool = True) -> None:
-        """Close the env, as :class:`~torchrl_swm.EnvPool` closes: the rows' state is released (device memory
-        included), and any later step or reset is an error. Closing twice is fine."""
+        """Close the env: the rows' state is released (device memory included), and a step or a partial reset
+        is an error until a reset of every row reopens the env (``rollout()`` and a new ``Collector`` reset it
+        first), as TorchRL's batched envs restart at their next reset. Closing twice is fine."""
         super().close(raise_if_closed=raise_if_closed)
         self.__dict__["_rt"] = _ClosedRuntime()
 

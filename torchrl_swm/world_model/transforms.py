@@ -446,7 +446,7 @@ class ObservationDecoder(_WorldModelTransform):
         if self._samples():
             value, out = tensordict_reset.get(self.in_keys[0]), tensordict_reset.get(self.out_keys[0])
             mask = None if tensordict is None else tensordict.get("_reset", None)
-            last = None if mask is None else self._last_for(value, out)
+            last = None if mask is None or not self._rows_kept_here() else self._last_for(value, out)
             if last is not None:  # a partial reset: the other rows keep what they had
                 rows = row_mask(mask, out.shape[0], "_reset")
                 value, out = _tree.where_rows(rows, value, last[0]), _tree.where_rows(rows, out, last[1])
@@ -458,7 +458,7 @@ class ObservationDecoder(_WorldModelTransform):
         if self._samples():
             value, out = next_tensordict.get(self.in_keys[0]), next_tensordict.get(self.out_keys[0])
             partial = tensordict.get("_step", None)
-            last = None if partial is None else self._last_for(value, out)
+            last = None if partial is None or not self._rows_kept_here() else self._last_for(value, out)
             if last is not None:
                 n = out.shape[0]
                 keep = ~row_mask(partial, n, "_step") & _same_rows(value, last[0], n)
@@ -484,6 +484,11 @@ class ObservationDecoder(_WorldModelTransform):
 
     def _samples(self) -> bool:
         return self._bound is not None and "generator" in self._bound.extras
+
+    def _rows_kept_here(self) -> bool:
+        """Whether this transform keeps the rows a mask leaves alone: below a batch-locked env (one row per
+        env); a batch-unlocked one has TorchRL merge the masked rows into the caller's tensordict itself."""
+        return self.parent is None or self.parent.batch_locked
 
     def _last_for(self, value, out) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The last ``(input, output)`` when they have this batch's shapes (a batch-locked env; an unlocked
