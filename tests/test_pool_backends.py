@@ -1175,7 +1175,8 @@ def test_same_step_reset_info_first_reported_after_the_first_episode_stays_at_th
 
 
 @pytest.mark.parametrize("seed_every_episode", [False, True])
-def test_same_step_wrapper_stats_are_recorded_at_the_terminal_step(seed_every_episode):
+@pytest.mark.parametrize("declared", [True, False])
+def test_same_step_wrapper_stats_are_recorded_at_the_terminal_step(seed_every_episode, declared):
     # RecordEpisodeStatistics adds "episode" at the top level for finished envs, where gymnasium's SAME_STEP puts
     # their reset info: the pool records it at the done step (as under NEXT_STEP), never at the next reset or lost
     from gymnasium.wrappers.vector import RecordEpisodeStatistics
@@ -1185,7 +1186,11 @@ def test_same_step_wrapper_stats_are_recorded_at_the_terminal_step(seed_every_ep
 
     venv = RecordEpisodeStatistics(gym.vector.SyncVectorEnv([make] * 2, autoreset_mode=AutoresetMode.SAME_STEP))
     spec = {"episode": {"r": np.float64(0), "l": np.int64(0), "t": np.float64(0)}}
-    pool = EnvPool(venv, seed=0, seed_every_episode=seed_every_episode, info_spec=spec)
+    # undeclared, the wrapper's statistics are known from it: the probe's one step ends no episode, and a key
+    # first reported later was an error at the first episode's end
+    pool = EnvPool(venv, seed=0, seed_every_episode=seed_every_episode, info_spec=spec if declared else None)
+    assert {key: pool.observation_spec["info", "episode", key].dtype for key in "rlt"} == {
+        "r": torch.float64, "l": torch.int64, "t": torch.float64}
     rollout = pool.rollout(60, break_when_any_done=False)
     done = rollout["next", "done"][..., 0]
     assert done.sum() >= 4

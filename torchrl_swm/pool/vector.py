@@ -89,14 +89,38 @@ _OWN_MASKED_RESETS = frozenset({_cartpole_masked_reset})  # tested here: their r
 _PENDING_CLOSE_TIMEOUT = 5.0  # seconds a close waits for the answers of a call an error left pending
 
 
-def _episode_stat_keys(venv) -> frozenset:
-    """The info keys of the vector ``RecordEpisodeStatistics`` wrappers in ``venv``'s chain (``"episode"``)."""
-    keys = set()
+def _episode_stat_wrappers(venv) -> list:
+    """The vector ``RecordEpisodeStatistics`` wrappers in ``venv``'s chain."""
+    found = []
     while isinstance(venv, gym.vector.VectorWrapper):
         if isinstance(venv, RecordEpisodeStatistics):
-            keys.add(getattr(venv, "_stats_key", "episode"))  # its stats_key= argument, kept privately
+            found.append(venv)
         venv = venv.env
-    return frozenset(keys)
+    return found
+
+
+def _stats_key(wrapper) -> str:
+    return getattr(wrapper, "_stats_key", "episode")  # its stats_key= argument, kept privately
+
+
+def _episode_stat_keys(venv) -> frozenset:
+    """The info keys of the vector ``RecordEpisodeStatistics`` wrappers in ``venv``'s chain (``"episode"``)."""
+    return frozenset(_stats_key(wrapper) for wrapper in _episode_stat_wrappers(venv))
+
+
+def _episode_stat_probes(venv, num_envs: int) -> list:
+    """Probe infos for the episode statistics of ``venv``'s vector ``RecordEpisodeStatistics`` wrappers: they
+    report them only at an episode's end, which the construction probe's one step rarely reaches, and their
+    leaves and dtypes are known (``r`` the return, ``l`` the length, ``t`` the time)."""
+    probes = []
+    for wrapper in _episode_stat_wrappers(venv):
+        stats = {
+            "r": np.zeros((), getattr(wrapper, "episode_returns", np.zeros(0)).dtype),
+            "l": np.zeros((), getattr(wrapper, "episode_lengths", np.zeros(0, np.int64)).dtype),
+            "t": np.zeros((), np.float64),
+        }
+        probes.extend((i, "step", {_stats_key(wrapper): dict(stats)}) for i in range(num_envs))
+    return probes
 
 
 def _innermost(venv):
@@ -239,6 +263,8 @@ class VectorBackend(InProcessBackend):
                 continue
             per_env = _split_vector_info(info, self.num_envs, phase, batch_wide)
             infos.extend((i, phase, env_info) for i, env_info in enumerate(per_env) if rows is None or rows[i])
+        if step_info is not None:
+            infos.extend(_episode_stat_probes(self.venv, self.num_envs))
         return {"infos": infos, "frame_shape": frame_shape, "batch_wide": batch_wide}
 
     def _probe_actions(self, seed: int, obs, info):
