@@ -672,3 +672,96 @@ def test_dataset_goals_leave_out_bookkeeping_transform_entries(tmp_path):
     result = World(env(2), policy=PointMazeExpert("u")).evaluate(dataset=ds, start_steps=2, goal_offset=3,
                                                                  eval_budget=5, progress=False)
     assert result["goal_keys"] == ["state", "target"]
+
+
+class _NoisyBatched(gym.vector.VectorEnv):
+    """Natively batched (one RNG for the batch), DISABLED autoreset with a masked reset; row i's episodes last
+    2 + i steps; every reward is a fresh draw from the batch RNG."""
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.DISABLED}
+
+    def __init__(self, n=3):
+        from gymnasium.vector.utils import batch_space
+
+        self.num_envs = n
+        self.single_observation_space = gym.spaces.Box(0, 100, (1,), np.float32)
+        self.single_action_space = gym.spaces.Discrete(2)
+        self.observation_space = batch_space(self.single_observation_space, n)
+        self.action_space = batch_space(self.single_action_space, n)
+        self.t = np.zeros(n, np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        mask = np.ones(self.num_envs, bool) if not options else np.asarray(options["reset_mask"])
+        self.t[mask] = 0
+        return self.t[:, None].copy(), {}
+
+    def step(self, action):
+        self.t += 1
+        reward = self.np_random.random(self.num_envs)
+        return self.t[:, None].copy(), reward, self.t >= 2 + np.arange(self.num_envs), np.zeros(self.num_envs, bool), {}
+
+
+class _SameStepBatched(_NoisyBatched):
+    """The same, SAME_STEP, with no masked reset (as many GPU/JAX batched envs); rewards 1."""
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+
+    def reset(self, *, seed=None, options=None):
+        gym.vector.VectorEnv.reset(self, seed=seed)
+        self.t[:] = 0
+        return self.t[:, None].copy(), {}
+
+    def step(self, action):
+        self.t += 1
+        term = self.t >= 2 + np.arange(self.num_envs)
+        obs, info = self.t[:, None].copy(), {}
+        if term.any():
+            info = {"final_obs": np.array([o if d else None for o, d in zip(obs, term)], dtype=object),
+                    "_final_obs": term.copy(), "final_info": {}, "_final_info": term.copy()}
+            self.t[term] = 0
+            obs = self.t[:, None].copy()
+        return obs, np.ones(self.num_envs), term, np.zeros(self.num_envs, bool), info
+
+
+@pytest.mark.parametrize("reset_mode", ["auto", "wait"])
+def test_world_on_a_natively_batched_env_never_replays_its_random_stream(tmp_path, reset_mode):
+    # one RNG for the batch: World reseeded it at every episode start, an idle row's refill with the same seed
+    # each time, so episodes shared their reward noise (understated spreads); now the stream continues
+    def rewards(path):
+        ds = World(EnvPool(_NoisyBatched(3))).collect(path, 9, seed=0, reset_mode=reset_mode, max_steps=10,
+                                                      progress=False)
+        return [ds.episode(k)["next", "reward"].view(-1).tolist() for k in range(ds.num_episodes)]
+
+    first = rewards(tmp_path / "a")
+    draws = [r for episode in first for r in episode]
+    assert len(first) == 9 and len(set(draws)) == len(draws)  # no draw repeated across the run's episodes
+    assert rewards(tmp_path / "b") == first  # and the run is reproducible from World's seed
+
+
+@pytest.mark.parametrize("reset_mode", ["auto", "wait"])
+def test_world_on_a_same_step_batched_env_without_a_masked_reset_takes_the_resets_it_made(reset_mode):
+    # World seeded every episode start, which such an env cannot do for some rows: the first episode end raised
+    result = World(EnvPool(_SameStepBatched(3))).evaluate(6, seed=0, reset_mode=reset_mode, progress=False)
+    lengths = sorted(result["episode_lengths"].tolist())
+    assert len(lengths) == 6 and set(lengths) <= {2, 3, 4}
+    assert result["episode_returns"].tolist() == result["episode_lengths"].astype(float).tolist()
+
+
+def test_an_async_vector_env_without_shared_memory_is_refused_in_next_step_mode():
+    # gymnasium's worker clears a pending NEXT_STEP autoreset at a reset only with shared memory: the step after a
+    # masked reset restarted the env again, a ghost transition with reward 0 in every later episode
+    venv = gym.vector.AsyncVectorEnv([functools.partial(counting, length=3)] * 2, shared_memory=False)
+    try:
+        with pytest.raises(torchrl_swm.SpecError, match=r"shared_memory=False\) in NEXT_STEP mode.*ghost transition"):
+            EnvPool(venv)
+    finally:
+        venv.close()
+    venv = gym.vector.AsyncVectorEnv([functools.partial(counting, length=3)] * 2, shared_memory=False,
+                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    pool = EnvPool(venv)
+    try:
+        result = World(pool).evaluate(4, seed=0, progress=False)
+        assert result["episode_lengths"].tolist() == [3] * 4
+    finally:
+        pool.close()

@@ -1296,18 +1296,23 @@ class _Run:
         """Reset the rows in ``seeds`` (``{row: seed}``, with ``{row: reset options}``); the others keep their state."""
         n = self.n
         kwargs = {}
-        if self.pool is not None:
+        flags = np.zeros(n, dtype=bool)
+        flags[list(seeds)] = True
+        # one RNG for the batch (a natively batched env): seeding some rows would reseed every row's stream, with
+        # an idle row's same seed again and again; after the run's first reset they continue the stream, as the
+        # pool's rollout does (its episodes' seeds are then the stream's, as it reports them), and a SAME_STEP one
+        # without a masked reset keeps the resets it made itself
+        seeded = self.pool is not None and (self.pool.per_env_seeds or flags.all() or td is None)
+        if seeded:
             seed_array = np.zeros(n, dtype=np.int64)
             for i, seed in seeds.items():
                 seed_array[i] = seed
             kwargs["seed"] = seed_array
-            if options:
-                per_env = [None] * n
-                for i, option in options.items():
-                    per_env[i] = option
-                kwargs["options"] = per_env
-        flags = np.zeros(n, dtype=bool)
-        flags[list(seeds)] = True
+        if self.pool is not None and options:
+            per_env = [None] * n
+            for i, option in options.items():
+                per_env[i] = option
+            kwargs["options"] = per_env
         if flags.all() and td is None:
             td = self.env.reset(**kwargs)
         else:  # with the carried root: a full reset keeps its entries, as TorchRL's maybe_reset does

@@ -669,6 +669,13 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         return not isinstance(self._backend, VectorBackend)
 
     @property
+    def per_env_seeds(self) -> bool:
+        """Whether each env takes a seed of its own: True for pools of single envs and over gymnasium's
+        ``SyncVectorEnv``/``AsyncVectorEnv``; False over a natively batched ``VectorEnv``, whose one RNG serves
+        the batch (a seed given to some rows reseeds every row's stream)."""
+        return getattr(self._backend, "per_env_seeds", True)
+
+    @property
     def seed_every_episode(self) -> bool:
         """Whether every episode gets a seed of its own (see the ``seed_every_episode`` argument)."""
         return self._seeds.every_episode

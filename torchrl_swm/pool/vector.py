@@ -162,6 +162,17 @@ class VectorBackend(InProcessBackend):
         self.seed_every_episode = bool(seed_every_episode)
         self._everyone = np.ones(self.num_envs, dtype=bool)
         self._everyone.flags.writeable = False
+        inner = _innermost(venv)
+        if (isinstance(inner, gym.vector.AsyncVectorEnv) and not getattr(inner, "shared_memory", True)
+                and self.mode is AutoresetMode.NEXT_STEP):
+            # gymnasium 1.4's worker clears its pending NEXT_STEP autoreset at a reset only with shared memory: the
+            # step after a reset would reset that env again, a ghost transition (reward 0, obs from reset to reset)
+            raise SpecError(
+                "AsyncVectorEnv(shared_memory=False) in NEXT_STEP mode: its workers keep a finished env's pending "
+                "autoreset across a reset (gymnasium clears it only with shared memory), so the step after a reset "
+                "would restart that env again and record a ghost transition. Use shared_memory=True (gymnasium's "
+                "default), or autoreset_mode SAME_STEP or DISABLED."
+            )
         self._masked_reset = self._find_masked_reset(masked_reset)
         if pixels and getattr(venv, "render_mode", None) != "rgb_array":
             raise EnvError(None, "make", f"pixels=True needs render_mode='rgb_array', got {getattr(venv, 'render_mode', None)!r}")
