@@ -274,7 +274,10 @@ class VectorBackend(InProcessBackend):
                 continue
             per_env = _split_vector_info(info, self.num_envs, phase, batch_wide)
             infos.extend((i, phase, env_info) for i, env_info in enumerate(per_env) if rows is None or rows[i])
-        if step_info is not None:
+        if step_info is not None and self.mode is AutoresetMode.SAME_STEP and not self.seed_every_episode:
+            # only where the wrapper's statistics hold: every other mode resets finished rows with a masked reset,
+            # and gymnasium 1.4's vector envs pop options["reset_mask"] before the wrapper reads it (it then
+            # restarts every row's statistics): there the key stays an error unless declared (info_spec=)
             infos.extend(_episode_stat_probes(self.venv, self.num_envs))
         return {"infos": infos, "frame_shape": frame_shape, "batch_wide": batch_wide}
 
