@@ -1170,11 +1170,11 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             return self._advance(tensordict, self._locked_shapes, partial)
         return self._advance(tensordict, self._shapes(tensordict.batch_size), None)
 
-    def _step_mask(self, partial, bs) -> dict:
+    def _step_mask(self, step_rows, bs) -> dict:
         """The transition's ``mask=`` extra: the rows stepped (all True without a partial ``"_step"``)."""
-        if partial is None:
+        if step_rows is None:
             return {"mask": torch.ones(bs, dtype=torch.bool, device=self._dev)}
-        return {"mask": row_mask(partial, bs[0], "_step").clone()}
+        return {"mask": step_rows.clone()}
 
     def _advance(self, td, shapes: _Shapes, partial) -> TensorDict:
         """One step for the whole batch: the model is called once; returns the ``"next"`` TensorDict."""
@@ -1189,7 +1189,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         else:
             action = self._read_action(td, shapes)
         if self._action_checks:
-            action = self._check_action_values(td, action, partial, shapes.bs)
+            action = self._check_action_values(td, action, step_rows, shapes.bs)
         # state
         if self._state_key is None and rt.has_state:
             state = rt.state
@@ -1197,7 +1197,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             state = self._current_state(td, shapes)
         state_in = state  # a row frozen by "_step" keeps it (with state_key: the caller's, maybe edited)
         # the model, once for the batch
-        kwargs = self._step_mask(partial, shapes.rows) if self._transition_takes_mask else {}
+        kwargs = self._step_mask(step_rows, shapes.rows) if self._transition_takes_mask else {}
         if shapes.nb == 1:
             call = self._transition.call
         else:  # a batch-unlocked env's batch () or (B, C): the model still gets (N, ...) rows
@@ -1312,10 +1312,11 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             "state_key of its own (e.g. state_key='latent', with state_spec=) to keep the state in the tensordict."
         )
 
-    def _check_action_values(self, td, action, partial, bs):
-        """Refuse discrete actions outside their spec in the stepped rows; returns the action the model gets
-        (frozen rows' invalid actions, ignored, replaced by a valid placeholder: the model sees every row)."""
-        stepped = None if partial is None else row_mask(partial, bs[0], "_step").reshape(bs)
+    def _check_action_values(self, td, action, step_rows, bs):
+        """Refuse discrete actions outside their spec in the stepped rows (``step_rows``, bool ``(N,)``, or
+        ``None``: all); returns the action the model gets (frozen rows' invalid actions, ignored, replaced by
+        a valid placeholder: the model sees every row)."""
+        stepped = None if step_rows is None else step_rows.reshape(bs)
         for leaf, check in self._action_checks:
             if self._action_leaf is not None:
                 action = check.refuse(action, f"WorldModelEnv.step: {leaf.name}", stepped)
