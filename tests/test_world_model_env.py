@@ -2952,3 +2952,109 @@ def test_a_closed_world_model_env_refuses_steps_until_a_full_reset_reopens_it():
         export.step(np.ones((2, 1), np.float32))
     assert export.reset(seed=0)[0][:, 0].tolist() == [0.0, 0.0]
     assert export.step(np.ones((2, 1), np.float32))[0][:, 0].tolist() == [1.0, 1.0]
+
+
+def _drift_transition(state, action):
+    nxt = state + action
+    return {"state": nxt, "reward": nxt.sum(-1), "terminated": nxt[:, 0] > 2.5}
+
+
+def _drift_env(num_envs, wrapped):
+    kwargs = dict(num_envs=num_envs, state_key="observation", transition_fn=_drift_transition,
+                  initial_state=torch.zeros(2))
+    if wrapped:  # make_world_model_env's TransformedEnv goes through TorchRL's step of its own
+        return make_world_model_env(None, BOX2, BOX2, reward_fn=lambda s, o, a: s.sum(-1), **kwargs)
+    return WorldModelEnv(None, BOX2, BOX2, **kwargs)
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["bare", "make_world_model_env"])
+def test_a_batch_unlocked_env_keeps_the_rows_a_step_mask_freezes_as_a_locked_one(wrapped):
+    # TorchRL rebuilds an unlocked env's frozen rows from zeros: observation (here the state), action and
+    # flags all 0, and the row's next step would restart from a zero state
+    locked, unlocked = _drift_env(4, wrapped), _drift_env(None, wrapped)
+    assert not unlocked.batch_locked
+    outs = []
+    for env in (locked, unlocked):
+        td = env.reset(TensorDict({}, [4]))
+        td["observation"] = torch.arange(8.0).view(4, 2) / 10
+        steps = []
+        for t, frozen in enumerate(([1], [0, 3], [], [0, 1, 2, 3], [2])):
+            td["action"] = torch.full((4, 2), 0.25 + t / 10)
+            mask = torch.ones(4, 1, dtype=torch.bool)
+            mask[frozen] = False
+            td["_step"] = mask
+            out = env.step(td)
+            steps.append(out.exclude("_step").clone())  # TorchRL keeps the mask in a locked env's output only
+            td = env.step_mdp(out)
+        outs.append(torch.stack(steps))
+    expected, got = outs
+    assert set(got.keys(True, True)) == set(expected.keys(True, True))
+    for key in expected.keys(True, True):
+        torch.testing.assert_close(got[key], expected[key], msg=lambda m: f"{key}: {m}")
+    # row 1, frozen at the first step: it keeps its observation, reward 0, then resumes from it
+    assert got["next", "observation"][0, 1].tolist() == pytest.approx([0.2, 0.3])
+    assert got["next", "reward"][0, 1].item() == 0.0
+    assert got["next", "observation"][1, 1].tolist() == pytest.approx([0.55, 0.65])
+
+
+def test_a_batch_unlocked_env_freezes_rows_of_any_batch_shape_and_in_rollouts():
+    env = _drift_env(None, False)
+    td = env.reset(TensorDict({}, [2, 3]))
+    td["observation"] = torch.arange(12.0).view(2, 3, 2) / 10
+    td["action"] = torch.ones(2, 3, 2)
+    rows = torch.tensor([[True, False, True], [False, True, True]])
+    for mask in (rows, rows.unsqueeze(-1)):
+        out = env.step(td.clone().set("_step", mask))
+        torch.testing.assert_close(out["next", "observation"][rows], td["observation"][rows] + 1)
+        torch.testing.assert_close(out["next", "observation"][~rows], td["observation"][~rows])
+        assert out["next", "reward"][~rows].eq(0).all() and out["next", "reward"][rows].ne(0).all()
+    # every row frozen: nothing steps
+    out = env.step(td.clone().set("_step", torch.zeros(2, 3, dtype=torch.bool)))
+    torch.testing.assert_close(out["next", "observation"], td["observation"])
+    # TorchRL's rollout freezes finished rows with "_step": the same rollout as a batch-locked env's
+    rollouts = []
+    for env in (_drift_env(None, False), _drift_env(3, False)):
+        start = env.reset(TensorDict({}, [3]))
+        start["observation"] = torch.tensor([[0.0, 0.0], [1.0, 0.0], [2.0, 0.0]])
+        policy = lambda td: td.set("action", torch.full((3, 2), 0.5))  # noqa: E731
+        rollouts.append(env.rollout(8, policy, auto_reset=False, tensordict=start, break_when_any_done=False,
+                                    break_when_all_done=True))
+    assert rollouts[0].batch_size == rollouts[1].batch_size == (3, 6)
+    for key in rollouts[1].keys(True, True):
+        torch.testing.assert_close(rollouts[0][key], rollouts[1][key], msg=lambda m: f"{key}: {m}")
+
+
+def test_a_batch_unlocked_partial_step_names_what_a_frozen_row_lacks_and_a_bad_mask():
+    env = _drift_env(None, False)
+    td = TensorDict({"observation": torch.zeros(3, 2), "action": torch.ones(3, 2)}, [3])
+    with pytest.raises(KeyError, match=r"freezes rows, which keep their values .*has no \['terminated', 'truncated', 'done'\]"):
+        env.step(td.clone().set("_step", torch.tensor([True, False, True])))
+    with pytest.raises(ValueError, match=r"'_step' mask: expected a bool tensor of the tensordict's batch shape "
+                                         r"\(3,\) \(or \(3, 1\)\).*got Tensor\(dtype=torch.int64"):
+        env.step(td.clone().set("_step", torch.tensor([1, 0, 1])))
+
+
+def test_a_batch_unlocked_partial_step_sends_gradients_to_the_stepped_rows_only():
+    env = WorldModelEnv(None, BOX2, BOX2, num_envs=None, state_key="observation", transition_fn=_drift_transition,
+                        initial_state=torch.zeros(2), differentiable=True)
+    td = env.reset(TensorDict({}, [3]))
+    action = torch.ones(3, 2, requires_grad=True)
+    td["action"] = action
+    td["_step"] = torch.tensor([True, False, True])
+    env.step(td)["next", "observation"].sum().backward()
+    assert action.grad.tolist() == [[1.0, 1.0], [0.0, 0.0], [1.0, 1.0]]
+
+
+@pytest.mark.parametrize("with_spec", [False, True])
+def test_a_namedtuple_state_under_state_key_is_refused_with_what_to_do(with_spec):
+    # a tensordict entry cannot be a namedtuple: state_spec= does not help, a dict state or state_key=None does
+    from collections import namedtuple
+
+    Pos = namedtuple("Pos", "pos vel")
+    kwargs = {"state_spec": {"pos": BOX2, "vel": BOX2}} if with_spec else {}
+    with pytest.raises((SpecError, ReturnFormError), match=r"(?s)state_key must be a tensor, a dict or a TensorDict.*"
+                                                           r"got Pos.*namedtuple state cannot be an entry of a "
+                                                           r"tensordict: return it as a dict"):
+        WorldModelEnv(None, BOX2, BOX2, num_envs=3, state_key="latent", initial_observation=torch.zeros(2),
+                      transition_fn=lambda s, a: (s, s.pos, s.pos.sum(-1)),
+                      initial_state=Pos(torch.zeros(2), torch.zeros(2)), **kwargs).reset()

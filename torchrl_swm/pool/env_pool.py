@@ -16,6 +16,7 @@ Data path of one step::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -53,7 +54,17 @@ _UNRESET_WHY = {
     _STEP_LOST: "their last step, which a reset that raised followed at once (as step_and_maybe_reset does, whose "
                 "transition is then lost)",
 }
-_NO_STEP = object()  # EnvPool._last_step_rows: no step since the last reset
+_NO_STEP = object()  # _StepState.last_step_rows: no step since the last reset
+
+
+@dataclasses.dataclass(slots=True)
+class _StepState:
+    """What the pool's steps and resets note for the next one. A plain object, not attributes of the pool: each
+    assignment to an ``nn.Module`` attribute goes through torch's ``__setattr__``, microseconds on the hot path."""
+
+    last_step_rows: object = _NO_STEP  # the rows of the last step when no reset followed it (None: all)
+    fresh: bool = False  # every row was reset and none stepped since
+    seeded_after_reset: bool = False  # set_seed came while fresh (see EnvPool._set_seed)
 
 try:  # gym.make's own id lookup, which emits its version warnings (private: a later gymnasium may move it)
     from gymnasium.envs.registration import _find_spec
@@ -289,10 +300,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         # rows to reset before they step, as why (a key of _UNRESET_WHY): the probe left them mid-way, or a step or
         # reset that raised may have moved them without a transition; None once none is left
         self._unreset: np.ndarray | None = np.full(n, _BUILT, dtype=np.int8)
-        self._last_step_rows = _NO_STEP  # the rows of the last step when no reset followed it (None: all)
-        # whether every row was reset and none stepped since, and whether set_seed came then (see _set_seed)
-        self._fresh = False
-        self._seeded_after_reset = False
+        self._step_state = _StepState()
         info_keys = chosen_info_keys(info_keys)  # once: an iterator would be used up by the first reader
         probe = backend.probe(self._seeds.next(None)[1], step=needs_step_probe(info_keys, info_spec))
         self._seeds.count[:] = 0  # the probe does not use up the first seeds
@@ -362,20 +370,20 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
     def _reset(self, tensordict: TensorDictBase | None = None, *, seed=None, options=None, **kwargs) -> TensorDictBase:
         if kwargs:
             raise TypeError(f"EnvPool.reset: unexpected keyword arguments {sorted(kwargs)}; expected seed= and options=")
-        mask = None if tensordict is None else tensordict.get("_reset", None)
+        mask = None if tensordict is None else tensordict._get_str("_reset", None)
         rows = mask_rows(mask, self.num_envs, "_reset")
         if rows is None and mask is not None:
             # a mask resets rows, even all of them (TorchRL's maybe_reset when every env is done): a
             # SAME_STEP vector env has reset them already; a full reset would reset them twice
             rows = np.arange(self.num_envs)
-        self._seeded_after_reset = False
+        self._step_state.seeded_after_reset = False
         override = broadcast_seeds(seed, self.num_envs, allow_none=True)
         options = broadcast_options(options, self.num_envs)
         if rows is None or rows.size:
             if rows is not None:
                 options = [options[j] for j in rows]
             self._reset_rows(rows, override, options)
-            self._fresh = rows is None or self._fresh
+            self._step_state.fresh = rows is None or self._step_state.fresh
         else:
             self._backend.settle()  # nothing to reset, but the snapshot must not race an interrupted step
         return self._host.snapshot(self._reset_keys, self.batch_size)
@@ -393,13 +401,13 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             self._backend.reset(rows, reset_seeds, options, episode_seeds)
         except BaseException:
             seeds.rewind(rows, saved)
-            if self._last_step_rows is not _NO_STEP:
+            if self._step_state.last_step_rows is not _NO_STEP:
                 # a reset right after a step may be TorchRL's step_and_maybe_reset (a transform's too), whose
                 # step's transition is lost with it: the rows that step moved must be reset as well
-                self._must_reset(self._last_step_rows, _STEP_LOST)
+                self._must_reset(self._step_state.last_step_rows, _STEP_LOST)
             self._must_reset(rows, _RESET_RAISED)  # some may have started an episode the caller never got
             raise
-        self._last_step_rows = _NO_STEP
+        self._step_state.last_step_rows = _NO_STEP
         if self._unreset is not None:
             self._unreset[slice(None) if rows is None else rows] = 0
             if not self._unreset.any():
@@ -415,7 +423,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         self._unreset[slice(None) if rows is None else rows] = why
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        return self._step_rows(tensordict, tensordict.get("_step", None))
+        return self._step_rows(tensordict, tensordict._get_str("_step", None))
 
     def _step_rows(self, tensordict: TensorDictBase, step_mask: torch.Tensor | None) -> TensorDictBase:
         rows = mask_rows(step_mask, self.num_envs, "_step")
@@ -423,9 +431,9 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             self._refuse_unreset(rows)
         actions = self._codec.decode(tensordict.get("action"), rows, self._backend.batched_actions)
         self._host.wait_for_copy()
-        if self._seeded_after_reset:
+        if self._step_state.seeded_after_reset:
             self._warn_unseeded_start()
-        self._fresh = False
+        self._step_state.fresh = False
         if rows is not None:
             self._backend.settle()  # an interrupted step's late rewards must not land on the zeros
             self._host.arrays[("reward",)].fill(0.0)  # frozen rows report reward 0
@@ -433,9 +441,9 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             self._backend.step(actions, rows)
         except BaseException:
             self._must_reset(rows, _STEP_RAISED)
-            self._last_step_rows = _NO_STEP  # its rows are refused already, and no earlier step's transition is lost
+            self._step_state.last_step_rows = _NO_STEP  # its rows are refused already, and no earlier step's transition is lost
             raise
-        self._last_step_rows = rows
+        self._step_state.last_step_rows = rows
         self._resize_frames(rows)
         return self._host.snapshot(self._step_keys, self.batch_size)
 
@@ -476,7 +484,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         """
         if self.device is not None and tensordict.device != self.device:
             tensordict = tensordict.to(self.device)  # as TorchRL's generic path does first
-        step_mask = tensordict.get("_step", None)
+        step_mask = tensordict._get_str("_step", None)
         if (
             not self._own_step_and_reset
             or "next" in tensordict.keys()
@@ -601,12 +609,12 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         """Env ``i``'s next reset gets ``seed + i``; the episodes in progress go on as they started."""
         self._raise_if_closed()
         self._seeds.set(seed)
-        self._seeded_after_reset = self._fresh  # stepped before the next reset: warned (_warn_unseeded_start)
+        self._step_state.seeded_after_reset = self._step_state.fresh  # stepped before the next reset: warned (_warn_unseeded_start)
 
     def _warn_unseeded_start(self) -> None:
         # Restarting the episodes in set_seed, as TorchRL's GymWrapper does, would make the caller's root (a
         # Collector's, from its reset at construction) an observation of another episode than its "next"
-        self._seeded_after_reset = False
+        self._step_state.seeded_after_reset = False
         warnings.warn(
             "EnvPool: set_seed() came after the last reset and before this step, so the episodes in progress keep "
             "the seeds they started with; the new seeds apply from each env's next reset. For a reproducible run "

@@ -184,10 +184,63 @@ def _spec_of_state(state, device, what: str) -> TensorSpec:
         return Unbounded(shape=state.shape, dtype=state.dtype, device=device)
     if isinstance(state, (Mapping, TensorDictBase)):
         return Composite({k: _spec_of_state(v, device, f"{what}[{k!r}]") for k, v in state.items()}, device=device)
-    raise SpecError(
-        f"{what}: a state exposed under state_key must be a tensor, a dict or a TensorDict, got {describe(state)}; "
-        "pass state_spec= or leave state_key=None (the state then stays on the env only)"
-    )
+    raise SpecError(f"{what}: {_STATE_UNDER_KEY}, got {describe(state)}; {_STATE_UNDER_KEY_FIX}")
+
+
+# a state exposed under state_key lives in the tensordict, whose entries are tensors and (nested) tensordicts
+_STATE_UNDER_KEY = "a state exposed under state_key must be a tensor, a dict or a TensorDict"
+_STATE_UNDER_KEY_FIX = (
+    "a tuple or namedtuple state cannot be an entry of a tensordict: return it as a dict (or TensorDict) of "
+    "tensors, or leave state_key=None (the state then stays on the env only, in any form)"
+)
+
+
+def step_keeping_frozen_rows(env: EnvBase, tensordict: TensorDictBase, step: Callable) -> TensorDictBase:
+    """``env.step(tensordict)`` for a batch-unlocked ``env`` under a ``"_step"`` mask, frozen rows kept.
+
+    TorchRL (0.14.1) steps an unlocked env's selected rows alone, then rebuilds the whole batch from
+    zeros: a frozen row came back with a zero observation, action and flags, and a state read back from
+    the tensordict (``state_key``) would restart from zeros at its next step. Here the selected rows
+    step alone too (``step``: TorchRL's ``EnvBase.step`` on them), and every frozen row keeps the
+    caller's values: its ``"next"`` repeats its observation, state, flags and info, with reward 0, as a
+    batch-locked ``WorldModelEnv`` gives. Returns ``tensordict``, with ``"next"`` set, as TorchRL does.
+    """
+    bs = tensordict.batch_size
+    mask = tensordict.get("_step")
+    if not isinstance(mask, torch.Tensor) or mask.dtype is not torch.bool or mask.shape not in (bs, (*bs, 1)):
+        raise ValueError(
+            f"'_step' mask: expected a bool tensor of the tensordict's batch shape {tuple(bs)} (or "
+            f"{(*bs, 1)}), one flag per row, got {describe(mask)}"
+        )
+    rows = mask.reshape(bs)
+    if bool(rows.all()):
+        return step(tensordict)
+    root = tensordict.exclude("_step")
+    if bool(rows.any()):
+        stepped = step(root[rows]).get("next")
+        keys = list(stepped.keys(True, True))
+    else:
+        stepped = None
+        keys = [*env.full_observation_spec.keys(True, True), *env.full_done_spec.keys(True, True),
+                *env.reward_keys]
+    reward_keys = [key for key in env.reward_keys if key in keys]
+    kept = [key for key in keys if key not in reward_keys]
+    missing = [key for key in kept if key not in root.keys(True, True)]
+    if missing:
+        raise KeyError(
+            f"{type(env).__name__}.step: the '_step' mask freezes rows, which keep their values from the input "
+            f"tensordict, but it has no {missing}: pass the tensordict the last step returned (after step_mdp, "
+            "as rollout and collectors do), or step every row"
+        )
+    next_td = root.select(*kept).clone()
+    for key in reward_keys:
+        spec = env.full_reward_spec[key]
+        device = root.device if root.device is not None else env.device
+        next_td.set(key, torch.zeros((*bs, *spec.shape[env.batch_dims:]), dtype=spec.dtype, device=device))
+    if stepped is not None:
+        next_td[rows] = stepped
+    tensordict.set("next", next_td)
+    return tensordict
 
 
 class _Runtime:
@@ -1164,6 +1217,13 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             raise RuntimeError("WorldModelEnv: call reset() before step()")
         return rt.state
 
+    def step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """TorchRL's ``step``; a batch-unlocked env keeps the rows a ``"_step"`` mask freezes (see
+        :func:`step_keeping_frozen_rows`), as a batch-locked one does."""
+        if self._locked or "_step" not in tensordict.keys():
+            return super().step(tensordict)
+        return step_keeping_frozen_rows(self, tensordict, super().step)
+
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         if self._locked:
             partial = tensordict.get("_step", None)
@@ -1450,6 +1510,9 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         """Raise ``error`` unless the state's tensor leaves have the shapes and dtypes of the state spec
         (state_key)."""
         dev = self._dev
+        if not isinstance(state, (torch.Tensor, Mapping, TensorDictBase)):
+            raise error(f"{where}: {_STATE_UNDER_KEY} (state_key={self._state_key!r}), got {describe(state)}; "
+                        f"{_STATE_UNDER_KEY_FIX}")
         for key, shape, dtype in layout:
             value = _get_nested(state, key) if key else state
             if not (

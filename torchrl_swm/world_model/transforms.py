@@ -33,7 +33,7 @@ from ..masks import row_mask
 from ..specs import as_spec, batch_spec
 from . import _tree
 from .adapters import MISSING, Bound, ReturnFormError, bind
-from .env import ActionRange, WorldModelEnv, _refuse_start
+from .env import ActionRange, WorldModelEnv, _refuse_start, step_keeping_frozen_rows
 
 __all__ = [
     "ActionAdapter",
@@ -42,6 +42,7 @@ __all__ = [
     "ObservationDecoder",
     "RowStepCounter",
     "make_world_model_env",
+    "WorldModelTransformedEnv",
 ]
 
 
@@ -576,7 +577,8 @@ def make_world_model_env(
         transforms: more TorchRL transforms appended to the Compose.
 
     Returns:
-        a :class:`~torchrl.envs.TransformedEnv`; ``env.base_env`` is the :class:`WorldModelEnv`.
+        a :class:`~torchrl.envs.TransformedEnv` (:class:`WorldModelTransformedEnv`, which keeps the rows a
+        ``"_step"`` mask freezes in a batch-unlocked env too); ``env.base_env`` is the :class:`WorldModelEnv`.
 
     Example:
         A point mass whose model takes a 2-d force, driven through 4 discrete moves, rewarded by
@@ -659,7 +661,18 @@ def make_world_model_env(
         if not isinstance(transform, Transform):
             raise TypeError(f"make_world_model_env: transforms must be TorchRL Transforms, got {describe(transform)}")
         chain.append(transform)
-    return TransformedEnv(base, Compose(*chain))
+    return WorldModelTransformedEnv(base, Compose(*chain))
+
+
+class WorldModelTransformedEnv(TransformedEnv):
+    """The ``TransformedEnv`` :func:`make_world_model_env` returns: TorchRL's, except that a batch-unlocked one
+    keeps the rows a ``"_step"`` mask freezes (TorchRL rebuilds them from zeros; see
+    :func:`~torchrl_swm.world_model.env.step_keeping_frozen_rows`), as a batch-locked one does."""
+
+    def step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        if self.batch_locked or "_step" not in tensordict.keys():
+            return super().step(tensordict)
+        return step_keeping_frozen_rows(self, tensordict, super().step)
 
 
 def _probe_model_action(model, fn, action_space, device, differentiable) -> TensorSpec:
