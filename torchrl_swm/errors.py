@@ -11,7 +11,16 @@ import sys
 
 import numpy as np
 
-__all__ = ["EnvError", "EnvAttributeError", "SpecError", "describe", "check_int", "check_indices"]
+__all__ = ["EnvError", "EnvAttributeError", "SpecError", "add_note", "describe", "check_int", "check_indices"]
+
+
+def add_note(err: BaseException, note: str) -> None:
+    """``err.add_note(note)``, on Python 3.10 too (no ``add_note`` there: the note is kept in ``__notes__``,
+    where 3.11's traceback prints it from, without being printed)."""
+    if sys.version_info >= (3, 11):
+        err.add_note(note)
+    else:  # pragma: no cover - exercised by the 3.10 run only
+        err.__notes__ = [*getattr(err, "__notes__", ()), note]
 
 
 def describe(value) -> str:

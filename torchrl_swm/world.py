@@ -60,7 +60,7 @@ from tensordict.utils import unravel_key
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from .errors import EnvError, _integral, check_int, describe
+from .errors import EnvError, _integral, add_note, check_int, describe
 from .introspect import bookkeeping_keys, step_counter_limit
 
 __all__ = ["World", "EvalResult", "RandomPolicy", "EpisodePlan", "RESET_MODES", "SUCCESS_KEYS"]
@@ -591,7 +591,7 @@ class World:
                 try:
                     env.close()
                 except Exception as close_err:  # the refusal is the error to report
-                    err.add_note(f"closing the pool World built then failed too: {type(close_err).__name__}: "
+                    add_note(err, f"closing the pool World built then failed too: {type(close_err).__name__}: "
                                  f"{close_err}")
             raise
 

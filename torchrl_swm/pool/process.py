@@ -35,7 +35,7 @@ import cloudpickle
 import numpy as np
 import torch
 
-from ..errors import EnvAttributeError, EnvError, check_int
+from ..errors import EnvAttributeError, EnvError, add_note, check_int
 from .rows import action_kind
 from .worker import REPLY_OK, worker_main
 
@@ -202,7 +202,7 @@ class ProcessBackend:
             try:
                 self.close()
             except Exception as close_err:  # the construction's error is the one to report
-                err.add_note(f"closing the pool's other envs then failed too: {close_err}")
+                add_note(err, f"closing the pool's other envs then failed too: {close_err}")
             raise
 
     def __len__(self) -> int:
@@ -291,7 +291,8 @@ class ProcessBackend:
                 self._owed.pop(w, None)
         late, self._late_error = self._late_error, None
         if late is not None:
-            late.add_note(
+            add_note(
+                late,
                 "raised in a command that a KeyboardInterrupt interrupted; reported by the next command, which was "
                 "not sent: that env's state is unknown, reset it"
             )
@@ -412,7 +413,7 @@ class ProcessBackend:
                     if not wrapped and isinstance(cause, Exception) and not missing_attribute:
                         # the pool's own check (a factory that returned no env): raised with its own type,
                         # as the serial backend raises it
-                        cause.add_note(f"--- raised in worker {w} ---\n{trace}")
+                        add_note(cause, f"--- raised in worker {w} ---\n{trace}")
                         errors.setdefault(w, cause)
                         continue
                     # as in the serial backend: a missing attribute is also an AttributeError
@@ -587,7 +588,7 @@ class ProcessBackend:
                     error = ordered[0][1]
                 for _, other in ordered[1:]:
                     for note in [str(other).splitlines()[0], *getattr(other, "__notes__", ())]:
-                        error.add_note(f"also: {note}")
+                        add_note(error, f"also: {note}")
             except EnvError as err:
                 if err.phase == "close":  # an env's close() raised (a dead worker has nothing to close)
                     error = err

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 import gymnasium as gym
 import numpy as np
 
-from ..errors import EnvAttributeError, EnvError, describe
+from ..errors import EnvAttributeError, EnvError, add_note, describe
 from .infos import InfoWriter, SkippedValue, numeric_info_value
 from .rows import RowWriter
 
@@ -417,7 +417,7 @@ class SerialBackend(InProcessBackend):
                     first_error = EnvError(self.first + j, "close", f"{type(err).__name__}: {err}")
                     first_error.__cause__ = err
                 else:  # reported too, not lost
-                    first_error.add_note(f"env {self.first + j} (close) also raised {type(err).__name__}: {err}")
+                    add_note(first_error, f"env {self.first + j} (close) also raised {type(err).__name__}: {err}")
         self.envs = []
         if first_error is not None:
             raise first_error

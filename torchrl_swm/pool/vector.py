@@ -45,7 +45,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.wrappers.vector import RecordEpisodeStatistics
 
-from ..errors import EnvAttributeError, EnvError, SpecError, describe
+from ..errors import EnvAttributeError, EnvError, SpecError, add_note, describe
 from .infos import batch_wide_error, check_vector_mask, flatten_vector_info, numeric_info_value
 from .rows import RowWriter
 from .serial import PROBE_HINT, InProcessBackend, action_mask, call_envs, env_is_wrapped, probe_action, set_envs_attr
@@ -664,7 +664,7 @@ class VectorBackend(InProcessBackend):
             try:
                 self.venv.close(terminate=True)
             except Exception as second:
-                err.add_note(f"close(terminate=True) failed too: {type(second).__name__}: {second}")
+                add_note(err, f"close(terminate=True) failed too: {type(second).__name__}: {second}")
             raise EnvError(None, "close", f"{type(err).__name__}: {err}") from err
 
 
