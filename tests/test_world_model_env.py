@@ -3058,3 +3058,24 @@ def test_a_namedtuple_state_under_state_key_is_refused_with_what_to_do(with_spec
         WorldModelEnv(None, BOX2, BOX2, num_envs=3, state_key="latent", initial_observation=torch.zeros(2),
                       transition_fn=lambda s, a: (s, s.pos, s.pos.sum(-1)),
                       initial_state=Pos(torch.zeros(2), torch.zeros(2)), **kwargs).reset()
+
+
+def test_a_model_in_another_dtype_than_the_spaces_fails_with_a_note_saying_so():
+    class Linear64(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.f = nn.Linear(4, 2)
+
+        def forward(self, state, action):
+            nxt = self.f(torch.cat([state, action], -1))
+            return nxt, nxt, nxt.sum(-1)
+
+    env = WorldModelEnv(Linear64().double(), BOX2, FORCE, num_envs=2, initial_state=torch.zeros(2))
+    with pytest.raises(RuntimeError, match="dtype") as caught:  # the model's own error, its type unchanged
+        env.rollout(2)
+    assert any("the model's floating parameters are torch.float64, but its state and action are torch.float32"
+               in note for note in caught.value.__notes__)
+    # a model that casts its inputs itself is fine: no error, no note
+    env = WorldModelEnv(Linear64().double(), BOX2, FORCE, num_envs=2, initial_state=torch.zeros(2),
+                        transition_fn=lambda m, s, a: tuple(x.float() for x in m(s.double(), a.double())))
+    assert env.rollout(2)["next", "observation"].dtype == torch.float32

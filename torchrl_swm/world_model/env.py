@@ -36,7 +36,7 @@ from torchrl.data import Categorical, Composite, TensorSpec, Unbounded
 from torchrl.envs import EnvBase
 
 from .._meta import NoAutoResetMeta
-from ..errors import SpecError, _real, check_int, describe
+from ..errors import SpecError, _real, add_note, check_int, describe
 from ..masks import row_mask, zero_rewards
 from ..pool.buffers import nest
 from ..specs import as_spec, batch_spec
@@ -132,6 +132,26 @@ def _model_device(model) -> torch.device | None:
         for tensor in model.buffers():
             return tensor.device
     return None
+
+
+def _note_dtype_mismatch(err: Exception, model, state, action) -> None:
+    """When the model raised, say so if its floating parameters and its floating inputs differ in dtype (a
+    float64 model fed the float32 the spaces declare fails deep inside it, naming neither)."""
+    if not isinstance(model, torch.nn.Module):
+        return
+    params = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    try:
+        inputs = {t.dtype for _, t in [*_tree.leaves(state), *_tree.leaves(action, "action")] if t.is_floating_point()}
+    except TypeError:  # a state of the model's own form: nothing to compare
+        return
+    if params and inputs and not params & inputs:
+        add_note(err, f"WorldModelEnv: the model's floating parameters are {_dtype_names(params)}, but its state and "
+                      f"action are {_dtype_names(inputs)} (the spaces' dtypes): cast the model (model.float()) or "
+                      "declare the spaces in the model's dtype")
+
+
+def _dtype_names(dtypes) -> str:
+    return "/".join(sorted(str(d) for d in dtypes))
 
 
 def _resolve_device(device) -> torch.device:
@@ -1262,14 +1282,18 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             call = self._transition.call
         else:  # a batch-unlocked env's batch () or (B, C): the model still gets (N, ...) rows
             call = functools.partial(_tree.call_on_rows, self._transition.call, shapes.bs)
-        if self._differentiable or not torch.is_grad_enabled():
-            result = call(state, action, **kwargs)
-        else:
-            torch._C._set_grad_enabled(False)
-            try:
+        try:
+            if self._differentiable or not torch.is_grad_enabled():
                 result = call(state, action, **kwargs)
-            finally:
-                torch._C._set_grad_enabled(True)
+            else:
+                torch._C._set_grad_enabled(False)
+                try:
+                    result = call(state, action, **kwargs)
+                finally:
+                    torch._C._set_grad_enabled(True)
+        except Exception as err:
+            _note_dtype_mismatch(err, self.model, state, action)
+            raise
         where = self._where
         form, state, obs, reward, terminated, truncated, info = split_transition(result, where, self._obs_keys)
         if self._obs_is_state and state is not obs:
