@@ -512,6 +512,22 @@ def test_an_env_raising_a_base_exception_is_named_by_both_backends(in_reset):
     process.close()
 
 
+def _exiting_factory():
+    raise SystemExit(7)
+
+
+def test_a_factory_raising_a_base_exception_is_named_by_both_backends():
+    from envs import CountingEnv
+
+    fns = [CountingEnv, _exiting_factory, CountingEnv]
+    with pytest.raises(SystemExit) as err:  # in the caller's process: raised as it is, tagged with the env
+        EnvPool(fns, seed=0, info_keys=[])
+    assert (err.value.code, err.value.env_index, err.value.phase) == (7, 1, "make")
+    with pytest.raises(EnvError, match=r"^env 1 \(make\): SystemExit: 7") as err:  # was "pool (worker)"
+        EnvPool(fns, backend="process", num_workers=2, seed=0, info_keys=[])
+    assert err.value.env_index == 1
+
+
 class _ReadOnlyTagExit(SystemExit):
     @property
     def env_index(self):

@@ -121,6 +121,9 @@ def make_envs(env_fns: Sequence[Callable[[], gym.Env]], first: int = 0, pixels: 
                 env = fn()
             except Exception as err:
                 raise EnvError(i, "make", f"the factory raised {type(err).__name__}: {err}") from err
+            except BaseException as err:  # KeyboardInterrupt, SystemExit: raised as they are, tagged with the env
+                _tag(err, i, "make")  # (a worker reports it naming the env)
+                raise
             if not isinstance(env, gym.Env):
                 raise TypeError(
                     f"env_fns[{i}] returned {type(env).__module__}.{type(env).__name__}, expected a gymnasium.Env"
