@@ -1434,3 +1434,18 @@ def test_close_after_a_ctrl_c_kills_a_stuck_worker_that_ignores_sigterm(monkeypa
         assert time.monotonic() - start < 30 and not processes[0].is_alive()
     finally:
         _reap(processes)
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_a_pool_is_a_context_manager_that_closes_it_even_on_an_error(backend):
+    kwargs = {"backend": "process", "num_workers": 2} if backend == "process" else {}
+    with EnvPool("CartPole-v1", num_envs=2, seed=0, **kwargs) as pool:
+        assert pool.reset()["observation"].shape == (2, 4)
+    assert pool.is_closed
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.reset()
+    with pytest.raises(ZeroDivisionError):
+        with EnvPool("CartPole-v1", num_envs=2, seed=0, **kwargs) as pool:
+            1 / 0
+    assert pool.is_closed
+    pool.close()  # closing again is fine

@@ -365,6 +365,29 @@ def test_reported_step_limit_is_the_effective_one(tmp_path):
     counting_pool.close()
 
 
+@pytest.mark.parametrize("backend", ["serial", "process", "sync_vector"])
+def test_a_time_limit_wrapped_by_hand_is_the_envs_step_limit(tmp_path, backend):
+    # an env made without gym.make has no spec: its TimeLimit is read from the wrapper itself, so that the
+    # results report the limit that cut the episodes and collect sizes its storage from it
+
+    def limited(limit=7):
+        return gym.wrappers.TimeLimit(CountingEnv(length=1000), limit)
+
+    if backend == "sync_vector":
+        pool = EnvPool(gym.vector.SyncVectorEnv([limited] * 2), seed=0)
+    else:
+        pool = EnvPool([limited] * 2, seed=0, **({"backend": "process", "num_workers": 2} if backend == "process"
+                                                  else {}))
+    with pool:
+        world = World(pool, ones(2))
+        result = world.evaluate(3, seed=0, max_steps=100, progress=False)
+        assert result["episode_lengths"].tolist() == [7, 7, 7] and result["episode_truncated"].all()
+        assert result["max_steps"] == 7 and result["env_time_limit"] == 7
+        assert "(step limit 7)" in result.summary()
+        ds = world.collect(tmp_path / "d", 2, seed=0, progress=False)  # no max_steps: the TimeLimit's
+        assert ds.metadata["max_steps"] == 7 and ds.episode_lengths.tolist() == [7, 7]
+
+
 @pytest.mark.parametrize("mode", ["sync", "vector_entry_point"])
 def test_a_make_vec_pools_own_time_limit_is_worlds_not_the_registrys(mode):
     # gym.make_vec(..., max_episode_steps=K) keeps the registry's 500 in spec.max_episode_steps: World must run

@@ -277,6 +277,19 @@ def _find_pool(env):
     return env if isinstance(env, EnvPool) else None
 
 
+def _time_limit_wrapper_steps(pool) -> int | None:
+    """The largest ``max_episode_steps`` of the pool's envs' gymnasium ``TimeLimit`` wrappers, read from the
+    wrappers themselves: an env wrapped by hand, not made by ``gym.make``, has no spec to say it. ``None`` when
+    an env has none (or the pool cannot reach its envs' attributes: a natively batched vector env)."""
+    try:
+        limits = pool.get_attr("_max_episode_steps")  # gymnasium's TimeLimit, found through get_wrapper_attr
+    except AttributeError:
+        return None
+    if not limits or any(not _integral(limit) for limit in limits):
+        return None
+    return max(int(limit) for limit in limits)
+
+
 def _torchrl_wrapped_vector_env(env):
     """The gymnasium ``VectorEnv`` a TorchRL ``GymWrapper``/``GymEnv`` under ``env`` wraps, or None."""
     import gymnasium as gym
@@ -582,6 +595,9 @@ class World:
             self._freezes_rows = _freezes_rows(env)
             self._env_spec = None if self.pool is None else self.pool.env_spec
             self._env_metadata = {} if self.pool is None else self.pool.env_metadata
+            self._time_limit = getattr(self._env_spec, "max_episode_steps", None)  # gymnasium's TimeLimit
+            if self._time_limit is None and self.pool is not None:
+                self._time_limit = _time_limit_wrapper_steps(self.pool)
             if self.env_id is None:
                 self.env_id = getattr(self._env_spec, "id", None)
             self.policy = None
@@ -649,9 +665,9 @@ class World:
         return self._env_time_limit()
 
     def _env_time_limit(self) -> int | None:
-        """The env's own limit: its gymnasium spec's ``max_episode_steps`` (``TimeLimit``) or a TorchRL
-        ``StepCounter(max_steps=...)`` transform's, the smaller; None when neither is known."""
-        limits = [getattr(self._env_spec, "max_episode_steps", None), step_counter_limit(self.env)]
+        """The env's own limit: its gymnasium ``TimeLimit``'s (its spec's ``max_episode_steps``, or the wrapper's
+        own) or a TorchRL ``StepCounter(max_steps=...)`` transform's, the smaller; None when neither is known."""
+        limits = [self._time_limit, step_counter_limit(self.env)]
         limits = [int(limit) for limit in limits if limit is not None]
         return min(limits) if limits else None
 

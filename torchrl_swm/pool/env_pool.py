@@ -222,6 +222,8 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         >>> rollout.batch_size
         torch.Size([4, 100])
         >>> pool.close()
+        >>> with EnvPool("CartPole-v1", num_envs=4) as pool:  # closed on leaving the block
+        ...     td = pool.reset()
     """
 
     def __init__(
@@ -788,6 +790,13 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
     def _cpu_done_views(self):
         # on CPU the done mask of a reset step is a view of the done buffer itself
         return _RankViews(self._host.tensors[("done",)][:, 0]) if self._host.on_host else None
+
+    def __enter__(self) -> EnvPool:
+        """``with EnvPool(...) as pool:`` closes the pool on leaving the block, as gymnasium's envs do."""
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close(raise_if_closed=False)
 
     def close(self, *, raise_if_closed: bool = True) -> None:
         backend = self.__dict__.get("_backend")
