@@ -3027,7 +3027,8 @@ def test_a_batch_unlocked_env_freezes_rows_of_any_batch_shape_and_in_rollouts():
 def test_a_batch_unlocked_partial_step_names_what_a_frozen_row_lacks_and_a_bad_mask():
     env = _drift_env(None, False)
     td = TensorDict({"observation": torch.zeros(3, 2), "action": torch.ones(3, 2)}, [3])
-    with pytest.raises(KeyError, match=r"freezes rows, which keep their values .*has no \['terminated', 'truncated', 'done'\]"):
+    with pytest.raises(KeyError, match=r"freezes rows, which keep their values .*"
+                                       r"has no \['terminated', 'truncated', 'done'\]"):
         env.step(td.clone().set("_step", torch.tensor([True, False, True])))
     with pytest.raises(ValueError, match=r"'_step' mask: expected a bool tensor of the tensordict's batch shape "
                                          r"\(3,\) \(or \(3, 1\)\).*got Tensor\(dtype=torch.int64"):

@@ -608,7 +608,7 @@ class World:
                     env.close()
                 except Exception as close_err:  # the refusal is the error to report
                     add_note(err, f"closing the pool World built then failed too: {type(close_err).__name__}: "
-                                 f"{close_err}")
+                                  f"{close_err}")
             raise
 
     # -- policy -------------------------------------------------------------------------------------

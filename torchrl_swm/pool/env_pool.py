@@ -445,7 +445,8 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             self._backend.step(actions, rows)
         except BaseException:
             self._must_reset(rows, _STEP_RAISED)
-            self._step_state.last_step_rows = _NO_STEP  # its rows are refused already, and no earlier step's transition is lost
+            # its rows are refused already, and no earlier step's transition is lost
+            self._step_state.last_step_rows = _NO_STEP
             raise
         self._step_state.last_step_rows = rows
         self._resize_frames(rows)
@@ -613,7 +614,8 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         """Env ``i``'s next reset gets ``seed + i``; the episodes in progress go on as they started."""
         self._raise_if_closed()
         self._seeds.set(seed)
-        self._step_state.seeded_after_reset = self._step_state.fresh  # stepped before the next reset: warned (_warn_unseeded_start)
+        # stepped before the next reset: warned (_warn_unseeded_start)
+        self._step_state.seeded_after_reset = self._step_state.fresh
 
     def _warn_unseeded_start(self) -> None:
         # Restarting the episodes in set_seed, as TorchRL's GymWrapper does, would make the caller's root (a
