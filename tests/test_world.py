@@ -388,6 +388,19 @@ def test_a_time_limit_wrapped_by_hand_is_the_envs_step_limit(tmp_path, backend):
         assert ds.metadata["max_steps"] == 7 and ds.episode_lengths.tolist() == [7, 7]
 
 
+def test_world_leaves_an_async_vector_pool_without_time_limits_usable():
+    # an attribute an AsyncVectorEnv's sub-env lacks shuts its worker down for good (gymnasium 1.4): World must
+    # not probe them for a TimeLimit they may not have
+    def make():
+        return CountingEnv(length=1000)  # no gym.make: no spec, no TimeLimit
+
+    with EnvPool(gym.vector.AsyncVectorEnv([make, make]), seed=0) as pool:
+        world = World(pool, ones(2))
+        result = world.evaluate(2, seed=0, max_steps=6, progress=False)
+        assert result["episode_lengths"].tolist() == [6, 6] and result["env_time_limit"] is None
+        assert world.evaluate(2, seed=0, max_steps=4, progress=False)["episode_lengths"].tolist() == [4, 4]
+
+
 @pytest.mark.parametrize("mode", ["sync", "vector_entry_point"])
 def test_a_make_vec_pools_own_time_limit_is_worlds_not_the_registrys(mode):
     # gym.make_vec(..., max_episode_steps=K) keeps the registry's 500 in spec.max_episode_steps: World must run

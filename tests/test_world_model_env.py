@@ -3076,7 +3076,23 @@ def test_a_model_in_another_dtype_than_the_spaces_fails_with_a_note_saying_so():
         env.rollout(2)
     assert any("the model's floating parameters are torch.float64, but its state and action are torch.float32"
                in note for note in caught.value.__notes__)
-    # a model that casts its inputs itself is fine: no error, no note
+    # a model that casts its inputs itself is fine: no error, no note; nor a note on its errors of other kinds
     env = WorldModelEnv(Linear64().double(), BOX2, FORCE, num_envs=2, initial_state=torch.zeros(2),
                         transition_fn=lambda m, s, a: tuple(x.float() for x in m(s.double(), a.double())))
     assert env.rollout(2)["next", "observation"].dtype == torch.float32
+    env = WorldModelEnv(Linear64().double(), BOX2, FORCE, num_envs=2, initial_state=torch.zeros(2),
+                        transition_fn=lambda m, s, a: m(s.double(), a[:, :1].double()))
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as caught:
+        env.rollout(2)
+    assert not getattr(caught.value, "__notes__", None)
+
+    # the encoder, called while the env is built, gets the note too
+    class Encoder64(Linear64):
+        def encode(self, obs):
+            return self.f(torch.cat([obs, obs], -1))
+
+    with pytest.raises(RuntimeError, match="dtype") as caught:
+        WorldModelEnv(Encoder64().double(), BOX2, FORCE, num_envs=2, encode_fn=True,
+                      initial_observation=torch.zeros(2))
+    assert any("the model's floating parameters are torch.float64, but its observation is torch.float32" in note
+               for note in caught.value.__notes__)

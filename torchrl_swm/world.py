@@ -280,7 +280,16 @@ def _find_pool(env):
 def _time_limit_wrapper_steps(pool) -> int | None:
     """The largest ``max_episode_steps`` of the pool's envs' gymnasium ``TimeLimit`` wrappers, read from the
     wrappers themselves: an env wrapped by hand, not made by ``gym.make``, has no spec to say it. ``None`` when
-    an env has none (or the pool cannot reach its envs' attributes: a natively batched vector env)."""
+    an env has none, or when the pool cannot tell: a natively batched vector env has no sub-envs, and an
+    ``AsyncVectorEnv``'s are out of reach (an attribute they lack would shut their worker down for good)."""
+    import gymnasium as gym
+
+    try:
+        wrapped = pool.env_is_wrapped(gym.wrappers.TimeLimit)  # asked first: get_attr of a missing one raises
+    except NotImplementedError:  # an AsyncVectorEnv
+        return None
+    if not wrapped or not all(wrapped):
+        return None
     try:
         limits = pool.get_attr("_max_episode_steps")  # gymnasium's TimeLimit, found through get_wrapper_attr
     except AttributeError:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -134,10 +135,11 @@ def _model_device(model) -> torch.device | None:
     return None
 
 
-def _note_dtype_mismatch(err: Exception, model, state, action) -> None:
-    """When the model raised, say so if its floating parameters and its floating inputs differ in dtype (a
-    float64 model fed the float32 the spaces declare fails deep inside it, naming neither)."""
-    if not isinstance(model, torch.nn.Module):
+def _note_dtype_mismatch(err: Exception, model, state, action, inputs_name: str = "state and action") -> None:
+    """When the model raised an error about dtypes, say so if its floating parameters and its floating inputs
+    differ in dtype (a float64 model fed the float32 the spaces declare fails deep inside it, naming neither).
+    Any other error gets no note: a model may cast its inputs itself."""
+    if not isinstance(model, torch.nn.Module) or not _DTYPE_ERROR.search(str(err)):
         return
     params = {p.dtype for p in model.parameters() if p.is_floating_point()}
     try:
@@ -145,9 +147,13 @@ def _note_dtype_mismatch(err: Exception, model, state, action) -> None:
     except TypeError:  # a state of the model's own form: nothing to compare
         return
     if params and inputs and not params & inputs:
-        add_note(err, f"WorldModelEnv: the model's floating parameters are {_dtype_names(params)}, but its state and "
-                      f"action are {_dtype_names(inputs)} (the spaces' dtypes): cast the model (model.float()) or "
-                      "declare the spaces in the model's dtype")
+        add_note(err, f"WorldModelEnv: the model's floating parameters are {_dtype_names(params)}, but its "
+                      f"{inputs_name} {'are' if ' and ' in inputs_name else 'is'} {_dtype_names(inputs)} (the "
+                      "spaces' dtypes): cast the model (model.float()) or declare the spaces in the model's dtype")
+
+
+# torch's dtype errors name a dtype ("expected scalar type Double", "same dtype, but got Float and Double")
+_DTYPE_ERROR = re.compile(r"dtype|scalar type|\b(Float|Double|Half|BFloat16)\b")
 
 
 def _dtype_names(dtypes) -> str:
@@ -1493,7 +1499,12 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             return nest(obs) if self._obs_is_mapping else obs
         if self._obs_is_state:
             self._refuse_encoded_start(what)
-        state = _tree.call_on_rows(self._encode.call, bs, nest(obs) if self._obs_is_mapping else obs)  # grad: reset's
+        inputs = nest(obs) if self._obs_is_mapping else obs
+        try:
+            state = _tree.call_on_rows(self._encode.call, bs, inputs)  # grad: reset's
+        except Exception as err:
+            _note_dtype_mismatch(err, self.model, inputs, None, "observation")
+            raise
         if state is None:
             raise ReturnFormError(f"{self._encode.description} returned None for {what}; expected the encoded state")
         state = self._check_state(state, bs, f"{self._encode.description} (encoding {what})")
