@@ -178,6 +178,13 @@ def test_bug_registered_backends_are_really_used(restore_registry):
     assert "my-sim" not in list_backends()
 
 
+def test_auto_naming_a_backend_that_was_unregistered_says_so(restore_registry):
+    unregister_backend("gym")
+    with pytest.raises(ValueError, match=r"backend='auto' picked 'gym' for str target, but no 'gym' backend is "
+                                         r"registered; available backends: world-model"):
+        make_env("CartPole-v1")
+
+
 def test_registered_backend_can_override_a_builtin(restore_registry):
     register_backend("gym", lambda target, **kwargs: ("custom", target), aliases=("gymnasium",))
     assert make_env("CartPole-v1") == ("custom", "CartPole-v1")

@@ -198,6 +198,9 @@ def make_env(target, backend: str = "auto", **kwargs):
             canonical, kwargs = "gym", {**kwargs, "backend": name}
         factory = _FACTORIES.get(canonical) if canonical is not None else None
     if factory is None:
+        if _normalize(backend) == "auto":  # the detected backend was unregistered
+            raise ValueError(f"make_env: backend='auto' picked {name!r} for {type(target).__name__} target, but no "
+                             f"{name!r} backend is registered; available backends: {_describe()}")
         raise ValueError(f"make_env: unknown backend {backend!r}; available backends: {_describe()}")
     return factory(target, **kwargs)
 

@@ -31,7 +31,8 @@ uint8 with ``S = render_size``.
 
 Reset options (all optional): ``state`` (``[x, y, vx, vy]`` or ``[x, y]``) and
 ``target`` (``[x, y]``) start the episode from that state / with that target;
-both are validated (inside the maze, not in a wall). The state hook used by
+both are validated (inside the maze, not in a wall). With ``target`` alone the start is
+drawn as without options, in another cell than the target's. The state hook used by
 :meth:`torchrl_swm.World.evaluate` with ``dataset=`` is
 :meth:`PointMazeEnv.reset_options_from_dataset`.
 """
@@ -271,6 +272,12 @@ class PointMazeEnv(gym.Env):
             raise ValueError(f"PointMaze.reset: unknown options {sorted(unknown)}; expected 'state' and/or 'target'")
         k = len(self.free_cells)
         start_cell, target_cell = self.np_random.choice(k, size=2, replace=False)
+        if "target" in options and "state" not in options:
+            # the start is drawn away from a given target as from a drawn one, in another cell: if the drawn start
+            # is in the target's cell, it takes the drawn target's (distinct from it), uniform over the others
+            cell = np.array(self.cell_of(self._check_position(options["target"], "target")))
+            if (self.free_cells[start_cell] == cell).all():
+                start_cell = target_cell
         self._pos = self._sample_position(self.free_cells[start_cell])
         self._vel = np.zeros(2)
         self._target = self._sample_position(self.free_cells[target_cell])
