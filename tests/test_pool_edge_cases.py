@@ -1449,3 +1449,16 @@ def test_a_pool_is_a_context_manager_that_closes_it_even_on_an_error(backend):
             1 / 0
     assert pool.is_closed
     pool.close()  # closing again is fine
+
+
+def test_a_pool_takes_a_gymnasium_env_spec_as_an_id():
+    spec = gym.spec("CartPole-v1")
+    with EnvPool(spec, num_envs=2, seed=0) as pool, EnvPool("CartPole-v1", num_envs=2, seed=0) as same:
+        assert pool.env_spec.id == "CartPole-v1" and pool.env_spec.max_episode_steps == 500
+        rollouts = []
+        for env in (pool, same):
+            torch.manual_seed(0)  # the same random actions
+            rollouts.append(env.rollout(20, break_when_any_done=False))
+        torch.testing.assert_close(*rollouts)
+    with pytest.raises(ValueError, match=r"EnvPool\('CartPole-v1'\): expected num_envs >= 1, got None"):
+        EnvPool(spec)

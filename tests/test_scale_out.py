@@ -239,6 +239,42 @@ def test_non_picklable_factory_gets_a_clear_error():
         EnvPool.factory([env_fn] * 2)
 
 
+def test_a_factory_of_an_id_registered_only_here_builds_in_spawned_workers():
+    # a spawned worker's gymnasium registry lacks the ids registered at run time in this process (under
+    # `if __name__ == "__main__":`, in a notebook): the factory carries the resolved spec, as the pool's own
+    # process backend does
+    import gymnasium as gym
+
+    gym.register("TestOnlyInTheMainProcess-v0", entry_point="envs:CountingEnv", kwargs={"length": 4})
+    try:
+        make = [EnvPool.factory("TestOnlyInTheMainProcess-v0", num_envs=2, seed=w * 100) for w in range(2)]
+        assert "TestOnlyInTheMainProcess-v0" in repr(make[0])  # the id the caller gave
+        collector = MultiSyncCollector(make, None, frames_per_batch=16, total_frames=32)
+        batches = [batch for batch in collector]
+        collector.shutdown()
+    finally:
+        gym.registry.pop("TestOnlyInTheMainProcess-v0")
+    assert sum(b.numel() for b in batches) == 32
+    # CountingEnv(length=4): every episode's step counter runs 0, 1, 2, 3 in every worker
+    t = batches[0]["observation"][..., 0]
+    assert set(t.unique().tolist()) <= {0.0, 1.0, 2.0, 3.0} and batches[0]["next", "done"].any()
+
+
+def _rollout_shape(factory):
+    with factory() as pool:
+        return tuple(pool.rollout(3, break_when_any_done=False).shape)
+
+
+def test_a_factory_of_lambdas_pickles_with_the_standard_pickle_too():
+    import multiprocessing
+    import pickle
+
+    factory = EnvPool.factory([lambda: counting(max_length=5)] * 2, seed=0)  # noqa: E731 (a closure, on purpose)
+    assert _rollout_shape(pickle.loads(pickle.dumps(factory))) == (2, 3)
+    with multiprocessing.get_context("spawn").Pool(1) as workers:  # arguments pickled by the standard pickle
+        assert workers.apply(_rollout_shape, (factory,)) == (2, 3)
+
+
 # -- Ray: a local cluster started (and shut down) by the test ---------------------------------
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'torchrl-swm[ray]'")
 

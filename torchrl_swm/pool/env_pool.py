@@ -25,6 +25,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
+from gymnasium.envs.registration import EnvSpec
 from tensordict import TensorDict, TensorDictBase, is_non_tensor
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
@@ -76,18 +77,21 @@ _DONE_KEYS = (("done",), ("terminated",), ("truncated",))
 
 
 def _factories(env_fns, num_envs, pixels, make_kwargs) -> list[Callable[[], gym.Env]]:
-    if isinstance(env_fns, str):
+    if isinstance(env_fns, (str, EnvSpec)):
+        name = env_fns if isinstance(env_fns, str) else env_fns.id
         if num_envs is None:
-            raise ValueError(f"EnvPool({env_fns!r}): expected num_envs >= 1, got None")
-        num_envs = check_int(num_envs, f"EnvPool({env_fns!r}): num_envs", minimum=1)
+            raise ValueError(f"EnvPool({name!r}): expected num_envs >= 1, got None")
+        num_envs = check_int(num_envs, f"EnvPool({name!r}): num_envs", minimum=1)
         from ..envs import make, spec  # gym.make that also knows this package's ids, in any process
 
-        # unknown ids fail here, with gymnasium's "did you mean" message. The factories carry the resolved
-        # spec, not the id: a worker process can then make an id registered only in the user's main
-        # process (under `if __name__ == "__main__":`, in a notebook), as gymnasium's AsyncVectorEnv can
-        env_spec = spec(env_fns)
-        # gym.make(id)'s version warnings (an unversioned or out-of-date id), which gym.make(spec) skips
-        _find_spec(env_fns.partition(":")[2] or env_fns)
+        env_spec = env_fns
+        if isinstance(env_fns, str):
+            # unknown ids fail here, with gymnasium's "did you mean" message. The factories carry the resolved
+            # spec, not the id: a worker process can then make an id registered only in the user's main
+            # process (under `if __name__ == "__main__":`, in a notebook), as gymnasium's AsyncVectorEnv can
+            env_spec = spec(env_fns)
+            # gym.make(id)'s version warnings (an unversioned or out-of-date id), which gym.make(spec) skips
+            _find_spec(env_fns.partition(":")[2] or env_fns)
         if pixels:
             make_kwargs = {"render_mode": "rgb_array", **make_kwargs}
         return [functools.partial(make, env_spec, **make_kwargs)] * int(num_envs)
@@ -152,7 +156,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
     Args:
         env_fns: a sequence of zero-argument factories returning ``gymnasium.Env``,
             one such factory (called ``num_envs`` times, as TorchRL's ``SerialEnv``),
-            a registered gymnasium id (then ``num_envs`` is required and extra
+            a registered gymnasium id or its ``EnvSpec`` (then ``num_envs`` is required and extra
             keyword arguments go to ``gym.make``), or a ``gymnasium.vector.VectorEnv``
             (e.g. ``gym.make_vec(id, n, vectorization_mode="vector_entry_point")``),
             in any autoreset mode: see :mod:`torchrl_swm.pool.vector`.
@@ -662,7 +666,9 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         TorchRL's multi-process and Ray collectors build their envs in other
         processes from a factory. This one checks at once that its arguments
         pickle (with cloudpickle, as the collectors do) and says what to change
-        when they do not, instead of failing later inside a worker.
+        when they do not, instead of failing later inside a worker; it resolves a
+        gymnasium id at once too, so workers can build an id registered only in
+        this process (see :class:`PoolFactory`).
 
         Examples:
             >>> from torchrl.collectors import MultiSyncCollector
@@ -818,15 +824,23 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
 
 
 class PoolFactory:
-    """``EnvPool(*args, **kwargs)`` as a picklable callable (see :meth:`EnvPool.factory`)."""
+    """``EnvPool(*args, **kwargs)`` as a picklable callable (see :meth:`EnvPool.factory`).
+
+    A gymnasium id among the arguments is resolved here to its ``EnvSpec``, which the pool is then built
+    from: a worker process or a Ray actor can build an id registered only in this process (under
+    ``if __name__ == "__main__":``, in a notebook), as the pool's own process backend can. It pickles with
+    ``pickle`` too (the arguments travel as cloudpickle bytes, as in gymnasium's ``CloudpickleWrapper``):
+    lambdas and closures reach ``multiprocessing`` and ``concurrent.futures`` workers as well.
+    """
 
     def __init__(self, cls, args: tuple, kwargs: dict):
         import cloudpickle
 
         # not .args/.kwargs: TorchRL reads those as extra constructor keyword arguments
         self.pool_cls, self.pool_args, self.pool_kwargs = cls, args, kwargs
+        self._build_args, self._build_kwargs = _resolve_env_id(args, kwargs)
         try:
-            cloudpickle.dumps((args, kwargs))
+            cloudpickle.dumps((self._build_args, self._build_kwargs))
         except Exception as err:
             raise TypeError(
                 f"EnvPool.factory: the pool's arguments cannot be pickled ({type(err).__name__}: {err}), so worker "
@@ -836,10 +850,36 @@ class PoolFactory:
             ) from err
 
     def __call__(self) -> EnvPool:
-        return self.pool_cls(*self.pool_args, **self.pool_kwargs)
+        return self.pool_cls(*self._build_args, **self._build_kwargs)
+
+    def __reduce__(self):
+        import cloudpickle
+
+        return _rebuild_pool_factory, (cloudpickle.dumps(self.__dict__),)
 
     def __repr__(self) -> str:
         return f"EnvPool.factory(*{self.pool_args!r}, **{self.pool_kwargs!r})"
+
+
+def _rebuild_pool_factory(payload: bytes) -> PoolFactory:
+    import cloudpickle
+
+    factory = PoolFactory.__new__(PoolFactory)
+    factory.__dict__.update(cloudpickle.loads(payload))
+    return factory
+
+
+def _resolve_env_id(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` of an ``EnvPool`` call with a gymnasium id (``env_fns``) replaced by its ``EnvSpec``."""
+    from ..envs import spec
+
+    if args and isinstance(args[0], str):
+        _find_spec(args[0].partition(":")[2] or args[0])  # gymnasium's version warnings, here and once
+        return (spec(args[0]), *args[1:]), kwargs
+    if isinstance(kwargs.get("env_fns"), str):
+        _find_spec(kwargs["env_fns"].partition(":")[2] or kwargs["env_fns"])
+        return args, {**kwargs, "env_fns": spec(kwargs["env_fns"])}
+    return args, kwargs
 
 
 class _RankViews(dict):
