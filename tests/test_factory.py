@@ -178,6 +178,15 @@ def test_bug_registered_backends_are_really_used(restore_registry):
     assert "my-sim" not in list_backends()
 
 
+def test_an_env_spec_builds_a_pool_as_its_id_does():
+    import gymnasium as gym
+
+    spec = gym.spec("CartPole-v1")
+    with make_env(spec) as one, make_env(spec, num_envs=3) as three, make_env(spec, backend="gym") as also_one:
+        assert (one.batch_size, three.batch_size, also_one.batch_size) == ((1,), (3,), (1,))
+        assert isinstance(one, EnvPool) and one.env_spec.id == "CartPole-v1"
+
+
 def test_auto_naming_a_backend_that_was_unregistered_says_so(restore_registry):
     unregister_backend("gym")
     with pytest.raises(ValueError, match=r"backend='auto' picked 'gym' for str target, but no 'gym' backend is "

@@ -404,3 +404,22 @@ def test_world_model_env_under_multisync_cpu_workers_matches_single_process():
             for key in keys:
                 assert torch.equal(got[w][key], want[key]), key
             assert_traj_ids_follow_episodes(got[w])
+
+
+def test_a_factory_of_a_module_qualified_id_imports_the_module_first(tmp_path, monkeypatch):
+    # "module:Env-v0": gym.make imports the module, which registers the id; so do EnvPool and its factory
+    (tmp_path / "registers_on_import.py").write_text(
+        "import gymnasium as gym\n"
+        "gym.register(id='RegisteredOnImport-v0', entry_point='envs:CountingEnv', kwargs={'length': 3})\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import gymnasium as gym
+
+    try:
+        factory = EnvPool.factory("registers_on_import:RegisteredOnImport-v0", num_envs=2, seed=0)
+        with factory() as pool:
+            assert pool.env_spec.id == "RegisteredOnImport-v0"
+        with pytest.raises(ModuleNotFoundError, match="cannot import 'not_a_module_anywhere'"):
+            EnvPool.factory("not_a_module_anywhere:Foo-v0", num_envs=2)
+    finally:
+        gym.registry.pop("RegisteredOnImport-v0", None)

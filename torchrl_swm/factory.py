@@ -126,9 +126,10 @@ def _detect(target, kwargs) -> str:
 
     from .world_model.adapters import TRANSITION_METHODS, discover_method
 
-    if isinstance(target, str):
-        return "gym"
     import gymnasium as gym
+
+    if isinstance(target, (str, gym.envs.registration.EnvSpec)):
+        return "gym"
     from torchrl.envs import EnvBase
 
     # before the world-model test: a VectorEnv is no gym.Env, and its step() matches the transition methods
@@ -150,7 +151,7 @@ def _detect(target, kwargs) -> str:
         return "gym"
     raise ValueError(
         f"make_env: backend='auto' cannot tell which backend builds a {type(target).__name__}: expected a gymnasium id "
-        "(str), a sequence of env factories or a gymnasium VectorEnv (gym), or a world model (an nn.Module, an object "
+        "(str) or EnvSpec, a sequence of env factories or a gymnasium VectorEnv (gym), or a world model (an nn.Module, an object "
         "with one of the methods "
         f"{', '.join(TRANSITION_METHODS)}, or transition_fn=...). Pass backend= explicitly; available backends: "
         f"{_describe()}"
@@ -161,7 +162,7 @@ def make_env(target, backend: str = "auto", **kwargs):
     """Build an environment for ``target`` with ``backend``.
 
     Args:
-        target: a gymnasium id (``"CartPole-v1"``), env factories or a ``VectorEnv`` for ``gym``; the world model
+        target: a gymnasium id (``"CartPole-v1"``) or its ``EnvSpec``, env factories or a ``VectorEnv`` for ``gym``; the world model
             for ``world-model``; whatever a registered backend takes.
         backend: a backend name or alias (see :func:`list_backends`), or ``"auto"``; ``"serial"`` and
             ``"process"`` (unless registered) are the ``gym`` backend with ``EnvPool(backend=...)``.
@@ -211,7 +212,7 @@ def _gym_backend(target, num_envs: int | None = None, **kwargs):
     from .pool import EnvPool
 
     one_factory = callable(target) and not isinstance(target, (gym.Env, Sequence))
-    if num_envs is None and (isinstance(target, str) or one_factory):
+    if num_envs is None and (isinstance(target, (str, gym.envs.registration.EnvSpec)) or one_factory):
         num_envs = 1  # an id or one factory (a class...): one env, as gym.make gives
     return EnvPool(target, num_envs=num_envs, **kwargs)
 

@@ -873,12 +873,15 @@ def _resolve_env_id(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """``(args, kwargs)`` of an ``EnvPool`` call with a gymnasium id (``env_fns``) replaced by its ``EnvSpec``."""
     from ..envs import spec
 
+    def resolve(env_id: str):
+        env_spec = spec(env_id)  # first: it imports the module of a "module:Env-v0" id, which registers it
+        _find_spec(env_id.partition(":")[2] or env_id)  # gymnasium's version warnings, here and once
+        return env_spec
+
     if args and isinstance(args[0], str):
-        _find_spec(args[0].partition(":")[2] or args[0])  # gymnasium's version warnings, here and once
-        return (spec(args[0]), *args[1:]), kwargs
+        return (resolve(args[0]), *args[1:]), kwargs
     if isinstance(kwargs.get("env_fns"), str):
-        _find_spec(kwargs["env_fns"].partition(":")[2] or kwargs["env_fns"])
-        return args, {**kwargs, "env_fns": spec(kwargs["env_fns"])}
+        return args, {**kwargs, "env_fns": resolve(kwargs["env_fns"])}
     return args, kwargs
 
 
