@@ -122,11 +122,10 @@ def _describe() -> str:
 
 def _detect(target, kwargs) -> str:
     """The backend ``auto`` picks for ``target``; raises ValueError (listing the backends) when unsure."""
+    import gymnasium as gym
     import torch
 
     from .world_model.adapters import TRANSITION_METHODS, discover_method
-
-    import gymnasium as gym
 
     if isinstance(target, (str, gym.envs.registration.EnvSpec)):
         return "gym"
@@ -151,8 +150,8 @@ def _detect(target, kwargs) -> str:
         return "gym"
     raise ValueError(
         f"make_env: backend='auto' cannot tell which backend builds a {type(target).__name__}: expected a gymnasium id "
-        "(str) or EnvSpec, a sequence of env factories or a gymnasium VectorEnv (gym), or a world model (an nn.Module, an object "
-        "with one of the methods "
+        "(str) or EnvSpec, a sequence of env factories or a gymnasium VectorEnv (gym), or a world model (an "
+        "nn.Module, an object with one of the methods "
         f"{', '.join(TRANSITION_METHODS)}, or transition_fn=...). Pass backend= explicitly; available backends: "
         f"{_describe()}"
     )
@@ -162,8 +161,8 @@ def make_env(target, backend: str = "auto", **kwargs):
     """Build an environment for ``target`` with ``backend``.
 
     Args:
-        target: a gymnasium id (``"CartPole-v1"``) or its ``EnvSpec``, env factories or a ``VectorEnv`` for ``gym``; the world model
-            for ``world-model``; whatever a registered backend takes.
+        target: a gymnasium id (``"CartPole-v1"``) or its ``EnvSpec``, env factories or a ``VectorEnv`` for
+            ``gym``; the world model for ``world-model``; whatever a registered backend takes.
         backend: a backend name or alias (see :func:`list_backends`), or ``"auto"``; ``"serial"`` and
             ``"process"`` (unless registered) are the ``gym`` backend with ``EnvPool(backend=...)``.
         **kwargs: passed to the backend's factory (``num_envs=``, ``seed=``, ``observation_space=``...).
