@@ -76,22 +76,28 @@ Key = tuple[str, ...]
 _DONE_KEYS = (("done",), ("terminated",), ("truncated",))
 
 
+def _resolve_spec(env_id: str) -> EnvSpec:
+    """The ``EnvSpec`` of a gymnasium id, as ``gym.make`` finds it: unknown ids fail here, with gymnasium's
+    "did you mean" message, and an unversioned or out-of-date id gets gymnasium's warnings."""
+    from ..envs import spec
+
+    env_spec = spec(env_id)  # first: it imports the module of a "module:Env-v0" id, which registers the id
+    _find_spec(env_id.partition(":")[2] or env_id)  # gym.make(id)'s version warnings, which gym.make(spec) skips
+    return env_spec
+
+
 def _factories(env_fns, num_envs, pixels, make_kwargs) -> list[Callable[[], gym.Env]]:
     if isinstance(env_fns, (str, EnvSpec)):
         name = env_fns if isinstance(env_fns, str) else env_fns.id
         if num_envs is None:
             raise ValueError(f"EnvPool({name!r}): expected num_envs >= 1, got None")
         num_envs = check_int(num_envs, f"EnvPool({name!r}): num_envs", minimum=1)
-        from ..envs import make, spec  # gym.make that also knows this package's ids, in any process
+        from ..envs import make  # gym.make that also knows this package's ids, in any process
 
-        env_spec = env_fns
-        if isinstance(env_fns, str):
-            # unknown ids fail here, with gymnasium's "did you mean" message. The factories carry the resolved
-            # spec, not the id: a worker process can then make an id registered only in the user's main
-            # process (under `if __name__ == "__main__":`, in a notebook), as gymnasium's AsyncVectorEnv can
-            env_spec = spec(env_fns)
-            # gym.make(id)'s version warnings (an unversioned or out-of-date id), which gym.make(spec) skips
-            _find_spec(env_fns.partition(":")[2] or env_fns)
+        # the factories carry the resolved spec, not the id: a worker process can then make an id registered
+        # only in the user's main process (under `if __name__ == "__main__":`, in a notebook), as gymnasium's
+        # AsyncVectorEnv can
+        env_spec = _resolve_spec(env_fns) if isinstance(env_fns, str) else env_fns
         if pixels:
             make_kwargs = {"render_mode": "rgb_array", **make_kwargs}
         return [functools.partial(make, env_spec, **make_kwargs)] * int(num_envs)
@@ -871,17 +877,10 @@ def _rebuild_pool_factory(payload: bytes) -> PoolFactory:
 
 def _resolve_env_id(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """``(args, kwargs)`` of an ``EnvPool`` call with a gymnasium id (``env_fns``) replaced by its ``EnvSpec``."""
-    from ..envs import spec
-
-    def resolve(env_id: str):
-        env_spec = spec(env_id)  # first: it imports the module of a "module:Env-v0" id, which registers it
-        _find_spec(env_id.partition(":")[2] or env_id)  # gymnasium's version warnings, here and once
-        return env_spec
-
     if args and isinstance(args[0], str):
-        return (resolve(args[0]), *args[1:]), kwargs
+        return (_resolve_spec(args[0]), *args[1:]), kwargs
     if isinstance(kwargs.get("env_fns"), str):
-        return args, {**kwargs, "env_fns": resolve(kwargs["env_fns"])}
+        return args, {**kwargs, "env_fns": _resolve_spec(kwargs["env_fns"])}
     return args, kwargs
 
 
