@@ -1017,3 +1017,13 @@ def test_an_env_render_that_raises_is_an_env_error_of_phase_render(kind):
             pool.step(td)
     finally:
         pool.close()
+
+
+def test_a_step_without_an_action_says_what_it_expected():
+    pool = EnvPool("CartPole-v1", num_envs=2, seed=0)
+    td = pool.reset()
+    with pytest.raises(TypeError, match=r"action: expected a torch.Tensor of shape \(2,\), got NoneType None"):
+        pool.step(td)
+    td["action"] = torch.tensor([0, 1])
+    assert pool.step(td)["next", "observation"].shape == (2, 4)  # the pool is still usable
+    pool.close()

@@ -441,9 +441,8 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         rows = mask_rows(step_mask, self.num_envs, "_step")
         if self._unreset is not None:
             self._refuse_unreset(rows)
-        action = tensordict._get_str("action", None)  # ~0.6 µs cheaper than get(); a missing one: get()'s KeyError
-        actions = self._codec.decode(tensordict.get("action") if action is None else action, rows,
-                                     self._backend.batched_actions)
+        # _get_str: ~0.6 µs cheaper than get(); a missing action is None, which decode refuses by name
+        actions = self._codec.decode(tensordict._get_str("action", None), rows, self._backend.batched_actions)
         self._host.wait_for_copy()
         if self._step_state.seeded_after_reset:
             self._warn_unseeded_start()

@@ -1545,9 +1545,6 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         """Raise ``error`` unless the state's tensor leaves have the shapes and dtypes of the state spec
         (state_key)."""
         dev = self._dev
-        if not isinstance(state, (torch.Tensor, Mapping, TensorDictBase)):
-            raise error(f"{where}: {_STATE_UNDER_KEY} (state_key={self._state_key!r}), got {describe(state)}; "
-                        f"{_STATE_UNDER_KEY_FIX}")
         for key, shape, dtype in layout:
             value = _get_nested(state, key) if key else state
             if not (
@@ -1556,6 +1553,9 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                 and value.dtype is dtype
                 and value.device == dev
             ):
+                if not isinstance(state, (torch.Tensor, Mapping, TensorDictBase)):  # a tuple has no leaf to name
+                    raise error(f"{where}: {_STATE_UNDER_KEY} (state_key={self._state_key!r}), got "
+                                f"{describe(state)}; {_STATE_UNDER_KEY_FIX}")
                 name = f"state[{key[0] if len(key) == 1 else key!r}]" if key else "state"
                 if isinstance(value, torch.Tensor) and value.shape == shape and value.dtype is dtype:
                     got = f"device {value.device}"
