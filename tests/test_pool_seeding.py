@@ -82,6 +82,21 @@ def test_set_seed_then_reset_starts_the_seeded_episodes_without_a_warning():
     pool.close()
 
 
+@pytest.mark.parametrize("reset_rows", [[], [1]])
+def test_set_seed_then_a_reset_of_some_envs_still_warns_at_the_step(reset_rows):
+    # the envs a partial reset leaves alone are still in the episodes they started before set_seed
+    pool = EnvPool([functools.partial(counting, length=50)] * 3, seed=0)
+    td = pool.reset()
+    pool.set_seed(100)
+    td["_reset"] = torch.tensor([[i in reset_rows] for i in range(3)])
+    td = pool.reset(td)
+    assert seeds_of(td) == [100 + 3 * 0 + i if i in reset_rows else i for i in range(3)]
+    td["action"] = pool.action_spec.zero()
+    with pytest.warns(UserWarning, match=r"set_seed\(\) came after the last reset of every env"):
+        pool.step(td)
+    pool.close()
+
+
 def test_same_seed_same_rollout_and_different_seed_differs():
     def run(seed):
         pool = EnvPool("CartPole-v1", num_envs=4, seed=seed)

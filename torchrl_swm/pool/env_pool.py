@@ -388,7 +388,8 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             # a mask resets rows, even all of them (TorchRL's maybe_reset when every env is done): a
             # SAME_STEP vector env has reset them already; a full reset would reset them twice
             rows = np.arange(self.num_envs)
-        self._step_state.seeded_after_reset = False
+        if rows is None or rows.size == self.num_envs:  # after a partial reset, the other envs keep their seeds
+            self._step_state.seeded_after_reset = False
         override = broadcast_seeds(seed, self.num_envs, allow_none=True)
         options = broadcast_options(options, self.num_envs)
         if rows is None or rows.size:
@@ -631,8 +632,9 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         # Collector's, from its reset at construction) an observation of another episode than its "next"
         self._step_state.seeded_after_reset = False
         warnings.warn(
-            "EnvPool: set_seed() came after the last reset and before this step, so the episodes in progress keep "
-            "the seeds they started with; the new seeds apply from each env's next reset. For a reproducible run "
+            "EnvPool: set_seed() came after the last reset of every env and before this step, so the episodes in "
+            "progress keep the seeds they started with; the new seeds apply from each env's next reset. For a "
+            "reproducible run "
             "from the first step, seed the pool before its reset: EnvPool(..., seed=s), or EnvPool.factory(..., "
             "seed=s) for a Collector (which resets its env when it is built, before Collector.set_seed), or call "
             "reset() after set_seed()",
