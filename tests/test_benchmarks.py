@@ -226,3 +226,13 @@ def test_a_heap_the_caller_froze_stays_frozen():
             pass
         assert gc.get_freeze_count() > 0
     assert gc.get_freeze_count() == 0
+
+
+def test_the_plot_draws_the_package_rows_blue_and_the_references_grey():
+    from torchrl_swm.benchmarks.__main__ import _OURS
+
+    ours = ["make_world_model_env (TransformedEnv + StepCounter) step loop", "WorldModelEnv step_and_maybe_reset loop",
+            "to_gymnasium(MLPWorldModelEnv), same_step", "EnvPool CartPole, step_and_maybe_reset (reference)"]
+    references = ["MLPWorldModelEnv, step_and_maybe_reset", "raw batched forward (limit, reference)"]
+    assert all(label.startswith(_OURS) for label in ours)
+    assert not any(label.startswith(_OURS) for label in references)

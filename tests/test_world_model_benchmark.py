@@ -1,6 +1,9 @@
 """Smoke test of the world-model benchmark section (tiny sizes; no timing assertions)."""
 
-from torchrl_swm.benchmarks.world_model import run
+import pytest
+import torch
+
+from torchrl_swm.benchmarks.world_model import _make_env, _Raw, _StepLoop, make_ref_model, run
 
 
 def test_world_model_benchmark_runs_and_fills_ratios():
@@ -24,3 +27,41 @@ def test_world_model_benchmark_runs_and_fills_ratios():
         if row.key != "env/reset":
             assert row.ratio is not None and "added_us" in row.extra
     assert "fraction_of_step" in by_key["env/reset"].extra
+
+
+class _CountingDones(torch.nn.Module):
+    """The reference model, counting the episode ends (done logits > 0) it computes."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.dones = model, 0
+
+    def forward(self, latent, action):
+        out = self.model(latent, action)
+        self.dones += int((out[2] > 0).sum())
+        return out
+
+
+@pytest.mark.parametrize("b", [1, 8])
+def test_the_raw_reference_with_resets_ends_episodes_exactly_as_the_env_rows_do(b):
+    # "raw+reset" is the least work any env around the model must do: the same starts and actions as the
+    # env rows, so the same episode ends (not, say, four times as many at B=1 from another start latent)
+    model, cpu = make_ref_model(0, "cpu"), torch.device("cpu")
+    raw, env = _CountingDones(model), _CountingDones(model)
+    _Raw(raw, b, cpu, True).run(600)
+    _StepLoop(_make_env(env, b, cpu), b, cpu).run(600)
+    assert raw.dones == env.dones > 0
+
+
+def test_the_export_floor_env_draws_start_latents_for_the_reset_rows_only():
+    from torchrl_swm.benchmarks.export import LAT, MLPWorldModelEnv
+
+    env = MLPWorldModelEnv(batch_size=4, seed=3)
+    td = env.reset()
+    before = td["observation"].clone()
+    gen = torch.Generator().manual_seed(3)
+    torch.randn(4, LAT, generator=gen)  # the full reset's draw
+    td["_reset"] = torch.tensor([[False], [True], [False], [False]])
+    after = env.reset(td)["observation"]
+    assert torch.equal(after[[0, 2, 3]], before[[0, 2, 3]])
+    assert torch.equal(after[1], torch.tanh(torch.randn(1, LAT, generator=gen))[0] * 0.1)

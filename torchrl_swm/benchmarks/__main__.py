@@ -81,7 +81,7 @@ def format_table(rows) -> str:
 
 
 #: rows of this package (drawn blue; the peers and references grey)
-_OURS = ("EnvPool", "WorldModelEnv", "MLPWorldModelEnv", "to_gymnasium", "to_sb3_vec_env", "World")
+_OURS = ("EnvPool", "WorldModelEnv", "make_world_model_env", "to_gymnasium", "to_sb3_vec_env", "World")
 
 
 def _no_nan(value):

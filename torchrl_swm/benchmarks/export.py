@@ -57,8 +57,8 @@ class MLPWorldModelEnv(EnvBase):
     The latent is the observation (``"observation"``, ``(B, 64)`` in ``[-1, 1]``);
     actions are ``(B, 6)`` in ``[-1, 1]``; an episode ends when the done head's
     logit is positive. The latent lives inside the env, as in a pool. ``_reset``
-    honours the ``"_reset"`` mask (fresh start latents drawn from a seeded
-    generator), ``_step`` honours the ``"_step"`` mask (frozen rows keep their
+    honours the ``"_reset"`` mask (fresh start latents for the reset rows, drawn
+    from a seeded generator), ``_step`` honours the ``"_step"`` mask (frozen rows keep their
     latent and report reward 0, not done).
 
     This is the stand-in world-model env of the export's tests and benchmark.
@@ -80,17 +80,18 @@ class MLPWorldModelEnv(EnvBase):
         self._z = torch.zeros(b, LAT, device=dev)
         self._false = torch.zeros(b, 1, dtype=torch.bool, device=dev)
 
-    def _start(self) -> torch.Tensor:
-        return torch.tanh(torch.randn(self._z.shape, generator=self._gen, device=self.device)) * 0.1
+    def _start(self, k: int) -> torch.Tensor:
+        return torch.tanh(torch.randn(k, LAT, generator=self._gen, device=self.device)) * 0.1
 
     def _reset(self, tensordict=None, **kwargs):
         mask = None if tensordict is None else tensordict.get("_reset", None)
-        fresh = self._start()
         if mask is None:
-            self._z = fresh
-        else:
-            rows = row_mask(mask, self.batch_size[0], "_reset").unsqueeze(-1)
-            self._z = torch.where(rows, fresh, self._z)
+            self._z = self._start(self.batch_size[0])
+        else:  # start latents for the reset rows only (~3 % of them): the least work a reset must do
+            rows = row_mask(mask, self.batch_size[0], "_reset")
+            z = self._z.clone()
+            z[rows] = self._start(int(rows.count_nonzero()))
+            self._z = z
         false = self._false
         return TensorDict._new_unsafe(
             {"observation": self._z, "done": false, "terminated": false, "truncated": false},

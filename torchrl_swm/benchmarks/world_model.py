@@ -104,30 +104,40 @@ def _make_env(model, b, device, transition=_transition):
     from ..world_model import WorldModelEnv
 
     obs, act = _spaces()
-    z0 = torch.tanh(torch.randn(LAT, generator=torch.Generator().manual_seed(1))) * 0.1
     return WorldModelEnv(
-        model, obs, act, num_envs=b, initial_state=z0.to(device), transition_fn=transition, device=device, seed=0
+        model, obs, act, num_envs=b, initial_state=_start_latent().to(device), transition_fn=transition,
+        device=device, seed=0,
     )
 
 
+def _start_latent() -> torch.Tensor:
+    """Every episode's first latent (the env rows' ``initial_state``, the raw loops' reset value)."""
+    return torch.tanh(torch.randn(LAT, generator=torch.Generator().manual_seed(1))) * 0.1
+
+
 class _Raw:
+    """The model's forward in a loop, from the env rows' start latent with their actions (``_Policy``'s),
+    so that ``raw+reset`` ends episodes exactly as often as they do."""
+
     def __init__(self, model, b, device, reset):
-        gen = torch.Generator().manual_seed(2)
         self.m, self.reset = model, reset
-        self.z = torch.tanh(torch.randn(b, LAT, generator=gen)).to(device)
-        self.z0 = (torch.tanh(torch.randn(LAT, generator=gen)) * 0.1).to(device)
-        self.acts = (torch.rand(_K, b, ACT, generator=gen) * 2 - 1).to(device)
+        self.z0 = _start_latent().to(device)
+        self.z = self.z0.expand(b, LAT).clone()
+        self.acts = _Policy(b, device).acts
+        self.i = 0
 
     def run(self, units):
         m, acts, z, z0, reset = self.m, self.acts, self.z, self.z0, self.reset
+        i = self.i
         with torch.no_grad():
-            for s in range(units):
-                z, r, d = m(z, acts[s % _K])
+            for _ in range(units):
+                i += 1
+                z, r, d = m(z, acts[i % _K])
                 if reset:
                     done = d > 0
                     if done.any():
                         z = torch.where(done, z0, z)
-        self.z = z
+        self.z, self.i = z, i
 
     def close(self):
         pass
@@ -229,7 +239,7 @@ def _model_based_env(model, b, device):
     module = TensorDictModule(
         Head(model), in_keys=["latent", "action"], out_keys=["latent", "reward", "done", "terminated"]
     )
-    z0 = (torch.tanh(torch.randn(b, LAT, generator=torch.Generator().manual_seed(1))) * 0.1).to(device)
+    z0 = _start_latent().expand(b, LAT).to(device)
 
     class Env(ModelBasedEnvBase):
         def __init__(self):
@@ -258,13 +268,12 @@ def _transformed_env(model, b, device):
     from ..world_model import make_world_model_env
 
     obs, act = _spaces()
-    z0 = torch.tanh(torch.randn(LAT, generator=torch.Generator().manual_seed(1))) * 0.1
     return make_world_model_env(
         model,
         obs,
         act,
         num_envs=b,
-        initial_state=z0.to(device),
+        initial_state=_start_latent().to(device),
         transition_fn=_transition,
         max_episode_steps=1000,
         device=device,
