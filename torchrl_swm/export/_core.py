@@ -39,6 +39,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Binary, Composite, MultiOneHot, OneHot, TensorSpec
 from torchrl.envs import EnvBase, GymWrapper, TransformedEnv
 from torchrl.envs.batched_envs import BatchedEnvBase
@@ -373,6 +374,12 @@ class Layout:
         self._action(env, ndim)
         self._reward_and_done(env, ndim)
         self._observations(env, ndim, observation_keys, info_keys)
+        #: every key read from a step's output: observations, terminated(, truncated), infos and their masks
+        self.reported_keys: list = [
+            *(leaf.get_key for leaf in self.obs_leaves),
+            *(k for k in (self.terminated_key, self.truncated_key) if k is not None),
+            *(leaf.get_key for leaf in (*self.info_leaves, *self.info_mask_leaves)),
+        ]
 
     # -- action -----------------------------------------------------------------
     def _action(self, env, ndim):
@@ -829,6 +836,16 @@ def _out_of_range(values: np.ndarray, high) -> bool:
 # ----------------------------------------------------------------------------------------
 # the one transfer
 # ----------------------------------------------------------------------------------------
+
+
+def set_leaf(td: TensorDictBase, key: Key, value: torch.Tensor) -> None:
+    """``td.set(key, value)`` for a value the export built to ``td``'s batch and device (an action, a
+    mask, a restored row): a plain ``TensorDict``'s string key skips tensordict's checks, which cost
+    more than the rest of a small step and have nothing to find."""
+    if type(td) is TensorDict and type(key) is str:
+        td._set_str(key, value, validated=True, inplace=False, non_blocking=False)
+    else:
+        td.set(key, value)
 
 
 def to_host(tensors: Sequence[torch.Tensor], packed: bool | None = None) -> list[np.ndarray]:

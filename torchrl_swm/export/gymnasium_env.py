@@ -18,7 +18,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
-from ._core import Layout, nest, to_host, torch_copies, traits
+from ._core import Layout, nest, set_leaf, to_host, torch_copies, traits
 from .seeding import reset_kwargs
 
 __all__ = ["TorchRLGymEnv"]
@@ -89,7 +89,7 @@ class TorchRLGymEnv(gym.Env):
             if self._squeeze:
                 tensor = tensor.unsqueeze(0)
             root = self._root
-            root.set(layout.action_key, tensor)
+            set_leaf(root, layout.action_key, tensor)
             td = self.env.step(root)
             nxt = td.get("next")
             self._root = self.env.step_mdp(td)

@@ -65,7 +65,7 @@ from gymnasium.vector.utils import batch_space
 from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
-from ._core import Layout, attribute_errors, base_env, nest, to_host, torch_copies, traits
+from ._core import Layout, attribute_errors, base_env, nest, set_leaf, to_host, torch_copies, traits
 from ._core import autoreset_mode as _autoreset_mode
 from ..introspect import transforms_of
 from .seeding import check_options, normalize_seed, reset_kwargs, seed_groups
@@ -293,7 +293,7 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         with torch.no_grad():
             action = self.layout.encode_action(actions, self._batch)
             root = self._root
-            root.set(self.layout.action_key, action)
+            set_leaf(root, self.layout.action_key, action)
             if mode is AutoresetMode.SAME_STEP:
                 return self._step_same(root)
             if mode is AutoresetMode.NEXT_STEP:
@@ -327,7 +327,7 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
             # lets a transform that keeps per-row state of its own (CatFrames' frames) rebuild it at the
             # reset instead of seeing the reset observation stepped once more.
             if pending is not None and self.traits.partial_steps:
-                root.set("_step", (~pending).unsqueeze(-1))
+                set_leaf(root, "_step", (~pending).unsqueeze(-1))
             fused = None if pending is None or self._step_then_reset is None else self._step_then_reset(root, pending)
             if fused is not None:
                 td, root_ = fused
@@ -350,7 +350,7 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         else:
             # `pending` rows were reset when they finished (step_and_maybe_reset): freeze them now. Only a
             # package env takes this path (others defer their resets), and it reports its frozen rows exactly.
-            root.set("_step", (~pending).unsqueeze(-1))
+            set_leaf(root, "_step", (~pending).unsqueeze(-1))
             td, root_ = env.step_and_maybe_reset(root)
             root.pop("_step", None)
             root_.pop("_step", None)
@@ -371,22 +371,21 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
     def _restore_rows(self, rows: torch.Tensor, source, nxt):
         """Copy ``source``'s values (the reset values) into ``rows`` of ``nxt`` (what the step reports).
 
-        Covers every leaf ``source`` shares with it except the action, so
-        state carried in the tensordict (a transform's step count, a latent)
-        is reported too.
+        Covers every leaf the export reports (:attr:`Layout.reported_keys`: observations, flags,
+        infos and their masks) that ``source`` shares with ``nxt``, so state carried in the
+        tensordict and reported (a transform's step count as an info, a latent as an
+        observation) is reported from the reset too. Nothing else of ``nxt`` is read.
         """
         n = self.num_envs
-        skip = {self.layout.action_key, "next", "_step", self._reset_key}
         views = {}  # the row mask viewed for each rank met
-        for key, value in source.items(True, True):
-            if (key if isinstance(key, str) else key[0]) in skip or not isinstance(value, torch.Tensor):
+        for key in self.layout.reported_keys:
+            value, old = source.get(key, None), nxt.get(key, None)
+            if not isinstance(value, torch.Tensor) or not isinstance(old, torch.Tensor) or old.shape != value.shape:
                 continue
-            old = nxt.get(key, None)
-            if isinstance(old, torch.Tensor) and old.shape == value.shape:
-                view = views.get(value.ndim)
-                if view is None:
-                    view = views[value.ndim] = rows.view(n, *([1] * (value.ndim - 1)))
-                nxt.set(key, torch.where(view, value, old))
+            view = views.get(value.ndim)
+            if view is None:
+                view = views[value.ndim] = rows.view(n, *([1] * (value.ndim - 1)))
+            set_leaf(nxt, key, torch.where(view, value, old))
         return nxt
 
     # -- output ---------------------------------------------------------------------------

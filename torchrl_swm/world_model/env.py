@@ -1647,9 +1647,10 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         # seed: reset(seed=)'s, else the env's seed (seed= / set_seed) once, at the first reset after it, as a
         # gymnasium env gets it; options: {} when none were given, as the seed design's reset (a fresh one: a
         # reset_fn may write to it); grad mode: the reset's (see _graph_free)
-        if seed is None:
-            seed = self._reset_fn_seed
-        self._reset_fn_seed = None
+        if self._reset_fn_seed is not None:  # (nn.Module's __setattr__ is slow: only when set)
+            if seed is None:
+                seed = self._reset_fn_seed
+            self._reset_fn_seed = None
         result = bound.call(seed, {} if options is None else options, **kwargs)
         where = bound.description
         form, state, obs, info = split_reset(result, where, self._obs_keys)
