@@ -1302,3 +1302,13 @@ def test_seed_port_obs_info_reset_one_argument_action_transform_and_five_tuple()
     assert out["observation"].tolist() == [[10.0, 10.0], [20.0, 20.0]]
     assert env.base_env.state.tolist() == [[1.0, 1.0], [2.0, 2.0]], "the state is info['model_state'], not the obs"
     assert out["reward"].view(-1).tolist() == [1.0, 2.0] and out["terminated"].view(-1).tolist() == [False, True]
+
+
+def test_the_env_make_world_model_env_returns_is_importable_from_the_package():
+    # the README tells planner users to build their own chain as torchrl_swm.WorldModelTransformedEnv(env, t)
+    import torchrl_swm
+
+    env = make_world_model_env(CountingModel(), OBS3, ACT1, num_envs=2, initial_state=torch.zeros(3),
+                               max_episode_steps=4)
+    assert type(env) is torchrl_swm.WorldModelTransformedEnv
+    assert "WorldModelTransformedEnv" in torchrl_swm.__all__

@@ -3,7 +3,8 @@
 Public API (imported lazily, so ``import torchrl_swm`` stays cheap):
 
 * :class:`EnvPool`: N gymnasium envs as one TorchRL env with batch ``[N]``.
-* :class:`WorldModelEnv`, :func:`make_world_model_env`: a learned model as a batched TorchRL env.
+* :class:`WorldModelEnv`, :func:`make_world_model_env`: a learned model as a batched TorchRL env
+  (:class:`WorldModelTransformedEnv`: the ``TransformedEnv`` that keeps rows frozen by ``"_step"``).
 * :func:`make_env`, :func:`register_backend`, :func:`list_backends`: one factory for both.
 * :func:`to_gymnasium`, :func:`to_sb3_vec_env`, :func:`register_gymnasium_env`: export.
 * :class:`World`, :func:`load_dataset`, :class:`History`: evaluation and datasets.
@@ -20,6 +21,7 @@ _LAZY = {
     "EnvPool": "torchrl_swm.pool",
     "WorldModelEnv": "torchrl_swm.world_model",
     "make_world_model_env": "torchrl_swm.world_model",
+    "WorldModelTransformedEnv": "torchrl_swm.world_model",
     "make_env": "torchrl_swm.factory",
     "register_backend": "torchrl_swm.factory",
     "list_backends": "torchrl_swm.factory",

@@ -654,8 +654,9 @@ def stage_wrap(cfg: QuickstartConfig, model: DynamicsModel, train_ds, max_steps:
     check_env_specs(imagined, seed=cfg.seed)  # TorchRL's own consistency check of specs and outputs
     rollout = imagined.rollout(max_steps, break_when_any_done=False)  # random actions
     imagined.close()
-    print(f"  imagination env: TransformedEnv(WorldModelEnv(num_envs={cfg.num_envs}), "
-          f"StepCounter(max_steps={max_steps})): one model.step call per step for all {cfg.num_envs} envs, "
+    print(f"  imagination env: {type(imagined).__name__}(WorldModelEnv(num_envs={cfg.num_envs}), "
+          f"{type(imagined.transform[-1]).__name__}(max_steps={max_steps})): one model.step call per step for all "
+          f"{cfg.num_envs} envs, "
           f"episodes start from {starts.shape[0]} real reset observations (start_states=)")
     print(f"  check_env_specs: passed; a random rollout: {tuple(rollout.batch_size)} [envs, time], "
           f"{int(rollout['next', 'terminated'].sum())} predicted terminations")
