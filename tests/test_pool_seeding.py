@@ -82,19 +82,45 @@ def test_set_seed_then_reset_starts_the_seeded_episodes_without_a_warning():
     pool.close()
 
 
-@pytest.mark.parametrize("reset_rows", [[], [1]])
-def test_set_seed_then_a_reset_of_some_envs_still_warns_at_the_step(reset_rows):
+@pytest.mark.parametrize(("reset_rows", "named"), [([], "every env"), ([1], r"envs \[0, 2\]")])
+def test_set_seed_then_a_reset_of_some_envs_still_warns_at_the_step(reset_rows, named):
     # the envs a partial reset leaves alone are still in the episodes they started before set_seed
     pool = EnvPool([functools.partial(counting, length=50)] * 3, seed=0)
     td = pool.reset()
     pool.set_seed(100)
     td["_reset"] = torch.tensor([[i in reset_rows] for i in range(3)])
     td = pool.reset(td)
-    assert seeds_of(td) == [100 + 3 * 0 + i if i in reset_rows else i for i in range(3)]
+    assert seeds_of(td) == [100 + i if i in reset_rows else i for i in range(3)]
     td["action"] = pool.action_spec.zero()
-    with pytest.warns(UserWarning, match=r"set_seed\(\) came after the last reset of every env"):
+    with pytest.warns(UserWarning, match=rf"set_seed\(\) came after the last reset of {named} and before"):
         pool.step(td)
     pool.close()
+
+
+def test_set_seed_then_every_env_reset_in_parts_starts_the_seeded_episodes_without_a_warning():
+    import warnings
+
+    from torchrl_swm import to_gymnasium
+
+    pool = EnvPool([functools.partial(counting, length=50)] * 3, seed=0)
+    td = pool.reset()
+    pool.set_seed(100)
+    for rows in ([0], [1, 2]):
+        td["_reset"] = torch.tensor([[i in rows] for i in range(3)])
+        td = pool.reset(td)
+    assert seeds_of(td) == [100, 101, 102]
+    td["action"] = pool.action_spec.zero()
+    exported = to_gymnasium(EnvPool([functools.partial(counting, length=50)] * 3, seed=0))
+    exported.reset()
+    exported.env.set_seed(5)
+    _, infos = exported.reset(seed=[None, 11, None])  # two resets: the seeded row, then the others
+    assert infos["episode_seed"].tolist() == [5, 11, 7]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pool.step(td)
+        exported.step(np.zeros(3, np.int64))
+    pool.close()
+    exported.close()
 
 
 def test_same_seed_same_rollout_and_different_seed_differs():

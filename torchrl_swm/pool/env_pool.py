@@ -65,7 +65,8 @@ class _StepState:
 
     last_step_rows: object = _NO_STEP  # the rows of the last step when no reset followed it (None: all)
     fresh: bool = False  # every row was reset and none stepped since
-    seeded_after_reset: bool = False  # set_seed came while fresh (see EnvPool._set_seed)
+    # rows still in the episodes they began before a set_seed that came while fresh (see EnvPool._set_seed)
+    unseeded_rows: np.ndarray | None = None
 
 try:  # gym.make's own id lookup, which emits its version warnings (private: a later gymnasium may move it)
     from gymnasium.envs.registration import _find_spec
@@ -388,8 +389,12 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             # a mask resets rows, even all of them (TorchRL's maybe_reset when every env is done): a
             # SAME_STEP vector env has reset them already; a full reset would reset them twice
             rows = np.arange(self.num_envs)
-        if rows is None or rows.size == self.num_envs:  # after a partial reset, the other envs keep their seeds
-            self._step_state.seeded_after_reset = False
+        unseeded = self._step_state.unseeded_rows
+        if unseeded is not None:  # the envs reset now start episodes with the new seeds
+            if rows is not None:
+                unseeded[rows] = False
+            if rows is None or not unseeded.any():
+                self._step_state.unseeded_rows = None
         override = broadcast_seeds(seed, self.num_envs, allow_none=True)
         options = broadcast_options(options, self.num_envs)
         if rows is None or rows.size:
@@ -445,7 +450,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         # _get_str: ~0.6 µs cheaper than get(); a missing action is None, which decode refuses by name
         actions = self._codec.decode(tensordict._get_str("action", None), rows, self._backend.batched_actions)
         self._host.wait_for_copy()
-        if self._step_state.seeded_after_reset:
+        if self._step_state.unseeded_rows is not None:
             self._warn_unseeded_start()
         self._step_state.fresh = False
         if rows is not None:
@@ -625,19 +630,20 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         self._raise_if_closed()
         self._seeds.set(seed)
         # stepped before the next reset: warned (_warn_unseeded_start)
-        self._step_state.seeded_after_reset = self._step_state.fresh
+        self._step_state.unseeded_rows = np.ones(self.num_envs, np.bool_) if self._step_state.fresh else None
 
     def _warn_unseeded_start(self) -> None:
         # Restarting the episodes in set_seed, as TorchRL's GymWrapper does, would make the caller's root (a
         # Collector's, from its reset at construction) an observation of another episode than its "next"
-        self._step_state.seeded_after_reset = False
+        rows = np.flatnonzero(self._step_state.unseeded_rows).tolist()
+        self._step_state.unseeded_rows = None
+        which = "every env" if len(rows) == self.num_envs else f"envs {rows}" if len(rows) <= 8 else f"{len(rows)} envs"
         warnings.warn(
-            "EnvPool: set_seed() came after the last reset of every env and before this step, so the episodes in "
+            f"EnvPool: set_seed() came after the last reset of {which} and before this step, so their episodes in "
             "progress keep the seeds they started with; the new seeds apply from each env's next reset. For a "
-            "reproducible run "
-            "from the first step, seed the pool before its reset: EnvPool(..., seed=s), or EnvPool.factory(..., "
-            "seed=s) for a Collector (which resets its env when it is built, before Collector.set_seed), or call "
-            "reset() after set_seed()",
+            "reproducible run from the first step, seed the pool before its reset: EnvPool(..., seed=s), or "
+            "EnvPool.factory(..., seed=s) for a Collector (which resets its env when it is built, before "
+            "Collector.set_seed), or call reset() after set_seed()",
             UserWarning,
             stacklevel=3,
         )
