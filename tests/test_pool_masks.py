@@ -271,64 +271,78 @@ def test_a_partial_reset_of_a_tensordict_without_done_flags_keeps_the_envs_flags
 
 class _Reference:
     """Plain gymnasium envs stepped one by one, with the pool's seed schedule (env ``i``'s ``k``-th
-    reset gets ``seed + i + k * n``) and its frozen-row rule (a row left out of ``"_step"`` keeps
+    reset gets ``seed + i + k * n``; with ``every_episode=False`` only its first, the later ones
+    continue its random stream) and its frozen-row rule (a row left out of ``"_step"`` keeps
     everything and reports reward 0)."""
 
-    def __init__(self, n, seed, max_length):
-        self.n, self.seed = n, seed
-        self.envs = [CountingEnv(max_length=max_length) for _ in range(n)]
-        self.resets = [0] * n
-        self.rows = [None] * n
+    def __init__(self, seed, truncate, every_episode=True):
+        self.n, self.seed, self.every_episode = len(truncate), seed, every_episode
+        self.envs = [CountingEnv(max_length=4, truncate=t) for t in truncate]
+        self.resets = [0] * self.n
+        self.rows = [None] * self.n
 
     def reset(self, i):
-        s = self.seed + i + self.resets[i] * self.n
+        fresh_seed = self.every_episode or self.resets[i] == 0
+        s = self.seed + i + self.resets[i] * self.n if fresh_seed else self.rows[i]["seed"]
         self.resets[i] += 1
-        obs, info = self.envs[i].reset(seed=s)
-        self.rows[i] = {"obs": obs, "reward": 0.0, "terminated": False, "length": info["length"], "seed": s}
+        obs, info = self.envs[i].reset(seed=s if fresh_seed else None)
+        self.rows[i] = {"obs": obs, "reward": 0.0, "terminated": False, "truncated": False, "t": info["t"],
+                        "length": info["length"], "seed": s}
 
     def step(self, i, action):
-        obs, reward, terminated, _, info = self.envs[i].step(action)
+        obs, reward, terminated, truncated, info = self.envs[i].step(action)
         self.rows[i] = {**self.rows[i], "obs": obs, "reward": reward, "terminated": terminated,
-                        "length": info["length"]}
+                        "truncated": truncated, "t": info["t"], "length": info["length"]}
 
     def freeze(self, i):
         self.rows[i] = {**self.rows[i], "reward": 0.0}
+
+    def done(self, i) -> bool:
+        return self.rows[i]["terminated"] or self.rows[i]["truncated"]
 
     def assert_matches(self, td, episode0, where, with_reward=True):
         for i, row in enumerate(self.rows):
             obs = td["observation"][i].tolist()
             assert obs[0] == row["obs"][0] and obs[2] == row["obs"][2], (where, i, obs, row)
             assert obs[1] - episode0[i] == self.resets[i] - 1, (where, i)  # as many resets as the reference
-            assert td["terminated"][i].item() == td["done"][i].item() == row["terminated"], (where, i)
-            assert td["info", "length"][i].item() == row["length"], (where, i)
+            flags = [td[key][i].item() for key in ("terminated", "truncated", "done")]
+            assert flags == [row["terminated"], row["truncated"], self.done(i)], (where, i, flags, row)
+            assert td["info", "t"][i].item() == row["t"] and td["info", "length"][i].item() == row["length"], (
+                where, i)
             assert td["episode_seed"][i].item() == row["seed"], (where, i)
             if with_reward:
                 assert td["reward"][i].item() == row["reward"], (where, i)
 
 
-def _masks_and_actions(draw, n, steps):
+def _plan(draw, n, steps):
+    """``steps`` entries ``(reset, step mask, actions)``; a reset is None (none), "full" (``reset()``
+    with no mask) or a ``"_reset"`` mask; a step mask None (no ``"_step"``) or a mask."""
     rows = st.lists(st.booleans(), min_size=n, max_size=n)
-    mask = st.one_of(st.none(), rows, st.just([True] * n), st.just([False] * n))
+    masks = st.one_of(rows, st.just([True] * n), st.just([False] * n))
     actions = st.lists(st.integers(0, 2), min_size=n, max_size=n)
-    return draw(st.lists(st.tuples(mask, mask, actions), min_size=steps // 2, max_size=steps))
+    entry = st.tuples(st.one_of(st.none(), st.just("full"), masks), st.one_of(st.none(), masks), actions)
+    return draw(st.lists(entry, min_size=steps // 2, max_size=steps))
 
 
-def _run_against_reference(pool, n, seed, plan):
-    ref = _Reference(n, seed, max_length=4)
+def _run_against_reference(pool, ref, plan):
+    n = ref.n
     td = pool.reset()
     for i in range(n):
         ref.reset(i)
     episode0 = [obs[1] for obs in td["observation"].tolist()]  # the pool may probe its envs once: count from here
     ref.assert_matches(td, episode0, "first reset", with_reward=False)
-    for t, (reset_rows, step_rows, actions) in enumerate(plan):
+    for t, (reset, step_rows, actions) in enumerate(plan):
         stepped = [True] * n if step_rows is None else step_rows
-        done = [row["terminated"] for row in ref.rows]
-        # a row that ended must be reset before it steps again (the pool refuses otherwise)
-        reset_rows = [bool(r) or (d and s) for r, d, s in zip(reset_rows or [False] * n, done, stepped)]
-        if any(reset_rows) or t % 3 == 0:  # an all-False "_reset" too, now and then
-            td["_reset"] = torch.tensor(reset_rows).unsqueeze(-1)
+        if reset == "full":
+            td = pool.reset()
+            reset = [True] * n
+        elif reset is not None or any(ref.done(i) and stepped[i] for i in range(n)):
+            # a row that ended must be reset before it steps again (the pool refuses otherwise)
+            reset = [bool(r) or (ref.done(i) and stepped[i]) for i, r in enumerate(reset or [False] * n)]
+            td["_reset"] = torch.tensor(reset).unsqueeze(-1)
             td = pool.reset(td)
-            for i in np.flatnonzero(reset_rows):
+        if reset is not None:
+            for i in np.flatnonzero(reset):
                 ref.reset(int(i))
             ref.assert_matches(td, episode0, f"reset at {t}", with_reward=False)
         td["action"] = torch.tensor(actions)
@@ -342,12 +356,14 @@ def _run_against_reference(pool, n, seed, plan):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), n=st.integers(1, 5), seed=st.integers(0, 2**40))
-def test_any_sequence_of_reset_and_step_masks_matches_plain_envs_stepped_one_by_one(data, n, seed):
-    plan = data.draw(st.composite(lambda draw: _masks_and_actions(draw, n, 30))())
-    pool = EnvPool([functools.partial(counting, max_length=4)] * n, seed=seed)
+@given(data=st.data(), n=st.integers(1, 5), seed=st.integers(0, 2**40), every_episode=st.booleans())
+def test_any_sequence_of_reset_and_step_masks_matches_plain_envs_stepped_one_by_one(data, n, seed, every_episode):
+    truncate = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))  # per env: truncates, or terminates
+    plan = data.draw(st.composite(lambda draw: _plan(draw, n, 30))())
+    pool = EnvPool([functools.partial(counting, max_length=4, truncate=t) for t in truncate], seed=seed,
+                   seed_every_episode=every_episode)
     try:
-        _run_against_reference(pool, n, seed, plan)
+        _run_against_reference(pool, _Reference(seed, truncate, every_episode), plan)
     finally:
         pool.close()
 
@@ -355,10 +371,11 @@ def test_any_sequence_of_reset_and_step_masks_matches_plain_envs_stepped_one_by_
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), seed=st.integers(0, 2**40))
 def test_any_sequence_of_masks_on_the_process_backend_matches_plain_envs(data, seed):
-    n = 4
-    plan = data.draw(st.composite(lambda draw: _masks_and_actions(draw, n, 40))())
-    pool = EnvPool([functools.partial(counting, max_length=4)] * n, seed=seed, backend="process", num_workers=2)
+    truncate = [False, True, False, True]
+    plan = data.draw(st.composite(lambda draw: _plan(draw, 4, 40))())
+    pool = EnvPool([functools.partial(counting, max_length=4, truncate=t) for t in truncate], seed=seed,
+                   backend="process", num_workers=2)
     try:
-        _run_against_reference(pool, n, seed, plan)
+        _run_against_reference(pool, _Reference(seed, truncate), plan)
     finally:
         pool.close()
