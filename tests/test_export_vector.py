@@ -1312,6 +1312,30 @@ def test_closing_an_export_closes_the_pool_and_its_envs(kind):
     assert len(CLOSED_ENVS) == n
 
 
+@pytest.mark.parametrize("kind", ["vector", "single", "sb3"])
+def test_a_closed_export_refuses_reset_and_step_and_its_world_model_stays_closed(kind):
+    # a WorldModelEnv reopens at a full reset: through a closed export it would, and the export (closed once
+    # already) would never close it again, its rows' state never released
+    from torchrl_swm import to_sb3_vec_env
+    from torchrl_swm.export import TorchRLGymEnv
+
+    pytest.importorskip("stable_baselines3") if kind == "sb3" else None
+    wm = world_model_env(make_model(), 1 if kind == "single" else 3)
+    export = {"vector": to_gymnasium, "single": functools.partial(TorchRLGymEnv, squeeze_batch=True),
+              "sb3": to_sb3_vec_env}[kind](wm)
+    export.reset()
+    action = np.zeros((ACT,) if kind == "single" else (3, ACT), np.float32)
+    export.step(action)
+    export.close()
+    assert wm.is_closed
+    with pytest.raises(RuntimeError, match=r"\.reset\(\) after close\(\): the env it wraps was closed"):
+        export.reset()
+    with pytest.raises(RuntimeError, match=r"\.step\(\) after close\(\)"):
+        export.step(action)
+    assert wm.is_closed
+    export.close()  # a second close does nothing
+
+
 def test_closing_an_export_reaps_the_pool_workers():
     pool = EnvPool([counting] * 2, backend="process", num_workers=2, seed=0)
     processes = list(pool._backend._processes)

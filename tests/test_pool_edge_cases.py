@@ -1193,6 +1193,28 @@ def test_a_process_pool_collected_unclosed_in_a_cycle_waits_for_a_slow_env_close
         _reap(processes)
 
 
+def test_a_process_pool_collected_unclosed_after_an_interrupt_gives_its_stuck_workers_one_deadline(monkeypatch):
+    """Ctrl-C in a hung step, then the script ends without close(): the finalizer terminates the stuck workers
+    after one _CLOSE_TIMEOUT shared by all, as close() does (it waited that long for each in turn)."""
+    import gc
+
+    from torchrl_swm.pool import process
+
+    monkeypatch.setattr(process, "_CLOSE_TIMEOUT", 2.0)
+    pool = EnvPool([functools.partial(SlowEnv, 3600.0)] * 4, backend="process", num_workers=4, seed=0)
+    processes = _workers(pool)
+    try:
+        _step_interrupted(pool, 0.5)
+        start = time.monotonic()
+        with pytest.warns(RuntimeWarning, match="was terminated"):
+            del pool
+            gc.collect()
+        assert time.monotonic() - start < 6.0  # 4 workers waited for in turn: 8 s
+        assert not any(proc.is_alive() for proc in processes)
+    finally:
+        _reap(processes)
+
+
 @contextlib.contextmanager
 def warnings_as_errors():
     import warnings

@@ -712,6 +712,29 @@ def test_an_unclosed_pool_is_closed_when_collected():
     assert len(CLOSED_ENVS) == 3
 
 
+class _InterruptedCloseEnv(CountingEnv):
+    """A counting env whose ``close()`` is interrupted (Ctrl-C while it flushes a video, say)."""
+
+    def close(self):
+        raise KeyboardInterrupt
+
+
+def test_an_interrupt_in_one_envs_close_still_closes_the_others_then_is_raised():
+    # the pool is closed once close() has been called: a second close() does nothing, so the envs after the
+    # interrupted one must be closed by the first (gymnasium's VectorEnv would close them at a retry)
+    from envs import CLOSED_ENVS, BadCloseEnv, ClosingEnv
+
+    pool = EnvPool([ClosingEnv, _InterruptedCloseEnv, ClosingEnv, BadCloseEnv], seed=0)
+    pool.reset()
+    CLOSED_ENVS.clear()
+    with pytest.raises(KeyboardInterrupt) as info:
+        pool.close()
+    assert len(CLOSED_ENVS) == 2  # envs 0 and 2
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "env 1's close()" in notes and "env 3 (close)" in notes and "disk gone" in notes
+    assert pool.is_closed
+
+
 @pytest.mark.parametrize("image_shape, error", [
     ((32.7, 40.9), TypeError),  # int() would truncate to 32 x 40
     ((True, 40), TypeError),  # a bool is not a size

@@ -101,15 +101,21 @@ def _shutdown(processes, conns, shm, owed: dict, slices) -> None:
 
     A worker closes its envs and exits: that is waited for however long it takes, as the serial
     backend waits for ``env.close()``. A worker that still owes replies (an interrupt left it in an
-    env call, which may never return) gets ``_CLOSE_TIMEOUT``, then is terminated with a warning.
+    env call, which may never return) gets ``_CLOSE_TIMEOUT``, then is terminated with a warning. The
+    stuck workers share that one deadline, as in close(): k of them cost 5 s, not 5k.
     """
     for conn in conns:
         try:
             conn.send(("close", None))
         except (OSError, ValueError, BrokenPipeError):
             pass
+    deadline = time.monotonic() + _CLOSE_TIMEOUT
+    stuck = [w for w in range(len(processes)) if owed.get(w)]
+    for w in stuck:
+        processes[w].join(timeout=max(0.0, deadline - time.monotonic()))
     for w, proc in enumerate(processes):
-        proc.join(timeout=_CLOSE_TIMEOUT if owed.get(w) else None)
+        if w not in stuck:
+            proc.join()
     for w, proc in enumerate(processes):
         if proc.is_alive():
             rows = slices[w]

@@ -410,8 +410,10 @@ class SerialBackend(InProcessBackend):
         set_envs_attr(self.envs, rows, name, values, outermost)
 
     def close(self) -> None:
-        """Close every env; if some raise, re-raise the first after closing the rest."""
-        first_error = None
+        """Close every env; if some raise, re-raise the first after closing the rest. An interrupt (Ctrl-C in
+        a slow ``close()``) ends that env's close only: the others are still closed, as ``ExitStack`` does,
+        then the interrupt is raised (the pool is closed by then, so a second ``close()`` would do nothing)."""
+        first_error = interrupt = None
         for j, env in enumerate(self.envs):
             try:
                 env.close()
@@ -421,6 +423,14 @@ class SerialBackend(InProcessBackend):
                     first_error.__cause__ = err
                 else:  # reported too, not lost
                     add_note(first_error, f"env {self.first + j} (close) also raised {type(err).__name__}: {err}")
+            except BaseException as err:
+                if interrupt is None:
+                    interrupt = err
+                    add_note(err, f"raised in env {self.first + j}'s close(); the other envs were closed")
         self.envs = []
+        if interrupt is not None:
+            if first_error is not None:
+                add_note(interrupt, f"also: {str(first_error).splitlines()[0]}")
+            raise interrupt
         if first_error is not None:
             raise first_error
