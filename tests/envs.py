@@ -317,3 +317,17 @@ class BadCloseEnv(CountingEnv):
 
     def close(self):
         raise OSError("disk gone")
+
+
+class InterruptedCloseEnv(CountingEnv):
+    """A counting env whose ``close()`` raises ``KeyboardInterrupt`` (a Ctrl-C while it flushes a video, say),
+    or ``SystemExit`` with ``exit_code``."""
+
+    def __init__(self, exit_code: int | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.exit_code = exit_code
+
+    def close(self):
+        if self.exit_code is not None:
+            raise SystemExit(self.exit_code)
+        raise KeyboardInterrupt

@@ -1142,8 +1142,8 @@ def test_an_unsupported_action_space_lists_only_the_supported_ones(space):
 class _SlowCloseEnv(SlowEnv):
     """close() takes ``seconds`` and then writes ``path`` (as a video or log flush would)."""
 
-    def __init__(self, path, seconds):
-        super().__init__(0.0)
+    def __init__(self, path, seconds, step_delay=0.0):
+        super().__init__(step_delay)
         self.path, self.seconds = path, seconds
 
     def close(self):
@@ -1210,6 +1210,31 @@ def test_a_process_pool_collected_unclosed_after_an_interrupt_gives_its_stuck_wo
             del pool
             gc.collect()
         assert time.monotonic() - start < 6.0  # 4 workers waited for in turn: 8 s
+        assert not any(proc.is_alive() for proc in processes)
+    finally:
+        _reap(processes)
+
+
+def test_a_process_pool_collected_unclosed_waits_for_a_worker_whose_interrupted_call_has_returned(tmp_path,
+                                                                                                monkeypatch):
+    """An interrupted step that returned before the pool was collected leaves its worker idle: its envs' close()
+    is waited for however long it takes, as close() does, not cut off at _CLOSE_TIMEOUT with a false warning."""
+    import gc
+
+    from torchrl_swm.pool import process
+
+    monkeypatch.setattr(process, "_CLOSE_TIMEOUT", 1.0)
+    path = tmp_path / "closed"
+    pool = EnvPool([functools.partial(_SlowCloseEnv, str(path), 2.5, 1.0), SlowEnv], backend="process",
+                   num_workers=2, seed=0)
+    processes = _workers(pool)
+    try:
+        _step_interrupted(pool, 0.3)  # the step takes 1 s: it has returned in the worker 1 s later
+        time.sleep(1.5)
+        with warnings_as_errors():
+            del pool
+            gc.collect()
+        assert path.read_text() == "closed"
         assert not any(proc.is_alive() for proc in processes)
     finally:
         _reap(processes)

@@ -712,19 +712,12 @@ def test_an_unclosed_pool_is_closed_when_collected():
     assert len(CLOSED_ENVS) == 3
 
 
-class _InterruptedCloseEnv(CountingEnv):
-    """A counting env whose ``close()`` is interrupted (Ctrl-C while it flushes a video, say)."""
-
-    def close(self):
-        raise KeyboardInterrupt
-
-
 def test_an_interrupt_in_one_envs_close_still_closes_the_others_then_is_raised():
     # the pool is closed once close() has been called: a second close() does nothing, so the envs after the
     # interrupted one must be closed by the first (gymnasium's VectorEnv would close them at a retry)
-    from envs import CLOSED_ENVS, BadCloseEnv, ClosingEnv
+    from envs import CLOSED_ENVS, BadCloseEnv, ClosingEnv, InterruptedCloseEnv
 
-    pool = EnvPool([ClosingEnv, _InterruptedCloseEnv, ClosingEnv, BadCloseEnv], seed=0)
+    pool = EnvPool([ClosingEnv, InterruptedCloseEnv, ClosingEnv, BadCloseEnv], seed=0)
     pool.reset()
     CLOSED_ENVS.clear()
     with pytest.raises(KeyboardInterrupt) as info:
@@ -733,6 +726,43 @@ def test_an_interrupt_in_one_envs_close_still_closes_the_others_then_is_raised()
     notes = "\n".join(getattr(info.value, "__notes__", []))
     assert "env 1's close()" in notes and "env 3 (close)" in notes and "disk gone" in notes
     assert pool.is_closed
+
+
+@pytest.mark.parametrize("failing", ["interrupt", "error"])
+def test_a_sync_vector_env_pool_closes_every_env_once_whatever_one_of_them_raises(failing):
+    # SyncVectorEnv.close_extras stops at the first env that raises, and its fallback close went over the
+    # first envs again: env 0 closed twice, env 2 never
+    from envs import CLOSED_ENVS, BadCloseEnv, ClosingEnv, InterruptedCloseEnv
+
+    bad = InterruptedCloseEnv if failing == "interrupt" else BadCloseEnv
+    venv = gym.vector.SyncVectorEnv([ClosingEnv, bad, ClosingEnv])
+    pool = EnvPool(venv, seed=0)
+    pool.reset()
+    ids = [id(env) for env in venv.envs]
+    CLOSED_ENVS.clear()
+    with pytest.raises(KeyboardInterrupt if failing == "interrupt" else EnvError) as info:
+        pool.close()
+    assert CLOSED_ENVS == [ids[0], ids[2]]  # each once
+    if failing == "error":
+        assert info.value.env_index == 1 and info.value.phase == "close" and "disk gone" in str(info.value)
+    assert pool.is_closed and venv.closed
+    pool.close()
+    assert CLOSED_ENVS == [ids[0], ids[2]]
+
+
+@pytest.mark.parametrize("exit_code", [None, 3])
+def test_an_interrupt_raised_by_an_envs_close_in_a_worker_is_that_envs_close_error(exit_code):
+    # workers ignore Ctrl-C: a KeyboardInterrupt or SystemExit there is the env's own; it was dropped, or
+    # reported as the worker's when it had exited by then
+    from envs import InterruptedCloseEnv
+
+    pool = EnvPool([functools.partial(InterruptedCloseEnv, exit_code), CountingEnv], seed=0, backend="process",
+                   num_workers=2)
+    pool.reset()
+    with pytest.raises(EnvError, match=r"env 0 \(close\): (KeyboardInterrupt|SystemExit: 3)") as info:
+        pool.close()
+    assert info.value.env_index == 0 and info.value.phase == "close"
+    assert isinstance(info.value.__cause__, KeyboardInterrupt if exit_code is None else SystemExit)
 
 
 @pytest.mark.parametrize("image_shape, error", [

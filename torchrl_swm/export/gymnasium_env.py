@@ -69,7 +69,6 @@ class TorchRLGymEnv(gym.Env):
         self._root: TensorDictBase | None = None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
-        self._refuse_if_closed("reset")
         super().reset(seed=seed)
         kwargs = reset_kwargs(self.env, self.traits, seed, options, 1, "reset")
         with torch.no_grad():
@@ -79,10 +78,10 @@ class TorchRLGymEnv(gym.Env):
             values = [*layout.observations(root), *layout.infos(root)]
             values = to_host(values) if self.numpy else torch_copies(values)
         n_obs = len(layout.obs_leaves)
+        self._closed = False  # a closed env the reset reopened (a WorldModelEnv): the next close() closes it
         return self._observation(values[:n_obs]), self._info(values[n_obs:])
 
     def step(self, action):
-        self._refuse_if_closed("step")
         if self._root is None:
             raise RuntimeError("TorchRLGymEnv.step() was called before reset(); call reset() first")
         layout = self.layout
@@ -137,13 +136,6 @@ class TorchRLGymEnv(gym.Env):
         if pool is None:
             raise NotImplementedError(f"render() reaches the sub-env of an EnvPool; {type(self.env).__name__} has none")
         return pool.call("render")[0]
-
-    def _refuse_if_closed(self, method: str) -> None:
-        if self._closed:  # else a WorldModelEnv would reopen at the reset, its state never released again
-            raise RuntimeError(
-                f"TorchRLGymEnv.{method}() after close(): the env it wraps was closed; export it again "
-                "(to_gymnasium(env)) to use it"
-            )
 
     def close(self):
         if not self._closed:  # the wrapped env's is_closed cannot be trusted: a plain EnvBase starts "closed"

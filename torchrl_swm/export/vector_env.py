@@ -208,7 +208,6 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         reset again (see the module docstring: with options and no seed its episode
         differs from ``SyncVectorEnv``'s).
         """
-        self._refuse_if_closed("reset")
         options = check_options(options, "reset")
         mask = options.pop("reset_mask", None)
         if mask is not None:
@@ -269,6 +268,9 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
                 self._pending = self._pending & ~torch.as_tensor(rows, device=self._device)
             values = to_host(values, self._packed()) if self.numpy else torch_copies(values)
         n_obs = len(layout.obs_leaves)
+        # a closed env the reset reopened (a WorldModelEnv, as TorchRL's batched envs): open again, so the
+        # next close() closes it (VectorEnv.close does nothing once `closed` is set); a closed EnvPool refuses
+        self.closed = False
         return self._observation(values[:n_obs]), self._infos(values[n_obs:], rows.copy())
 
     def step(self, actions):
@@ -282,7 +284,6 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
             ValueError, TypeError: an action of the wrong shape or dtype, or out
                 of a discrete space.
         """
-        self._refuse_if_closed("step")
         if self._root is None:
             raise RuntimeError("TorchRLVectorEnv.step() was called before reset(); call reset() first")
         mode = self.autoreset_mode
@@ -589,13 +590,6 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
     def render(self):
         """The sub-envs' frames (``EnvPool`` only)."""
         return tuple(self._pool("render()").call("render"))
-
-    def _refuse_if_closed(self, method: str) -> None:
-        if self.closed:  # else a WorldModelEnv would reopen at the reset, its state never released again
-            raise RuntimeError(
-                f"TorchRLVectorEnv.{method}() after close(): the env it wraps was closed; export it again "
-                "(to_gymnasium(env)) to use it"
-            )
 
     def close_extras(self, **kwargs) -> None:
         # called once (VectorEnv.close checks self.closed); the wrapped env's is_closed cannot be

@@ -101,8 +101,9 @@ def _shutdown(processes, conns, shm, owed: dict, slices) -> None:
 
     A worker closes its envs and exits: that is waited for however long it takes, as the serial
     backend waits for ``env.close()``. A worker that still owes replies (an interrupt left it in an
-    env call, which may never return) gets ``_CLOSE_TIMEOUT``, then is terminated with a warning. The
-    stuck workers share that one deadline, as in close(): k of them cost 5 s, not 5k.
+    env call, which may never return) has ``_CLOSE_TIMEOUT`` to send them, as in close(): one
+    deadline for all such workers (k of them cost 5 s, not 5k). One that does is waited for like the
+    others; one still silent then is terminated with a warning.
     """
     for conn in conns:
         try:
@@ -110,7 +111,16 @@ def _shutdown(processes, conns, shm, owed: dict, slices) -> None:
         except (OSError, ValueError, BrokenPipeError):
             pass
     deadline = time.monotonic() + _CLOSE_TIMEOUT
-    stuck = [w for w in range(len(processes)) if owed.get(w)]
+    stuck = []
+    for w, count in list(owed.items()):
+        for _ in range(count or 0):
+            try:
+                if not conns[w].poll(max(0.0, deadline - time.monotonic())):
+                    stuck.append(w)
+                    break
+                conns[w].recv_bytes()  # the interrupted call's reply: dropped, as close() drops it
+            except (EOFError, OSError):  # the worker is gone: nothing to wait for
+                break
     for w in stuck:
         processes[w].join(timeout=max(0.0, deadline - time.monotonic()))
     for w, proc in enumerate(processes):

@@ -88,6 +88,38 @@ def call_envs(envs: Sequence[gym.Env], rows: Sequence[int], name: str, args: tup
     return out
 
 
+def close_envs(envs: Sequence, first: int = 0, *, interrupts_as_errors: bool = False) -> None:
+    """Close every env; if some raise, raise the first as an :class:`EnvError` naming it, the others
+    as notes on it, once all are closed.
+
+    An interrupt (a Ctrl-C or ``SystemExit`` in a slow ``close()``) ends that env's close only: the
+    others are still closed, as ``contextlib.ExitStack`` does, then the interrupt is raised (the pool
+    counts itself closed by then: a second ``close()`` would not close them). ``interrupts_as_errors``
+    (a worker process, which ignores Ctrl-C: the interrupt came from the env's own code) raises it as
+    that env's ``EnvError`` instead, so the pool's process names it as it names any close error.
+    """
+    first_error = interrupt = None
+    for j, env in enumerate(envs):
+        try:
+            env.close()
+        except BaseException as err:
+            if isinstance(err, Exception) or interrupts_as_errors:
+                if first_error is None:
+                    first_error = EnvError(first + j, "close", f"{type(err).__name__}: {err}")
+                    first_error.__cause__ = err
+                else:  # reported too, not lost
+                    add_note(first_error, f"env {first + j} (close) also raised {type(err).__name__}: {err}")
+            elif interrupt is None:
+                interrupt = err
+                add_note(err, f"raised in env {first + j}'s close(); the other envs were closed")
+    if interrupt is not None:
+        if first_error is not None:
+            add_note(interrupt, f"also: {str(first_error).splitlines()[0]}")
+        raise interrupt
+    if first_error is not None:
+        raise first_error
+
+
 def set_envs_attr(envs: Sequence[gym.Env], rows: Sequence[int], name: str, values: Sequence, outermost: bool) -> None:
     """``envs[j].name = value`` for each of ``rows``: on the env itself (``outermost``, SB3's ``setattr``) or where
     gymnasium's ``set_wrapper_attr`` finds it (``SyncVectorEnv.set_attr``)."""
@@ -409,28 +441,7 @@ class SerialBackend(InProcessBackend):
         """Set ``name`` where gymnasium's ``set_wrapper_attr`` finds it, or on the env itself (``outermost``)."""
         set_envs_attr(self.envs, rows, name, values, outermost)
 
-    def close(self) -> None:
-        """Close every env; if some raise, re-raise the first after closing the rest. An interrupt (Ctrl-C in
-        a slow ``close()``) ends that env's close only: the others are still closed, as ``ExitStack`` does,
-        then the interrupt is raised (the pool is closed by then, so a second ``close()`` would do nothing)."""
-        first_error = interrupt = None
-        for j, env in enumerate(self.envs):
-            try:
-                env.close()
-            except Exception as err:
-                if first_error is None:
-                    first_error = EnvError(self.first + j, "close", f"{type(err).__name__}: {err}")
-                    first_error.__cause__ = err
-                else:  # reported too, not lost
-                    add_note(first_error, f"env {self.first + j} (close) also raised {type(err).__name__}: {err}")
-            except BaseException as err:
-                if interrupt is None:
-                    interrupt = err
-                    add_note(err, f"raised in env {self.first + j}'s close(); the other envs were closed")
-        self.envs = []
-        if interrupt is not None:
-            if first_error is not None:
-                add_note(interrupt, f"also: {str(first_error).splitlines()[0]}")
-            raise interrupt
-        if first_error is not None:
-            raise first_error
+    def close(self, *, interrupts_as_errors: bool = False) -> None:
+        """Close every env (see :func:`close_envs`)."""
+        envs, self.envs = self.envs, []
+        close_envs(envs, self.first, interrupts_as_errors=interrupts_as_errors)

@@ -48,7 +48,16 @@ from gymnasium.wrappers.vector import RecordEpisodeStatistics
 from ..errors import EnvAttributeError, EnvError, SpecError, add_note, describe
 from .infos import batch_wide_error, check_vector_mask, flatten_vector_info, numeric_info_value
 from .rows import RowWriter
-from .serial import PROBE_HINT, InProcessBackend, action_mask, call_envs, env_is_wrapped, probe_action, set_envs_attr
+from .serial import (
+    PROBE_HINT,
+    InProcessBackend,
+    action_mask,
+    call_envs,
+    close_envs,
+    env_is_wrapped,
+    probe_action,
+    set_envs_attr,
+)
 
 __all__ = ["VectorBackend", "register_masked_reset"]
 
@@ -652,6 +661,16 @@ class VectorBackend(InProcessBackend):
     def close(self) -> None:
         kwargs = {}
         inner = _innermost(self.venv)
+        if isinstance(inner, gym.vector.SyncVectorEnv) and not inner.closed:
+            # its sub-envs closed here, as the serial backend closes its own: every one, whatever one of them
+            # raises (SyncVectorEnv.close_extras stops at the first, and a retry would close the first ones
+            # again), then the wrappers' own close with the vector env marked closed
+            inner.closed = True
+            try:
+                close_envs(getattr(inner, "envs", ()))
+            finally:
+                self.venv.close()
+            return
         if isinstance(inner, gym.vector.AsyncVectorEnv) and inner._state is not AsyncState.DEFAULT:
             # a call an error left pending (gymnasium raised inside step_wait, after reading its workers'
             # answers): its graceful close would wait for them forever; with a timeout it terminates them

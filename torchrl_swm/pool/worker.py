@@ -119,7 +119,7 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
                     reply = backend.set_attr(*args)
                 elif command == "close":
                     try:
-                        backend.close()
+                        backend.close(interrupts_as_errors=True)  # an env's own SystemExit: its close error
                     except BaseException as err:  # reported, and the worker still exits
                         _reply(conn, REPLY_ERROR, _error_payload(err))
                     else:
