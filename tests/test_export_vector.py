@@ -1335,6 +1335,30 @@ def test_an_export_reopened_by_a_reset_after_close_closes_its_world_model_again(
     assert wm.is_closed
 
 
+@pytest.mark.parametrize("kind", ["vector", "single"])
+def test_a_closed_export_refuses_to_step_a_torchrl_batched_env_back_to_life(kind):
+    # TorchRL's batched envs restart on any call: a step through the closed export rebuilt their envs (workers,
+    # for a ParallelEnv) with the export still marked closed, so no close() ever ended them
+    from torchrl.envs import GymEnv, SerialEnv
+
+    from torchrl_swm.export import TorchRLGymEnv
+
+    env = SerialEnv(1 if kind == "single" else 2, functools.partial(GymEnv, "Pendulum-v1"))
+    export = to_gymnasium(env) if kind == "vector" else TorchRLGymEnv(env, squeeze_batch=True)
+    action = np.zeros((1,) if kind == "single" else (2, 1), np.float32)
+    export.reset(seed=0)
+    export.step(action)
+    export.close()
+    assert env.is_closed
+    with pytest.raises(RuntimeError, match=r"step\(\) after close\(\): SerialEnv is closed; reset\(\) reopens"):
+        export.step(action)
+    assert env.is_closed
+    export.reset(seed=0)  # reopened: the next close() closes it again
+    export.step(action)
+    export.close()
+    assert env.is_closed
+
+
 def test_closing_an_export_reaps_the_pool_workers():
     pool = EnvPool([counting] * 2, backend="process", num_workers=2, seed=0)
     processes = list(pool._backend._processes)

@@ -750,6 +750,29 @@ def test_a_sync_vector_env_pool_closes_every_env_once_whatever_one_of_them_raise
     assert CLOSED_ENVS == [ids[0], ids[2]]
 
 
+class _FailingWrapperClose(gym.vector.VectorWrapper):
+    def close(self, **kwargs):
+        super().close(**kwargs)
+        raise ValueError("wrapper flush failed")
+
+
+@pytest.mark.parametrize("failing_env", [False, True])
+def test_a_sync_vector_env_wrappers_close_error_is_an_env_error_and_never_hides_an_envs(failing_env):
+    from envs import CLOSED_ENVS, ClosingEnv, InterruptedCloseEnv
+
+    venv = gym.vector.SyncVectorEnv([ClosingEnv, InterruptedCloseEnv if failing_env else ClosingEnv, ClosingEnv])
+    pool = EnvPool(_FailingWrapperClose(venv), seed=0)
+    pool.reset()
+    CLOSED_ENVS.clear()
+    with pytest.raises(KeyboardInterrupt if failing_env else EnvError) as info:
+        pool.close()
+    assert len(CLOSED_ENVS) == (2 if failing_env else 3)
+    if failing_env:  # the interrupt first, the wrapper's error a note on it
+        assert "wrappers' close raised ValueError: wrapper flush failed" in "\n".join(info.value.__notes__)
+    else:
+        assert info.value.phase == "close" and "ValueError: wrapper flush failed" in str(info.value)
+
+
 @pytest.mark.parametrize("exit_code", [None, 3])
 def test_an_interrupt_raised_by_an_envs_close_in_a_worker_is_that_envs_close_error(exit_code):
     # workers ignore Ctrl-C: a KeyboardInterrupt or SystemExit there is the env's own; it was dropped, or

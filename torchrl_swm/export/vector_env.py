@@ -284,6 +284,11 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
             ValueError, TypeError: an action of the wrong shape or dtype, or out
                 of a discrete space.
         """
+        if self.closed:  # a batched TorchRL env would restart its workers, and no close() would end them again
+            raise RuntimeError(
+                f"TorchRLVectorEnv.step() after close(): {type(base_env(self.env)).__name__} is closed; reset() "
+                "reopens the env it wraps where it can (a WorldModelEnv, TorchRL's batched envs), or export a new one"
+            )
         if self._root is None:
             raise RuntimeError("TorchRLVectorEnv.step() was called before reset(); call reset() first")
         mode = self.autoreset_mode

@@ -664,12 +664,23 @@ class VectorBackend(InProcessBackend):
         if isinstance(inner, gym.vector.SyncVectorEnv) and not inner.closed:
             # its sub-envs closed here, as the serial backend closes its own: every one, whatever one of them
             # raises (SyncVectorEnv.close_extras stops at the first, and a retry would close the first ones
-            # again), then the wrappers' own close with the vector env marked closed
+            # again), then the wrappers' own close (RecordVideo's last file...) with the vector env marked
+            # closed. An env's error or interrupt comes first; a wrapper's is a note on it, else its EnvError
             inner.closed = True
+            env_error = None
             try:
                 close_envs(getattr(inner, "envs", ()))
-            finally:
-                self.venv.close()
+            except BaseException as err:
+                env_error = err
+            if self.venv is not inner:
+                try:
+                    self.venv.close()
+                except Exception as err:
+                    if env_error is None:
+                        raise EnvError(None, "close", f"{type(err).__name__}: {err}") from err
+                    add_note(env_error, f"also: the vector env's wrappers' close raised {type(err).__name__}: {err}")
+            if env_error is not None:
+                raise env_error
             return
         if isinstance(inner, gym.vector.AsyncVectorEnv) and inner._state is not AsyncState.DEFAULT:
             # a call an error left pending (gymnasium raised inside step_wait, after reading its workers'
