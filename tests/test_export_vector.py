@@ -1359,6 +1359,34 @@ def test_a_closed_export_refuses_to_step_a_torchrl_batched_env_back_to_life(kind
     assert env.is_closed
 
 
+class _FailsToStartAt13(CountingEnv):
+    def reset(self, *, seed=None, options=None):
+        if seed == 13:
+            raise ValueError("simulator failed to start")
+        return super().reset(seed=seed, options=options)
+
+
+@pytest.mark.parametrize("kind", ["vector", "single"])
+def test_a_closed_export_reopens_only_by_a_full_reset_and_closes_what_a_failed_one_restarted(kind):
+    from torchrl.envs import GymWrapper, SerialEnv
+
+    from torchrl_swm.export import TorchRLGymEnv
+
+    env = SerialEnv(1 if kind == "single" else 2, lambda: GymWrapper(_FailsToStartAt13()))
+    export = to_gymnasium(env) if kind == "vector" else TorchRLGymEnv(env, squeeze_batch=True)
+    export.reset(seed=0)
+    export.close()
+    if kind == "vector":  # the other rows' state went with the close: a masked reset is refused
+        with pytest.raises(RuntimeError, match=r"reset_mask.*after close\(\): reset every env to reopen"):
+            export.reset(options={"reset_mask": np.array([True, False])})
+        assert export.closed and env.is_closed
+    with pytest.raises(ValueError, match="simulator failed to start"):
+        export.reset(seed=13)  # restarted the sub-envs, then failed
+    assert not env.is_closed
+    export.close()  # still closes what the failed reset restarted
+    assert env.is_closed
+
+
 def test_closing_an_export_reaps_the_pool_workers():
     pool = EnvPool([counting] * 2, backend="process", num_workers=2, seed=0)
     processes = list(pool._backend._processes)

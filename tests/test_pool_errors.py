@@ -773,6 +773,46 @@ def test_a_sync_vector_env_wrappers_close_error_is_an_env_error_and_never_hides_
         assert info.value.phase == "close" and "ValueError: wrapper flush failed" in str(info.value)
 
 
+class _InterruptedWrapperClose(gym.vector.VectorWrapper):
+    def close(self, **kwargs):
+        super().close(**kwargs)
+        raise KeyboardInterrupt
+
+
+def test_a_sync_vector_env_wrappers_interrupt_comes_first_with_the_envs_close_error_as_a_note():
+    from envs import BadCloseEnv, ClosingEnv
+
+    pool = EnvPool(_InterruptedWrapperClose(gym.vector.SyncVectorEnv([ClosingEnv, BadCloseEnv])), seed=0)
+    pool.reset()
+    with pytest.raises(KeyboardInterrupt) as info:
+        pool.close()
+    assert "env 1 (close): OSError: disk gone" in "\n".join(info.value.__notes__)
+
+
+def test_a_sync_vector_env_subclass_is_closed_through_its_own_close_hooks():
+    from envs import CLOSED_ENVS, ClosingEnv
+
+    calls = []
+
+    class Extras(gym.vector.SyncVectorEnv):
+        def close_extras(self, **kwargs):
+            calls.append("close_extras")
+            super().close_extras(**kwargs)
+
+    class Close(gym.vector.SyncVectorEnv):
+        def close(self, **kwargs):
+            calls.append("close")
+            super().close(**kwargs)
+
+    for cls in (Extras, Close):
+        pool = EnvPool(cls([ClosingEnv] * 2), seed=0)
+        pool.reset()
+        CLOSED_ENVS.clear()
+        pool.close()
+        assert len(CLOSED_ENVS) == 2
+    assert calls == ["close_extras", "close"]
+
+
 @pytest.mark.parametrize("exit_code", [None, 3])
 def test_an_interrupt_raised_by_an_envs_close_in_a_worker_is_that_envs_close_error(exit_code):
     # workers ignore Ctrl-C: a KeyboardInterrupt or SystemExit there is the env's own; it was dropped, or

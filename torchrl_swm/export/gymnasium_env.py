@@ -69,6 +69,9 @@ class TorchRLGymEnv(gym.Env):
         self._root: TensorDictBase | None = None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
+        # reopening a closed env (a WorldModelEnv, TorchRL's batched envs): open from here, so that close()
+        # closes what the reset restarts, even if the reset fails
+        self._closed = False
         super().reset(seed=seed)
         kwargs = reset_kwargs(self.env, self.traits, seed, options, 1, "reset")
         with torch.no_grad():
@@ -78,7 +81,6 @@ class TorchRLGymEnv(gym.Env):
             values = [*layout.observations(root), *layout.infos(root)]
             values = to_host(values) if self.numpy else torch_copies(values)
         n_obs = len(layout.obs_leaves)
-        self._closed = False  # a closed env the reset reopened (a WorldModelEnv): the next close() closes it
         return self._observation(values[:n_obs]), self._info(values[n_obs:])
 
     def step(self, action):

@@ -210,6 +210,15 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         """
         options = check_options(options, "reset")
         mask = options.pop("reset_mask", None)
+        if self.closed:
+            if mask is not None:  # the other rows' state went with the close
+                raise RuntimeError(
+                    "TorchRLVectorEnv.reset(options={'reset_mask': ...}) after close(): reset every env to reopen "
+                    "the env it wraps"
+                )
+            # reopening it (a WorldModelEnv, TorchRL's batched envs): open from here, so that close() closes
+            # what the reset restarts even if the reset fails (VectorEnv.close does nothing once `closed` is set)
+            self.closed = False
         if mask is not None:
             mask = self._check_reset_mask(mask)
         n = self.num_envs
@@ -268,9 +277,6 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
                 self._pending = self._pending & ~torch.as_tensor(rows, device=self._device)
             values = to_host(values, self._packed()) if self.numpy else torch_copies(values)
         n_obs = len(layout.obs_leaves)
-        # a closed env the reset reopened (a WorldModelEnv, as TorchRL's batched envs): open again, so the
-        # next close() closes it (VectorEnv.close does nothing once `closed` is set); a closed EnvPool refuses
-        self.closed = False
         return self._observation(values[:n_obs]), self._infos(values[n_obs:], rows.copy())
 
     def step(self, actions):

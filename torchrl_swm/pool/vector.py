@@ -132,6 +132,14 @@ def _episode_stat_probes(venv, num_envs: int) -> list:
     return probes
 
 
+def _plain_sync(venv) -> bool:
+    """A gymnasium ``SyncVectorEnv`` whose ``close`` and ``close_extras`` are gymnasium's own (a subclass that
+    cleans up in them is closed through them)."""
+    cls = type(venv)
+    return (isinstance(venv, gym.vector.SyncVectorEnv) and cls.close_extras is gym.vector.SyncVectorEnv.close_extras
+            and cls.close is gym.vector.VectorEnv.close)
+
+
 def _innermost(venv):
     while isinstance(venv, gym.vector.VectorWrapper):
         venv = venv.env
@@ -661,26 +669,8 @@ class VectorBackend(InProcessBackend):
     def close(self) -> None:
         kwargs = {}
         inner = _innermost(self.venv)
-        if isinstance(inner, gym.vector.SyncVectorEnv) and not inner.closed:
-            # its sub-envs closed here, as the serial backend closes its own: every one, whatever one of them
-            # raises (SyncVectorEnv.close_extras stops at the first, and a retry would close the first ones
-            # again), then the wrappers' own close (RecordVideo's last file...) with the vector env marked
-            # closed. An env's error or interrupt comes first; a wrapper's is a note on it, else its EnvError
-            inner.closed = True
-            env_error = None
-            try:
-                close_envs(getattr(inner, "envs", ()))
-            except BaseException as err:
-                env_error = err
-            if self.venv is not inner:
-                try:
-                    self.venv.close()
-                except Exception as err:
-                    if env_error is None:
-                        raise EnvError(None, "close", f"{type(err).__name__}: {err}") from err
-                    add_note(env_error, f"also: the vector env's wrappers' close raised {type(err).__name__}: {err}")
-            if env_error is not None:
-                raise env_error
+        if _plain_sync(inner) and not inner.closed:
+            self._close_sync(inner)
             return
         if isinstance(inner, gym.vector.AsyncVectorEnv) and inner._state is not AsyncState.DEFAULT:
             # a call an error left pending (gymnasium raised inside step_wait, after reading its workers'
@@ -696,6 +686,33 @@ class VectorBackend(InProcessBackend):
             except Exception as second:
                 add_note(err, f"close(terminate=True) failed too: {type(second).__name__}: {second}")
             raise EnvError(None, "close", f"{type(err).__name__}: {err}") from err
+
+    def _close_sync(self, inner: gym.vector.SyncVectorEnv) -> None:
+        """Close a gymnasium ``SyncVectorEnv``'s sub-envs here, as the serial backend closes its own: every one,
+        whatever one of them raises (its ``close_extras`` stops at the first, and a retry would close the first
+        ones again); then the vector wrappers' own close (RecordVideo's last file...) with the vector env marked
+        closed. An interrupt comes first, then an env's error; the other is a note on it."""
+        inner.closed = True
+        env_error = None
+        try:
+            close_envs(getattr(inner, "envs", ()))
+        except BaseException as err:
+            env_error = err
+        if self.venv is not inner:
+            try:
+                self.venv.close()
+            except BaseException as err:
+                if env_error is None:
+                    if isinstance(err, Exception):
+                        raise EnvError(None, "close", f"{type(err).__name__}: {err}") from err
+                    raise
+                if isinstance(err, Exception) or not isinstance(env_error, Exception):
+                    add_note(env_error, f"also: the vector env's wrappers' close raised {type(err).__name__}: {err}")
+                else:  # the wrapper's interrupt first, the env's error a note on it
+                    add_note(err, f"also: {str(env_error).splitlines()[0]}")
+                    raise
+        if env_error is not None:
+            raise env_error
 
 
 def _attribute_errors(fn, phase: str, *args, **kwargs):
