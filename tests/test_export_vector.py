@@ -1380,6 +1380,11 @@ def test_a_closed_export_reopens_only_by_a_full_reset_and_closes_what_a_failed_o
         with pytest.raises(RuntimeError, match=r"reset_mask.*after close\(\): reset every env to reopen"):
             export.reset(options={"reset_mask": np.array([True, False])})
         assert export.closed and env.is_closed
+    with pytest.raises((ValueError, gym.error.Error)):  # refused before the env is touched: still closed
+        export.reset(seed=[1, 2, 3] if kind == "vector" else "13")
+    with pytest.raises(RuntimeError, match=r"step\(\) after close\(\)"):
+        export.step(np.zeros(2 if kind == "vector" else (), np.int64))
+    assert env.is_closed
     with pytest.raises(ValueError, match="simulator failed to start"):
         export.reset(seed=13)  # restarted the sub-envs, then failed
     assert not env.is_closed

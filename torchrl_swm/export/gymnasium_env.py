@@ -53,6 +53,7 @@ class TorchRLGymEnv(gym.Env):
             )
         self.env = env
         self._closed = False
+        self._unreset_since_close = False  # closed, and no reset has succeeded since: step() is refused
         self.layout = Layout(env, observation_keys=observation_keys, info_keys=info_keys)
         self.traits = traits(env)
         self.numpy = bool(numpy)
@@ -69,8 +70,9 @@ class TorchRLGymEnv(gym.Env):
         self._root: TensorDictBase | None = None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
-        # reopening a closed env (a WorldModelEnv, TorchRL's batched envs): open from here, so that close()
-        # closes what the reset restarts, even if the reset fails
+        # a closed env this reset reopens (a WorldModelEnv; TorchRL's batched envs, whose set_seed restarts them
+        # too): open from here, so that close() closes what the reset restarts even if it fails; step() stays
+        # refused until a reset succeeds
         self._closed = False
         super().reset(seed=seed)
         kwargs = reset_kwargs(self.env, self.traits, seed, options, 1, "reset")
@@ -81,10 +83,11 @@ class TorchRLGymEnv(gym.Env):
             values = [*layout.observations(root), *layout.infos(root)]
             values = to_host(values) if self.numpy else torch_copies(values)
         n_obs = len(layout.obs_leaves)
+        self._unreset_since_close = False
         return self._observation(values[:n_obs]), self._info(values[n_obs:])
 
     def step(self, action):
-        if self._closed:  # a batched TorchRL env would restart its workers, and no close() would end them again
+        if self._unreset_since_close:  # a batched TorchRL env would restart its workers, on a stale root
             raise RuntimeError(
                 f"TorchRLGymEnv.step() after close(): {type(base_env(self.env)).__name__} is closed; reset() reopens "
                 "the env it wraps where it can (a WorldModelEnv, TorchRL's batched envs), or export a new one"
@@ -146,7 +149,7 @@ class TorchRLGymEnv(gym.Env):
 
     def close(self):
         if not self._closed:  # the wrapped env's is_closed cannot be trusted: a plain EnvBase starts "closed"
-            self._closed = True
+            self._closed = self._unreset_since_close = True
             self.env.close(raise_if_closed=False)
 
     def __repr__(self) -> str:

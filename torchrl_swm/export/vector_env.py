@@ -183,6 +183,7 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         self._pending: torch.Tensor | None = None  # NEXT_STEP: rows that finished on the last step (device)
         self._last_next: TensorDictBase | None = None  # NEXT_STEP: the last step's "next" (its observations)
         self._done = np.zeros(self.num_envs, dtype=np.bool_)  # host copy of the last step's done flags
+        self._unreset_since_close = False  # closed, and no reset has succeeded since: step() is refused
 
     # -- gymnasium API --------------------------------------------------------------
     def reset(self, *, seed=None, options=None):
@@ -210,15 +211,15 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         """
         options = check_options(options, "reset")
         mask = options.pop("reset_mask", None)
-        if self.closed:
-            if mask is not None:  # the other rows' state went with the close
-                raise RuntimeError(
-                    "TorchRLVectorEnv.reset(options={'reset_mask': ...}) after close(): reset every env to reopen "
-                    "the env it wraps"
-                )
-            # reopening it (a WorldModelEnv, TorchRL's batched envs): open from here, so that close() closes
-            # what the reset restarts even if the reset fails (VectorEnv.close does nothing once `closed` is set)
-            self.closed = False
+        if self._unreset_since_close and mask is not None:  # the other rows' state went with the close
+            raise RuntimeError(
+                "TorchRLVectorEnv.reset(options={'reset_mask': ...}) after close(): reset every env to reopen the env "
+                "it wraps"
+            )
+        # a closed env this reset reopens (a WorldModelEnv; TorchRL's batched envs, whose set_seed restarts them
+        # too): open from here, so that close() closes what the reset restarts even if it fails (VectorEnv.close
+        # does nothing once `closed` is set); step() stays refused until a reset succeeds
+        self.closed = False
         if mask is not None:
             mask = self._check_reset_mask(mask)
         n = self.num_envs
@@ -277,6 +278,7 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
                 self._pending = self._pending & ~torch.as_tensor(rows, device=self._device)
             values = to_host(values, self._packed()) if self.numpy else torch_copies(values)
         n_obs = len(layout.obs_leaves)
+        self._unreset_since_close = False
         return self._observation(values[:n_obs]), self._infos(values[n_obs:], rows.copy())
 
     def step(self, actions):
@@ -290,7 +292,7 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
             ValueError, TypeError: an action of the wrong shape or dtype, or out
                 of a discrete space.
         """
-        if self.closed:  # a batched TorchRL env would restart its workers, and no close() would end them again
+        if self._unreset_since_close:  # a batched TorchRL env would restart its workers, on a stale root
             raise RuntimeError(
                 f"TorchRLVectorEnv.step() after close(): {type(base_env(self.env)).__name__} is closed; reset() "
                 "reopens the env it wraps where it can (a WorldModelEnv, TorchRL's batched envs), or export a new one"
@@ -605,6 +607,7 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
     def close_extras(self, **kwargs) -> None:
         # called once (VectorEnv.close checks self.closed); the wrapped env's is_closed cannot be
         # trusted: a plain EnvBase starts "closed"
+        self._unreset_since_close = True
         self.env.close(raise_if_closed=False)
 
     def __repr__(self) -> str:
