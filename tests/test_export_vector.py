@@ -1392,6 +1392,28 @@ def test_a_closed_export_reopens_only_by_a_full_reset_and_closes_what_a_failed_o
     assert env.is_closed
 
 
+def test_a_closed_next_step_world_model_export_reopens_at_a_plain_reset_with_rows_that_had_finished():
+    # NEXT_STEP resets a finished row when it finishes (an env that honours "_step"); the next reset() skips
+    # it: after close() that made the reopening reset a partial one, which a closed WorldModelEnv refuses
+    from torchrl_swm.world_model import WorldModelEnv
+
+    def transition(state, action):
+        state = state + action.sum(-1, keepdim=True)
+        return state, state[:, :1], state[:, 0] > 0.5, torch.zeros_like(state[:, 0], dtype=torch.bool), {}
+
+    env = WorldModelEnv(None, gym.spaces.Box(-9, 9, (2,)), gym.spaces.Box(-1, 1, (1,)), num_envs=2,
+                        initial_state=torch.zeros(2), transition_fn=transition, seed=0)
+    export = to_gymnasium(env)
+    export.reset(seed=0)
+    assert export.step(np.array([[1.0], [0.0]], np.float32))[2].tolist() == [True, False]
+    export.close()
+    obs, _ = export.reset()
+    assert obs.tolist() == [[0.0, 0.0], [0.0, 0.0]] and not env.is_closed
+    export.step(np.zeros((2, 1), np.float32))
+    export.close()
+    assert env.is_closed
+
+
 def test_closing_an_export_reaps_the_pool_workers():
     pool = EnvPool([counting] * 2, backend="process", num_workers=2, seed=0)
     processes = list(pool._backend._processes)

@@ -608,6 +608,10 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         # called once (VectorEnv.close checks self.closed); the wrapped env's is_closed cannot be
         # trusted: a plain EnvBase starts "closed"
         self._unreset_since_close = True
+        # the rows' autoreset bookkeeping goes with them: the reset that reopens the env resets every row
+        # (NEXT_STEP's "already reset when it finished" shortcut would make it a partial reset, refused)
+        self._pending, self._last_next = None, None
+        self._done[:] = False
         self.env.close(raise_if_closed=False)
 
     def __repr__(self) -> str:
