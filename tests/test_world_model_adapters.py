@@ -791,6 +791,111 @@ def test_tuple_state_inside_a_mapping_and_its_batch_is_checked():
         step_once(bad)
 
 
+def _counter_state_env(transition, **start):
+    """Four rows of a model keeping a step counter ``"h"`` in its state; row ``i`` terminates at step ``i + 1``."""
+    box1 = gym.spaces.Box(-50, 50, (1,), np.float32)
+    start = start or dict(initial_state={"x": torch.zeros(1)}, initial_observation=torch.zeros(1), encode_fn=False)
+    return WorldModelEnv(object(), box1, box1, num_envs=4, seed=0, transition_fn=transition, **start)
+
+
+def _adds_a_key(state, action):
+    h = state["h"] + 1 if "h" in state else torch.ones(state["x"].shape[0], 1)
+    return {"state": {"x": state["x"], "h": h}, "obs": h, "terminated": h[:, 0] >= torch.arange(4.0) + 1}
+
+
+@pytest.mark.parametrize(
+    "start",
+    [
+        dict(initial_state={"x": torch.zeros(1)}, initial_observation=torch.zeros(1), encode_fn=False),
+        dict(initial_observation=torch.zeros(1), encode_fn=lambda o: {"x": o}),
+    ],
+    ids=["initial_state", "encode_fn"],
+)
+def test_bug_a_partial_reset_refuses_a_stepped_state_laid_out_unlike_the_start(start):
+    """A row merge walks the start state's leaves: a key only the model's step added was dropped from every
+    row, the rows not reset included (or a raw KeyError); now the layouts are compared first. (A reset_fn's
+    start was already checked against the live rows' layout.)"""
+    env = _counter_state_env(_adds_a_key, **start)
+    td = env.reset()
+    for _ in range(3):
+        td["action"] = torch.zeros(4, 1)
+        td = env.step(td)["next"]
+    assert env.state["h"].flatten().tolist() == [3.0] * 4
+    td["_reset"] = torch.tensor([[True], [False], [False], [False]])
+    with pytest.raises(ReturnFormError, match=(
+        r"a partial reset puts the reset rows' start state into the other rows' state, but transition_fn "
+        r".* returned a state laid out as \{'x': \(1,\) float32, 'h': \(1,\) float32\} and the start state from "
+        r"(initial_state|encode_fn).* is laid out as \{'x': \(1,\) float32\}"
+    )):
+        env.reset(td)
+    with pytest.raises(ReturnFormError, match="laid out as"):  # the fast path's maybe_reset merges the same way
+        _counter_state_env(_adds_a_key, **start).rollout(3, break_when_any_done=False)
+    td = env.reset()  # a full reset replaces every row: nothing merged, nothing refused
+    assert "h" not in env.state
+
+
+@pytest.mark.parametrize(
+    "start, transition, got, ref",
+    [
+        (dict(initial_state={"deter": torch.zeros(8), "stoch": torch.zeros(3)}),
+         lambda s, a: {"state": {"deter": s["deter"] + 1}, "obs": s["deter"][:, :1] + 1},
+         r"\{'deter': \(8,\) float32\}", r"\{'deter': \(8,\) float32, 'stoch': \(3,\) float32\}"),
+        (dict(initial_state=torch.zeros(3)),
+         lambda s, a: {"state": torch.zeros(s.shape[0], 5) + s[:, :1] + 1, "obs": s[:, :1] + 1},
+         r"\(5,\) float32", r"\(3,\) float32"),
+        (dict(initial_state=torch.zeros(3, dtype=torch.float64)),
+         lambda s, a: {"state": (s + 1).float(), "obs": s[:, :1].float() + 1},
+         r"\(3,\) float32", r"\(3,\) float64"),
+        (dict(encode_fn=lambda o: torch.zeros(o.shape[0], 3)),
+         lambda s, a: {"state": torch.zeros(s.shape[0], 5) + s[:, :1] + 1, "obs": s[:, :1] + 1},
+         r"\(5,\) float32", r"\(3,\) float32"),
+    ],
+    ids=["missing-key", "shape", "dtype", "encoded-shape"],
+)
+def test_bug_a_state_whose_keys_shapes_or_dtype_drift_is_refused_naming_both_layouts(start, transition, got, ref):
+    """These failed deep in torch (KeyError 'stoch', index_copy_ slice shapes) at the first episode end."""
+
+    def with_termination(s, a):
+        out = transition(s, a)
+        return {**out, "terminated": out["obs"][:, 0] >= torch.arange(4.0) + 1}
+
+    env = _counter_state_env(with_termination, initial_observation=torch.zeros(1), **start)
+    with pytest.raises(ReturnFormError, match=f"returned a state laid out as {got} and the start state .* is laid "
+                                              f"out as {ref}"):
+        env.rollout(4, break_when_any_done=False)
+
+
+def test_bug_a_step_mask_refuses_a_stepped_state_laid_out_unlike_the_one_given():
+    env = _counter_state_env(_adds_a_key)
+    td = env.reset()
+    td["action"] = torch.zeros(4, 1)
+    td["_step"] = torch.tensor([True, False, True, True])
+    with pytest.raises(ReturnFormError, match=(
+        r"a '_step' mask keeps the frozen rows' state, but transition_fn .* returned a state laid out as "
+        r"\{'x': \(1,\) float32, 'h': \(1,\) float32\} and the state it was given is laid out as "
+        r"\{'x': \(1,\) float32\}"
+    )):
+        env.step(td)
+
+
+def test_states_in_different_containers_with_the_same_leaves_merge():
+    """A TensorDict state stepped from a nested-dict start (and back) has the same layout: rows merge."""
+    box1 = gym.spaces.Box(-50, 50, (1,), np.float32)
+
+    def transition(s, a):
+        x = s["a", "x"] if isinstance(s, TensorDict) else s["a"]["x"]
+        nxt = TensorDict({"a": {"x": x + 1}}, batch_size=[4])
+        return {"state": nxt, "obs": x + 1, "terminated": (x + 1)[:, 0] >= torch.arange(4.0) + 1}
+
+    env = WorldModelEnv(object(), box1, box1, num_envs=4, seed=0, transition_fn=transition,
+                        initial_state={"a": {"x": torch.zeros(1)}}, initial_observation=torch.zeros(1))
+    out = env.rollout(4, break_when_any_done=False)
+    # row i counts 1..i+1 then restarts from 0
+    assert out["next", "observation"][..., 0].tolist() == [
+        [1.0, 1.0, 1.0, 1.0], [1.0, 2.0, 1.0, 2.0], [1.0, 2.0, 3.0, 1.0], [1.0, 2.0, 3.0, 4.0]
+    ]
+
+
 # ---------------------------------------------------------------------------------------------
 # garbage and wrong values: clear errors naming the form
 # ---------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ __all__ = [
     "tree_map",
     "leaves",
     "shapes",
+    "row_layout",
     "where_rows",
     "zero_rows",
     "put_rows",
@@ -75,32 +76,37 @@ def leaves(x, prefix: str = "state"):
     raise TypeError(f"{prefix}: expected tensors, tuples, dicts or TensorDicts, found {describe(x)}")
 
 
-def shapes(x, prefix: tuple = ()) -> dict:
-    """``{path: shape}`` for every tensor leaf of ``x``; a path is a tuple of keys / indices.
+def _paths(x, prefix: tuple = ()):
+    """``(path, tensor)`` for every tensor leaf of ``x``; a path is a tuple of keys / indices.
 
     Nested dicts and nested TensorDict keys give the same paths, so the layouts of two states
     compare whatever container holds them.
     """
     if x is None:
-        return {}
+        return
     if isinstance(x, torch.Tensor):
-        return {prefix: x.shape}
-    if isinstance(x, TensorDictBase):
-        return {
-            prefix + ((k,) if isinstance(k, str) else tuple(k)): v.shape
-            for k, v in x.items(include_nested=True, leaves_only=True)
-        }
-    if isinstance(x, Mapping):
-        out = {}
+        yield prefix, x
+    elif isinstance(x, TensorDictBase):
+        for k, v in x.items(include_nested=True, leaves_only=True):
+            yield prefix + ((k,) if isinstance(k, str) else tuple(k)), v
+    elif isinstance(x, Mapping):
         for k, v in x.items():
-            out.update(shapes(v, prefix + (k,)))
-        return out
-    if isinstance(x, (tuple, list)):
-        out = {}
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(x, (tuple, list)):
         for i, v in enumerate(x):
-            out.update(shapes(v, prefix + (i,)))
-        return out
-    raise TypeError(f"state: expected tensors, tuples, dicts or TensorDicts, found {describe(x)}")
+            yield from _paths(v, prefix + (i,))
+    else:
+        raise TypeError(f"state: expected tensors, tuples, dicts or TensorDicts, found {describe(x)}")
+
+
+def shapes(x) -> dict:
+    """``{path: shape}`` for every tensor leaf of ``x`` (paths as :func:`_paths`)."""
+    return {path: t.shape for path, t in _paths(x)}
+
+
+def row_layout(x) -> dict:
+    """``{path: (row shape, dtype)}`` for every tensor leaf of ``x``, whose leaves lead with their rows."""
+    return {path: (tuple(t.shape[1:]), t.dtype) for path, t in _paths(x)}
 
 
 # From this many elements on, a CPU row select copies ``old`` and then the selected rows of ``new``

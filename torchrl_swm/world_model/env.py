@@ -1361,6 +1361,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                 # build no graph unless the env is differentiable (a caller's state may require grad)
                 with contextlib.nullcontext() if self._differentiable else torch.no_grad():
                     shared = obs is state and rt.obs is rt.state  # obs = state: one select serves both
+                    self._check_mergeable(state, state_in, "the state it was given", _FROZEN_MERGE)
                     state = _tree.where_rows(rows, state, state_in)
                     obs = state if shared else _tree.where_rows(rows, obs, rt.obs)
                     view = rows.view(-1, 1)
@@ -1808,6 +1809,37 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         finally:
             torch._C._set_grad_enabled(True)
 
+    def _check_mergeable(self, returned, other, other_name: str, why: str) -> None:
+        """Refuse to merge rows of the state the model ``returned`` with rows of ``other`` laid out differently.
+
+        A row merge walks one state's leaves, so a key only the other state has would be dropped from
+        every row (the rows not reset included), and a shape or dtype drift would fail deep in torch.
+        """
+        if returned is None or other is None:
+            return  # the model keeps its own state: nothing merged here
+        if type(returned) is torch.Tensor and type(other) is torch.Tensor:
+            if returned.shape[1:] == other.shape[1:] and returned.dtype == other.dtype:
+                return  # the common case, decided without walking a tree
+        got, ref = _tree.row_layout(returned), _tree.row_layout(other)
+        if got != ref:
+            raise ReturnFormError(
+                f"WorldModelEnv: {why}, but {self._where} returned a state laid out as {_layout_text(got)} and "
+                f"{other_name} is laid out as {_layout_text(ref)} (one row's leaves: shape, dtype). A transition "
+                "must return its next state with the layout of the state it was given: keys, shapes and dtypes"
+            )
+
+    def _start_source(self) -> str:
+        """What starts an episode, for messages."""
+        if self._start_kind == "data":
+            return "start_states"
+        if self._start_kind == "fn":
+            return self._reset_bound.description
+        if self._initial_state is not None:
+            return "initial_state"
+        if self._encode is not None:
+            return f"{self._encode.description}, on initial_observation"
+        return "initial_observation"
+
     def _restart(self, rows, seed, options, flags_cleared):
         """:meth:`_reset_state`'s body (run by :meth:`_graph_free`)."""
         rt = self._rt
@@ -1832,6 +1864,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         shared = rt.obs is rt.state
         if self._constant_full is not None:
             c_state, c_obs = self._constant_full
+            self._check_mergeable(rt.state, c_state, f"the start state from {self._start_source()}", _PARTIAL_MERGE)
             state = _tree.where_rows(rows, c_state, rt.state)
             obs = state if shared and c_obs is c_state else _tree.where_rows(rows, c_obs, rt.obs)
             info = None
@@ -1842,6 +1875,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             index = mask.nonzero().squeeze(-1)
             k = int(index.numel())
             s_state, s_obs, s_info = self._sampled_start(k, (k,), mask, seed, options)
+            self._check_mergeable(rt.state, s_state, f"the start state from {self._start_source()}", _PARTIAL_MERGE)
             state = s_state if rt.state is None else _tree.put_rows(rt.state, index, s_state)
             obs = state if shared and s_obs is s_state else _tree.put_rows(rt.obs, index, s_obs)
             info = None
@@ -2124,6 +2158,21 @@ def _refuse_start(space, name: str = "action_space") -> None:
                    "without start and return 0-based values")
         raise SpecError(f"WorldModelEnv: {name} {space} has a nonzero start, which TorchRL's 0-based specs cannot "
                         f"carry: {fix}")
+
+
+_PARTIAL_MERGE = "a partial reset puts the reset rows' start state into the other rows' state"
+_FROZEN_MERGE = "a '_step' mask keeps the frozen rows' state"
+
+
+def _layout_text(layout: dict) -> str:
+    """:func:`_tree.row_layout` for messages: ``(5,) float32`` for a tensor state, ``{'h': (5,) float32, ...}``."""
+    def text(entry):
+        shape, dtype = entry
+        return f"{shape} {str(dtype).removeprefix('torch.')}"
+
+    if list(layout) == [()]:
+        return text(layout[()])
+    return "{" + ", ".join(f"{p[0] if len(p) == 1 else p!r}: {text(e)}" for p, e in layout.items()) + "}"
 
 
 def _shape_text(shapes: dict) -> str:
