@@ -6,6 +6,8 @@ They are importable by worker processes (spawn), so keep them at module level.
 
 from __future__ import annotations
 
+import os
+
 import gymnasium as gym
 import numpy as np
 
@@ -247,6 +249,24 @@ class SlowCloseEnv(CountingEnv):
         import time
 
         time.sleep(self.close_s)
+
+
+class SlowToTerminateEnv(CountingEnv):
+    """A counting env whose process takes ``exit_s`` seconds to exit on SIGTERM (a simulator that handles the
+    signal to tear down first). Built in the main thread of the process it runs in."""
+
+    def __init__(self, exit_s: float = 1.5, **kwargs):
+        import signal
+
+        super().__init__(length=5, **kwargs)
+
+        def tear_down(signum, frame):
+            import time
+
+            time.sleep(exit_s)
+            os._exit(128 + signum)
+
+        signal.signal(signal.SIGTERM, tear_down)
 
 
 def counting(length=None, max_length=9, truncate=False, render_mode=None):

@@ -226,6 +226,35 @@ def test_raise_on_worker_failure_waits_for_slow_closes_and_reports_what_the_shut
             pass
 
 
+def test_a_killed_worker_is_reported_as_failed_when_torchrl_races_a_worker_slow_to_exit():
+    # TorchRL's fault check terminates the surviving workers and closes each 0.1 s later; a worker still exiting
+    # then (here: its env handles SIGTERM for 1.5 s) made it raise "ValueError: Cannot close a process while it
+    # is still running" instead of naming the dead worker
+    import signal
+
+    from envs import SlowToTerminateEnv
+
+    make = [EnvPool.factory([SlowToTerminateEnv] * 2, seed=w * 2**32) for w in range(2)]
+    collector = MultiSyncCollector(make, None, frames_per_batch=20, total_frames=20 * 10_000)
+    pids = [proc.pid for proc in collector.procs]
+    with pytest.raises(RuntimeError, match=r"collector worker 0 \(exit code -9\) failed during collection; TorchRL "
+                                           r"then terminated the other workers") as caught:
+        for i, _ in enumerate(raise_on_worker_failure(collector, shutdown_timeout=10)):
+            if i == 1:
+                os.kill(pids[0], signal.SIGKILL)
+    assert "Cannot close a process while it is still running" in str(caught.value.__cause__)
+    deadline = time.monotonic() + 30
+    for pid in pids:  # every worker was reaped
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"collector worker {pid} outlived the collection")
+
+
 def test_non_picklable_factory_gets_a_clear_error():
     import threading
 
@@ -309,6 +338,14 @@ def test_ray_collector_matches_single_process(ray_cluster):
         got = torch.cat([b[w] for b in batches], dim=-1)
         want = torch.cat(single_run(seed, 3), dim=-1)
         assert_same_transitions(got, want)
+    # the README's fix for TorchRL numbering each actor's trajectories from 0: ids unique across workers, each
+    # trajectory one episode (one id, one episode_seed) across batches too
+    ids = torch.cat([b["collector", "traj_ids"] * 2 + torch.arange(2).view(2, 1, 1) for b in batches], dim=-1)
+    episode_seed = torch.cat([b["episode_seed"][..., 0] for b in batches], dim=-1)
+    assert not set(ids[0].unique().tolist()) & set(ids[1].unique().tolist())
+    for i in ids.unique():
+        assert episode_seed[ids == i].unique().numel() == 1
+    assert_traj_ids_follow_episodes(torch.cat(batches, dim=-1).set(("collector", "traj_ids"), ids))
 
 
 def test_collector_backend_ray_runs_envpool(ray_cluster):

@@ -19,12 +19,16 @@ Example:
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Container, Iterator
 from typing import Any
 
 from tensordict import TensorDictBase
 
 __all__ = ["raise_on_worker_failure"]
+
+_TORCHRL_CLOSE_RACE = "Cannot close a process while it is still running"
+_BY_SIGTERM = (-signal.SIGTERM, 128 + signal.SIGTERM)
 
 
 def raise_on_worker_failure(collector: Any, *, shutdown_timeout: float = 60.0) -> Iterator[TensorDictBase]:
@@ -45,24 +49,46 @@ def raise_on_worker_failure(collector: Any, *, shutdown_timeout: float = 60.0) -
             raised while its envs were still closing looks the same.
 
     Raises:
-        RuntimeError: naming each worker that exited with a non-zero code. The worker's
+        RuntimeError: naming each worker that exited with a non-zero code (also when TorchRL's
+            own check, racing a worker still exiting, raised a ``ValueError`` instead). The worker's
             own traceback (for an :class:`~torchrl_swm.EnvPool`, an ``EnvError`` naming
             the env index) is in its stderr.
     """
     procs = list(getattr(collector, "procs", None) or [])
     running: set[int] = set()
+    found_dead: dict[int, int] = {}
+    fault: ValueError | None = None
     try:
-        for batch in collector:
-            # any exit while batches still come is a failure, even with code 0 (an env's sys.exit(): Python prints
-            # no traceback for it, and a MultiAsyncCollector goes on with the other workers)
-            _raise_if_any_failed(procs, when="during collection", clean_exit_fails=range(len(procs)))
-            yield batch
+        try:
+            for batch in collector:
+                # any exit while batches still come is a failure, even with code 0 (an env's sys.exit(): Python
+                # prints no traceback for it, and a MultiAsyncCollector goes on with the other workers)
+                _raise_if_any_failed(procs, when="during collection", clean_exit_fails=range(len(procs)))
+                yield batch
+        except ValueError as err:
+            if not procs or _TORCHRL_CLOSE_RACE not in str(err):
+                raise
+            # TorchRL found a dead worker, terminated the others and closed each 0.1 s later: one still exiting
+            # (a worker tearing down a process pool, a simulator handling SIGTERM) raised this instead of its
+            # "At least one process failed". The dead are those that did not exit by its SIGTERM (killed by it,
+            # -15, or exiting with 128 + 15 from a handler of it).
+            codes = {i: code for i, code in enumerate(map(_exit_code, procs)) if code is not None}
+            found_dead = {i: code for i, code in codes.items() if code not in _BY_SIGTERM} or codes
+            if not found_dead:
+                raise
+            fault = err
     finally:
         running = {i for i, proc in enumerate(procs) if _exit_code(proc) is None}
         if procs:
             collector.shutdown(timeout=shutdown_timeout)
         else:
             collector.shutdown()
+    if found_dead:
+        workers = ", ".join(f"worker {i} (exit code {code})" for i, code in found_dead.items())
+        raise RuntimeError(
+            f"collector {workers} failed during collection; TorchRL then terminated the other workers. "
+            "The worker's traceback is in its stderr (an EnvPool names the env index that raised)."
+        ) from fault
     # a worker that had exited before the shutdown died, whatever its code (0: an env's os._exit(0) or sys.exit())
     _raise_if_any_failed(procs, when="before the collection ended", running=running, timeout=shutdown_timeout,
                          clean_exit_fails={i for i in range(len(procs)) if i not in running})
