@@ -226,19 +226,22 @@ def test_raise_on_worker_failure_waits_for_slow_closes_and_reports_what_the_shut
             pass
 
 
-def test_a_killed_worker_is_reported_as_failed_when_torchrl_races_a_worker_slow_to_exit():
+@pytest.mark.parametrize("slow", [(True, True), (False, True, False)], ids=["two-slow", "three-one-slow"])
+def test_a_killed_worker_is_reported_as_failed_when_torchrl_races_a_worker_slow_to_exit(slow):
     # TorchRL's fault check terminates the surviving workers and closes each 0.1 s later; a worker still exiting
     # then (here: its env handles SIGTERM for 1.5 s) made it raise "ValueError: Cannot close a process while it
-    # is still running" instead of naming the dead worker
+    # is still running" instead of naming the dead worker. Its shutdown then stops the workers after the slow
+    # one, which exit with 0: healthy, not named.
     import signal
 
     from envs import SlowToTerminateEnv
 
-    make = [EnvPool.factory([SlowToTerminateEnv] * 2, seed=w * 2**32) for w in range(2)]
-    collector = MultiSyncCollector(make, None, frames_per_batch=20, total_frames=20 * 10_000)
+    make = [EnvPool.factory([SlowToTerminateEnv if s else functools.partial(counting, max_length=7)] * 2,
+                            seed=w * 2**32) for w, s in enumerate(slow)]
+    collector = MultiSyncCollector(make, None, frames_per_batch=20 * len(slow), total_frames=20 * 10_000)
     pids = [proc.pid for proc in collector.procs]
     with pytest.raises(RuntimeError, match=r"collector worker 0 \(exit code -9\) failed during collection; TorchRL "
-                                           r"then terminated the other workers") as caught:
+                                           r"then terminated the other workers\. ") as caught:
         for i, _ in enumerate(raise_on_worker_failure(collector, shutdown_timeout=10)):
             if i == 1:
                 os.kill(pids[0], signal.SIGKILL)

@@ -28,7 +28,7 @@ from tensordict import TensorDictBase
 __all__ = ["raise_on_worker_failure"]
 
 _TORCHRL_CLOSE_RACE = "Cannot close a process while it is still running"
-_BY_SIGTERM = (-signal.SIGTERM, 128 + signal.SIGTERM)
+_SHUT_DOWN = (0, -signal.SIGTERM, 128 + signal.SIGTERM)
 
 
 def raise_on_worker_failure(collector: Any, *, shutdown_timeout: float = 60.0) -> Iterator[TensorDictBase]:
@@ -56,7 +56,7 @@ def raise_on_worker_failure(collector: Any, *, shutdown_timeout: float = 60.0) -
     """
     procs = list(getattr(collector, "procs", None) or [])
     running: set[int] = set()
-    found_dead: dict[int, int] = {}
+    found_dead: dict[int, int] = {}  # after TorchRL's fault check raised ValueError: fault
     fault: ValueError | None = None
     try:
         try:
@@ -70,12 +70,11 @@ def raise_on_worker_failure(collector: Any, *, shutdown_timeout: float = 60.0) -
                 raise
             # TorchRL found a dead worker, terminated the others and closed each 0.1 s later: one still exiting
             # (a worker tearing down a process pool, a simulator handling SIGTERM) raised this instead of its
-            # "At least one process failed". The dead are those that did not exit by its SIGTERM (killed by it,
-            # -15, or exiting with 128 + 15 from a handler of it).
+            # "At least one process failed". TorchRL's own shutdown has run since: the others exited by its SIGTERM
+            # (-15, or 128 + 15 from a handler of it) or cleanly (0, which is also a handler's exit): the dead
+            # are the workers whose exit code none of these explains.
             codes = {i: code for i, code in enumerate(map(_exit_code, procs)) if code is not None}
-            found_dead = {i: code for i, code in codes.items() if code not in _BY_SIGTERM} or codes
-            if not found_dead:
-                raise
+            found_dead = {i: code for i, code in codes.items() if code not in _SHUT_DOWN}
             fault = err
     finally:
         running = {i for i, proc in enumerate(procs) if _exit_code(proc) is None}
@@ -83,10 +82,11 @@ def raise_on_worker_failure(collector: Any, *, shutdown_timeout: float = 60.0) -
             collector.shutdown(timeout=shutdown_timeout)
         else:
             collector.shutdown()
-    if found_dead:
+    if fault is not None:
         workers = ", ".join(f"worker {i} (exit code {code})" for i, code in found_dead.items())
         raise RuntimeError(
-            f"collector {workers} failed during collection; TorchRL then terminated the other workers. "
+            f"collector {workers or 'worker'} failed during collection; TorchRL then terminated the other workers"
+            f"{'' if workers else ' (whose exit codes cannot tell which one died: an env exited with code 0?)'}. "
             "The worker's traceback is in its stderr (an EnvPool names the env index that raised)."
         ) from fault
     # a worker that had exited before the shutdown died, whatever its code (0: an env's os._exit(0) or sys.exit())

@@ -22,7 +22,6 @@ __all__ = [
     "tree_map",
     "leaves",
     "shapes",
-    "row_layout",
     "where_rows",
     "zero_rows",
     "put_rows",
@@ -76,37 +75,32 @@ def leaves(x, prefix: str = "state"):
     raise TypeError(f"{prefix}: expected tensors, tuples, dicts or TensorDicts, found {describe(x)}")
 
 
-def _paths(x, prefix: tuple = ()):
-    """``(path, tensor)`` for every tensor leaf of ``x``; a path is a tuple of keys / indices.
+def shapes(x, prefix: tuple = ()) -> dict:
+    """``{path: shape}`` for every tensor leaf of ``x``; a path is a tuple of keys / indices.
 
     Nested dicts and nested TensorDict keys give the same paths, so the layouts of two states
     compare whatever container holds them.
     """
     if x is None:
-        return
+        return {}
     if isinstance(x, torch.Tensor):
-        yield prefix, x
-    elif isinstance(x, TensorDictBase):
-        for k, v in x.items(include_nested=True, leaves_only=True):
-            yield prefix + ((k,) if isinstance(k, str) else tuple(k)), v
-    elif isinstance(x, Mapping):
+        return {prefix: x.shape}
+    if isinstance(x, TensorDictBase):
+        return {
+            prefix + ((k,) if isinstance(k, str) else tuple(k)): v.shape
+            for k, v in x.items(include_nested=True, leaves_only=True)
+        }
+    if isinstance(x, Mapping):
+        out = {}
         for k, v in x.items():
-            yield from _paths(v, prefix + (k,))
-    elif isinstance(x, (tuple, list)):
+            out.update(shapes(v, prefix + (k,)))
+        return out
+    if isinstance(x, (tuple, list)):
+        out = {}
         for i, v in enumerate(x):
-            yield from _paths(v, prefix + (i,))
-    else:
-        raise TypeError(f"state: expected tensors, tuples, dicts or TensorDicts, found {describe(x)}")
-
-
-def shapes(x) -> dict:
-    """``{path: shape}`` for every tensor leaf of ``x`` (paths as :func:`_paths`)."""
-    return {path: t.shape for path, t in _paths(x)}
-
-
-def row_layout(x) -> dict:
-    """``{path: (row shape, dtype)}`` for every tensor leaf of ``x``, whose leaves lead with their rows."""
-    return {path: (tuple(t.shape[1:]), t.dtype) for path, t in _paths(x)}
+            out.update(shapes(v, prefix + (i,)))
+        return out
+    raise TypeError(f"state: expected tensors, tuples, dicts or TensorDicts, found {describe(x)}")
 
 
 # From this many elements on, a CPU row select copies ``old`` and then the selected rows of ``new``
@@ -153,8 +147,18 @@ def _index_path(t: torch.Tensor, *others: torch.Tensor) -> bool:
 
 
 def put_rows(x, index: torch.Tensor, src):
-    """A copy of ``x`` whose rows ``index`` are ``src`` (``index_copy``, out of place)."""
-    return tree_map(lambda t, s: t.index_copy(0, index, s), x, src)
+    """A copy of ``x`` whose rows ``index`` are ``src`` (``index_copy``, out of place).
+
+    Leaves of two dtypes promote, as :func:`where_rows` (``torch.where``) does: a model stepping in
+    mixed precision returns a state of another dtype than its start."""
+
+    def put(t, s):
+        if t.dtype != s.dtype:
+            dtype = torch.promote_types(t.dtype, s.dtype)
+            t, s = t.to(dtype), s.to(dtype)
+        return t.index_copy(0, index, s)
+
+    return tree_map(put, x, src)
 
 
 def unflatten_rows(x, batch_shape: tuple[int, ...]):

@@ -1749,7 +1749,8 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             raise ReturnFormError(f"{where} returned {form}: {err}") from None
         if not got:
             return True  # no tensors (e.g. None: the model keeps its own state): nothing to broadcast
-        ref = self._state_reference(self._locked and bs[0] < self.batch_size[0])
+        partial = self._locked and bs[0] < self.batch_size[0]
+        ref = self._state_reference(partial)
         bs = torch.Size(bs)
         rows = bs[0] if len(bs) == 1 else tuple(bs)
         if ref is not None:
@@ -1758,6 +1759,15 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                     return False
                 if all(got[p] == bs + ref[p] for p in ref):
                     return True
+            if partial and self._state_spec_unbatched is None and self._initial_state is None:
+                # the layout is the other rows' state, which the transition returned: either may be the one wrong
+                raise ReturnFormError(
+                    f"{where} returned {form}: state leaves {_shape_text(got)} are neither one row of the other "
+                    f"rows' state, which {self._where} returned, {_shape_text(ref)} (unbatched, broadcast), nor "
+                    f"{rows} rows of it (batched, leading dims {tuple(bs)}). {_PARTIAL_MERGE[0].upper()}"
+                    f"{_PARTIAL_MERGE[1:]}: a transition must return its next state with the layout of the state "
+                    "it was given, and a reset must start it with that layout"
+                )
             raise ReturnFormError(
                 f"{where} returned {form}: state leaves {_shape_text(got)} are neither one row {_shape_text(ref)} "
                 f"(unbatched, broadcast) nor {rows} rows of it (batched, leading dims {tuple(bs)})"
@@ -1813,19 +1823,20 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         """Refuse to merge rows of the state the model ``returned`` with rows of ``other`` laid out differently.
 
         A row merge walks one state's leaves, so a key only the other state has would be dropped from
-        every row (the rows not reset included), and a shape or dtype drift would fail deep in torch.
+        every row (the rows not reset included), and a row shape that changed would fail deep in torch.
+        Dtypes may differ (a model stepping in mixed precision): the merge promotes them, as ``torch.where``.
         """
         if returned is None or other is None:
             return  # the model keeps its own state: nothing merged here
         if type(returned) is torch.Tensor and type(other) is torch.Tensor:
-            if returned.shape[1:] == other.shape[1:] and returned.dtype == other.dtype:
+            if returned.shape[1:] == other.shape[1:]:
                 return  # the common case, decided without walking a tree
-        got, ref = _tree.row_layout(returned), _tree.row_layout(other)
+        got, ref = _row_shapes(returned), _row_shapes(other)
         if got != ref:
             raise ReturnFormError(
-                f"WorldModelEnv: {why}, but {self._where} returned a state laid out as {_layout_text(got)} and "
-                f"{other_name} is laid out as {_layout_text(ref)} (one row's leaves: shape, dtype). A transition "
-                "must return its next state with the layout of the state it was given: keys, shapes and dtypes"
+                f"WorldModelEnv: {why}, but {self._where} returned a state laid out as {_shape_text(got)} and "
+                f"{other_name} is laid out as {_shape_text(ref)} (one row's leaves). A transition must return its "
+                "next state with the layout of the state it was given: the same keys and shapes"
             )
 
     def _start_source(self) -> str:
@@ -1833,7 +1844,8 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         if self._start_kind == "data":
             return "start_states"
         if self._start_kind == "fn":
-            return self._reset_bound.description
+            encoded = "" if self._encode is None else f" (or {self._encode.description}, on its observation)"
+            return self._reset_bound.description + encoded
         if self._initial_state is not None:
             return "initial_state"
         if self._encode is not None:
@@ -2164,15 +2176,9 @@ _PARTIAL_MERGE = "a partial reset puts the reset rows' start state into the othe
 _FROZEN_MERGE = "a '_step' mask keeps the frozen rows' state"
 
 
-def _layout_text(layout: dict) -> str:
-    """:func:`_tree.row_layout` for messages: ``(5,) float32`` for a tensor state, ``{'h': (5,) float32, ...}``."""
-    def text(entry):
-        shape, dtype = entry
-        return f"{shape} {str(dtype).removeprefix('torch.')}"
-
-    if list(layout) == [()]:
-        return text(layout[()])
-    return "{" + ", ".join(f"{p[0] if len(p) == 1 else p!r}: {text(e)}" for p, e in layout.items()) + "}"
+def _row_shapes(state) -> dict:
+    """``{path: shape of one row}`` for every tensor leaf of ``state``, whose leaves lead with their rows."""
+    return {path: shape[1:] for path, shape in _tree.shapes(state).items()}
 
 
 def _shape_text(shapes: dict) -> str:
