@@ -181,3 +181,53 @@ def test_video_recorder_checks_fps_and_quality_up_front(tmp_path):
         recorder = VideoRecorder(tmp_path / "v")
         recorder.bind(2, metadata_fps)
         assert recorder.fps == used
+
+
+def test_a_run_cut_by_ctrl_c_keeps_finished_videos_and_marks_the_cut_episodes(tmp_path):
+    # every episode_<index>.mp4 is a whole episode; an episode the interrupt cut keeps its frames as .cut.mp4
+    pool = pixel_pool([2, 30, 30])
+    steps = []
+
+    def policy(td):
+        steps.append(1)
+        if len(steps) == 9:
+            raise KeyboardInterrupt
+        return td.set("action", torch.ones(3, dtype=torch.int64))
+
+    recorder = VideoRecorder(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        World(pool, policy).evaluate(9, seed=0, video=recorder, progress=False)
+    names = sorted(p.name for p in tmp_path.glob("*.mp4"))
+    whole = [n for n in names if not n.endswith(".cut.mp4")]
+    cut = [n for n in names if n.endswith(".cut.mp4")]
+    assert sorted(p.name for p in recorder.files) == names
+    # each env plays its share, 3 episodes: env 0 its three 2-step ones; envs 1 and 2 were cut in their first
+    assert len(whole) == 3 and len(cut) == 2
+    for name in whole:
+        assert count_frames(tmp_path / name) == 3  # the reset frame and 2 steps
+    for name in cut:
+        assert 1 <= count_frames(tmp_path / name) == recorder.frame_counts[tmp_path / name] <= 9
+    pool.close()
+
+
+def test_a_ctrl_c_while_an_episode_video_starts_comes_once_the_file_is_recorded(tmp_path):
+    # starting ffmpeg forks: a KeyboardInterrupt inside the fork's callbacks was printed and dropped (the run went
+    # on), and one before the first frame left a file no player opens; Ctrl-C is held until the writer is recorded
+    import os
+    import signal
+
+    recorder = VideoRecorder(tmp_path)
+    recorder.bind(1, 10)
+    real = recorder.imageio
+
+    class CtrlCWhileStarting:  # the real imageio, with a Ctrl-C pressed as a writer starts
+        def get_writer(self, *args, **kwargs):
+            os.kill(os.getpid(), signal.SIGINT)
+            return real.get_writer(*args, **kwargs)
+
+    recorder.imageio = CtrlCWhileStarting()
+    with pytest.raises(KeyboardInterrupt):
+        recorder.start_episode(0, 0, np.zeros((8, 8, 3), np.uint8))
+    recorder.close()
+    assert [p.name for p in tmp_path.glob("*.mp4")] == ["episode_00000.cut.mp4"]
+    assert count_frames(tmp_path / "episode_00000.cut.mp4") == 1

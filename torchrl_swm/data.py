@@ -45,8 +45,6 @@ import json
 import logging
 import os
 import shutil
-import signal
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -55,6 +53,7 @@ import numpy as np
 import torch
 from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 
+from ._interrupts import interrupts_held
 from .errors import check_int, describe
 
 # pauses (s) between reads of a dataset that a collection may be writing (see WorldDataset.__init__)
@@ -325,13 +324,13 @@ class DatasetWriter:
                     self._compact(order)
                 except BaseException as err:
                     # interrupted (Ctrl-C) or failed: the dataset stays complete, compacted or not
-                    with _interrupts_deferred():
+                    with interrupts_held():
                         compacted = self._abandon_compaction()
                         failed = {} if compacted else {"compaction_failed": f"{type(err).__name__}: {err}"[:500]}
                         self._write_metadata(complete=complete, compacted=compacted, **failed)
                     raise
                 compacted = True
-        with _interrupts_deferred():
+        with interrupts_held():
             self._write_metadata(complete=complete, interrupted=interrupted, compacted=compacted)
 
     def _compact(self, order: np.ndarray) -> None:
@@ -356,7 +355,7 @@ class DatasetWriter:
         if old.exists():
             shutil.rmtree(old)
         old.mkdir()
-        with _interrupts_deferred():  # the copy is complete: move it into place in one go
+        with interrupts_held():  # the copy is complete: move it into place in one go
             self._swapping = (order, tmp, old)
             self._swap_in()
             shutil.rmtree(old)
@@ -394,24 +393,6 @@ class _NoStorageInitLine(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith("Initialized LazyMemmapStorage")
-
-
-@contextlib.contextmanager
-def _interrupts_deferred():
-    """Hold Ctrl-C (SIGINT) until the block ends, then raise it: for the short steps that move a compacted
-    storage into place and record it, which a second interrupt must not leave half done."""
-    handler = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or not callable(handler):
-        yield  # only the main thread can hold signals; a handler not set from Python cannot be restored
-        return
-    received = []
-    signal.signal(signal.SIGINT, lambda signum, frame: received.append(frame))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, handler)
-        if received:
-            handler(signal.SIGINT, received[0])  # Python's default handler raises KeyboardInterrupt
 
 
 @contextlib.contextmanager

@@ -14,6 +14,10 @@ the World's masks:
   per World step (plus one per reset round); frozen envs keep their last frame,
   dimmed.
 
+A run cut by an error or Ctrl-C keeps its episodes' videos; an episode it cut keeps the frames it
+has, as ``episode_<index>.cut.mp4``. Ctrl-C is held while a file starts and while it is finished,
+so every file is a readable video.
+
 imageio and imageio-ffmpeg are an optional extra: ``pip install "torchrl-swm[video]"``.
 """
 
@@ -27,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ._interrupts import interrupts_held
 from .errors import _real, check_number, describe
 
 __all__ = ["VideoRecorder", "require_imageio", "count_frames"]
@@ -136,10 +141,20 @@ class VideoRecorder:
         if self.fps is None:  # fractional, as gymnasium's RecordVideo keeps it; 30 where the env's is unusable
             self.fps = float(fps) if _usable_fps(fps) else 30
 
-    def _open(self, path: Path):
-        return self.imageio.get_writer(
+    def _open(self, path: Path, first_frame: np.ndarray):
+        """A writer of ``path`` that holds ``first_frame``. Callers hold Ctrl-C until they have recorded it:
+        the first frame starts ``ffmpeg`` (a fork, inside whose callbacks a KeyboardInterrupt is printed and
+        dropped), and a writer cut before its first frame leaves a file no player opens."""
+        writer = self.imageio.get_writer(
             path, fps=self.fps, codec="libx264", quality=self.quality, macro_block_size=1, ffmpeg_log_level="error"
         )
+        try:
+            writer.append_data(first_frame)
+        except BaseException:
+            _close_quietly(writer)
+            path.unlink(missing_ok=True)
+            raise
+        return writer
 
     def start_episode(self, env: int, index: int, frame: np.ndarray, goal: np.ndarray | None = None) -> None:
         """Env ``env`` starts episode ``index``; ``frame`` is its reset frame."""
@@ -148,19 +163,16 @@ class VideoRecorder:
         if env in self._writers:
             self.end_episode(env)
         path = self.directory / f"{self.prefix}_{index:05d}.mp4"
-        self._writers[env] = [self._open(path), path, 0, goal]
-        self.add_frame(env, frame)
+        frame = _episode_frame(frame, goal)
+        with interrupts_held():  # a Ctrl-C comes once the writer is recorded here, which close() finishes
+            self._writers[env] = [self._open(path, frame), path, 1, goal]
 
     def add_frame(self, env: int, frame: np.ndarray) -> None:
         """One frame of a stepped env (never called for frozen envs)."""
         entry = self._writers.get(env)
         if entry is None:
             return
-        _check_frames(frame, 3)
-        goal = entry[3]
-        if goal is not None:
-            frame = np.concatenate([frame, goal], axis=1)
-        entry[0].append_data(_even(np.ascontiguousarray(frame)))
+        entry[0].append_data(_episode_frame(frame, entry[3]))
         entry[2] += 1
 
     def end_episode(self, env: int) -> None:
@@ -168,7 +180,8 @@ class VideoRecorder:
         if entry is None:
             return
         writer, path, count, _ = entry
-        writer.close()
+        with interrupts_held():  # ffmpeg finishes the file: cut here, it would be unreadable
+            writer.close()
         self.files.append(path)
         self.frame_counts[path] = count
 
@@ -187,20 +200,48 @@ class VideoRecorder:
             canvas[r * h : (r + 1) * h, c * w : (c + 1) * w] = tile
         if self._grid is None:
             path = self.directory / "grid.mp4"
-            self._grid = [self._open(path), path, 0]
+            with interrupts_held():
+                self._grid = [self._open(path, _even(canvas)), path, 1]
+            return
         self._grid[0].append_data(_even(canvas))
         self._grid[2] += 1
 
     def close(self) -> None:
-        """Close every open file (episodes cut short by an error keep what they have)."""
+        """Close every open file.
+
+        An episode still open (a run cut by an error or Ctrl-C: World ends every episode it plays) keeps
+        the frames it has, as ``<prefix>_<index>.cut.mp4``, so that no ``<prefix>_<index>.mp4`` is a cut
+        episode. A grid video keeps its name.
+        """
         for env in list(self._writers):
+            path = self._writers[env][1]
             self.end_episode(env)
+            cut = path.with_name(f"{path.stem}.cut{path.suffix}")
+            os.replace(path, cut)
+            self.files[-1] = cut
+            self.frame_counts[cut] = self.frame_counts.pop(path)
         if self._grid is not None:
             writer, path, count = self._grid
-            writer.close()
+            with interrupts_held():
+                writer.close()
             self.files.append(path)
             self.frame_counts[path] = count
             self._grid = None
+
+
+def _episode_frame(frame: np.ndarray, goal: np.ndarray | None) -> np.ndarray:
+    """An episode video's frame: the env's ``(H, W, 3)`` frame, with the goal's frame beside it."""
+    _check_frames(frame, 3)
+    if goal is not None:
+        frame = np.concatenate([frame, goal], axis=1)
+    return _even(np.ascontiguousarray(frame))
+
+
+def _close_quietly(writer) -> None:
+    try:
+        writer.close()
+    except Exception:
+        pass  # the error that stopped its first frame is the one to report
 
 
 def count_frames(path: str | os.PathLike) -> int:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import signal
-import threading
 import time
 import warnings
 import weakref
@@ -35,6 +33,7 @@ import cloudpickle
 import numpy as np
 import torch
 
+from .._interrupts import hold_interrupts, release_interrupts, start_ignoring_interrupts
 from ..errors import EnvAttributeError, EnvError, add_note, check_int
 from .rows import action_kind
 from .worker import REPLY_OK, worker_main
@@ -42,29 +41,6 @@ from .worker import REPLY_OK, worker_main
 __all__ = ["ProcessBackend"]
 
 _CLOSE_TIMEOUT = 5.0  # seconds close() gives a worker left in an env call by an interrupt, before terminating it
-
-
-def _hold_interrupts():
-    """Hold Ctrl-C back while a message is half sent or half read: a KeyboardInterrupt there would leave
-    the pipe mid-message (the worker waits for the rest; the next reply reads as garbage). Returns what
-    :func:`_release_interrupts` needs to restore the handler and deliver a Ctrl-C that came meanwhile."""
-    if threading.current_thread() is not threading.main_thread():
-        return None  # only the main thread runs signal handlers, and may set them
-    caught = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
-    return previous, caught
-
-
-def _release_interrupts(held) -> None:
-    if held is None:
-        return
-    previous, caught = held
-    signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
-    if caught:
-        if callable(previous):
-            previous(signal.SIGINT, caught[0])  # Python's default handler raises KeyboardInterrupt here
-        elif previous == signal.SIG_DFL:
-            os.kill(os.getpid(), signal.SIGINT)
 
 
 def _unpickled_cause(data: bytes | None) -> BaseException | None:
@@ -200,7 +176,7 @@ class ProcessBackend:
                 parent, child = ctx.Pipe(duplex=True)
                 proc = ctx.Process(target=worker_main, args=(child, payload, rows.start, pixels), daemon=True,
                                    name=f"torchrl_swm-pool-worker-{w}")
-                proc.start()
+                start_ignoring_interrupts(proc)
                 child.close()
                 self._processes.append(proc)
                 self._conns.append(parent)
@@ -265,7 +241,7 @@ class ProcessBackend:
         self._drain_owed()
         sent = []
         try:
-            held = _hold_interrupts()  # each message is sent whole, and counted as sent, or not at all
+            held = hold_interrupts()  # each message is sent whole, and counted as sent, or not at all
             try:
                 for w, message in messages:
                     try:
@@ -274,7 +250,7 @@ class ProcessBackend:
                         raise self._dead(w) from err
                     sent.append(w)
             finally:
-                _release_interrupts(held)
+                release_interrupts(held)
         except BaseException:
             try:
                 self._gather(sent, "drain")
@@ -392,11 +368,11 @@ class ProcessBackend:
                         "answer within the time limit (an env call that never returns?)",
                     ))
                 return
-            held = _hold_interrupts()  # each reply is read whole, and counted as read, or not at all
+            held = hold_interrupts()  # each reply is read whole, and counted as read, or not at all
             try:
                 self._read_ready(ready, pending, sentinels, replies, errors, phase)
             finally:
-                _release_interrupts(held)
+                release_interrupts(held)
 
     def _read_ready(self, ready, pending, sentinels, replies, errors, phase) -> None:
         for item in ready:

@@ -60,8 +60,11 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
 
     # a terminal's Ctrl-C reaches the whole process group: the pool's process alone handles it (it holds
     # the interrupt through a message and drains the replies it left unread); a worker killed by it here
-    # would break a pool the user means to keep using
+    # would break a pool the user means to keep using (it started ignoring it: start_ignoring_interrupts; a
+    # forked worker also inherits the pool's blocked SIGINT, which ignored, it need not block)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     batch_scheduling()
 
     backend = shm = None
