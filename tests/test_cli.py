@@ -80,6 +80,22 @@ def test_goal_env_with_policy_factory_dataset_eval_and_video(tmp_path):
     assert len(list((tmp_path / "vid").glob("episode_*.mp4"))) == 6
 
 
+def test_warnings_are_one_line_on_stderr_like_errors(tmp_path, capsys):
+    # the default display showed a source line of the package's ("cli.py:444: UserWarning: ...\n  result = ...")
+    import warnings
+
+    pytest.importorskip("imageio_ffmpeg")
+    (tmp_path / "vid").mkdir()
+    (tmp_path / "vid" / "episode_00000.mp4").write_bytes(b"an earlier run's")
+    default = warnings.showwarning
+    assert cli.main(["eval", "torchrl_swm/PointMaze-v0", "--episodes", "1", "--max-steps", "3", "--video",
+                     str(tmp_path / "vid"), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "torchrl-swm eval: warning: VideoRecorder: " in err and "already holds 1 video(s)" in err
+    assert "UserWarning" not in err and ".py:" not in err
+    assert warnings.showwarning is default  # the test process's display is its own again
+
+
 def test_policy_object_from_a_module(tmp_path, monkeypatch, capsys):
     (tmp_path / "my_policies.py").write_text(
         "import torch\n"
@@ -155,6 +171,8 @@ def test_clear_errors_for_unknown_envs_and_bad_paths(tmp_path, capsys):
     for argv in (["--sections", "nope"], ["--ns", "0"], ["--bs", "x"], ["--seconds", "0"]):
         code, err = error("bench", *argv)
         assert code == 2 and argv[0] in err, (argv, err)
+    code, err = error("bench", "--sections", ",")
+    assert code == 2 and "--sections: no section in ','; expected some of cartpole" in err  # was "unknown []"
 
 
 def test_command_registry_in_process(capsys):
@@ -501,6 +519,15 @@ def test_eval_warns_when_the_env_has_no_step_limit(capsys):
         assert "no step limit" not in capsys.readouterr().err
     finally:
         gym.registry.pop("CliNoLimitEval-v0")
+
+
+def test_quickstart_help_is_the_quickstarts_own(capsys):
+    # the console script showed a stub pointing at `python -m torchrl_swm.quickstart --help`
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["quickstart", "--help"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0
+    assert out.startswith("usage: torchrl-swm quickstart ") and "--tiny" in out and "--num-envs N" in out
 
 
 def test_quickstart_out_naming_a_file_is_a_usage_error(tmp_path, capsys):

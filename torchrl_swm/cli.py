@@ -41,6 +41,7 @@ import inspect
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,12 +62,14 @@ class Command:
     help: str
     configure: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
+    passthrough: bool = False  # its arguments, --help included, go to its own parser (args.passthrough_args)
 
 
 COMMANDS: dict[str, Command] = {}
 
 
-def register_command(name: str, *, help: str, configure: Callable[[argparse.ArgumentParser], None]):
+def register_command(name: str, *, help: str, configure: Callable[[argparse.ArgumentParser], None],
+                     passthrough: bool = False):
     """Decorator registering ``run(args) -> exit code`` as the subcommand ``name``.
 
     Example::
@@ -83,7 +86,7 @@ def register_command(name: str, *, help: str, configure: Callable[[argparse.Argu
     def decorator(run: Callable[[argparse.Namespace], int]):
         if name in COMMANDS:
             raise ValueError(f"torchrl-swm: command {name!r} is already registered")
-        COMMANDS[name] = Command(name, help, configure, run)
+        COMMANDS[name] = Command(name, help, configure, run, passthrough)
         return run
 
     return decorator
@@ -488,7 +491,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, cmd in COMMANDS.items():
-        p = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        p = sub.add_parser(name, help=cmd.help, description=cmd.help, add_help=not cmd.passthrough)
+        if cmd.passthrough:
+            p.set_defaults(_passthrough=True, passthrough_args=[])
         # also after the command, where the error hint's reader appends it (SUPPRESS: the top-level one stands)
         p.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         cmd.configure(p)
@@ -515,6 +520,17 @@ def _stdout_closed() -> bool:
     return closed
 
 
+def _warning_printer(command: str):
+    """Warnings as one line on stderr, like the command's errors (the default shows a source line of this
+    package's, which tells a shell user nothing)."""
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        kind = "" if category is UserWarning else f"{category.__name__}: "
+        print(f"torchrl-swm {command}: warning: {kind}{message}", file=sys.stderr if file is None else file)
+
+    return show
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``torchrl-swm`` command; returns the exit code."""
     # modules named by --policy module:attr or an env id module:Env-v0 may live in the current directory,
@@ -528,7 +544,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.passthrough_args = extra
     try:
-        code = int(args._command.run(args) or 0)
+        with warnings.catch_warnings():  # restores the default display when the command ends
+            warnings.showwarning = _warning_printer(args.command)
+            code = int(args._command.run(args) or 0)
         sys.stdout.flush()  # here, not at exit: a pipe whose reader has gone fails now, where it is handled
         return code
     except CLIError as err:

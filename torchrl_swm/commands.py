@@ -26,13 +26,9 @@ def _bench(args) -> int:
     return run(args)
 
 
-def _configure_quickstart(parser):
-    parser.epilog = "Every other argument goes to the quickstart: see python -m torchrl_swm.quickstart --help."
-    parser.set_defaults(_passthrough=True, passthrough_args=[])
-
-
+# every argument, --help included, goes to the quickstart's own parser
 @register_command("quickstart", help="collect data, train a world model, plan in it, evaluate for real (CPU, minutes)",
-                  configure=_configure_quickstart)
+                  configure=lambda parser: None, passthrough=True)
 def _quickstart(args) -> int:
     from .quickstart import main
 

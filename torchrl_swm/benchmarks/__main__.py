@@ -154,7 +154,8 @@ def check_args(args: argparse.Namespace) -> None:
     sections = [s for s in args.sections.split(",") if s]
     unknown = [s for s in sections if s not in SECTIONS]
     if not sections or unknown:
-        raise ValueError(f"--sections: unknown {unknown or sections!r}; expected some of {', '.join(SECTIONS)}")
+        got = f"unknown {unknown!r}" if unknown else f"no section in {args.sections!r}"
+        raise ValueError(f"--sections: {got}; expected some of {', '.join(SECTIONS)}")
     _sizes(args.ns, "--ns")
     _sizes(args.bs, "--bs")
     if not 0 < args.seconds <= 3600:  # also refuses inf and nan
