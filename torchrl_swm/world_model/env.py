@@ -1361,7 +1361,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                 # build no graph unless the env is differentiable (a caller's state may require grad)
                 with contextlib.nullcontext() if self._differentiable else torch.no_grad():
                     shared = obs is state and rt.obs is rt.state  # obs = state: one select serves both
-                    self._check_mergeable(state, state_in, "the state it was given", _FROZEN_MERGE)
+                    self._check_mergeable(state, state_in, frozen=True)
                     state = _tree.where_rows(rows, state, state_in)
                     obs = state if shared else _tree.where_rows(rows, obs, rt.obs)
                     view = rows.view(-1, 1)
@@ -1819,8 +1819,10 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         finally:
             torch._C._set_grad_enabled(True)
 
-    def _check_mergeable(self, returned, other, other_name: str, why: str) -> None:
-        """Refuse to merge rows of the state the model ``returned`` with rows of ``other`` laid out differently.
+    def _check_mergeable(self, returned, other, frozen: bool = False) -> None:
+        """Refuse to merge rows of the state the model ``returned`` with rows of ``other`` laid out differently:
+        the start state of a partial reset, or (``frozen``) the state the step was given, which a '_step' mask
+        keeps for the frozen rows.
 
         A row merge walks one state's leaves, so a key only the other state has would be dropped from
         every row (the rows not reset included), and a row shape that changed would fail deep in torch.
@@ -1833,6 +1835,10 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                 return  # the common case, decided without walking a tree
         got, ref = _row_shapes(returned), _row_shapes(other)
         if got != ref:
+            why, other_name = (
+                (_FROZEN_MERGE, "the state it was given") if frozen
+                else (_PARTIAL_MERGE, f"the start state from {self._start_source()}")
+            )
             raise ReturnFormError(
                 f"WorldModelEnv: {why}, but {self._where} returned a state laid out as {_shape_text(got)} and "
                 f"{other_name} is laid out as {_shape_text(ref)} (one row's leaves). A transition must return its "
@@ -1876,7 +1882,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         shared = rt.obs is rt.state
         if self._constant_full is not None:
             c_state, c_obs = self._constant_full
-            self._check_mergeable(rt.state, c_state, f"the start state from {self._start_source()}", _PARTIAL_MERGE)
+            self._check_mergeable(rt.state, c_state)
             state = _tree.where_rows(rows, c_state, rt.state)
             obs = state if shared and c_obs is c_state else _tree.where_rows(rows, c_obs, rt.obs)
             info = None
@@ -1887,7 +1893,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             index = mask.nonzero().squeeze(-1)
             k = int(index.numel())
             s_state, s_obs, s_info = self._sampled_start(k, (k,), mask, seed, options)
-            self._check_mergeable(rt.state, s_state, f"the start state from {self._start_source()}", _PARTIAL_MERGE)
+            self._check_mergeable(rt.state, s_state)
             state = s_state if rt.state is None else _tree.put_rows(rt.state, index, s_state)
             obs = state if shared and s_obs is s_state else _tree.put_rows(rt.obs, index, s_obs)
             info = None
