@@ -459,53 +459,6 @@ def _process_pool(env_fns, num_workers):
             _reap(processes)
 
 
-_STARTING_WORKERS_SCRIPT = """
-import os, signal, sys, time
-sys.path.insert(0, {tests!r})
-if __name__ == "__mp_main__":  # a worker importing this script: say how it takes Ctrl-C, then import slowly
-    print("worker ignores SIGINT:", signal.getsignal(signal.SIGINT) == signal.SIG_IGN, file=sys.stderr, flush=True)
-    with open({mark!r}, "a") as f:
-        f.write("x")
-    time.sleep(2)
-if __name__ == "__main__":
-    from envs import counting
-    from torchrl_swm import EnvPool
-    try:
-        pool = EnvPool([counting] * 2, backend="process", num_workers=2)
-    except KeyboardInterrupt:
-        print("interrupted", flush=True)
-        sys.exit(130)
-    pool.close()
-    print("built", flush=True)
-"""
-
-
-def test_a_ctrl_c_while_process_workers_start_reaches_the_pool_alone(tmp_path):
-    # a terminal's Ctrl-C reaches the whole process group; workers set SIGINT aside only once they run, after
-    # re-importing the main module and this package, and one still importing died with a traceback
-    import subprocess
-
-    mark = tmp_path / "importing"
-    script = tmp_path / "start.py"
-    script.write_text(_STARTING_WORKERS_SCRIPT.format(tests=os.path.dirname(__file__), mark=str(mark)))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not (mark.exists() and mark.read_text() == "xx") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert mark.read_text() == "xx", "the workers never started"
-        os.killpg(proc.pid, signal.SIGINT)  # both workers are importing the script
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert (proc.returncode, out) == (130, "interrupted\n")
-    assert err.count("worker ignores SIGINT: True") == 2
-    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
-
-
 def test_process_backend_interrupted_step_does_not_desync_the_replies():
     with _process_pool([functools.partial(SlowEnv, 0.5)] * 2, 2) as pool:
         td = _step_interrupted(pool, 0.15)  # interrupted while the workers sleep in step 1

@@ -231,3 +231,50 @@ def test_a_ctrl_c_while_an_episode_video_starts_comes_once_the_file_is_recorded(
     recorder.close()
     assert [p.name for p in tmp_path.glob("*.mp4")] == ["episode_00000.cut.mp4"]
     assert count_frames(tmp_path / "episode_00000.cut.mp4") == 1
+
+
+class _CtrlCWhileFinishing:
+    """The real imageio, with a Ctrl-C pressed as each writer's ffmpeg finishes its file."""
+
+    def __init__(self, imageio):
+        self.imageio = imageio
+
+    def get_writer(self, *args, **kwargs):
+        import os
+        import signal
+
+        writer = self.imageio.get_writer(*args, **kwargs)
+        close = writer.close
+
+        def close_with_ctrl_c():
+            writer.close = close  # once: imageio's __del__ closes again
+            os.kill(os.getpid(), signal.SIGINT)
+            close()
+
+        writer.close = close_with_ctrl_c
+        return writer
+
+
+def test_a_ctrl_c_while_a_cut_run_closes_leaves_every_video_finished_marked_and_listed(tmp_path):
+    # a second Ctrl-C while the first one's run closes its videos: the others were left unfinished, named as
+    # whole episodes, and unlisted
+    recorder = VideoRecorder(tmp_path)
+    recorder.bind(3, 10)
+    recorder.imageio = _CtrlCWhileFinishing(recorder.imageio)
+    for env in range(3):
+        recorder.start_episode(env, env, np.zeros((8, 8, 3), np.uint8))
+        recorder.add_frame(env, np.full((8, 8, 3), 80, np.uint8))
+    with pytest.raises(KeyboardInterrupt):
+        recorder.close()
+    names = [f"episode_{env:05d}.cut.mp4" for env in range(3)]
+    assert sorted(p.name for p in tmp_path.glob("*.mp4")) == names
+    assert [p.name for p in recorder.files] == names
+    assert all(count_frames(tmp_path / n) == recorder.frame_counts[tmp_path / n] == 2 for n in names)
+    recorder = VideoRecorder(tmp_path / "ended")
+    recorder.bind(1, 10)
+    recorder.imageio = _CtrlCWhileFinishing(recorder.imageio)
+    recorder.start_episode(0, 0, np.zeros((8, 8, 3), np.uint8))
+    with pytest.raises(KeyboardInterrupt):  # an episode that ended: finished and listed, then the Ctrl-C
+        recorder.end_episode(0)
+    assert recorder.files == [tmp_path / "ended" / "episode_00000.mp4"]
+    assert count_frames(recorder.files[0]) == recorder.frame_counts[recorder.files[0]] == 1

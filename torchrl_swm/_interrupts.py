@@ -1,7 +1,7 @@
 """Holding Ctrl-C (SIGINT) back through steps that an interrupt must not cut in half.
 
-A ``KeyboardInterrupt`` raised in the middle of a pipe message, a file move or a subprocess start
-leaves something half done (a garbled pipe, a half-moved dataset, an MP4 writer whose ``ffmpeg``
+A ``KeyboardInterrupt`` raised in the middle of a pipe message, a file move or a video file's start
+or end leaves something half done (a garbled pipe, a half-moved dataset, an MP4 writer whose ``ffmpeg``
 never got a frame; one raised inside a fork's at-fork callbacks is even printed and dropped). These
 helpers hold the interrupt and raise it once the step is done. Only the main thread runs Python's
 signal handlers and may set them; elsewhere they hold nothing.
@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 
-__all__ = ["hold_interrupts", "release_interrupts", "interrupts_held", "start_ignoring_interrupts"]
+__all__ = ["hold_interrupts", "release_interrupts", "interrupts_held"]
 
 
 def hold_interrupts():
@@ -47,27 +47,3 @@ def interrupts_held():
         yield
     finally:
         release_interrupts(held)
-
-
-def start_ignoring_interrupts(proc) -> None:
-    """``proc.start()`` for a worker process that ignores Ctrl-C from its first instruction.
-
-    A terminal's Ctrl-C reaches the whole process group. A spawned worker that sets SIGINT to
-    ``SIG_IGN`` itself does so only after re-importing the main module and this package (seconds), and
-    a Ctrl-C before then killed it with a traceback. A disposition of ``SIG_IGN`` survives ``exec``, so
-    the worker starts with it; this process blocks SIGINT meanwhile, so that a Ctrl-C sent then stays
-    pending and is raised here once the worker has started (Linux never discards a blocked signal).
-    """
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
-        proc.start()
-        return
-    from multiprocessing import resource_tracker
-
-    resource_tracker.ensure_running()  # starting it unblocks SIGINT in this thread: start it first
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        proc.start()
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a Ctrl-C held meanwhile is raised here

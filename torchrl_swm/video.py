@@ -180,10 +180,10 @@ class VideoRecorder:
         if entry is None:
             return
         writer, path, count, _ = entry
-        with interrupts_held():  # ffmpeg finishes the file: cut here, it would be unreadable
+        with interrupts_held():  # ffmpeg finishes the file (cut, it would be unreadable), then it is listed
             writer.close()
-        self.files.append(path)
-        self.frame_counts[path] = count
+            self.files.append(path)
+            self.frame_counts[path] = count
 
     def grid_frame(self, frames: np.ndarray, active: np.ndarray) -> None:
         """One grid frame: ``frames`` (N, H, W, 3) uint8, frozen envs (``~active``) dimmed."""
@@ -213,20 +213,20 @@ class VideoRecorder:
         the frames it has, as ``<prefix>_<index>.cut.mp4``, so that no ``<prefix>_<index>.mp4`` is a cut
         episode. A grid video keeps its name.
         """
-        for env in list(self._writers):
-            path = self._writers[env][1]
-            self.end_episode(env)
-            cut = path.with_name(f"{path.stem}.cut{path.suffix}")
-            os.replace(path, cut)
-            self.files[-1] = cut
-            self.frame_counts[cut] = self.frame_counts.pop(path)
-        if self._grid is not None:
-            writer, path, count = self._grid
-            with interrupts_held():
+        with interrupts_held():  # a second Ctrl-C while a cut run closes must not leave files half done
+            for env in list(self._writers):
+                path = self._writers[env][1]
+                self.end_episode(env)
+                cut = path.with_name(f"{path.stem}.cut{path.suffix}")
+                os.replace(path, cut)
+                self.files[-1] = cut
+                self.frame_counts[cut] = self.frame_counts.pop(path)
+            if self._grid is not None:
+                writer, path, count = self._grid
+                self._grid = None
                 writer.close()
-            self.files.append(path)
-            self.frame_counts[path] = count
-            self._grid = None
+                self.files.append(path)
+                self.frame_counts[path] = count
 
 
 def _episode_frame(frame: np.ndarray, goal: np.ndarray | None) -> np.ndarray:

@@ -33,7 +33,7 @@ import cloudpickle
 import numpy as np
 import torch
 
-from .._interrupts import hold_interrupts, release_interrupts, start_ignoring_interrupts
+from .._interrupts import hold_interrupts, release_interrupts
 from ..errors import EnvAttributeError, EnvError, add_note, check_int
 from .rows import action_kind
 from .worker import REPLY_OK, worker_main
@@ -176,7 +176,7 @@ class ProcessBackend:
                 parent, child = ctx.Pipe(duplex=True)
                 proc = ctx.Process(target=worker_main, args=(child, payload, rows.start, pixels), daemon=True,
                                    name=f"torchrl_swm-pool-worker-{w}")
-                start_ignoring_interrupts(proc)
+                proc.start()
                 child.close()
                 self._processes.append(proc)
                 self._conns.append(parent)

@@ -56,15 +56,13 @@ def _unpicklable_reply(command: str, args, reply, first: int, err: Exception) ->
 
 def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
     """Worker main loop: build the envs, then serve commands until "close" or EOF."""
-    from .serial import SerialBackend
-
     # a terminal's Ctrl-C reaches the whole process group: the pool's process alone handles it (it holds
     # the interrupt through a message and drains the replies it left unread); a worker killed by it here
-    # would break a pool the user means to keep using (it started ignoring it: start_ignoring_interrupts; a
-    # forked worker also inherits the pool's blocked SIGINT, which ignored, it need not block)
+    # would break a pool the user means to keep using. First thing: the window before it (spawn's import of
+    # the main module and this package) cannot be closed from the parent without losing its own Ctrl-C.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    from .serial import SerialBackend
+
     batch_scheduling()
 
     backend = shm = None

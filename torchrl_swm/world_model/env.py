@@ -1834,7 +1834,10 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             if returned.shape[1:] == other.shape[1:]:
                 return  # the common case, decided without walking a tree
         got, ref = _row_shapes(returned), _row_shapes(other)
-        if got != ref:
+        # a frozen row keeps the leaves the step returned; the state it was given may hold more (a caller's
+        # leaves beside an exposed state_key's): those are the caller's, merged by TorchRL, not here
+        mismatch = any(ref.get(p) != shape for p, shape in got.items()) if frozen else got != ref
+        if mismatch:
             why, other_name = (
                 (_FROZEN_MERGE, "the state it was given") if frozen
                 else (_PARTIAL_MERGE, f"the start state from {self._start_source()}")
