@@ -862,15 +862,24 @@ def test_bug_a_state_whose_keys_or_shapes_drift_is_refused_naming_both_layouts(s
         env.rollout(4, break_when_any_done=False)
 
 
-def test_bug_a_step_mask_refuses_a_stepped_state_laid_out_unlike_the_one_given():
-    env = _counter_state_env(_adds_a_key)
+def _drops_a_key(state, action):
+    return {"state": {"x": state["x"] + 1}, "obs": state["x"] + 1}
+
+
+@pytest.mark.parametrize("transition, got, given", [
+    (_adds_a_key, r"\{'x': \(1,\), 'h': \(1,\)\}", r"\{'x': \(1,\)\}"),
+    (_drops_a_key, r"\{'x': \(1,\)\}", r"\{'x': \(1,\), 'h': \(1,\)\}"),  # the frozen rows lost "h"
+], ids=["adds", "drops"])
+def test_bug_a_step_mask_refuses_a_stepped_state_laid_out_unlike_the_one_given(transition, got, given):
+    env = _counter_state_env(transition, initial_state={"x": torch.zeros(1), "h": torch.zeros(1)}
+                             if transition is _drops_a_key else {"x": torch.zeros(1)},
+                             initial_observation=torch.zeros(1), encode_fn=False)
     td = env.reset()
     td["action"] = torch.zeros(4, 1)
     td["_step"] = torch.tensor([True, False, True, True])
     with pytest.raises(ReturnFormError, match=(
         r"a '_step' mask keeps the frozen rows' state, but transition_fn .* returned a state laid out as "
-        r"\{'x': \(1,\), 'h': \(1,\)\} and the state it was given is laid out as "
-        r"\{'x': \(1,\)\}"
+        rf"{got} and the state it was given is laid out as {given}"
     )):
         env.step(td)
 

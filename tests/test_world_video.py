@@ -278,3 +278,37 @@ def test_a_ctrl_c_while_a_cut_run_closes_leaves_every_video_finished_marked_and_
         recorder.end_episode(0)
     assert recorder.files == [tmp_path / "ended" / "episode_00000.mp4"]
     assert count_frames(recorder.files[0]) == recorder.frame_counts[recorder.files[0]] == 1
+
+
+@pytest.mark.parametrize("layout", ["episodes", "grid"])
+def test_a_ctrl_c_while_frames_stream_leaves_a_readable_video(tmp_path, layout):
+    # cut inside imageio's frame write, ffmpeg was killed and the file had no index: unreadable (with a grid, the
+    # whole run's one video)
+    import os
+    import signal
+    import threading
+
+    recorder = VideoRecorder(tmp_path, layout=layout)
+    recorder.bind(1, 10)
+    frame = np.random.default_rng(0).integers(0, 255, (1024, 1024, 3), dtype=np.uint8)
+
+    def write():
+        if layout == "grid":
+            recorder.grid_frame(frame[None], np.ones(1, bool))
+        else:
+            recorder.add_frame(0, frame)
+
+    recorder.start_episode(0, 0, frame)
+    write()
+    ctrl_c = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    ctrl_c.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for _ in range(10_000):  # frames stream until the Ctrl-C (a few hundred ms of encoding)
+                write()
+    finally:
+        ctrl_c.cancel()
+        recorder.close()
+    (path,) = recorder.files
+    assert path.name == ("grid.mp4" if layout == "grid" else "episode_00000.cut.mp4")
+    assert count_frames(path) == recorder.frame_counts[path] >= 2

@@ -15,8 +15,8 @@ the World's masks:
   dimmed.
 
 A run cut by an error or Ctrl-C keeps its episodes' videos; an episode it cut keeps the frames it
-has, as ``episode_<index>.cut.mp4``. Ctrl-C is held while a file starts and while it is finished,
-so every file is a readable video.
+has, as ``episode_<index>.cut.mp4``. Ctrl-C is held while a file starts, while a frame is written
+and while a file is finished, so every file is a readable video.
 
 imageio and imageio-ffmpeg are an optional extra: ``pip install "torchrl-swm[video]"``.
 """
@@ -172,8 +172,10 @@ class VideoRecorder:
         entry = self._writers.get(env)
         if entry is None:
             return
-        entry[0].append_data(_episode_frame(frame, entry[3]))
-        entry[2] += 1
+        frame = _episode_frame(frame, entry[3])
+        with interrupts_held():  # cut mid-frame, imageio kills ffmpeg: the file would be unreadable
+            entry[0].append_data(frame)
+            entry[2] += 1
 
     def end_episode(self, env: int) -> None:
         entry = self._writers.pop(env, None)
@@ -203,8 +205,10 @@ class VideoRecorder:
             with interrupts_held():
                 self._grid = [self._open(path, _even(canvas)), path, 1]
             return
-        self._grid[0].append_data(_even(canvas))
-        self._grid[2] += 1
+        canvas = _even(canvas)
+        with interrupts_held():  # as add_frame's
+            self._grid[0].append_data(canvas)
+            self._grid[2] += 1
 
     def close(self) -> None:
         """Close every open file.

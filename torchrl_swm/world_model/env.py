@@ -1834,9 +1834,12 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             if returned.shape[1:] == other.shape[1:]:
                 return  # the common case, decided without walking a tree
         got, ref = _row_shapes(returned), _row_shapes(other)
-        # a frozen row keeps the leaves the step returned; the state it was given may hold more (a caller's
-        # leaves beside an exposed state_key's): those are the caller's, merged by TorchRL, not here
-        mismatch = any(ref.get(p) != shape for p, shape in got.items()) if frozen else got != ref
+        # a frozen row keeps the leaves the step returned; a state it was given from the tensordict (an exposed
+        # state_key's) may hold more, a caller's leaves: TorchRL's, not the model's (whose drops its spec refuses)
+        if frozen and self._state_key is not None:
+            mismatch = any(ref.get(p) != shape for p, shape in got.items())
+        else:
+            mismatch = got != ref
         if mismatch:
             why, other_name = (
                 (_FROZEN_MERGE, "the state it was given") if frozen
