@@ -312,3 +312,35 @@ def test_a_ctrl_c_while_frames_stream_leaves_a_readable_video(tmp_path, layout):
     (path,) = recorder.files
     assert path.name == ("grid.mp4" if layout == "grid" else "episode_00000.cut.mp4")
     assert count_frames(path) == recorder.frame_counts[path] >= 2
+
+
+def test_a_burst_of_ctrl_c_while_a_cut_run_unwinds_still_marks_its_cut_episodes(tmp_path):
+    # a second Ctrl-C landing as World's cleanup starts closing the videos (before close() holds Ctrl-C itself)
+    # skipped the close: cut episodes stayed open, then finished at exit under whole-episode names
+    pool = pixel_pool([2, 30, 30])
+    steps = []
+
+    def policy(td):
+        steps.append(1)
+        if len(steps) == 5:
+            raise KeyboardInterrupt
+        return td.set("action", torch.ones(3, dtype=torch.int64))
+
+    recorder = VideoRecorder(tmp_path)
+    close = recorder.close
+    calls = []
+
+    def close_cut_by_a_second_ctrl_c():
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        close()
+
+    recorder.close = close_cut_by_a_second_ctrl_c
+    with pytest.raises(KeyboardInterrupt):
+        World(pool, policy).evaluate(6, seed=0, video=recorder, progress=False)
+    assert not recorder._writers
+    names = sorted(p.name for p in tmp_path.glob("*.mp4"))
+    assert sorted(p.name for p in recorder.files) == names
+    assert [n for n in names if n.endswith(".cut.mp4")] == ["episode_00001.cut.mp4", "episode_00002.cut.mp4"]
+    pool.close()

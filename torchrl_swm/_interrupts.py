@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 
-__all__ = ["hold_interrupts", "release_interrupts", "interrupts_held"]
+__all__ = ["hold_interrupts", "release_interrupts", "interrupts_held", "through_interrupts"]
 
 
 def hold_interrupts():
@@ -47,3 +47,20 @@ def interrupts_held():
         yield
     finally:
         release_interrupts(held)
+
+
+def through_interrupts(cleanup) -> None:
+    """``cleanup()``, run again when a Ctrl-C cuts it short, then that Ctrl-C raised.
+
+    For a ``finally`` after an interrupt, where a burst of Ctrl-C can land before ``cleanup`` holds
+    them itself (:func:`interrupts_held`). ``cleanup`` must be safe to run again after a cut.
+    """
+    interrupted = None
+    while True:
+        try:
+            cleanup()
+            break
+        except KeyboardInterrupt as err:
+            interrupted = err
+    if interrupted is not None:
+        raise interrupted

@@ -60,6 +60,7 @@ from tensordict.utils import unravel_key
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
+from ._interrupts import through_interrupts
 from .errors import EnvError, _integral, add_note, check_int, describe
 from .introspect import bookkeeping_keys, step_counter_limit
 
@@ -851,7 +852,7 @@ class World:
                 run.run()
         finally:
             if recorder is not None:
-                recorder.close()
+                through_interrupts(recorder.close)  # a second Ctrl-C must not leave cut files unmarked
         return run.result(seed=seed, extra=extra)
 
     def _check_limit(self, value, name):
