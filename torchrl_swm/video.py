@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from ._interrupts import interrupts_held
-from .errors import _real, check_number, describe
+from .errors import _real, add_note, check_number, describe
 
 __all__ = ["VideoRecorder", "require_imageio", "count_frames"]
 
@@ -150,8 +150,11 @@ class VideoRecorder:
         )
         try:
             writer.append_data(first_frame)
-        except BaseException:
-            _close_quietly(writer)
+        except BaseException as err:
+            try:
+                writer.close()
+            except Exception as close_err:  # the first frame's error is the one to report
+                add_note(err, f"closing its writer then failed too: {type(close_err).__name__}: {close_err}")
             path.unlink(missing_ok=True)
             raise
         return writer
@@ -239,13 +242,6 @@ def _episode_frame(frame: np.ndarray, goal: np.ndarray | None) -> np.ndarray:
     if goal is not None:
         frame = np.concatenate([frame, goal], axis=1)
     return _even(np.ascontiguousarray(frame))
-
-
-def _close_quietly(writer) -> None:
-    try:
-        writer.close()
-    except Exception:
-        pass  # the error that stopped its first frame is the one to report
 
 
 def count_frames(path: str | os.PathLike) -> int:
