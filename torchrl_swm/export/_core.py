@@ -94,6 +94,15 @@ def base_env(env: EnvBase) -> EnvBase:
     return env
 
 
+def step_after_close_error(exporter: str, env: EnvBase) -> RuntimeError:
+    """The error of an export's ``step()`` after its ``close()`` and before a reset reopens it: stepping a batched
+    TorchRL env then would restart its workers on a stale root."""
+    return RuntimeError(
+        f"{exporter}.step() after close(): {type(base_env(env)).__name__} is closed; reset() reopens the env it "
+        "wraps where it can (a WorldModelEnv, TorchRL's batched envs), or export a new one"
+    )
+
+
 @dataclass(frozen=True)
 class Traits:
     """What the wrapped env supports (see the module docstring)."""

@@ -18,7 +18,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
-from ._core import Layout, base_env, nest, set_leaf, to_host, torch_copies, traits
+from ._core import Layout, nest, set_leaf, step_after_close_error, to_host, torch_copies, traits
 from .seeding import reset_kwargs
 
 __all__ = ["TorchRLGymEnv"]
@@ -87,11 +87,8 @@ class TorchRLGymEnv(gym.Env):
         return self._observation(values[:n_obs]), self._info(values[n_obs:])
 
     def step(self, action):
-        if self._unreset_since_close:  # a batched TorchRL env would restart its workers, on a stale root
-            raise RuntimeError(
-                f"TorchRLGymEnv.step() after close(): {type(base_env(self.env)).__name__} is closed; reset() reopens "
-                "the env it wraps where it can (a WorldModelEnv, TorchRL's batched envs), or export a new one"
-            )
+        if self._unreset_since_close:
+            raise step_after_close_error("TorchRLGymEnv", self.env)
         if self._root is None:
             raise RuntimeError("TorchRLGymEnv.step() was called before reset(); call reset() first")
         layout = self.layout

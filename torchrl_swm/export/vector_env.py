@@ -65,7 +65,17 @@ from gymnasium.vector.utils import batch_space
 from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
-from ._core import Layout, attribute_errors, base_env, nest, set_leaf, to_host, torch_copies, traits
+from ._core import (
+    Layout,
+    attribute_errors,
+    base_env,
+    nest,
+    set_leaf,
+    step_after_close_error,
+    to_host,
+    torch_copies,
+    traits,
+)
 from ._core import autoreset_mode as _autoreset_mode
 from ..introspect import transforms_of
 from .seeding import check_options, normalize_seed, reset_kwargs, seed_groups
@@ -292,11 +302,8 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
             ValueError, TypeError: an action of the wrong shape or dtype, or out
                 of a discrete space.
         """
-        if self._unreset_since_close:  # a batched TorchRL env would restart its workers, on a stale root
-            raise RuntimeError(
-                f"TorchRLVectorEnv.step() after close(): {type(base_env(self.env)).__name__} is closed; reset() "
-                "reopens the env it wraps where it can (a WorldModelEnv, TorchRL's batched envs), or export a new one"
-            )
+        if self._unreset_since_close:
+            raise step_after_close_error("TorchRLVectorEnv", self.env)
         if self._root is None:
             raise RuntimeError("TorchRLVectorEnv.step() was called before reset(); call reset() first")
         mode = self.autoreset_mode
