@@ -27,6 +27,19 @@ def ones(n):
     return lambda td: td.set("action", torch.ones(n, dtype=torch.int64))
 
 
+def ctrl_c_at_call(k, policy):
+    """``policy``, with a Ctrl-C pressed at its ``k``-th call."""
+    calls = []
+
+    def interrupted(td):
+        calls.append(1)
+        if len(calls) == k:
+            raise KeyboardInterrupt
+        return policy(td)
+
+    return interrupted
+
+
 @pytest.mark.parametrize("mode", ["auto", "wait"])
 def test_one_file_per_episode_with_reset_frame_and_one_frame_per_step(tmp_path, mode):
     lengths = [2, 5, 3]
@@ -186,17 +199,9 @@ def test_video_recorder_checks_fps_and_quality_up_front(tmp_path):
 def test_a_run_cut_by_ctrl_c_keeps_finished_videos_and_marks_the_cut_episodes(tmp_path):
     # every episode_<index>.mp4 is a whole episode; an episode the interrupt cut keeps its frames as .cut.mp4
     pool = pixel_pool([2, 30, 30])
-    steps = []
-
-    def policy(td):
-        steps.append(1)
-        if len(steps) == 9:
-            raise KeyboardInterrupt
-        return td.set("action", torch.ones(3, dtype=torch.int64))
-
     recorder = VideoRecorder(tmp_path)
     with pytest.raises(KeyboardInterrupt):
-        World(pool, policy).evaluate(9, seed=0, video=recorder, progress=False)
+        World(pool, ctrl_c_at_call(9, ones(3))).evaluate(9, seed=0, video=recorder, progress=False)
     names = sorted(p.name for p in tmp_path.glob("*.mp4"))
     whole = [n for n in names if not n.endswith(".cut.mp4")]
     cut = [n for n in names if n.endswith(".cut.mp4")]
@@ -318,14 +323,6 @@ def test_a_burst_of_ctrl_c_while_a_cut_run_unwinds_still_marks_its_cut_episodes(
     # a second Ctrl-C landing as World's cleanup starts closing the videos (before close() holds Ctrl-C itself)
     # skipped the close: cut episodes stayed open, then finished at exit under whole-episode names
     pool = pixel_pool([2, 30, 30])
-    steps = []
-
-    def policy(td):
-        steps.append(1)
-        if len(steps) == 5:
-            raise KeyboardInterrupt
-        return td.set("action", torch.ones(3, dtype=torch.int64))
-
     recorder = VideoRecorder(tmp_path)
     close = recorder.close
     calls = []
@@ -338,7 +335,7 @@ def test_a_burst_of_ctrl_c_while_a_cut_run_unwinds_still_marks_its_cut_episodes(
 
     recorder.close = close_cut_by_a_second_ctrl_c
     with pytest.raises(KeyboardInterrupt):
-        World(pool, policy).evaluate(6, seed=0, video=recorder, progress=False)
+        World(pool, ctrl_c_at_call(5, ones(3))).evaluate(6, seed=0, video=recorder, progress=False)
     assert not recorder._writers
     names = sorted(p.name for p in tmp_path.glob("*.mp4"))
     assert sorted(p.name for p in recorder.files) == names
