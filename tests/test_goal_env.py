@@ -100,6 +100,25 @@ def test_a_target_alone_never_starts_the_episode_in_its_cell(layout):
     assert len(starts) == len(free) - 1  # every other free cell is a start
 
 
+@pytest.mark.parametrize("layout", ["open", "u"])
+def test_a_state_alone_never_draws_the_target_in_its_cell(layout):
+    # the target was drawn uniformly over every free cell, the state's own included: one episode in 20 of the
+    # U maze began solved, counted a success for a no-op policy
+    env = PointMazeEnv(layout)
+    free = [tuple(c) for c in env.free_cells]
+    state = np.array([*np.array(free[len(free) // 2], dtype=np.float64)[::-1] + 0.5, 0.1, -0.1])
+    targets = set()
+    for seed in range(300):
+        obs, info = env.reset(seed=seed, options={"state": state})
+        assert env.cell_of(obs["target"]) != env.cell_of(state[:2]) and not info["is_success"], seed
+        targets.add(env.cell_of(obs["target"]))
+        np.testing.assert_allclose(obs["state"], state.astype(np.float32))
+        assert not env.step(np.zeros(2, np.float32))[2]
+    assert len(targets) == len(free) - 1  # every other free cell is a target
+    with pytest.raises(ValueError, match=r"state must be \[x, y\] or \[x, y, vx, vy\], got shape \(3,\)"):
+        env.reset(seed=0, options={"state": state[:3]})
+
+
 def test_invalid_states_are_rejected():
     env = PointMazeEnv(layout="u")
     with pytest.raises(ValueError, match="wall"):
@@ -200,6 +219,9 @@ def test_non_finite_velocities_and_foreign_datasets_are_clear_errors():
     start = env.get_state()
     with pytest.raises(ValueError, match=r"velocity must be 2 finite numbers"):
         env.reset(options={"state": [*start[:2], float("nan"), 0.0]})
+    for action in ([float("nan"), 0.0], [float("inf"), 0.0], [0.0, -float("inf")]):  # inf was clipped to +-1
+        with pytest.raises(ValueError, match=r"PointMaze.step: action must be finite"):
+            env.step(np.array(action, np.float32))
     # a dataset of another env (CartPole: no "state" observation) names what the hook needs
     with pytest.raises(KeyError, match=r"start step has no 'state' observation \(keys: \['observation'\]\)"):
         env.reset_options_from_dataset({"observation": np.zeros(4)}, {"observation": np.zeros(4)})

@@ -272,12 +272,16 @@ class PointMazeEnv(gym.Env):
             raise ValueError(f"PointMaze.reset: unknown options {sorted(unknown)}; expected 'state' and/or 'target'")
         k = len(self.free_cells)
         start_cell, target_cell = self.np_random.choice(k, size=2, replace=False)
+        # One of the two given: the other is drawn away from it, in another cell, as when both are drawn: if the
+        # drawn cell is the given one's, it takes the other drawn cell (distinct from it), uniform over the rest.
         if "target" in options and "state" not in options:
-            # the start is drawn away from a given target as from a drawn one, in another cell: if the drawn start
-            # is in the target's cell, it takes the drawn target's (distinct from it), uniform over the others
             cell = np.array(self.cell_of(self._check_position(options["target"], "target")))
             if (self.free_cells[start_cell] == cell).all():
                 start_cell = target_cell
+        elif "state" in options and "target" not in options:
+            self.set_state(options["state"])  # validated here, so a bad state is named before its cell is used
+            if (self.free_cells[target_cell] == np.array(self.cell_of(self._pos))).all():
+                target_cell = start_cell
         self._pos = self._sample_position(self.free_cells[start_cell])
         self._vel = np.zeros(2)
         self._target = self._sample_position(self.free_cells[target_cell])
@@ -289,9 +293,10 @@ class PointMazeEnv(gym.Env):
         return self._obs(), self._info(self._distance())
 
     def step(self, action):
-        action = np.clip(np.asarray(action, dtype=np.float64).reshape(2), -1.0, 1.0)
-        if not np.isfinite(action).all():
+        action = np.asarray(action, dtype=np.float64).reshape(2)
+        if not np.isfinite(action).all():  # before clipping, which would pass an inf as +-1
             raise ValueError(f"PointMaze.step: action must be finite, got {action!r}")
+        action = np.clip(action, -1.0, 1.0)
         vel = np.clip(self.damping * self._vel + self.force_scale * action, -self.max_speed, self.max_speed)
         pos = self._pos.copy()
         for axis in (0, 1):
