@@ -690,6 +690,51 @@ def test_a_float64_box_action_space_at_the_dtype_extremes_builds_a_pool():
     pool.close()
 
 
+class WidestIntAction(gym.Env):
+    """Any non-negative int64 action: gymnasium's Box.sample() computes ``high + 1``, which wraps."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    action_space = gym.spaces.Box(0, np.iinfo(np.int64).max, (), np.int64)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        return np.array([float(action)], np.float32), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("backend", ["serial", "process", "vector"])
+def test_an_int64_box_action_up_to_the_dtype_maximum_builds_a_pool(backend):
+    """The probe's sample raised ValueError (high - low < 0), reported as the env's step failing: the probe
+    steps with the zero action there too, and the pool's spec samples the whole range."""
+    if backend == "vector":
+        pool = EnvPool(gym.vector.SyncVectorEnv([WidestIntAction] * 2), seed=0)
+    else:
+        pool = EnvPool([WidestIntAction] * 2, seed=0, backend=backend, num_workers=2 if backend == "process" else None)
+    try:
+        action = pool.action_spec.rand()
+        assert action.dtype == torch.int64 and (action >= 0).all() and pool.action_spec.is_in(action)
+        td = pool.reset()
+        td["action"] = torch.tensor([3, np.iinfo(np.int64).max])
+        assert pool.step(td)["next", "observation"][:, 0].tolist() == [3.0, float(np.iinfo(np.int64).max)]
+    finally:
+        pool.close()
+
+
+def test_a_failing_probe_sample_is_named_as_the_pools_not_the_envs_step():
+    class Unsampleable(gym.spaces.Discrete):
+        def sample(self, mask=None, probability=None):
+            raise RuntimeError("no samples here")
+
+    class Env(WidestIntAction):
+        action_space = Unsampleable(3)
+
+    with pytest.raises(EnvError, match=r"^env 0 \(sample a probe action\): RuntimeError: no samples here") as err:
+        EnvPool([Env, Env])
+    assert isinstance(err.value.__cause__, RuntimeError)
+
+
 # -- 11. Ctrl-C while a large message is half sent or half read (process backend) -------------------
 class BigAttrEnv(SlowEnv):
     """A SlowEnv with a ``mb`` MB attribute ``big``: its get_attr reply takes a while to read."""

@@ -46,7 +46,8 @@ PROBE_HINT = (
 
 def probe_action(space: gym.Space, seed: int, mask: np.ndarray | None = None):
     """A seeded sample of ``space`` for the construction probe's step; the zero action (clipped into
-    the bounds) for a Box gymnasium cannot sample (float64 bounds at the dtype's extremes overflow).
+    the bounds) for a Box gymnasium cannot sample (float64 bounds at the dtype's extremes overflow; an
+    integer ``high`` at the dtype's maximum wraps in ``high + 1``: ``ValueError: high - low < 0``).
 
     ``mask`` (:func:`action_mask`): a legal action, when it allows any.
     """
@@ -55,8 +56,9 @@ def probe_action(space: gym.Space, seed: int, mask: np.ndarray | None = None):
     if mask is not None and mask.any():
         return space.sample(mask=mask)
     try:
-        return space.sample()
-    except OverflowError:
+        with np.errstate(over="ignore"):  # the overflow is caught below; its RuntimeWarning would only alarm
+            return space.sample()
+    except (OverflowError, ValueError):
         if not isinstance(space, gym.spaces.Box):
             raise
         return np.clip(np.zeros(space.shape, space.dtype), space.low, space.high)
@@ -293,8 +295,9 @@ class SerialBackend(InProcessBackend):
                     frame_shape = shape
                 if not step:
                     continue
-                phase = "step"
+                phase = "sample a probe action"  # the pool's own sampling, not the env, if this fails
                 action = probe_action(env.action_space, int(seeds[j]), action_mask(env.action_space, obs, info))
+                phase = "step"
                 result = env.step(action)
                 if not isinstance(result, tuple) or len(result) != 5:
                     raise _bad_step_result(i, result)

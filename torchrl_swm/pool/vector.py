@@ -263,10 +263,10 @@ class VectorBackend(InProcessBackend):
             reset_obs, reset_info = self.venv.reset(seed=self._seed_arg(seeds))
             frame_shape = self._render().shape[1:] if self.pixels else None
             if step:
+                phase = "sample a probe action"  # the pool's own sampling, not the env, if this fails
+                action = self._probe_actions(int(seeds[0]), reset_obs, reset_info)
                 phase = "step"
-                _, _, terminated, truncated, step_info = self.venv.step(
-                    self._probe_actions(int(seeds[0]), reset_obs, reset_info)
-                )
+                _, _, terminated, truncated, step_info = self.venv.step(action)
                 done = np.logical_or(terminated, truncated)
         except EnvError:
             raise
