@@ -310,6 +310,25 @@ def test_uncompacted_dataset_loads_with_the_committed_length(tmp_path):
     pool.close()
 
 
+def test_overwrite_and_friends_refuse_truthy_non_bools(tmp_path):
+    """overwrite="no" was truthy: it replaced an existing dataset."""
+    path = tmp_path / "ds"
+    with World("CartPole-v1", num_envs=2, seed=0) as world:
+        world.collect(path, 2, seed=0, progress=False)
+        before = sorted(p.name for p in path.rglob("*"))
+        with pytest.raises(TypeError, match=r"collect: overwrite: expected True or False, got str 'no'"):
+            world.collect(path, 2, seed=1, progress=False, overwrite="no")
+        with pytest.raises(TypeError, match=r"collect: compact: expected True or False, got NoneType None"):
+            world.collect(tmp_path / "other", 2, seed=1, progress=False, compact=None)
+    assert sorted(p.name for p in path.rglob("*")) == before and load_dataset(path).num_episodes == 2
+    assert not (tmp_path / "other").exists()
+    with pytest.raises(TypeError, match=r"DatasetWriter: overwrite: expected True or False, got str 'no'"):
+        DatasetWriter(path, 10, overwrite="no")
+    with pytest.raises(TypeError, match=r"DatasetWriter: lazy: expected True or False, got int 1"):
+        DatasetWriter(tmp_path / "third", 10, lazy=1)
+    assert load_dataset(path).num_episodes == 2
+
+
 def test_writer_rejects_overflow_and_late_adds(tmp_path):
     writer = DatasetWriter(tmp_path / "w", capacity=3)
     ep = TensorDict({"episode": torch.zeros(2, dtype=torch.int64), "x": torch.ones(2, 1)}, [2])

@@ -508,3 +508,11 @@ def test_after_a_step_that_raised_reset_then_step_moves_every_env(mode):
     obs, reward, *_ = envs.step(np.ones(3, np.int64))
     assert obs[:, 0].tolist() == [1.0, 1.0, 1.0] and reward.tolist() == [1.0, 1.0, 1.0]
     envs.close()
+
+
+def test_to_gymnasium_numpy_refuses_a_truthy_non_bool():
+    """numpy="no" was truthy: numpy outputs where torch ones were asked for."""
+    pool = EnvPool("CartPole-v1", 2)
+    with pytest.raises(TypeError, match=r"to_gymnasium: numpy: expected True or False, got str 'no'"):
+        to_gymnasium(pool, numpy="no")
+    pool.close()

@@ -39,12 +39,14 @@ def boxes(draw):
 
 @st.composite
 def multi_discretes(draw, low=2, high=5):
-    nvec = draw(st.lists(st.integers(low, high), min_size=1, max_size=3))
+    shape = draw(st.sampled_from([(1,), (2,), (3,), (2, 2), (1, 3)]))  # n-d nvecs too
+    size = int(np.prod(shape))
+    nvec = np.reshape(draw(st.lists(st.integers(low, high), min_size=size, max_size=size)), shape)
     # a start must neither promote the values to int64 nor need an addition torch lacks (uint16/32/64)
     dtype = draw(st.sampled_from([np.int64, np.int32, np.int8, np.uint8, np.uint16, np.uint32, np.uint64]))
     lowest = 0 if np.dtype(dtype).kind == "u" else -2
-    start = draw(st.none() | st.lists(st.integers(lowest, 2), min_size=len(nvec), max_size=len(nvec)))
-    return gym.spaces.MultiDiscrete(nvec, start=start, dtype=dtype)
+    start = draw(st.none() | st.lists(st.integers(lowest, 2), min_size=size, max_size=size))
+    return gym.spaces.MultiDiscrete(nvec, start=None if start is None else np.reshape(start, shape), dtype=dtype)
 
 
 leaf_spaces = st.one_of(
@@ -68,6 +70,13 @@ def _has_discrete(space: gym.Space) -> bool:
     return isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete))
 
 
+def _has_nd_nvec(space: gym.Space) -> bool:
+    """A MultiDiscrete with an n-d nvec: TorchRL's MultiOneHot has no such spec (categorical encoding only)."""
+    if isinstance(space, gym.spaces.Dict):
+        return any(_has_nd_nvec(s) for s in space.spaces.values())
+    return isinstance(space, gym.spaces.MultiDiscrete) and space.nvec.ndim > 1
+
+
 def _index_space(space: gym.Space) -> gym.Space:
     """What the export exposes for ``space``: discrete values as indices from 0."""
     if isinstance(space, gym.spaces.Discrete):
@@ -84,6 +93,10 @@ def _index_space(space: gym.Space) -> gym.Space:
 @given(space=spaces, n=st.integers(1, 5), categorical=st.booleans())
 def test_batched_spec_round_trip(space, n, categorical):
     """space -> spec -> batched [N] -> unbatched -> space gives the space back (as indices)."""
+    if not categorical and _has_nd_nvec(space):
+        with pytest.raises(SpecError, match=r"MultiDiscrete with a 2-d nvec .* has no one-hot spec"):
+            space_to_spec(space, categorical=False)
+        return
     spec = batch_spec(space_to_spec(space, categorical=categorical), (n,))
     assert spec.shape[:1] == (n,)
     back = spec_to_space(unbatch_spec(spec, 1))
@@ -130,6 +143,7 @@ def test_pool_export_spaces_and_data(obs_space, act_space, n, categorical):
     # EnvPool(categorical_action_encoding=False) also one-hot encodes discrete *observations*,
     # which its row writer cannot store yet: leave that combination out.
     assume(categorical or not _has_discrete(obs_space))
+    assume(categorical or not _has_nd_nvec(act_space))  # refused: test_batched_spec_round_trip
     def make():  # each env samples from its own copy of the spaces (one RNG per env)
         return SpaceEnv(copy.deepcopy(obs_space), copy.deepcopy(act_space))
 
@@ -383,3 +397,52 @@ def test_info_keys_declared_one_hot_are_exported_as_they_are():
     *_, sb3_infos = sb3.step_wait()
     assert sb3_infos[0]["hot"].tolist() == [0, 1, 0]
     sb3.close()
+
+
+class _NdMultiDiscrete(gym.Env):
+    """Observes the action it was given (values from ``start``), reports it in the info as it came."""
+
+    observation_space = gym.spaces.MultiDiscrete([[2, 3], [4, 5]], start=[[1, 0], [-2, 5]])
+    action_space = gym.spaces.MultiDiscrete([[2, 3], [4, 5]])
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.start.copy(), {"a": np.zeros((2, 2), np.int64)}
+
+    def step(self, action):
+        assert action in self.action_space, action
+        return action + self.observation_space.start, float(action.sum()), False, False, {"a": action.copy()}
+
+
+@pytest.mark.parametrize("backend", ["serial", "process", "vector"])
+def test_an_nd_multidiscrete_round_trips_through_the_pool_and_the_export(backend):
+    """It was refused ('expected a 1-d nvec'), though spec_to_space makes one from a 2-d MultiCategorical."""
+    if backend == "vector":
+        pool = EnvPool(gym.vector.SyncVectorEnv([_NdMultiDiscrete] * 3), seed=0)
+    else:
+        pool = EnvPool([_NdMultiDiscrete] * 3, seed=0, backend=backend, num_workers=2 if backend == "process" else None)
+    assert isinstance(pool.action_spec, MultiCategorical) and pool.action_spec.shape == (3, 2, 2)
+    td = pool.rollout(4)
+    # stored as indices from 0, as a 1-d MultiDiscrete's: the observation is the action the env received
+    assert torch.equal(td["next", "observation"], td["action"])
+    assert torch.equal(td["next", "info", "a"][:, :, 0], td["action"])
+    assert torch.equal(td["next", "reward"][..., 0], td["action"].sum((-1, -2)).float())
+    envs = to_gymnasium(pool, autoreset_mode="same_step")
+    assert envs.single_observation_space == _NdMultiDiscrete.observation_space
+    assert envs.single_action_space == _NdMultiDiscrete.action_space
+    envs.reset(seed=0)
+    action = np.array([[[1, 2], [3, 4]], [[0, 0], [0, 0]], [[1, 0], [2, 1]]])
+    obs, rewards, *_ = envs.step(action)
+    np.testing.assert_array_equal(obs, action + _NdMultiDiscrete.observation_space.start)
+    np.testing.assert_array_equal(rewards, action.sum((-1, -2)))
+    bad = np.array([[[1, 2], [3, 4]], [[0, 0], [0, 0]], [[1, 0], [4, 1]]])  # 4 >= nvec 4 in env 2
+    with pytest.raises(ValueError, match=r"action: every value must lie in MultiDiscrete"):
+        envs.step(bad)
+    td = pool.reset()
+    td["action"] = torch.as_tensor(bad)
+    with pytest.raises(ValueError, match=r"action for env 2: expected indices below nvec=\[\[2, 3\], \[4, 5\]\], "
+                                         r"got \[\[1, 0\], \[4, 1\]\]"):
+        pool.step(td)
+    envs.close()
+    with pytest.raises(SpecError, match=r"has no one-hot spec .* keep categorical encoding"):
+        EnvPool([_NdMultiDiscrete], categorical_action_encoding=False)

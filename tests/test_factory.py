@@ -29,7 +29,7 @@ def restore_registry():
 def test_public_names():
     assert torchrl_swm.make_env is make_env and torchrl_swm.list_backends is list_backends
     assert list_backends() == ["gym", "world-model"]
-    assert backend_aliases() == {"gym": ["gymnasium"], "world-model": ["world_model", "model", "wm"]}
+    assert backend_aliases() == {"gym": ["gymnasium"], "world-model": ["model", "wm"]}
 
 
 @pytest.mark.parametrize("backend", ["gym", "gymnasium", " GYM ", "Gymnasium", "auto"])
@@ -90,7 +90,7 @@ def test_unknown_backend_lists_the_available_ones():
     with pytest.raises(
         ValueError,
         match=r"unknown backend 'mujoco'; available backends: gym \(aliases: gymnasium\); "
-        r"world-model \(aliases: world_model, model, wm\)",
+        r"world-model \(aliases: model, wm\)",
     ):
         make_env("Ant-v4", backend="mujoco")
 
@@ -197,3 +197,76 @@ def test_auto_naming_a_backend_that_was_unregistered_says_so(restore_registry):
 def test_registered_backend_can_override_a_builtin(restore_registry):
     register_backend("gym", lambda target, **kwargs: ("custom", target), aliases=("gymnasium",))
     assert make_env("CartPole-v1") == ("custom", "CartPole-v1")
+
+
+def test_transition_fn_picks_the_world_model_backend_whatever_the_target():
+    """A string target went to gymnasium (NameNotFound), against the docstring's "any target given with
+    transition_fn= -> world-model"."""
+    import gymnasium as gym
+
+    def transition(state, action):
+        state = torch.tanh(state + action)
+        return state, state, state.sum(-1), state[:, 0] > 0.9, torch.zeros(len(state), dtype=torch.bool), {}
+
+    box = gym.spaces.Box(-1, 1, (2,))
+    for target in ("pointmass-wm", None):
+        env = make_env(target, transition_fn=transition, observation_space=box, action_space=box,
+                       initial_state=torch.zeros(2), num_envs=4)
+        assert env.batch_size == (4,) and env.rollout(3, break_when_any_done=False).batch_size == (4, 3)
+        env.close()
+
+
+def test_register_backend_aliases_are_checked_and_listed_once(restore_registry):
+    def factory(target, **kwargs):
+        return ("mine", target)
+
+    register_backend("mine", factory, aliases=None)  # no aliases, as aliases=() (it raised a bare TypeError)
+    assert backend_aliases()["mine"] == [] and make_env(1, backend="mine") == ("mine", 1)
+    with pytest.raises(TypeError, match=r"register_backend\('mine'\): alias: expected a string, got int 3"):
+        register_backend("mine", factory, aliases=("ok", 3))
+    with pytest.raises(TypeError, match=r"register_backend\('mine'\): aliases: expected strings .*, got int 3"):
+        register_backend("mine", factory, aliases=3)
+    # aliases that normalize to the name or to an earlier alias add nothing, and are listed once
+    register_backend("mine", factory, aliases=("m1", "M1", "m-1", "m_1", "Mine", " m 1 "))
+    assert backend_aliases()["mine"] == ["m1", "m-1"]
+    assert make_env(2, backend="M_1") == ("mine", 2)
+    # an alias does not unregister its whole backend
+    with pytest.raises(ValueError, match=r"'gymnasium' is an alias of backend 'gym'; unregister_backend\('gym'\)"):
+        unregister_backend("gymnasium")
+    assert "gym" in list_backends() and backend_aliases()["gym"] == ["gymnasium"]
+    unregister_backend("mine")
+    assert "mine" not in list_backends()
+
+
+@pytest.mark.parametrize("flag", ["categorical_action_encoding", "pixels", "seed_every_episode"])
+def test_pool_flags_refuse_truthy_non_bools(flag):
+    """"no" was read as True (categorical encoding, pixels, seeding every episode), without a word."""
+    with pytest.raises(TypeError, match=rf"EnvPool: {flag}: expected True.* or .*, got str 'no'"):
+        make_env("CartPole-v1", num_envs=2, **{flag: "no"})
+    with pytest.raises(TypeError, match=rf"EnvPool: {flag}: expected .*, got int 1"):
+        EnvPool("CartPole-v1", 2, **{flag: 1})
+    import numpy as np
+
+    with EnvPool("CartPole-v1", 2, **{flag: np.bool_(False)}) as pool:  # numpy's bool is a bool
+        assert pool.batch_size == (2,)
+
+
+def test_masked_reset_without_a_vector_env_is_refused():
+    """It was dropped without a word (the docstring: "for a VectorEnv only")."""
+    with pytest.raises(ValueError, match=r"masked_reset= adapts a gymnasium VectorEnv's partial reset; got str"):
+        make_env("CartPole-v1", num_envs=2, masked_reset=lambda *a, **k: 1 / 0)
+    with pytest.raises(ValueError, match=r"masked_reset= .* got list env_fns"):
+        EnvPool([counting(3)] * 2, masked_reset=True)
+
+
+def test_auto_pools_one_zero_argument_factory_as_envpool_does():
+    """EnvPool(factory, 8) is the README's own example; under auto it was 'cannot tell which backend'."""
+    import gymnasium as gym
+
+    with make_env(lambda: gym.make("CartPole-v1"), num_envs=3, seed=0) as pool:
+        assert isinstance(pool, EnvPool) and pool.batch_size == (3,)
+    with make_env(functools.partial(gym.make, "CartPole-v1")) as pool:
+        assert pool.batch_size == (1,)
+    with pytest.raises(ValueError, match=r"cannot tell which backend builds a function: .* \(backend='gym' for env "
+                                         r"factories\)"):
+        make_env(lambda state: state)  # takes an argument: neither an env factory nor a model it recognises

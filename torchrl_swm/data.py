@@ -54,7 +54,7 @@ import torch
 from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 
 from ._interrupts import interrupts_held
-from .errors import check_int, describe
+from .errors import check_bool, check_int, describe
 
 # pauses (s) between reads of a dataset that a collection may be writing (see WorldDataset.__init__)
 _LIVE_READ_PAUSES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4)
@@ -167,6 +167,8 @@ class DatasetWriter:
         self.capacity = int(capacity)
         if self.capacity < 1:
             raise ValueError(f"DatasetWriter: capacity must be positive, got {capacity}")
+        overwrite = check_bool(overwrite, "DatasetWriter: overwrite")  # "no" would replace a dataset
+        lazy = check_bool(lazy, "DatasetWriter: lazy")
         _check_target(self.path, overwrite, remove=False)
         self._overwrite = overwrite
         self.commit_every = float(commit_every)

@@ -90,6 +90,20 @@ def check_int(value, what: str, *, minimum: int | None = None) -> int:
     return value
 
 
+def check_bool(value, what: str, *, allow_none: bool = False) -> bool | None:
+    """``value`` as a Python bool, refusing the truthy objects ``bool()`` would accept (``"no"`` is True).
+
+    Raises:
+        TypeError: ``value`` is not ``True``/``False`` (or ``None`` where ``allow_none``).
+    """
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, (bool, np.bool_)):
+        expected = "True, False or None" if allow_none else "True or False"
+        raise TypeError(f"{what}: expected {expected}, got {describe(value)}")
+    return bool(value)
+
+
 def check_indices(indices, n: int, what: str = "indices") -> list[int]:
     """``indices`` (``None`` = all, one int, or a sequence/1-d array/tensor of ints) as a list of ints in ``[0, n)``;
     a negative index counts from the end, as in Python.

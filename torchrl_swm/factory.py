@@ -3,17 +3,18 @@
 Built-in backends (names and aliases are case-insensitive, surrounding whitespace is ignored, and
 ``_``, ``-`` and inner spaces are the same: ``" World_Model "`` is ``world-model``):
 
-===============  ==================================  =========================================================
-backend          aliases                             builds
-===============  ==================================  =========================================================
-``gym``          ``gymnasium``                       :class:`~torchrl_swm.EnvPool` ``(target, num_envs=, ...)``
-``world-model``  ``world_model``, ``model``, ``wm``  :func:`~torchrl_swm.make_world_model_env` ``(target, ...)``
-===============  ==================================  =========================================================
+===============  ===================  =========================================================
+backend          aliases              builds
+===============  ===================  =========================================================
+``gym``          ``gymnasium``        :class:`~torchrl_swm.EnvPool` ``(target, num_envs=, ...)``
+``world-model``  ``model``, ``wm``    :func:`~torchrl_swm.make_world_model_env` ``(target, ...)``
+===============  ===================  =========================================================
 
-``backend="auto"`` picks by the target's type: a string (a gymnasium id), a sequence of env
-factories or a ``gymnasium.vector.VectorEnv`` (pooled as it is) -> ``gym``; a ``torch.nn.Module``, an object with a transition method (``env_step``,
-``step``, ``predict_step``, ``predict``, ``imagine_step``, ``transition``) or any target given
-with ``transition_fn=`` -> ``world-model``. :func:`register_backend` adds backends that
+``backend="auto"`` picks by the target's type: any target given with ``transition_fn=``, a
+``torch.nn.Module`` or an object with a transition method (``env_step``, ``step``, ``predict_step``,
+``predict``, ``imagine_step``, ``transition``) -> ``world-model``; a string (a gymnasium id), one
+zero-argument env factory or a sequence of them, or a ``gymnasium.vector.VectorEnv`` (pooled as it
+is) -> ``gym``. :func:`register_backend` adds backends that
 ``make_env`` really uses. Errors list the available backends; the backend's own errors
 propagate unchanged (they are never swallowed or re-labelled).
 """
@@ -31,9 +32,9 @@ _ALIASES: dict[str, str] = {}  # normalized alias or name -> canonical name
 _DISPLAY: dict[str, list[str]] = {}  # canonical name -> aliases as registered (for messages)
 
 
-def _normalize(name: str) -> str:
+def _normalize(name: str, what: str = "backend") -> str:
     if not isinstance(name, str):
-        raise TypeError(f"backend: expected a string, got {type(name).__name__}")
+        raise TypeError(f"{what}: expected a string, got {type(name).__name__} {name!r}")
     return "-".join(name.lower().replace("_", " ").replace("-", " ").split())
 
 
@@ -41,28 +42,33 @@ def register_backend(name: str, factory: Callable, aliases: Iterable[str] = ()) 
     """Register ``factory(target, **kwargs)`` as backend ``name`` (with ``aliases``) for :func:`make_env`.
 
     Re-registering an existing name replaces its factory and aliases. Names are normalized
-    (case, whitespace, ``_`` vs ``-``).
+    (case, whitespace, ``_`` vs ``-``); an alias that normalizes to the name or to an earlier alias
+    adds nothing and is not listed.
 
     Raises:
-        TypeError: ``factory`` is not callable.
+        TypeError: ``factory`` is not callable, or the name or an alias is not a string.
         ValueError: the name is ``"auto"`` or empty, or an alias already names another backend.
     """
     if not callable(factory):
         raise TypeError(f"register_backend({name!r}): factory must be callable, got {type(factory).__name__}")
-    canonical = _normalize(name)
+    canonical = _normalize(name, "register_backend: name")
     if not canonical or canonical == "auto":
         raise ValueError(f"register_backend: {name!r} is not a valid backend name (reserved or empty)")
-    if isinstance(aliases, str):
+    if aliases is None:
+        aliases = ()
+    elif isinstance(aliases, str):
         aliases = (aliases,)
+    elif not isinstance(aliases, Iterable):
+        raise TypeError(f"register_backend({name!r}): aliases: expected strings (a list or tuple), got "
+                        f"{type(aliases).__name__} {aliases!r}")
     normalized, display = [], []
     for alias in aliases:
-        key = _normalize(alias)
+        key = _normalize(alias, f"register_backend({name!r}): alias")
         if not key or key == "auto":
             raise ValueError(f"register_backend({name!r}): {alias!r} is not a valid alias (reserved or empty)")
-        if alias.strip() not in display:
-            display.append(alias.strip())
-        if key != canonical and key not in normalized:
+        if key != canonical and key not in normalized:  # "M1" beside "m1", or the name itself, adds nothing
             normalized.append(key)
+            display.append(alias.strip())
     with _LOCK:
         for key in (canonical, *normalized):
             owner = _ALIASES.get(key)
@@ -82,12 +88,19 @@ def register_backend(name: str, factory: Callable, aliases: Iterable[str] = ()) 
 
 
 def unregister_backend(name: str) -> None:
-    """Remove a registered backend (and its aliases); unknown names raise ValueError."""
-    canonical = _normalize(name)
+    """Remove a registered backend, named by its name, and its aliases; an alias or an unknown name raises
+    ValueError (an alias would otherwise take its whole backend with it)."""
+    key = _normalize(name, "unregister_backend: name")
     with _LOCK:
-        canonical = _ALIASES.get(canonical)
+        canonical = _ALIASES.get(key)
         if canonical is None:
             raise ValueError(f"unregister_backend: unknown backend {name!r}; available backends: {_describe_locked()}")
+        if canonical != key:
+            raise ValueError(
+                f"unregister_backend: {name!r} is an alias of backend {canonical!r}; unregister_backend({canonical!r}) "
+                f"removes the backend with its aliases, and register_backend({canonical!r}, factory, aliases=...) "
+                "replaces its aliases"
+            )
         for key, owner in list(_ALIASES.items()):
             if owner == canonical:
                 del _ALIASES[key]
@@ -127,6 +140,8 @@ def _detect(target, kwargs) -> str:
 
     from .world_model.adapters import TRANSITION_METHODS, discover_method
 
+    if "transition_fn" in kwargs:  # whatever the target (a name, None, a model), as the docstring promises
+        return "world-model"
     if isinstance(target, (str, gym.envs.registration.EnvSpec)):
         return "gym"
     from torchrl.envs import EnvBase
@@ -142,19 +157,34 @@ def _detect(target, kwargs) -> str:
             "gymnasium id, a sequence of zero-argument factories or a gymnasium VectorEnv, so pass one of those "
             f"instead. Available backends: {_describe()}"
         )
-    if "transition_fn" in kwargs:
-        return "world-model"
     if isinstance(target, torch.nn.Module) or discover_method(target, TRANSITION_METHODS)[0] is not None:
         return "world-model"
     if isinstance(target, Sequence) and target and all(callable(f) for f in target):
+        return "gym"
+    if _zero_argument_callable(target):  # an env factory, as EnvPool(factory, n) takes it (a model takes inputs)
         return "gym"
     raise ValueError(
         f"make_env: backend='auto' cannot tell which backend builds a {type(target).__name__}: expected a gymnasium id "
         "(str) or EnvSpec, a sequence of env factories or a gymnasium VectorEnv (gym), or a world model (an "
         "nn.Module, an object with one of the methods "
-        f"{', '.join(TRANSITION_METHODS)}, or transition_fn=...). Pass backend= explicitly; available backends: "
+        f"{', '.join(TRANSITION_METHODS)}, or transition_fn=...); a zero-argument env factory is pooled too. Pass "
+        "backend= explicitly (backend='gym' for env factories); available backends: "
         f"{_describe()}"
     )
+
+
+def _zero_argument_callable(target) -> bool:
+    """A callable that can be called with no argument (an env factory); False when its signature is unknown."""
+    import inspect
+
+    if not callable(target):
+        return False
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return False
+    return all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+               for p in signature.parameters.values())
 
 
 def make_env(target, backend: str = "auto", **kwargs):
@@ -223,4 +253,4 @@ def _world_model_backend(target, **kwargs):
 
 
 register_backend("gym", _gym_backend, aliases=("gymnasium",))
-register_backend("world-model", _world_model_backend, aliases=("world_model", "model", "wm"))
+register_backend("world-model", _world_model_backend, aliases=("model", "wm"))

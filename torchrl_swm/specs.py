@@ -271,15 +271,15 @@ def space_to_spec(
             return Categorical(n, shape=(), dtype=torch.int64, device=device)
         return OneHot(n, dtype=torch.int64, device=device)
     if isinstance(space, gym.spaces.MultiDiscrete):
+        if categorical:  # an n-d nvec too: TorchRL's MultiCategorical takes its shape
+            return MultiCategorical(torch.as_tensor(space.nvec, dtype=torch.int64), dtype=torch.int64, device=device)
         if space.nvec.ndim != 1:
             raise SpecError(
-                f"{name}: MultiDiscrete with a {space.nvec.ndim}-d nvec {space.nvec.shape} is not "
-                "supported; expected a 1-d nvec. Flatten the space in a gymnasium wrapper."
+                f"{name}: MultiDiscrete with a {space.nvec.ndim}-d nvec {space.nvec.shape} has no one-hot spec "
+                "(TorchRL's MultiOneHot takes a 1-d nvec); keep categorical encoding "
+                "(categorical_action_encoding=True, the default), or flatten the space to a 1-d nvec"
             )
-        nvec = [int(v) for v in space.nvec]
-        if categorical:
-            return MultiCategorical(nvec, dtype=torch.int64, device=device)
-        return MultiOneHot(nvec, dtype=torch.int64, device=device)
+        return MultiOneHot([int(v) for v in space.nvec], dtype=torch.int64, device=device)
     if isinstance(space, gym.spaces.MultiBinary):
         shape = (space.n,) if isinstance(space.n, (int, np.integer)) else tuple(space.n)
         return Binary(shape=shape, dtype=torch_dtype(space.dtype), device=device)

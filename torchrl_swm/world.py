@@ -61,7 +61,7 @@ from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from ._interrupts import through_interrupts
-from .errors import EnvError, _integral, add_note, check_int, describe
+from .errors import EnvError, _integral, add_note, check_bool, check_int, describe
 from .introspect import bookkeeping_keys, step_counter_limit
 
 __all__ = ["World", "EvalResult", "RandomPolicy", "EpisodePlan", "RESET_MODES", "SUCCESS_KEYS"]
@@ -152,8 +152,10 @@ class EvalResult(Mapping):
     * run info: ``num_episodes``, ``num_envs``, ``reset_mode``, ``seed``,
       ``max_steps`` (the effective per-episode step limit: World's, or the env's
       when smaller), ``env_time_limit`` (the env's ``TimeLimit`` or ``StepCounter``
-      limit, or ``None`` when unknown), ``env_steps`` (gymnasium steps actually taken; on an
-      env that cannot freeze rows, this includes the idle rows' steps),
+      limit, or ``None`` when unknown), ``env_steps`` (the env steps World took, one per row
+      stepped: TorchRL steps of the env it was given, so a ``FrameSkipTransform(k)`` makes
+      about ``k`` gymnasium steps of each, and a world model none; on an env that cannot
+      freeze rows, this includes the idle rows' steps),
       ``wall_time`` (s), ``success_source``.
     * dataset evaluation adds ``episodes_idx``, ``start_steps``,
       ``goal_offset``, ``eval_budget``.
@@ -1128,6 +1130,8 @@ class World:
         if reset_mode not in RESET_MODES:
             raise ValueError(f"reset_mode: expected one of {RESET_MODES}, got {reset_mode!r}")
         episodes = check_int(episodes, "collect: episodes")
+        overwrite = check_bool(overwrite, "collect: overwrite")  # before anything runs: "no" would replace a dataset
+        compact = check_bool(compact, "collect: compact")
         if episodes < 1:
             raise ValueError(f"collect: episodes must be >= 1, got {episodes}")
         seed = self._seed(seed)

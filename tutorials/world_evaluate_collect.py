@@ -58,8 +58,9 @@ ds = load_dataset(out / "dataset")  # lazy: memory-mapped files, nothing read ye
 episode = ds.episode(0)
 print(f"\nepisode 0: {episode.batch_size[0]} steps, seed {int(episode['episode_seed'][0])}, "
       f"is_init {episode['is_init'].view(-1)[:3].tolist()}..., last next.done {bool(episode['next', 'done'][-1])}")
-rb = ds.replay_buffer(num_slices=16, slice_len=8)  # TensorDictReplayBuffer + SliceSampler(traj_key="episode")
-batch = rb.sample().reshape(16, 8)                 # (batch, time, ...)
+slice_len = min(8, int(ds.episode_lengths.min()))  # the sampler's slices never cross an episode's end
+rb = ds.replay_buffer(num_slices=16, slice_len=slice_len)  # TensorDictReplayBuffer + SliceSampler(traj_key="episode")
+batch = rb.sample().reshape(16, slice_len)                 # (batch, time, ...)
 print(f"sequence batch: pixels {tuple(batch['pixels'].shape)}, actions {tuple(batch['action'].shape)}, "
       f"one episode per row: {bool((batch['episode'] == batch['episode'][:, :1]).all())}")
 
@@ -91,14 +92,17 @@ def greedy_goal_policy(td):
     return td.set("action", (4.0 * (goal - pos) - 8.0 * vel).clamp(-1, 1))
 
 
-with World(ENV, num_envs=4, image_shape=(64, 64), policy=greedy_goal_policy) as small:
-    eligible = np.flatnonzero(ds.episode_lengths >= 20)[:24]
-    from_data = small.evaluate(dataset=ds, episodes_idx=eligible, start_steps=0, goal_offset=20, eval_budget=40,
-                               reset_mode="wait", seed=0, video=out / "videos")
+eligible = np.flatnonzero(ds.episode_lengths >= 20)[:24]  # long enough for a goal 20 steps ahead
 print()
-print(from_data)
-videos = sorted((out / "videos").glob("*.mp4"))
-print(f"{len(videos)} videos (agent | goal), e.g. {videos[0]}")
+if len(eligible):
+    with World(ENV, num_envs=4, image_shape=(64, 64), policy=greedy_goal_policy) as small:
+        from_data = small.evaluate(dataset=ds, episodes_idx=eligible, start_steps=0, goal_offset=20, eval_budget=40,
+                                   reset_mode="wait", seed=0, video=out / "videos")
+    print(from_data)
+    videos = sorted((out / "videos").glob("*.mp4"))
+    print(f"{len(videos)} videos (agent | goal), e.g. {videos[0]}")
+else:
+    print(f"no episode of the {len(ds.episode_lengths)} collected has 20 steps: collect more (--episodes)")
 
 # --- 5. Context for a planner: History ----------------------------------------------------------------------------
 # A world-model planner needs the last k frames. History keeps them as (N, k, H, W, 3) and clears only the

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from torchrl.envs import EnvBase
 
+from ..errors import check_bool
 from .gymnasium_env import TorchRLGymEnv
 from .registration import register_gymnasium_env
 from .sb3 import to_sb3_vec_env
@@ -68,6 +69,7 @@ def to_gymnasium(env: EnvBase, *, autoreset_mode="next_step", numpy: bool = True
         >>> obs, rewards, terminations, truncations, infos = envs.step(envs.action_space.sample())
         >>> envs.close()
     """
+    check_bool(numpy, "to_gymnasium: numpy")  # "no" would give numpy
     if not isinstance(env, EnvBase):
         raise TypeError(f"to_gymnasium: expected a TorchRL EnvBase, got {type(env).__module__}.{type(env).__name__}")
     if len(env.batch_size) == 0:

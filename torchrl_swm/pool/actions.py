@@ -63,7 +63,7 @@ class ActionCodec:
         if self.kind == "discrete":
             return (self.num_envs,), np.dtype(self.space.dtype)
         if self.kind == "multidiscrete":
-            return (self.num_envs, len(self.high)), np.dtype(self.space.dtype)
+            return (self.num_envs, *self.high.shape), np.dtype(self.space.dtype)  # an n-d nvec too
         return (self.num_envs, *self.space.shape), np.dtype(self.space.dtype)
 
     def decode(self, action: torch.Tensor, rows: np.ndarray | None, batched: bool = False):
@@ -148,7 +148,7 @@ class ActionCodec:
                 raise TypeError(f"action: expected an integer or bool multi-one-hot action, got {dtype}")
             parts = np.split(array, np.cumsum(self.high)[:-1], axis=-1)
             values = np.stack([self._one_hot_to_index(p, dtype, rows) for p in parts], -1)
-        bad = np.flatnonzero(((values < 0) | (values >= self.high)).any(-1))
+        bad = np.flatnonzero(((values < 0) | (values >= self.high)).reshape(len(values), -1).any(-1))
         if bad.size:
             self._bad(f"expected indices below nvec={self.high.tolist()}, got {values[bad[0]].tolist()}", rows, bad)
         return (values.astype(np.int64) + self.start).astype(self.space.dtype, copy=False)  # in range: exact

@@ -31,7 +31,7 @@ from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
 from .._meta import NoAutoResetMeta
-from ..errors import EnvError, check_indices, check_int
+from ..errors import EnvError, check_bool, check_indices, check_int
 from ..masks import mask_rows, row_mask, row_view, zero_rewards
 from ..specs import batch_spec, space_to_spec
 from .buffers import BufferLayout, HostBuffers
@@ -255,7 +255,14 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         masked_reset=None,
         **make_kwargs,
     ):
-        pixels = bool(pixels or image_shape is not None)
+        categorical_action_encoding = check_bool(categorical_action_encoding, "EnvPool: categorical_action_encoding")
+        pixels = check_bool(pixels, "EnvPool: pixels") or image_shape is not None
+        seed_every_episode = check_bool(seed_every_episode, "EnvPool: seed_every_episode", allow_none=True)
+        if masked_reset is not None and not isinstance(env_fns, gym.vector.VectorEnv):
+            raise ValueError(
+                f"EnvPool: masked_reset= adapts a gymnasium VectorEnv's partial reset; got {type(env_fns).__name__} "
+                "env_fns, whose envs the pool resets one by one. Drop masked_reset, or pass the VectorEnv"
+            )
         device = None if device is None else torch.device(device)  # before any env is built: a bad one leaves none open
         if isinstance(env_fns, gym.vector.VectorEnv) and (backend not in (None, "serial") or num_workers is not None):
             raise ValueError(
