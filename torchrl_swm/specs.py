@@ -21,9 +21,10 @@ gymnasium space          TorchRL spec (unbatched)
 ``Discrete(n, start)``   ``Categorical(n)`` int64, shape ``()``; or ``OneHot(n)``
                          int64 with ``categorical=False``. Values are indices
                          ``0..n-1``; the pool adds ``start`` for the env.
-``MultiDiscrete(nvec)``  ``MultiCategorical(nvec)`` int64 (or ``MultiOneHot``), whatever
-                         the space's dtype: indices ``0..nvec-1``, the space's ``start``
-                         subtracted (the pool adds it back for the env)
+``MultiDiscrete(nvec)``  ``MultiCategorical(nvec)`` int64 of ``nvec``'s shape (n-d too), or
+                         ``MultiOneHot`` (1-d ``nvec`` only), whatever the space's dtype:
+                         indices ``0..nvec-1``, the space's ``start`` subtracted (the pool
+                         adds it back for the env)
 ``MultiBinary(n)``       ``Binary(n)`` with the space's dtype (int8)
 ``Dict``                 ``Composite``, one key per entry, nested for nested Dicts
 =======================  =======================================================
