@@ -58,7 +58,7 @@ ds = load_dataset(out / "dataset")  # lazy: memory-mapped files, nothing read ye
 episode = ds.episode(0)
 print(f"\nepisode 0: {episode.batch_size[0]} steps, seed {int(episode['episode_seed'][0])}, "
       f"is_init {episode['is_init'].view(-1)[:3].tolist()}..., last next.done {bool(episode['next', 'done'][-1])}")
-slice_len = min(8, int(ds.episode_lengths.min()))  # the sampler's slices never cross an episode's end
+slice_len = min(8, int(ds.episode_lengths.max()))  # slices stay inside one episode: shorter ones are skipped
 rb = ds.replay_buffer(num_slices=16, slice_len=slice_len)  # TensorDictReplayBuffer + SliceSampler(traj_key="episode")
 batch = rb.sample().reshape(16, slice_len)                 # (batch, time, ...)
 print(f"sequence batch: pixels {tuple(batch['pixels'].shape)}, actions {tuple(batch['action'].shape)}, "
