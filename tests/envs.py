@@ -351,3 +351,18 @@ class InterruptedCloseEnv(CountingEnv):
         if self.exit_code is not None:
             raise SystemExit(self.exit_code)
         raise KeyboardInterrupt
+
+
+class ChildSignalEnv(CountingEnv):
+    """Starts a Python child at construction that reports its SIGINT disposition (``child_sigint``): an env's
+    simulator or server, which it may stop with SIGINT."""
+
+    def __init__(self, *args, **kwargs):
+        import subprocess
+        import sys
+
+        super().__init__(*args, **kwargs)
+        self.child_sigint = subprocess.run(
+            [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT))"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()

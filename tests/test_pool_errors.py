@@ -1143,3 +1143,64 @@ def test_a_step_without_an_action_says_what_it_expected():
     td["action"] = torch.tensor([0, 1])
     assert pool.step(td)["next", "observation"].shape == (2, 4)  # the pool is still usable
     pool.close()
+
+
+def test_an_envs_own_children_keep_the_default_sigint_under_the_process_backend():
+    """The worker ignored SIGINT with SIG_IGN, which its children inherit: a simulator or server the env stops
+    with SIGINT never stopped (close() waited its timeout), unlike under the serial backend."""
+    from envs import ChildSignalEnv
+
+    for backend, kwargs in (("serial", {}), ("process", {"num_workers": 2})):
+        with EnvPool([ChildSignalEnv] * 2, backend=backend, **kwargs) as pool:
+            assert pool.get_attr("child_sigint") == ["<built-in function default_int_handler>"] * 2, backend
+
+
+_BIG_OBS_ENV = """
+import multiprocessing
+import numpy as np, gymnasium as gym
+from torchrl_swm import EnvPool
+
+class Big(gym.Env):  # 8 MiB observations: 10 envs need 80 MiB of buffers, /dev/shm holds 32
+    observation_space = gym.spaces.Box(0, 1, (1024, 1024), np.float64)
+    action_space = gym.spaces.Discrete(2)
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros((1024, 1024)), {}
+    def step(self, action):
+        return np.zeros((1024, 1024)), 0.0, False, False, {}
+
+if __name__ == "__main__":
+    try:
+        EnvPool([Big] * 10, backend="process", num_workers=2)
+    except OSError as err:
+        print("OSError", err.errno, err)
+    print("workers left", len(multiprocessing.active_children()))
+    with EnvPool([Big] * 2, backend="process", num_workers=2) as pool:  # what fits still runs
+        print("rollout", tuple(pool.rollout(2)["observation"].shape))
+"""
+
+
+def test_a_dev_shm_too_small_for_the_buffers_is_an_oserror_not_a_sigbus(tmp_path):
+    """The segment was sparse: zeroing it past /dev/shm's free space killed the process with SIGBUS (exit 135,
+    no exception, a leaked segment). Runs in a private mount namespace with a 32 MiB /dev/shm."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None or subprocess.run(
+        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"], capture_output=True
+    ).returncode != 0:
+        pytest.skip("needs unshare -m and mount (root) to give the test a small /dev/shm of its own")
+    script = tmp_path / "big.py"
+    script.write_text(_BIG_OBS_ENV)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=32m tmpfs /dev/shm && exec {sys.executable} {script}"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert out.returncode == 0, (out.returncode, out.stdout, out.stderr[-2000:])
+    assert re.search(r"OSError 28 \[Errno 28\] EnvPool\(backend='process'\): the pool's shared buffers need 80\.\d "
+                     r"MiB of shared memory \(/dev/shm, 32\.0 MiB free\), which could not be reserved", out.stdout)
+    assert "workers left 0" in out.stdout and "rollout (2, 2, 1024, 1024)" in out.stdout, out.stdout
+    assert "leaked shared_memory" not in out.stderr, out.stderr

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import shutil
 import time
 import warnings
 import weakref
@@ -60,6 +61,30 @@ def _split(n: int, k: int) -> list[range]:
     """``k`` contiguous, near-equal slices of ``range(n)``."""
     bounds = np.linspace(0, n, k + 1).round().astype(int)
     return [range(bounds[w], bounds[w + 1]) for w in range(k)]
+
+
+def _reserve(shm: SharedMemory, nbytes: int) -> None:
+    """Give ``shm`` its pages now. A segment is sparse: where ``/dev/shm`` cannot hold it (Docker's default is
+    64 MiB), the first write past the free space kills the process with SIGBUS, which no ``except`` can catch.
+    On failure the segment is removed and an ``OSError`` names the size and the remedies."""
+    fd = getattr(shm, "_fd", -1)
+    if not hasattr(os, "posix_fallocate") or fd < 0:  # no such call (macOS): the segment is written as it is
+        return
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as err:
+        shm.close()
+        shm.unlink()
+        try:
+            free = f"{shutil.disk_usage('/dev/shm').free / 2**20:,.1f} MiB free"
+        except OSError:
+            free = "its free space unknown"
+        raise OSError(
+            err.errno,
+            f"EnvPool(backend='process'): the pool's shared buffers need {nbytes / 2**20:,.1f} MiB of shared memory "
+            f"(/dev/shm, {free}), which could not be reserved ({os.strerror(err.errno)}). Give it more room (Docker: "
+            "--shm-size=1g), make the buffers smaller (fewer envs, a smaller image_shape=), or use backend='serial'",
+        ) from err
 
 
 def _end(proc) -> None:
@@ -451,6 +476,7 @@ class ProcessBackend:
     def allocate(self, layout) -> torch.Tensor:
         """The pool's flat buffer, in shared memory that the workers attach to."""
         self._shm = SharedMemory(create=True, size=layout.nbytes)
+        _reserve(self._shm, layout.nbytes)  # a full /dev/shm raises here, not SIGBUS at the first write
         self._finalizer.detach()
         self._finalizer = weakref.finalize(
             self, _shutdown, self._processes, self._conns, self._shm, self._owed, self.slices

@@ -54,13 +54,19 @@ def _unpicklable_reply(command: str, args, reply, first: int, err: Exception) ->
     )
 
 
+def _ignore_interrupt(signum, frame) -> None:
+    """The worker's SIGINT handler: the pool's process handles Ctrl-C (see worker_main)."""
+
+
 def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
     """Worker main loop: build the envs, then serve commands until "close" or EOF."""
     # a terminal's Ctrl-C reaches the whole process group: the pool's process alone handles it (it holds
     # the interrupt through a message and drains the replies it left unread); a worker killed by it here
     # would break a pool the user means to keep using. First thing: the window before it (spawn's import of
     # the main module and this package) cannot be closed from the parent without losing its own Ctrl-C.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A handler that does nothing, not SIG_IGN: an ignored signal stays ignored in every program an env
+    # starts (a simulator or server it stops with SIGINT would never stop), a handler is reset in them.
+    signal.signal(signal.SIGINT, _ignore_interrupt)
     from .serial import SerialBackend
 
     batch_scheduling()
