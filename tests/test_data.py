@@ -915,3 +915,19 @@ def test_a_dataset_holds_the_whole_done_triplet_for_an_env_without_truncated(tmp
     last = ds.episode_starts + ds.episode_lengths - 1
     assert ds.td["next", "truncated"][last].view(-1).tolist() == result["episode_truncated"].tolist() == [True, True]
     assert not ds.td["next", "terminated"].any() and not result["episode_terminated"].any()
+
+
+def test_the_dataset_records_numpy_pool_arguments_and_names_the_unrecordable(tmp_path):
+    """np.bool_/np.int64 arguments (accepted by the pool) vanished from dataset.json's env_kwargs, and
+    arguments with no JSON form were dropped without a trace."""
+    kwargs = dict(pixels=np.True_, seed_every_episode=np.False_, image_shape=(np.int64(16), np.int64(16)))
+    with World("CartPole-v1", num_envs=2, masked_reset=None, **kwargs) as world:
+        world.collect(tmp_path / "ds", 2, seed=0, progress=False)
+    meta = json.loads((tmp_path / "ds" / "dataset.json").read_text())
+    assert meta["env_kwargs"] == {"num_envs": 2, "masked_reset": None, "pixels": True, "seed_every_episode": False,
+                                  "image_shape": [16, 16]}
+    assert meta["env_kwargs_unrecorded"] == {}
+    from torchrl_swm.world import _recordable_kwargs
+
+    assert _recordable_kwargs({"fn": len, "n": np.int32(3), "shape": np.array([2, 3])}) == (
+        {"n": 3, "shape": [2, 3]}, {"fn": "builtin_function_or_method"})

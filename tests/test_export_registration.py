@@ -206,3 +206,15 @@ def test_a_factory_with_a_fixed_batch_is_named_with_what_to_register_instead():
             gym.make("TorchRLSWMTest/FixedBatch-v0")
     finally:
         gym.registry.pop("TorchRLSWMTest/FixedBatch-v0", None)
+
+
+def test_numpy_and_batched_refuse_truthy_non_bools():
+    """numpy="no" was True at make time (to_gymnasium already refused it)."""
+    with pytest.raises(TypeError, match=r"register_gymnasium_env: numpy: expected True or False, got str 'no'"):
+        register_gymnasium_env(f"Test/{uuid.uuid4().hex}-v0", functools.partial(EnvPool, "CartPole-v1"), numpy="no")
+    with pytest.raises(TypeError, match=r"register_gymnasium_env: batched: expected True or False, got int 1"):
+        register_gymnasium_env(f"Test/{uuid.uuid4().hex}-v0", functools.partial(EnvPool, "CartPole-v1"), batched=1)
+    with pytest.raises(TypeError, match=r"TorchRLVectorEnv: numpy: expected True or False, got str 'no'"):
+        TorchRLVectorEnv(EnvPool("CartPole-v1", 2), numpy="no")
+    with pytest.raises(TypeError, match=r"TorchRLGymEnv: numpy: expected True or False, got str 'no'"):
+        TorchRLGymEnv(GymEnv("CartPole-v1"), numpy="no")

@@ -270,3 +270,38 @@ def test_auto_pools_one_zero_argument_factory_as_envpool_does():
     with pytest.raises(ValueError, match=r"cannot tell which backend builds a function: .* \(backend='gym' for env "
                                          r"factories\)"):
         make_env(lambda state: state)  # takes an argument: neither an env factory nor a model it recognises
+
+
+def test_auto_sends_callable_models_with_world_model_arguments_to_the_world_model_backend():
+    """Callables whose parameters all have defaults were pooled as env factories once zero-argument factories
+    were: a model's __call__(state=None, action=None), a decorated model (*args, **kwargs), with an error about
+    gym.make kwargs. A world model's own keywords (observation_space=...) decide; a class is never a factory."""
+    import gymnasium as gym
+
+    def step(state, action):
+        state = torch.tanh(state + action)
+        return state, state, state.sum(-1), state[:, 0] > 2, torch.zeros(len(state), dtype=torch.bool), {}
+
+    class Model:
+        def __call__(self, state=None, action=None):
+            return step(state, action)
+
+    def wrapped(*args, **kwargs):  # a decorator without functools.wraps
+        return step(*args, **kwargs)
+
+    class Net(torch.nn.Module):
+        def forward(self, state, action):
+            return step(state, action)
+
+    box = gym.spaces.Box(-1, 1, (2,))
+    kwargs = dict(observation_space=box, action_space=box, num_envs=4, initial_state=torch.zeros(2))
+    for model in (Model(), wrapped):
+        env = make_env(model, **kwargs)
+        assert not isinstance(env, EnvPool) and env.rollout(3, break_when_any_done=False).batch_size == (4, 3)
+        env.close()
+    with pytest.raises(ValueError, match=r"got the class Net, an nn.Module: pass the model, an instance \(Net\(...\)\)"):
+        make_env(Net, **kwargs)  # the class, not an instance
+    from torchrl_swm import EnvError
+
+    with pytest.raises(EnvError, match=r"env 0 \(make\): the factory raised TypeError"):
+        make_env(Model())  # no world-model keyword: one env factory, as EnvPool(Model(), 1) reads it

@@ -225,3 +225,11 @@ def test_non_finite_velocities_and_foreign_datasets_are_clear_errors():
     # a dataset of another env (CartPole: no "state" observation) names what the hook needs
     with pytest.raises(KeyError, match=r"start step has no 'state' observation \(keys: \['observation'\]\)"):
         env.reset_options_from_dataset({"observation": np.zeros(4)}, {"observation": np.zeros(4)})
+
+
+@pytest.mark.parametrize("flag", ["terminate_on_success", "show_target", "goal_image"])
+def test_flags_refuse_truthy_non_bools(flag):
+    """terminate_on_success="false" (a YAML or CLI string) was True: every episode ended at success."""
+    with pytest.raises(TypeError, match=rf"PointMaze: {flag}: expected True or False, got str 'false'"):
+        gym.make("torchrl_swm/PointMaze-Open-v0", **{flag: "false"})
+    assert getattr(PointMazeEnv(**{flag: np.False_}), flag) is False

@@ -20,6 +20,7 @@ from torch import nn
 from wm_models import ACT1, OBS3, CountingModel, RSSMLike, RSSMState
 
 from torchrl_swm import WorldModelEnv, make_world_model_env
+from torchrl_swm.world_model import ObservationDecoder
 from torchrl_swm.world_model.adapters import (
     MISSING,
     AdapterError,
@@ -1455,3 +1456,11 @@ def test_the_env_make_world_model_env_returns_is_importable_from_the_package():
                                max_episode_steps=4)
     assert type(env) is torchrl_swm.WorldModelTransformedEnv
     assert "WorldModelTransformedEnv" in torchrl_swm.__all__
+
+
+def test_differentiable_refuses_a_truthy_non_bool():
+    """differentiable="no" was True: a graph through the model on every step."""
+    with pytest.raises(TypeError, match=r"WorldModelEnv: differentiable: expected True or False, got str 'no'"):
+        WorldModelEnv(CountingModel(), OBS3, ACT1, initial_state=torch.zeros(3), differentiable="no")
+    with pytest.raises(TypeError, match=r"ObservationDecoder: differentiable: expected True or False, got str 'no'"):
+        ObservationDecoder(lambda s: s, differentiable="no")

@@ -12,9 +12,11 @@ backend          aliases              builds
 
 ``backend="auto"`` picks by the target's type: any target given with ``transition_fn=``, a
 ``torch.nn.Module`` or an object with a transition method (``env_step``, ``step``, ``predict_step``,
-``predict``, ``imagine_step``, ``transition``) -> ``world-model``; a string (a gymnasium id), one
-zero-argument env factory or a sequence of them, or a ``gymnasium.vector.VectorEnv`` (pooled as it
-is) -> ``gym``. :func:`register_backend` adds backends that
+``predict``, ``imagine_step``, ``transition``) -> ``world-model``; a string (a gymnasium id), a
+sequence of env factories, or a ``gymnasium.vector.VectorEnv`` (pooled as it is) -> ``gym``; any
+other callable -> ``world-model`` when given a keyword only ``make_world_model_env`` takes
+(``observation_space=``, ``initial_state=``...), else ``gym`` when it takes no argument (one env
+factory; a class is never read as one). :func:`register_backend` adds backends that
 ``make_env`` really uses. Errors list the available backends; the backend's own errors
 propagate unchanged (they are never swallowed or re-labelled).
 """
@@ -157,11 +159,19 @@ def _detect(target, kwargs) -> str:
             "gymnasium id, a sequence of zero-argument factories or a gymnasium VectorEnv, so pass one of those "
             f"instead. Available backends: {_describe()}"
         )
+    if isinstance(target, type) and issubclass(target, torch.nn.Module):
+        raise ValueError(
+            f"make_env: got the class {target.__name__}, an nn.Module: pass the model, an instance "
+            f"({target.__name__}(...)). Available backends: {_describe()}"
+        )
     if isinstance(target, torch.nn.Module) or discover_method(target, TRANSITION_METHODS)[0] is not None:
         return "world-model"
     if isinstance(target, Sequence) and target and all(callable(f) for f in target):
         return "gym"
-    if _zero_argument_callable(target):  # an env factory, as EnvPool(factory, n) takes it (a model takes inputs)
+    if _world_model_only_kwargs() & kwargs.keys():  # observation_space=, initial_state=...: a world model's
+        return "world-model"
+    # an env factory, as EnvPool(factory, n) takes it; not a class (an nn.Module class passed for its instance)
+    if not isinstance(target, type) and _zero_argument_callable(target):
         return "gym"
     raise ValueError(
         f"make_env: backend='auto' cannot tell which backend builds a {type(target).__name__}: expected a gymnasium id "
@@ -171,6 +181,21 @@ def _detect(target, kwargs) -> str:
         "backend= explicitly (backend='gym' for env factories); available backends: "
         f"{_describe()}"
     )
+
+
+def _world_model_only_kwargs() -> set[str]:
+    """The keyword arguments of ``make_world_model_env`` (and the ``WorldModelEnv`` it builds) that ``EnvPool``
+    does not take."""
+    import inspect
+
+    from .pool import EnvPool
+    from .world_model import WorldModelEnv, make_world_model_env
+
+    def named(fn) -> set[str]:
+        return {p.name for p in inspect.signature(fn).parameters.values()
+                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+    return (named(make_world_model_env) | named(WorldModelEnv.__init__)) - named(EnvPool.__init__) - {"self", "model"}
 
 
 def _zero_argument_callable(target) -> bool:

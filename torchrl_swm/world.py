@@ -118,6 +118,34 @@ class EpisodePlan:
     extra: dict = field(default_factory=dict)
 
 
+def _recordable(value):
+    """``value`` as JSON data (numpy scalars as Python numbers, sequences as lists), or ``_UNRECORDABLE``."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple, np.ndarray)):
+        items = [_recordable(v) for v in value]
+        return _UNRECORDABLE if any(v is _UNRECORDABLE for v in items) else items
+    return _UNRECORDABLE
+
+
+_UNRECORDABLE = object()
+
+
+def _recordable_kwargs(kwargs: Mapping) -> tuple[dict, dict]:
+    """A dataset's record of the pool's keyword arguments: ``({name: JSON data}, {name: type name})``, the
+    second for those with no JSON form (a function, an object), so the record never hides that they were given."""
+    record, unrecorded = {}, {}
+    for key, value in kwargs.items():
+        data = _recordable(value)
+        if data is _UNRECORDABLE:
+            unrecorded[key] = type(value).__name__
+        else:
+            record[key] = data
+    return record, unrecorded
+
+
 def _wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     if n == 0:
         return (float("nan"), float("nan"))
@@ -1146,12 +1174,11 @@ class World:
         used_policy = self.policy if policy is None else policy
         exclude_keys = _excluded_keys(exclude_keys)
         verify_step_count = self._check_dataset_keys()
+        env_kwargs, unrecorded = _recordable_kwargs(self.env_kwargs)
         metadata = {
             "env": self.env_id or type(self.env).__name__,
-            "env_kwargs": {
-                k: v for k, v in self.env_kwargs.items()
-                if isinstance(v, (int, float, str, bool, list, tuple, type(None)))
-            },
+            "env_kwargs": env_kwargs,
+            "env_kwargs_unrecorded": unrecorded,
             "num_envs": self.num_envs,
             "seed": seed,
             "reset_mode": reset_mode,

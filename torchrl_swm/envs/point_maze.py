@@ -45,7 +45,7 @@ from collections.abc import Mapping, Sequence
 import gymnasium as gym
 import numpy as np
 
-from ..errors import EnvError, check_int, check_number
+from ..errors import EnvError, check_bool, check_int, check_number
 
 __all__ = ["PointMazeEnv", "PointMazeExpert", "LAYOUTS", "expert_actions", "expert_policy"]
 
@@ -172,10 +172,10 @@ class PointMazeEnv(gym.Env):
         self.layout = layout if isinstance(layout, str) else tuple(layout)
         self.render_mode = render_mode
         self.render_size = int(render_size)
-        self.goal_image = bool(goal_image)
-        self.show_target = bool(show_target)
+        self.goal_image = check_bool(goal_image, "PointMaze: goal_image")  # "false" from a config is truthy
+        self.show_target = check_bool(show_target, "PointMaze: show_target")
         self.reward_type = reward_type
-        self.terminate_on_success = bool(terminate_on_success)
+        self.terminate_on_success = check_bool(terminate_on_success, "PointMaze: terminate_on_success")
         self.goal_radius = float(goal_radius)
         self.agent_radius = float(agent_radius)
         self.damping, self.force_scale, self.max_speed = float(damping), float(force_scale), float(max_speed)

@@ -18,6 +18,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
+from ..errors import check_bool
 from ._core import Layout, nest, set_leaf, step_after_close_error, to_host, torch_copies, traits
 from .seeding import reset_kwargs
 
@@ -56,7 +57,7 @@ class TorchRLGymEnv(gym.Env):
         self._unreset_since_close = False  # closed, and no reset has succeeded since: step() is refused
         self.layout = Layout(env, observation_keys=observation_keys, info_keys=info_keys)
         self.traits = traits(env)
-        self.numpy = bool(numpy)
+        self.numpy = check_bool(numpy, "TorchRLGymEnv: numpy")
         self._squeeze = squeeze_batch
         self._batch = expected
         self.observation_space = self.layout.single_observation_space

@@ -77,6 +77,7 @@ from ._core import (
     traits,
 )
 from ._core import autoreset_mode as _autoreset_mode
+from ..errors import check_bool
 from ..introspect import transforms_of
 from .seeding import check_options, normalize_seed, reset_kwargs, seed_groups
 
@@ -152,7 +153,7 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
                 "without a step past the end or an env one step ahead of what it reported. Use "
                 "autoreset_mode='same_step' or 'disabled', or the VectorEnv itself: it is a gymnasium VectorEnv already."
             )
-        self.numpy = bool(numpy)
+        self.numpy = check_bool(numpy, "TorchRLVectorEnv: numpy")
         self.single_observation_space = self.layout.single_observation_space
         self.single_action_space = self.layout.single_action_space
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)

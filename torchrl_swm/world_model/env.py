@@ -37,7 +37,7 @@ from torchrl.data import Categorical, Composite, TensorSpec, Unbounded
 from torchrl.envs import EnvBase
 
 from .._meta import NoAutoResetMeta
-from ..errors import SpecError, _real, add_note, check_int, describe
+from ..errors import SpecError, _real, add_note, check_bool, check_int, describe
 from ..masks import row_mask, zero_rewards
 from ..pool.buffers import nest
 from ..specs import as_spec, batch_spec
@@ -633,7 +633,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         self._locked = locked
         # not registered as a submodule: env.to()/state_dict() must not move or capture a model the caller owns
         self.__dict__["_model"] = model
-        self._differentiable = bool(differentiable)
+        self._differentiable = check_bool(differentiable, "WorldModelEnv: differentiable")
         bad = _bad_state_leaf(initial_state, "initial_state")
         if bad is not None:
             path, value, in_sequence = bad

@@ -28,7 +28,7 @@ from tensordict import TensorDictBase
 from torchrl.data import Bounded, Composite, TensorSpec, Unbounded
 from torchrl.envs import Compose, StepCounter, Transform, TransformedEnv
 
-from ..errors import check_int, describe
+from ..errors import check_bool, check_int, describe
 from ..masks import row_mask
 from ..specs import as_spec, batch_spec
 from . import _tree
@@ -381,7 +381,7 @@ class ObservationDecoder(_WorldModelTransform):
         if spec is not None:
             _refuse_start(spec, "ObservationDecoder spec")
         self._spec = None if spec is None else as_spec(spec, name="decoder spec")
-        self._differentiable = differentiable
+        self._differentiable = check_bool(differentiable, "ObservationDecoder: differentiable")
 
     def _decode(self, value, phase: str):
         """Decode ``value``; a decoder taking ``generator`` draws from the stream of ``phase``, as the env's
