@@ -12,11 +12,16 @@ pytest.importorskip("imageio_ffmpeg")
 TUTORIAL = Path(__file__).resolve().parents[1] / "tutorials" / "world_evaluate_collect.py"
 
 
-def test_world_tutorial_runs(tmp_path):
+def _run(out_dir, episodes: int) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", SDL_VIDEODRIVER="dummy")
-    out = subprocess.run([sys.executable, str(TUTORIAL), "--out", str(tmp_path), "--episodes", "24"],
+    out = subprocess.run([sys.executable, str(TUTORIAL), "--out", str(out_dir), "--episodes", str(episodes)],
                          capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def test_world_tutorial_runs(tmp_path):
+    out = _run(tmp_path, 24)
     assert "24 episodes" in out.stdout and "sequence batch: pixels (16, 8, 64, 64, 3)" in out.stdout
     assert "identical per-episode results" in out.stdout and "from dataset" in out.stdout
     assert "the planner saw history of shape (4, 4, 64, 64, 3)" in out.stdout
@@ -25,10 +30,7 @@ def test_world_tutorial_runs(tmp_path):
 
 def test_world_tutorial_runs_with_a_couple_of_episodes(tmp_path):
     """--episodes 1 or 2 crashed in the SliceSampler (no episode of 8 steps) after the dataset summary."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", SDL_VIDEODRIVER="dummy")
-    out = subprocess.run([sys.executable, str(TUTORIAL), "--out", str(tmp_path), "--episodes", "2"],
-                         capture_output=True, text=True, timeout=300, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = _run(tmp_path, 2)
     assert "2 episodes" in out.stdout and "one episode per row: True" in out.stdout
     assert "no episode of the 2 collected has 20 steps: collect more (--episodes)" in out.stdout
     assert "the planner saw history of shape (4, 4, 64, 64, 3)" in out.stdout
