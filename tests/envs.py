@@ -366,3 +366,49 @@ class ChildSignalEnv(CountingEnv):
             [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT))"],
             capture_output=True, text=True, check=True,
         ).stdout.strip()
+
+    def read_through_a_signal(self, delay=0.3) -> int:
+        """A blocking C ``read()`` of 3 bytes that arrive ``delay`` s later, as a simulator's client waits: the
+        bytes read (-1 when a signal meanwhile broke the call)."""
+        import ctypes
+        import os
+        import threading
+
+        r, w = os.pipe()
+        writer = threading.Timer(delay, os.write, (w, b"abc"))
+        writer.start()
+        try:
+            return ctypes.CDLL(None).read(r, ctypes.create_string_buffer(3), 3)
+        finally:
+            writer.join()
+            os.close(r)
+            os.close(w)
+
+    def fork_and_interrupt(self) -> str:
+        """Fork a Python helper (no exec), stop it with SIGINT: how it ended."""
+        import os
+        import signal
+        import time
+
+        pid = os.fork()
+        if pid == 0:
+            try:
+                time.sleep(5)
+            except KeyboardInterrupt:
+                os._exit(0)
+            os._exit(1)
+        time.sleep(0.2)
+        os.kill(pid, signal.SIGINT)
+        _, status = os.waitpid(pid, 0)
+        return "KeyboardInterrupt" if os.waitstatus_to_exitcode(status) == 0 else f"status {status}"
+
+
+class SlowExitEnv(CountingEnv):
+    """Closes at once, but leaves its process a non-daemon thread that keeps it from exiting for 1 s."""
+
+    def close(self):
+        import threading
+        import time
+
+        threading.Thread(target=time.sleep, args=(1.0,)).start()
+        super().close()

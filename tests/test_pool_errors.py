@@ -1155,6 +1155,50 @@ def test_an_envs_own_children_keep_the_default_sigint_under_the_process_backend(
             assert pool.get_attr("child_sigint") == ["<built-in function default_int_handler>"] * 2, backend
 
 
+def test_a_ctrl_c_in_a_worker_neither_breaks_an_envs_blocking_call_nor_its_forked_childrens_default():
+    """With a handler in place of SIG_IGN, a Ctrl-C broke an env's blocking C read (returned -1, EINTR, as data),
+    and a helper the env forked without exec inherited the no-op handler (SIGINT never stopped it)."""
+    import os
+    import signal
+    import threading
+
+    from envs import ChildSignalEnv
+
+    with EnvPool([ChildSignalEnv] * 2, backend="process", num_workers=2) as pool:
+        pids = pool._backend.pids
+        timer = threading.Timer(0.1, lambda: [os.kill(pid, signal.SIGINT) for pid in pids])
+        timer.start()
+        assert pool.call("read_through_a_signal") == [3, 3]
+        timer.join()
+        assert pool.call("fork_and_interrupt") == ["KeyboardInterrupt"] * 2
+        assert pool.rollout(3, break_when_any_done=False).batch_size == (2, 3)  # the workers are alive and well
+
+
+def test_a_close_interrupted_while_reaping_the_workers_is_finished_by_the_next_close():
+    """A Ctrl-C while close() waited for the exiting workers used up the shutdown: a second close() returned at
+    once, and the workers stayed zombies with their pipes open."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from envs import SlowExitEnv
+
+    pool = EnvPool([SlowExitEnv] * 2, backend="process", num_workers=2)
+    pool.reset()
+    pids, conns = pool._backend.pids, pool._backend._conns
+    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))  # close() waits ~1 s for the exits
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        pool.close()
+    timer.join()
+    pool.close()
+    time.sleep(0.2)
+    assert [os.path.exists(f"/proc/{pid}") for pid in pids] == [False, False]  # reaped, not zombies
+    assert all(conn.closed for conn in conns)
+    pool.close()  # and done
+
+
 _BIG_OBS_ENV = """
 import multiprocessing
 import numpy as np, gymnasium as gym
@@ -1180,9 +1224,9 @@ if __name__ == "__main__":
 """
 
 
-def test_a_dev_shm_too_small_for_the_buffers_is_an_oserror_not_a_sigbus(tmp_path):
-    """The segment was sparse: zeroing it past /dev/shm's free space killed the process with SIGBUS (exit 135,
-    no exception, a leaked segment). Runs in a private mount namespace with a 32 MiB /dev/shm."""
+def _run_with_a_dev_shm_of(size: str, script_text: str, tmp_path):
+    """Run ``script_text`` in a private mount namespace whose /dev/shm is a tmpfs of ``size`` (skips without
+    ``unshare -m`` and mount rights); the completed process."""
     import os
     import shutil
     import subprocess
@@ -1192,15 +1236,67 @@ def test_a_dev_shm_too_small_for_the_buffers_is_an_oserror_not_a_sigbus(tmp_path
         ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"], capture_output=True
     ).returncode != 0:
         pytest.skip("needs unshare -m and mount (root) to give the test a small /dev/shm of its own")
-    script = tmp_path / "big.py"
-    script.write_text(_BIG_OBS_ENV)
+    script = tmp_path / "script.py"
+    script.write_text(script_text)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    out = subprocess.run(
-        ["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=32m tmpfs /dev/shm && exec {sys.executable} {script}"],
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size={size} tmpfs /dev/shm && exec {sys.executable} {script}"],
         capture_output=True, text=True, timeout=120, env=env,
     )
+
+
+def test_a_dev_shm_too_small_for_the_buffers_is_an_oserror_not_a_sigbus(tmp_path):
+    """The segment was sparse: zeroing it past /dev/shm's free space killed the process with SIGBUS (exit 135,
+    no exception, a leaked segment). Runs in a private mount namespace with a 32 MiB /dev/shm."""
+    out = _run_with_a_dev_shm_of("32m", _BIG_OBS_ENV, tmp_path)
     assert out.returncode == 0, (out.returncode, out.stdout, out.stderr[-2000:])
     assert re.search(r"OSError 28 \[Errno 28\] EnvPool\(backend='process'\): the pool's shared buffers need 80\.\d "
                      r"MiB of shared memory \(/dev/shm, 32\.0 MiB free\), which could not be reserved", out.stdout)
     assert "workers left 0" in out.stdout and "rollout (2, 2, 1024, 1024)" in out.stdout, out.stdout
     assert "leaked shared_memory" not in out.stderr, out.stderr
+
+
+_CTRL_C_WHILE_RESERVING = """
+import multiprocessing, os, signal, threading, time
+import numpy as np, gymnasium as gym
+from torchrl_swm import EnvPool
+
+class Big(gym.Env):  # 8 MiB observations: 32 envs need a 256 MiB segment, which takes a while to reserve
+    observation_space = gym.spaces.Box(0, 255, (2048, 4096), np.uint8)
+    action_space = gym.spaces.Discrete(2)
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros((2048, 4096), np.uint8), {}
+    def step(self, action):
+        return np.zeros((2048, 4096), np.uint8), 0.0, False, False, {}
+
+def used_mib():
+    st = os.statvfs("/dev/shm")
+    return (st.f_blocks - st.f_bfree) * st.f_frsize >> 20
+
+def ctrl_c_while_reserving():
+    while not (any(f.startswith("psm_") for f in os.listdir("/dev/shm")) and used_mib() > 16):
+        time.sleep(0.0002)
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+if __name__ == "__main__":
+    threading.Thread(target=ctrl_c_while_reserving, daemon=True).start()
+    try:
+        EnvPool([Big] * 32, backend="process", num_workers=2, info_keys=[])
+    except KeyboardInterrupt as err:
+        tb = err.__traceback__
+        while tb.tb_next:
+            tb = tb.tb_next
+        print("interrupted in", tb.tb_frame.f_code.co_name)
+    time.sleep(0.5)
+    print("left", os.listdir("/dev/shm"), used_mib(), "MiB", "workers", len(multiprocessing.active_children()))
+"""
+
+
+def test_a_ctrl_c_while_the_buffers_are_reserved_leaves_no_segment(tmp_path):
+    """The segment had no owner until its reservation returned: a Ctrl-C inside it (0.1 s for 512 MiB) left it
+    in /dev/shm, its memory held until the process exited (a retry then failed for want of room)."""
+    out = _run_with_a_dev_shm_of("384m", _CTRL_C_WHILE_RESERVING, tmp_path)
+    assert out.returncode == 0, (out.returncode, out.stdout, out.stderr[-2000:])
+    assert "interrupted in" in out.stdout and "left [] 0 MiB workers 0" in out.stdout, out.stdout
+    assert "leaked shared_memory" not in out.stderr, out.stderr[-2000:]

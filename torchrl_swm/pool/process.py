@@ -66,15 +66,13 @@ def _split(n: int, k: int) -> list[range]:
 def _reserve(shm: SharedMemory, nbytes: int) -> None:
     """Give ``shm`` its pages now. A segment is sparse: where ``/dev/shm`` cannot hold it (Docker's default is
     64 MiB), the first write past the free space kills the process with SIGBUS, which no ``except`` can catch.
-    On failure the segment is removed and an ``OSError`` names the size and the remedies."""
+    Raises an ``OSError`` that names the size and the remedies (the caller removes the segment)."""
     fd = getattr(shm, "_fd", -1)
     if not hasattr(os, "posix_fallocate") or fd < 0:  # no such call (macOS): the segment is written as it is
         return
     try:
         os.posix_fallocate(fd, 0, nbytes)
     except OSError as err:
-        shm.close()
-        shm.unlink()
         try:
             free = f"{shutil.disk_usage('/dev/shm').free / 2**20:,.1f} MiB free"
         except OSError:
@@ -186,7 +184,8 @@ class ProcessBackend:
         ctx = mp.get_context(start_method)
         self._start_method, self._started = ctx.get_start_method(), False  # started: every worker made its envs
         self._processes, self._conns = [], []
-        self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._conns, None, self._owed, self.slices)
+        self._reap_pending = False  # a close() interrupted while reaping the workers: the next one finishes it
+        self._arm_finalizer()
         try:
             for w, rows in enumerate(self.slices):
                 chunk = list(env_fns[rows.start : rows.stop])
@@ -475,12 +474,15 @@ class ProcessBackend:
 
     def allocate(self, layout) -> torch.Tensor:
         """The pool's flat buffer, in shared memory that the workers attach to."""
-        self._shm = SharedMemory(create=True, size=layout.nbytes)
-        _reserve(self._shm, layout.nbytes)  # a full /dev/shm raises here, not SIGBUS at the first write
-        self._finalizer.detach()
-        self._finalizer = weakref.finalize(
-            self, _shutdown, self._processes, self._conns, self._shm, self._owed, self.slices
-        )
+        shm = SharedMemory(create=True, size=layout.nbytes)
+        try:
+            _reserve(shm, layout.nbytes)  # a full /dev/shm raises here, not SIGBUS at the first write
+        except BaseException:  # a Ctrl-C too (a large reservation takes a while): nothing owns the segment yet
+            shm.close()
+            shm.unlink()
+            raise
+        self._shm = shm
+        self._arm_finalizer()
         flat = np.ndarray((layout.nbytes,), dtype=np.uint8, buffer=self._shm.buf)
         flat[:] = 0
         return torch.from_numpy(flat)
@@ -581,7 +583,9 @@ class ProcessBackend:
         takes, and one that raises is reported after everything is reaped. A worker still in an env
         call an interrupt left running is terminated (with a ``RuntimeWarning``) after 5 s."""
         error = None
-        if self._finalizer.alive:
+        if self._reap_pending:
+            self._reap()
+        elif self._finalizer.alive:
             stuck = []
             try:
                 # a worker that still owes replies is in an env call an interrupt left running (it may
@@ -620,6 +624,26 @@ class ProcessBackend:
                     )
                     _end(self._processes[w])  # here: the finalizer below waits, unbounded, on workers owing nothing
                 self._owed.clear()
-                self._finalizer()
+                self._reap()
         if error is not None:
             raise error
+
+    def _arm_finalizer(self) -> None:
+        """(Re)register the shutdown that reaps the workers and frees the segment, for close() and for a pool
+        collected unclosed."""
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer.detach()
+        self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._conns, self._shm, self._owed,
+                                           self.slices)
+
+    def _reap(self) -> None:
+        """Run the shutdown; a Ctrl-C that cuts it short (joining the exiting workers) leaves it armed, so that
+        the next close() (or the pool's collection) reaps them: otherwise they stayed zombies, their pipes open."""
+        try:
+            self._finalizer()
+        except BaseException:
+            self._arm_finalizer()
+            self._reap_pending = True
+            raise
+        self._reap_pending = False

@@ -58,6 +58,12 @@ def _ignore_interrupt(signum, frame) -> None:
     """The worker's SIGINT handler: the pool's process handles Ctrl-C (see worker_main)."""
 
 
+def _default_interrupt() -> None:
+    """In a child forked from a worker: Ctrl-C raises KeyboardInterrupt again, as in any Python process."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.siginterrupt(signal.SIGINT, True)
+
+
 def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
     """Worker main loop: build the envs, then serve commands until "close" or EOF."""
     # a terminal's Ctrl-C reaches the whole process group: the pool's process alone handles it (it holds
@@ -65,8 +71,12 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
     # would break a pool the user means to keep using. First thing: the window before it (spawn's import of
     # the main module and this package) cannot be closed from the parent without losing its own Ctrl-C.
     # A handler that does nothing, not SIG_IGN: an ignored signal stays ignored in every program an env
-    # starts (a simulator or server it stops with SIGINT would never stop), a handler is reset in them.
+    # starts (a simulator or server it stops with SIGINT would never stop), a handler is reset in them. It
+    # restarts the system calls it interrupts (an env's blocking read in C would fail, as SIG_IGN never made
+    # it), and a child the env forks without exec gets Python's default back.
     signal.signal(signal.SIGINT, _ignore_interrupt)
+    signal.siginterrupt(signal.SIGINT, False)
+    os.register_at_fork(after_in_child=_default_interrupt)
     from .serial import SerialBackend
 
     batch_scheduling()
