@@ -765,3 +765,43 @@ def test_an_async_vector_env_without_shared_memory_is_refused_in_next_step_mode(
         assert result["episode_lengths"].tolist() == [3] * 4
     finally:
         pool.close()
+
+
+class _IsInitObsEnv(gym.Env):
+    """A Dict observation with an entry named "is_init" (a float phase), as World names its own flag."""
+
+    observation_space = gym.spaces.Dict({"is_init": gym.spaces.Box(0, 1, (1,), np.float32),
+                                         "pos": gym.spaces.Box(-1, 1, (2,), np.float32)})
+    action_space = gym.spaces.Discrete(2)
+
+    def _obs(self):
+        return {"is_init": np.array([0.25 * (self.t % 4)], np.float32), "pos": np.zeros(2, np.float32)}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(), 0.0, self.t >= 3, False, {}
+
+
+def test_an_env_observation_named_is_init_is_refused_not_overwritten(tmp_path):
+    """World replaced it at the root with its own flag (the policy and the dataset's root lost the env's values,
+    "next" kept them), while "episode" and "step_count" were refused."""
+    from torchrl.envs import InitTracker
+
+    with World(EnvPool(_IsInitObsEnv, 2), max_episode_steps=10) as world:
+        for run in (lambda: world.evaluate(2, seed=0, progress=False),
+                    lambda: world.collect(tmp_path / "ds", 2, seed=0, progress=False)):
+            with pytest.raises(ValueError, match=r"the env has an observation 'is_init', which World sets .* rename "
+                                                 r"it \(e\.g\. torchrl\.envs\.RenameTransform\)"):
+                run()
+    assert not (tmp_path / "ds").exists()
+    renamed = TransformedEnv(EnvPool(_IsInitObsEnv, 2), RenameTransform(["is_init"], ["phase"]))
+    with World(renamed, max_episode_steps=10) as world:
+        ds = world.collect(tmp_path / "ds", 2, seed=0, progress=False)
+    assert ds.episode(0)["phase"].flatten().tolist() == [0.0, 0.25, 0.5]
+    with World(TransformedEnv(EnvPool("CartPole-v1", 2), InitTracker()), max_episode_steps=5) as world:
+        assert world.evaluate(2, seed=0, progress=False)["num_episodes"] == 2  # an InitTracker's is World's flag

@@ -1304,6 +1304,13 @@ class _Run:
             raise TypeError("reset options need an EnvPool (other TorchRL envs take no per-env options)")
         if policy is not None:
             _check_policy(policy, "policy")
+        spec = world.env.full_observation_spec
+        if "is_init" in spec.keys() and ("is_init",) not in bookkeeping_keys(world.env):  # an InitTracker's agrees
+            raise ValueError(
+                "World: the env has an observation 'is_init', which World sets at every step (True on an "
+                "episode's first step) for the policy and the dataset, and would overwrite; rename it (e.g. "
+                "torchrl.envs.RenameTransform) before evaluating or collecting"
+            )
 
     # -- policy and env calls -------------------------------------------------------------------------
     def _act(self, td: TensorDictBase) -> TensorDictBase:
