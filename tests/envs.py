@@ -404,7 +404,12 @@ class ChildSignalEnv(CountingEnv):
 
 
 class SlowExitEnv(CountingEnv):
-    """Closes at once, but leaves its process a non-daemon thread that keeps it from exiting for 1 s."""
+    """Closes at once, but leaves its process a non-daemon thread that keeps it from exiting for 1 s; with
+    ``fail_close``, its close() then raises."""
+
+    def __init__(self, *args, fail_close=False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fail_close = fail_close
 
     def close(self):
         import threading
@@ -412,3 +417,5 @@ class SlowExitEnv(CountingEnv):
 
         threading.Thread(target=time.sleep, args=(1.0,)).start()
         super().close()
+        if self.fail_close:
+            raise RuntimeError("the env's video was not written")

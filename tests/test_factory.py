@@ -301,6 +301,10 @@ def test_auto_sends_callable_models_with_world_model_arguments_to_the_world_mode
         env.close()
     with pytest.raises(ValueError, match=r"got the class Net, an nn.Module: pass the model, an instance \(Net\(...\)\)"):
         make_env(Net, **kwargs)  # the class, not an instance
+    # gym.make's own keywords are an env factory's too: still the gym backend (which says where they belong)
+    with pytest.raises(TypeError, match=r"EnvPool: keyword arguments \['max_episode_steps'\] are only accepted with a "
+                                        r"gymnasium id"):
+        make_env(lambda: gym.make("CartPole-v1"), num_envs=4, max_episode_steps=100)
     from torchrl_swm import EnvError
 
     with pytest.raises(EnvError, match=r"env 0 \(make\): the factory raised TypeError"):

@@ -805,3 +805,10 @@ def test_an_env_observation_named_is_init_is_refused_not_overwritten(tmp_path):
     assert ds.episode(0)["phase"].flatten().tolist() == [0.0, 0.25, 0.5]
     with World(TransformedEnv(EnvPool("CartPole-v1", 2), InitTracker()), max_episode_steps=5) as world:
         assert world.evaluate(2, seed=0, progress=False)["num_episodes"] == 2  # an InitTracker's is World's flag
+    from torchrl.envs import GymEnv, SerialEnv
+
+    def tracked():
+        return TransformedEnv(GymEnv("CartPole-v1"), InitTracker())
+
+    with World(SerialEnv(2, tracked), max_episode_steps=5) as world:  # one inside the batched env's envs too
+        assert world.evaluate(2, seed=0, progress=False)["num_episodes"] == 2

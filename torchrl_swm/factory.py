@@ -188,6 +188,8 @@ def _world_model_only_kwargs() -> set[str]:
     does not take."""
     import inspect
 
+    import gymnasium as gym
+
     from .pool import EnvPool
     from .world_model import WorldModelEnv, make_world_model_env
 
@@ -195,7 +197,9 @@ def _world_model_only_kwargs() -> set[str]:
         return {p.name for p in inspect.signature(fn).parameters.values()
                 if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 
-    return (named(make_world_model_env) | named(WorldModelEnv.__init__)) - named(EnvPool.__init__) - {"self", "model"}
+    # gym.make's own (max_episode_steps=) are an env's too: not a sign of a world model
+    return ((named(make_world_model_env) | named(WorldModelEnv.__init__)) - named(EnvPool.__init__) - named(gym.make)
+            - {"self", "model"})
 
 
 def _zero_argument_callable(target) -> bool:

@@ -119,14 +119,18 @@ class EpisodePlan:
 
 
 def _recordable(value):
-    """``value`` as JSON data (numpy scalars as Python numbers, sequences as lists), or ``_UNRECORDABLE``."""
-    if isinstance(value, np.generic):
-        value = value.item()
+    """``value`` as JSON data (numpy values as Python numbers and lists, tuples as lists, mappings with string
+    keys as objects), or ``_UNRECORDABLE``."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        value = value.tolist()  # a 0-d array too: its number
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    if isinstance(value, (list, tuple, np.ndarray)):
+    if isinstance(value, (list, tuple)):
         items = [_recordable(v) for v in value]
         return _UNRECORDABLE if any(v is _UNRECORDABLE for v in items) else items
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        record = {k: _recordable(v) for k, v in value.items()}
+        return _UNRECORDABLE if any(v is _UNRECORDABLE for v in record.values()) else record
     return _UNRECORDABLE
 
 
@@ -1305,7 +1309,11 @@ class _Run:
         if policy is not None:
             _check_policy(policy, "policy")
         spec = world.env.full_observation_spec
-        if "is_init" in spec.keys() and ("is_init",) not in bookkeeping_keys(world.env):  # an InitTracker's agrees
+        # an InitTracker's flag agrees with World's, also one inside a SerialEnv's envs (a bool per env, as a
+        # StepCounter's step_count is recognised by its shape)
+        flag_like = "is_init" in spec.keys() and spec["is_init"].dtype == torch.bool \
+            and spec["is_init"].shape[1:].numel() == 1
+        if "is_init" in spec.keys() and not flag_like and ("is_init",) not in bookkeeping_keys(world.env):
             raise ValueError(
                 "World: the env has an observation 'is_init', which World sets at every step (True on an "
                 "episode's first step) for the policy and the dataset, and would overwrite; rename it (e.g. "

@@ -143,6 +143,9 @@ def _nested_composite(leaves: Mapping[Key, object], shape, device) -> Composite:
 class _ClosedBackend:
     """Stands in for the backend once the pool is closed: any use says so (no check on the hot path)."""
 
+    def __init__(self):
+        self._unfinished = None  # a backend whose close() a Ctrl-C cut short: the next close() finishes it
+
     def __getattr__(self, name):
         raise self.error()
 
@@ -154,7 +157,9 @@ class _ClosedBackend:
         )
 
     def close(self) -> None:  # closing twice is fine
-        pass
+        if self._unfinished is not None:
+            self._unfinished.close()
+            self._unfinished = None
 
 
 class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
@@ -831,9 +836,15 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
     def close(self, *, raise_if_closed: bool = True) -> None:
         backend = self.__dict__.get("_backend")
         super().close(raise_if_closed=raise_if_closed)
-        if backend is not None and not isinstance(backend, _ClosedBackend):
-            self.__dict__["_backend"] = _ClosedBackend()
-            backend.close()
+        if isinstance(backend, _ClosedBackend):
+            backend.close()  # finishes a close() a Ctrl-C cut short
+        elif backend is not None:
+            closed = self.__dict__["_backend"] = _ClosedBackend()
+            try:
+                backend.close()
+            except KeyboardInterrupt:
+                closed._unfinished = backend
+                raise
 
     def __repr__(self) -> str:
         return (

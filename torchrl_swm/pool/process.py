@@ -185,6 +185,7 @@ class ProcessBackend:
         self._start_method, self._started = ctx.get_start_method(), False  # started: every worker made its envs
         self._processes, self._conns = [], []
         self._reap_pending = False  # a close() interrupted while reaping the workers: the next one finishes it
+        self._close_error: EnvError | None = None  # an env's close() error that close() had yet to raise
         self._arm_finalizer()
         try:
             for w, rows in enumerate(self.slices):
@@ -585,6 +586,7 @@ class ProcessBackend:
         error = None
         if self._reap_pending:
             self._reap()
+            error, self._close_error = self._close_error, None
         elif self._finalizer.alive:
             stuck = []
             try:
@@ -624,7 +626,9 @@ class ProcessBackend:
                     )
                     _end(self._processes[w])  # here: the finalizer below waits, unbounded, on workers owing nothing
                 self._owed.clear()
+                self._close_error = error  # the next close() raises it if a Ctrl-C cuts the reaping short
                 self._reap()
+                self._close_error = None
         if error is not None:
             raise error
 
@@ -642,8 +646,10 @@ class ProcessBackend:
         the next close() (or the pool's collection) reaps them: otherwise they stayed zombies, their pipes open."""
         try:
             self._finalizer()
-        except BaseException:
+        except BaseException as err:
             self._arm_finalizer()
             self._reap_pending = True
+            pending = "" if self._close_error is None else f" (it then raises {str(self._close_error).splitlines()[0]})"
+            add_note(err, f"EnvPool.close() was cut short while its workers exited: close() again finishes it{pending}")
             raise
         self._reap_pending = False
