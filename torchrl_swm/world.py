@@ -1311,7 +1311,7 @@ class _Run:
         spec = world.env.full_observation_spec
         # an InitTracker's flag agrees with World's, also one inside a SerialEnv's envs (a bool per env, as a
         # StepCounter's step_count is recognised by its shape)
-        flag_like = "is_init" in spec.keys() and spec["is_init"].dtype == torch.bool \
+        flag_like = "is_init" in spec.keys() and getattr(spec["is_init"], "dtype", None) == torch.bool \
             and spec["is_init"].shape[1:].numel() == 1
         if "is_init" in spec.keys() and not flag_like and ("is_init",) not in bookkeeping_keys(world.env):
             raise ValueError(
