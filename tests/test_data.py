@@ -933,8 +933,9 @@ def test_the_dataset_records_numpy_pool_arguments_and_names_the_unrecordable(tmp
         {"n": 3, "shape": [2, 3]}, {"fn": "builtin_function_or_method"})
     # a 0-d array (it crashed collect: iteration over a 0-d array) and a mapping of JSON data are recorded
     assert _recordable_kwargs({"g": np.array(9.81), "camera": {"distance": 4.0, "ids": (1, np.int8(2))},
-                               "odd": {1: 2}, "deep": {"f": print}}) == (
-        {"g": 9.81, "camera": {"distance": 4.0, "ids": [1, 2]}}, {"odd": "dict", "deep": "dict"})
+                               "odd": {1: 2}, "deep": {"f": print}, "goal": -np.inf, "nan": [np.nan]}) == (
+        {"g": 9.81, "camera": {"distance": 4.0, "ids": [1, 2]}},
+        {"odd": "dict", "deep": "dict", "goal": "float", "nan": "list"})  # JSON has no inf or NaN
     with World("Pendulum-v1", num_envs=2, g=np.array(9.81), max_episode_steps=5) as world:
         world.collect(tmp_path / "pendulum", 2, seed=0, progress=False)
     assert json.loads((tmp_path / "pendulum" / "dataset.json").read_text())["env_kwargs"]["g"] == 9.81

@@ -1311,3 +1311,53 @@ def test_a_ctrl_c_while_the_buffers_are_reserved_leaves_no_segment(tmp_path):
     assert out.returncode == 0, (out.returncode, out.stdout, out.stderr[-2000:])
     assert "interrupted in" in out.stdout and "left [] 0 MiB workers 0" in out.stdout, out.stdout
     assert "leaked shared_memory" not in out.stderr, out.stderr[-2000:]
+
+
+class _MarkedCloseEnv(gym.Env):
+    """Writes ``env<i>.closed`` in ``folder`` when closed, after ``close_s`` s (a video written at close); then
+    raises with ``fail``."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, i, folder, close_s=0.0, fail=False):
+        self.i, self.folder, self.close_s, self.fail = i, folder, close_s, fail
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+    def close(self):
+        import time
+
+        time.sleep(self.close_s)
+        (self.folder / f"env{self.i}.closed").touch()
+        if self.fail:
+            raise RuntimeError(f"env {self.i}'s video was not written")
+
+
+def test_a_ctrl_c_while_the_workers_close_their_envs_lets_them_finish_and_keeps_the_errors(tmp_path):
+    """The workers still closing their envs (they ignore Ctrl-C) were terminated at once, their other envs
+    never closed (the serial backend closes them), and an env's close error that had arrived was lost."""
+    import os
+    import signal
+    import threading
+    import warnings
+
+    fns = [functools.partial(_MarkedCloseEnv, i, tmp_path, close_s=2.0 if i == 2 else 0.0, fail=i == 0)
+           for i in range(4)]
+    pool = EnvPool(fns, backend="process", num_workers=2)
+    pool.reset()
+    timer = threading.Timer(0.6, lambda: os.kill(os.getpid(), signal.SIGINT))  # worker 1 is in env 2's close()
+    timer.start()
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(KeyboardInterrupt) as interrupted:
+        warnings.simplefilter("always")
+        pool.close()
+    timer.join()
+    assert "also: env 0 (close): RuntimeError: env 0's video was not written" in interrupted.value.__notes__
+    assert not [w for w in caught if "terminated" in str(w.message)]
+    pool.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"env{i}.closed" for i in range(4)]

@@ -787,6 +787,16 @@ class _IsInitObsEnv(gym.Env):
         return self._obs(), 0.0, self.t >= 3, False, {}
 
 
+class _OwnFlagEnv(_IsInitObsEnv):
+    """A bool "is_init" of its own: True at odd steps."""
+
+    observation_space = gym.spaces.Dict({"is_init": gym.spaces.Box(0, 1, (1,), np.bool_),
+                                         "pos": gym.spaces.Box(-1, 1, (2,), np.float32)})
+
+    def _obs(self):
+        return {"is_init": np.array([self.t % 2 == 1]), "pos": np.zeros(2, np.float32)}
+
+
 def test_an_env_observation_named_is_init_is_refused_not_overwritten(tmp_path):
     """World replaced it at the root with its own flag (the policy and the dataset's root lost the env's values,
     "next" kept them), while "episode" and "step_count" were refused."""
@@ -812,3 +822,8 @@ def test_an_env_observation_named_is_init_is_refused_not_overwritten(tmp_path):
 
     with World(SerialEnv(2, tracked), max_episode_steps=5) as world:  # one inside the batched env's envs too
         assert world.evaluate(2, seed=0, progress=False)["num_episodes"] == 2
+        world.collect(tmp_path / "tracked", 2, seed=0, progress=False, reset_mode="wait")
+    # a bool per env of the env's own, not that flag, is refused once it differs (it was written over)
+    with World(EnvPool(_OwnFlagEnv, 2), max_episode_steps=5) as world:
+        with pytest.raises(ValueError, match=r"the env's own 'is_init' of env 0 reads False at step 0 of its episode"):
+            world.collect(tmp_path / "own", 2, seed=0, progress=False)

@@ -123,6 +123,8 @@ def _recordable(value):
     keys as objects), or ``_UNRECORDABLE``."""
     if isinstance(value, (np.ndarray, np.generic)):
         value = value.tolist()  # a 0-d array too: its number
+    if isinstance(value, float) and not math.isfinite(value):
+        return _UNRECORDABLE  # JSON has no NaN or inf (json.dump would write tokens other readers refuse)
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):
@@ -419,6 +421,18 @@ def _world_keys(env: EnvBase) -> set[str]:
     for group in (env.done_keys, env.reward_keys, env.action_keys):
         keys.update(k if isinstance(k, str) else k[0] for k in group)
     return keys
+
+
+def _env_is_init(env: EnvBase) -> str | None:
+    """What the env's own root ``"is_init"`` observation is: ``None`` (none, or an InitTracker's in its transforms:
+    World's flag agrees), ``"flag"`` (one bool per env, perhaps an InitTracker inside a SerialEnv's envs: checked
+    against World's at every step) or ``"other"`` (refused: World would overwrite it)."""
+    spec = env.full_observation_spec
+    if "is_init" not in spec.keys() or ("is_init",) in bookkeeping_keys(env):
+        return None
+    leaf = spec["is_init"]
+    flag = getattr(leaf, "dtype", None) == torch.bool and leaf.shape[1:].numel() == 1
+    return "flag" if flag else "other"
 
 
 def _as_mask(flags: np.ndarray, device) -> torch.Tensor:
@@ -1277,6 +1291,7 @@ class _Run:
         self.goals: TensorDictBase | None = None
         self.recorder = None
         self.verify_step_count = verify_step_count  # the env's own "step_count", which World's replaces
+        self.verify_is_init = _env_is_init(world.env) == "flag"  # the env's own "is_init", which World's replaces
         if writer is not None:
             self.recorder = _EpisodeBuffer(n, max_steps)
             self.episode_ids = torch.zeros(n, dtype=torch.int64)
@@ -1308,12 +1323,7 @@ class _Run:
             raise TypeError("reset options need an EnvPool (other TorchRL envs take no per-env options)")
         if policy is not None:
             _check_policy(policy, "policy")
-        spec = world.env.full_observation_spec
-        # an InitTracker's flag agrees with World's, also one inside a SerialEnv's envs (a bool per env, as a
-        # StepCounter's step_count is recognised by its shape)
-        flag_like = "is_init" in spec.keys() and getattr(spec["is_init"], "dtype", None) == torch.bool \
-            and spec["is_init"].shape[1:].numel() == 1
-        if "is_init" in spec.keys() and not flag_like and ("is_init",) not in bookkeeping_keys(world.env):
+        if _env_is_init(world.env) == "other":
             raise ValueError(
                 "World: the env has an observation 'is_init', which World sets at every step (True on an "
                 "episode's first step) for the policy and the dataset, and would overwrite; rename it (e.g. "
@@ -1519,6 +1529,8 @@ class _Run:
 
     def _step(self, td: TensorDictBase) -> TensorDictBase:
         n, active = self.n, self.active
+        if self.verify_is_init:
+            self._check_is_init(td)
         td.set("is_init", _as_mask(self.is_init, self.device))
         if self.goals is not None:
             # a copy per step: a policy that edits the goal in place must not change later steps' goals
@@ -1629,6 +1641,25 @@ class _Run:
                 f"step {int(expected[j])} of its episode; World writes its count in every dataset row under "
                 "'step_count', so it would replace a value that is not a step count. Rename it (e.g. "
                 "torchrl.envs.RenameTransform) before collecting"
+            )
+
+    def _check_is_init(self, td) -> None:
+        """The env's own bool ``"is_init"`` (an InitTracker World cannot see, inside a SerialEnv's envs) must be
+        World's flag on the rows running an episode: World writes its flag over it, which must not change the
+        data the policy and the dataset see."""
+        value = td.get("is_init", None)
+        if value is None:
+            return
+        rows = np.flatnonzero(self.active)
+        got = value.reshape(self.n, -1)[:, 0].cpu().numpy()[rows]
+        expected = self.is_init[rows]
+        if not np.array_equal(got, expected):
+            j = int(np.flatnonzero(got != expected)[0])
+            raise ValueError(
+                f"World: the env's own 'is_init' of env {int(rows[j])} reads {bool(got[j])} at step "
+                f"{int(self.t[rows[j]])} of its episode; World sets 'is_init' at every step (True on an episode's "
+                "first step) for the policy and the dataset, so it would replace a value that is not that flag. "
+                "Rename it (e.g. torchrl.envs.RenameTransform) before evaluating or collecting"
             )
 
     def _success(self, td) -> np.ndarray | None:

@@ -588,7 +588,7 @@ class ProcessBackend:
             self._reap()
             error, self._close_error = self._close_error, None
         elif self._finalizer.alive:
-            stuck = []
+            stuck, errors = [], {}
             try:
                 # a worker that still owes replies is in an env call an interrupt left running (it may
                 # never return): it gets _CLOSE_TIMEOUT to finish it, then counts as stuck and is
@@ -600,7 +600,6 @@ class ProcessBackend:
                 live = [w for w, proc in enumerate(self._processes) if proc.is_alive() and w not in stuck]
                 message = bytes(ForkingPickler.dumps(("close", None)))
                 sent = self._broadcast([(w, message) for w in live])
-                errors = {}
                 self._gather(sent, "close", errors=errors)
                 for w in [w for w, err in errors.items() if err.phase == "worker"]:
                     if self._processes[w].exitcode == 0:  # it had exited by itself (after a failed make)
@@ -616,6 +615,16 @@ class ProcessBackend:
             except EnvError as err:
                 if err.phase == "close":  # an env's close() raised (a dead worker has nothing to close)
                     error = err
+            except KeyboardInterrupt as interrupt:
+                # a Ctrl-C while the workers close their envs (they ignore it): as an env call an interrupt left
+                # running, each gets _CLOSE_TIMEOUT to finish (an env writing its video), then is terminated
+                # below; the close errors that came are notes on the interrupt, as the serial backend's
+                try:
+                    stuck = [*stuck, *self._drain_owed(timeout=_CLOSE_TIMEOUT)]
+                finally:
+                    for err in sorted(errors.values(), key=lambda err: (err.phase != "close", err.env_index or 0)):
+                        add_note(interrupt, f"also: {str(err).splitlines()[0]}")
+                raise
             finally:
                 # stuck in an env call, or interrupted while closing
                 for w in sorted({*stuck, *(w for w, owed in self._owed.items() if owed)}):
