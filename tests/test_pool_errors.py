@@ -1320,8 +1320,8 @@ class _MarkedCloseEnv(gym.Env):
     observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
     action_space = gym.spaces.Discrete(2)
 
-    def __init__(self, i, folder, close_s=0.0, fail=False):
-        self.i, self.folder, self.close_s, self.fail = i, folder, close_s, fail
+    def __init__(self, i, folder, close_s=0.0, fail=False, die=False):
+        self.i, self.folder, self.close_s, self.fail, self.die = i, folder, close_s, fail, die
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -1334,6 +1334,10 @@ class _MarkedCloseEnv(gym.Env):
         import time
 
         time.sleep(self.close_s)
+        if self.die:
+            import os
+
+            os._exit(3)
         (self.folder / f"env{self.i}.closed").touch()
         if self.fail:
             raise RuntimeError(f"env {self.i}'s video was not written")
@@ -1361,3 +1365,34 @@ def test_a_ctrl_c_while_the_workers_close_their_envs_lets_them_finish_and_keeps_
     assert not [w for w in caught if "terminated" in str(w.message)]
     pool.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"env{i}.closed" for i in range(4)]
+
+
+def test_close_errors_that_come_after_a_ctrl_c_are_notes_too(tmp_path):
+    """Those that came during the wait after the Ctrl-C were a warning (the first) or lost (the others, a
+    worker's death), and a worker's second failing env (a note on its first) was lost."""
+    import os
+    import signal
+    import threading
+
+    fns = [functools.partial(_MarkedCloseEnv, 0, tmp_path, fail=True),
+           functools.partial(_MarkedCloseEnv, 1, tmp_path, fail=True),  # worker 0: two failures
+           functools.partial(_MarkedCloseEnv, 2, tmp_path, close_s=1.5, fail=True),
+           functools.partial(_MarkedCloseEnv, 3, tmp_path, close_s=1.5, fail=True),  # worker 1: after the Ctrl-C
+           functools.partial(_MarkedCloseEnv, 4, tmp_path, close_s=1.5, die=True),  # worker 2: dies closing
+           functools.partial(_MarkedCloseEnv, 5, tmp_path)]
+    pool = EnvPool(fns, backend="process", num_workers=3)
+    pool.reset()
+    timer = threading.Timer(0.7, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt) as interrupted:
+        pool.close()
+    timer.join()
+    notes = interrupted.value.__notes__
+    expected = ["env 0 (close): RuntimeError: env 0's video was not written",
+                "env 1 (close) also raised RuntimeError: env 1's video was not written",
+                "env 2 (close): RuntimeError: env 2's video was not written",
+                "env 3 (close) also raised RuntimeError: env 3's video was not written",
+                "pool (worker): worker 2 (envs 4..5"]
+    for text in expected:
+        assert any(note.startswith(f"also: {text}") for note in notes), (text, notes)
+    pool.close()

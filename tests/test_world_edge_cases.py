@@ -797,6 +797,15 @@ class _OwnFlagEnv(_IsInitObsEnv):
         return {"is_init": np.array([self.t % 2 == 1]), "pos": np.zeros(2, np.float32)}
 
 
+class _TerminalFlagEnv(_IsInitObsEnv):
+    """A bool "is_init" that is World's flag at every root, but True on the terminal observation."""
+
+    observation_space = _OwnFlagEnv.observation_space
+
+    def _obs(self):
+        return {"is_init": np.array([self.t in (0, 3)]), "pos": np.zeros(2, np.float32)}
+
+
 def test_an_env_observation_named_is_init_is_refused_not_overwritten(tmp_path):
     """World replaced it at the root with its own flag (the policy and the dataset's root lost the env's values,
     "next" kept them), while "episode" and "step_count" were refused."""
@@ -827,3 +836,7 @@ def test_an_env_observation_named_is_init_is_refused_not_overwritten(tmp_path):
     with World(EnvPool(_OwnFlagEnv, 2), max_episode_steps=5) as world:
         with pytest.raises(ValueError, match=r"the env's own 'is_init' of env 0 reads False at step 0 of its episode"):
             world.collect(tmp_path / "own", 2, seed=0, progress=False)
+    # and under "next", which the dataset records as it is (it was never checked)
+    with World(EnvPool(_TerminalFlagEnv, 2), max_episode_steps=5) as world:
+        with pytest.raises(ValueError, match=r"the env's own 'is_init' of env 0 reads True at step 3 of its episode"):
+            world.collect(tmp_path / "terminal", 2, seed=0, progress=False)

@@ -1530,7 +1530,7 @@ class _Run:
     def _step(self, td: TensorDictBase) -> TensorDictBase:
         n, active = self.n, self.active
         if self.verify_is_init:
-            self._check_is_init(td)
+            self._check_is_init(td, np.flatnonzero(active), self.is_init, self.t)
         td.set("is_init", _as_mask(self.is_init, self.device))
         if self.goals is not None:
             # a copy per step: a policy that edits the goal in place must not change later steps' goals
@@ -1546,6 +1546,8 @@ class _Run:
         nxt = td.get("next")
         rows = np.flatnonzero(stepped)
         self.env_steps += len(rows) if self.freeze else n
+        if self.verify_is_init:  # an observation after a step is no episode's first: the flag is False there
+            self._check_is_init(nxt, rows, np.zeros(n, dtype=bool), self.t + 1)
 
         reward = nxt.get("reward").reshape(n, -1).sum(-1).double().cpu().numpy()
         done = nxt.get("done").reshape(n, -1).any(-1).cpu().numpy()
@@ -1643,21 +1645,20 @@ class _Run:
                 "torchrl.envs.RenameTransform) before collecting"
             )
 
-    def _check_is_init(self, td) -> None:
+    def _check_is_init(self, td, rows: np.ndarray, flags: np.ndarray, steps: np.ndarray) -> None:
         """The env's own bool ``"is_init"`` (an InitTracker World cannot see, inside a SerialEnv's envs) must be
-        World's flag on the rows running an episode: World writes its flag over it, which must not change the
-        data the policy and the dataset see."""
+        World's flag (``flags``, at ``steps``) on ``rows``: at the root World writes its flag over it, which must
+        not change what the policy and the dataset see, and under ``"next"`` it is recorded as it is."""
         value = td.get("is_init", None)
         if value is None:
             return
-        rows = np.flatnonzero(self.active)
         got = value.reshape(self.n, -1)[:, 0].cpu().numpy()[rows]
-        expected = self.is_init[rows]
+        expected = flags[rows]
         if not np.array_equal(got, expected):
             j = int(np.flatnonzero(got != expected)[0])
             raise ValueError(
                 f"World: the env's own 'is_init' of env {int(rows[j])} reads {bool(got[j])} at step "
-                f"{int(self.t[rows[j]])} of its episode; World sets 'is_init' at every step (True on an episode's "
+                f"{int(steps[rows[j]])} of its episode; World sets 'is_init' at every step (True on an episode's "
                 "first step) for the policy and the dataset, so it would replace a value that is not that flag. "
                 "Rename it (e.g. torchrl.envs.RenameTransform) before evaluating or collecting"
             )

@@ -618,12 +618,25 @@ class ProcessBackend:
             except KeyboardInterrupt as interrupt:
                 # a Ctrl-C while the workers close their envs (they ignore it): as an env call an interrupt left
                 # running, each gets _CLOSE_TIMEOUT to finish (an env writing its video), then is terminated
-                # below; the close errors that came are notes on the interrupt, as the serial backend's
+                # below; every close error, before or during that wait, is a note on the interrupt (the last
+                # one, after a second Ctrl-C), as the serial backend's
+                raised = interrupt
                 try:
-                    stuck = [*stuck, *self._drain_owed(timeout=_CLOSE_TIMEOUT)]
+                    closing = [w for w, owed in self._owed.items() if owed and w not in stuck]
+                    for w in closing:
+                        self._owed[w] -= 1  # its close reply, read here (counted again if it does not come)
+                    self._gather(closing, "close", timeout=_CLOSE_TIMEOUT, errors=errors)
+                except BaseException as again:
+                    raised = again
+                    raise
                 finally:
-                    for err in sorted(errors.values(), key=lambda err: (err.phase != "close", err.env_index or 0)):
-                        add_note(interrupt, f"also: {str(err).splitlines()[0]}")
+                    for w in [w for w, err in errors.items() if err.phase == "close (timed out)"]:
+                        del errors[w]  # still closing: terminated below, with a warning
+                    for w, err in sorted(errors.items(), key=lambda item: (item[1].phase != "close", item[0])):
+                        if err.phase == "worker" and self._processes[w].exitcode == 0:
+                            continue  # it had exited by itself (after a failed make)
+                        for note in [str(err).splitlines()[0], *getattr(err, "__notes__", ())]:
+                            add_note(raised, f"also: {note}")
                 raise
             finally:
                 # stuck in an env call, or interrupted while closing
@@ -631,7 +644,7 @@ class ProcessBackend:
                     rows = self.slices[w]
                     warnings.warn(
                         f"EnvPool.close(): worker {w} (envs {rows.start}..{rows.stop - 1}) was still in an env call "
-                        "and was terminated; its envs were not closed", RuntimeWarning, stacklevel=3,
+                        "and was terminated; its envs may not all be closed", RuntimeWarning, stacklevel=3,
                     )
                     _end(self._processes[w])  # here: the finalizer below waits, unbounded, on workers owing nothing
                 self._owed.clear()
