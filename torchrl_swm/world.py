@@ -1631,34 +1631,38 @@ class _Run:
         World's count on the rows recorded: World writes its count there, which must not change the data.
         The step's ``"next"`` is checked (the root one is the previous step's, and a SerialEnv may have
         updated the caller's root in place)."""
-        value = nxt.get("step_count", None)
-        if value is None:
-            return
-        got = value.reshape(self.n, -1)[:, 0].cpu().numpy()[rows]
-        expected = self.t[rows]
-        if not np.array_equal(got, expected):
-            j = int(np.flatnonzero(got != expected)[0])
+        found = self._first_difference(nxt, "step_count", rows, self.t)
+        if found is not None:
+            j, got, expected = found
             raise ValueError(
-                f"World.collect: the env's own 'step_count' of env {int(rows[j])} reads {got[j].item()!r} after "
-                f"step {int(expected[j])} of its episode; World writes its count in every dataset row under "
+                f"World.collect: the env's own 'step_count' of env {j} reads {got.item()!r} after "
+                f"step {int(expected)} of its episode; World writes its count in every dataset row under "
                 "'step_count', so it would replace a value that is not a step count. Rename it (e.g. "
                 "torchrl.envs.RenameTransform) before collecting"
             )
+
+    def _first_difference(self, td, key: str, rows: np.ndarray, expected: np.ndarray):
+        """``(env, value, expected)`` of the first of ``rows`` whose env's own ``td[key]`` (one value per env)
+        differs from ``expected``; ``None`` when none does, or the env has no such key."""
+        value = td.get(key, None)
+        if value is None:
+            return None
+        got = value.reshape(self.n, -1)[:, 0].cpu().numpy()[rows]
+        differs = np.flatnonzero(got != expected[rows])
+        if not differs.size:
+            return None
+        j = int(rows[differs[0]])
+        return j, got[differs[0]], expected[j]
 
     def _check_is_init(self, td, rows: np.ndarray, flags: np.ndarray, steps: np.ndarray) -> None:
         """The env's own bool ``"is_init"`` (an InitTracker World cannot see, inside a SerialEnv's envs) must be
         World's flag (``flags``, at ``steps``) on ``rows``: at the root World writes its flag over it, which must
         not change what the policy and the dataset see, and under ``"next"`` it is recorded as it is."""
-        value = td.get("is_init", None)
-        if value is None:
-            return
-        got = value.reshape(self.n, -1)[:, 0].cpu().numpy()[rows]
-        expected = flags[rows]
-        if not np.array_equal(got, expected):
-            j = int(np.flatnonzero(got != expected)[0])
+        found = self._first_difference(td, "is_init", rows, flags)
+        if found is not None:
+            j, got, _ = found
             raise ValueError(
-                f"World: the env's own 'is_init' of env {int(rows[j])} reads {bool(got[j])} at step "
-                f"{int(steps[rows[j]])} of its episode; World sets 'is_init' at every step (True on an episode's "
+                f"World: the env's own 'is_init' of env {j} reads {bool(got)} at step {int(steps[j])} of its episode; World sets 'is_init' at every step (True on an episode's "
                 "first step) for the policy and the dataset, so it would replace a value that is not that flag. "
                 "Rename it (e.g. torchrl.envs.RenameTransform) before evaluating or collecting"
             )
