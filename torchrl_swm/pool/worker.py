@@ -75,8 +75,9 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
     # restarts the system calls it interrupts (an env's blocking read in C would fail, as SIG_IGN never made
     # it), and a child the env forks without exec gets Python's default back.
     signal.signal(signal.SIGINT, _ignore_interrupt)
-    signal.siginterrupt(signal.SIGINT, False)
-    os.register_at_fork(after_in_child=_default_interrupt)
+    if hasattr(signal, "siginterrupt"):  # POSIX only, as fork
+        signal.siginterrupt(signal.SIGINT, False)
+        os.register_at_fork(after_in_child=_default_interrupt)
     from .serial import SerialBackend
 
     batch_scheduling()
