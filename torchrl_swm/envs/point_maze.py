@@ -270,25 +270,24 @@ class PointMazeEnv(gym.Env):
         unknown = set(options) - {"state", "target"}
         if unknown:
             raise ValueError(f"PointMaze.reset: unknown options {sorted(unknown)}; expected 'state' and/or 'target'")
+        state_given, target_given = "state" in options, "target" in options
+        if state_given:
+            self.set_state(options["state"])  # validated first: a bad state is named before its cell is used
+        target = self._check_position(options["target"], "target") if target_given else None
         k = len(self.free_cells)
         start_cell, target_cell = self.np_random.choice(k, size=2, replace=False)
         # One of the two given: the other is drawn away from it, in another cell, as when both are drawn: if the
         # drawn cell is the given one's, it takes the other drawn cell (distinct from it), uniform over the rest.
-        if "target" in options and "state" not in options:
-            cell = np.array(self.cell_of(self._check_position(options["target"], "target")))
-            if (self.free_cells[start_cell] == cell).all():
-                start_cell = target_cell
-        elif "state" in options and "target" not in options:
-            self.set_state(options["state"])  # validated here, so a bad state is named before its cell is used
-            if (self.free_cells[target_cell] == np.array(self.cell_of(self._pos))).all():
-                target_cell = start_cell
-        self._pos = self._sample_position(self.free_cells[start_cell])
-        self._vel = np.zeros(2)
-        self._target = self._sample_position(self.free_cells[target_cell])
-        if "state" in options:
-            self.set_state(options["state"])
-        if "target" in options:
-            self._target = self._check_position(options["target"], "target")
+        if target_given and not state_given and (self.free_cells[start_cell] == self.cell_of(target)).all():
+            start_cell = target_cell
+        elif state_given and not target_given and (self.free_cells[target_cell] == self.cell_of(self._pos)).all():
+            target_cell = start_cell
+        # both positions are drawn whatever is given: a seed's draws stay the same with and without options
+        start = self._sample_position(self.free_cells[start_cell])
+        drawn_target = self._sample_position(self.free_cells[target_cell])
+        if not state_given:
+            self._pos, self._vel = start, np.zeros(2)
+        self._target = drawn_target if target is None else target
         self._goal_frame = None
         return self._obs(), self._info(self._distance())
 
