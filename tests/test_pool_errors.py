@@ -728,6 +728,19 @@ def test_an_interrupt_in_one_envs_close_still_closes_the_others_then_is_raised()
     assert pool.is_closed
 
 
+def test_an_interrupt_in_one_envs_close_carries_every_other_close_error():
+    """Only the first error's first line reached the interrupt: a second failing env (a note on the first)
+    was lost."""
+    from envs import BadCloseEnv, InterruptedCloseEnv
+
+    pool = EnvPool([BadCloseEnv, InterruptedCloseEnv, BadCloseEnv], seed=0)
+    with pytest.raises(KeyboardInterrupt) as info:
+        pool.close()
+    notes = info.value.__notes__
+    assert any(note.startswith("also: env 0 (close): ") for note in notes), notes
+    assert any(note.startswith("also: env 2 (close) also raised ") for note in notes), notes
+
+
 @pytest.mark.parametrize("failing", ["interrupt", "error"])
 def test_a_sync_vector_env_pool_closes_every_env_once_whatever_one_of_them_raises(failing):
     # SyncVectorEnv.close_extras stops at the first env that raises, and its fallback close went over the
@@ -1251,7 +1264,8 @@ def _run_with_a_dev_shm_of(size: str, script_text: str, tmp_path):
     script.write_text(script_text)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     return subprocess.run(
-        ["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size={size} tmpfs /dev/shm && exec {sys.executable} {script}"],
+        ["unshare", "-m", "sh", "-c",
+         f"mount -t tmpfs -o size={size} tmpfs /dev/shm && exec {sys.executable} {script}"],
         capture_output=True, text=True, timeout=120, env=env,
     )
 

@@ -35,6 +35,14 @@ def describe(value) -> str:
     return f"{type(value).__name__} {text}"
 
 
+def add_as_notes(error: BaseException, others) -> None:
+    """Each of ``others`` as an ``also:`` note on ``error``: its first line, then its own notes (the errors it
+    carries), so that none is lost."""
+    for other in others:
+        for note in [str(other).splitlines()[0], *getattr(other, "__notes__", ())]:
+            add_note(error, f"also: {note}")
+
+
 def _integral(value) -> bool:
     """An int, a numpy integer or a 0-d integer array/tensor; never a bool (``True`` is not an index)."""
     if isinstance(value, (bool, np.bool_)):

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from .._interrupts import hold_interrupts, release_interrupts
-from ..errors import EnvAttributeError, EnvError, add_note, check_int
+from ..errors import EnvAttributeError, EnvError, add_as_notes, add_note, check_int
 from .rows import action_kind
 from .worker import REPLY_OK, worker_main
 
@@ -601,17 +601,12 @@ class ProcessBackend:
                 message = bytes(ForkingPickler.dumps(("close", None)))
                 sent = self._broadcast([(w, message) for w in live])
                 self._gather(sent, "close", errors=errors)
-                for w in [w for w, err in errors.items() if err.phase == "worker"]:
-                    if self._processes[w].exitcode == 0:  # it had exited by itself (after a failed make)
-                        del errors[w]
                 # an env's close() that raised, as the serial backend raises it; else a worker that died
                 # closing its envs. Every one is reported: the first raised, the others as notes on it
-                ordered = sorted(errors.items(), key=lambda item: (item[1].phase != "close", item[0]))
+                ordered = self._close_errors(errors)
                 if ordered:
-                    error = ordered[0][1]
-                for _, other in ordered[1:]:
-                    for note in [str(other).splitlines()[0], *getattr(other, "__notes__", ())]:
-                        add_note(error, f"also: {note}")
+                    error = ordered[0]
+                    add_as_notes(error, ordered[1:])
             except EnvError as err:
                 if err.phase == "close":  # an env's close() raised (a dead worker has nothing to close)
                     error = err
@@ -630,13 +625,7 @@ class ProcessBackend:
                     raised = again
                     raise
                 finally:
-                    for w in [w for w, err in errors.items() if err.phase == "close (timed out)"]:
-                        del errors[w]  # still closing: terminated below, with a warning
-                    for w, err in sorted(errors.items(), key=lambda item: (item[1].phase != "close", item[0])):
-                        if err.phase == "worker" and self._processes[w].exitcode == 0:
-                            continue  # it had exited by itself (after a failed make)
-                        for note in [str(err).splitlines()[0], *getattr(err, "__notes__", ())]:
-                            add_note(raised, f"also: {note}")
+                    add_as_notes(raised, self._close_errors(errors))
                 raise
             finally:
                 # stuck in an env call, or interrupted while closing
@@ -653,6 +642,14 @@ class ProcessBackend:
                 self._close_error = None
         if error is not None:
             raise error
+
+    def _close_errors(self, errors: dict) -> list[EnvError]:
+        """``close()``'s errors by worker, in the order they are reported: envs' close errors first, then workers
+        that died closing them; not a worker that had exited by itself (after a failed make), nor one still
+        closing past the deadline (terminated, with a warning)."""
+        kept = {w: err for w, err in errors.items() if err.phase != "close (timed out)"
+                and not (err.phase == "worker" and self._processes[w].exitcode == 0)}
+        return [err for _, err in sorted(kept.items(), key=lambda item: (item[1].phase != "close", item[0]))]
 
     def _arm_finalizer(self) -> None:
         """(Re)register the shutdown that reaps the workers and frees the segment, for close() and for a pool

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 import gymnasium as gym
 import numpy as np
 
-from ..errors import EnvAttributeError, EnvError, add_note, describe
+from ..errors import EnvAttributeError, EnvError, add_as_notes, add_note, describe
 from .infos import InfoWriter, SkippedValue, numeric_info_value
 from .rows import RowWriter
 
@@ -116,7 +116,7 @@ def close_envs(envs: Sequence, first: int = 0, *, interrupts_as_errors: bool = F
                 add_note(err, f"raised in env {first + j}'s close(); the other envs were closed")
     if interrupt is not None:
         if first_error is not None:
-            add_note(interrupt, f"also: {str(first_error).splitlines()[0]}")
+            add_as_notes(interrupt, [first_error])
         raise interrupt
     if first_error is not None:
         raise first_error

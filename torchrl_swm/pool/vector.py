@@ -45,7 +45,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.wrappers.vector import RecordEpisodeStatistics
 
-from ..errors import EnvAttributeError, EnvError, SpecError, add_note, describe
+from ..errors import EnvAttributeError, EnvError, SpecError, add_as_notes, add_note, describe
 from .infos import batch_wide_error, check_vector_mask, flatten_vector_info, numeric_info_value
 from .rows import RowWriter
 from .serial import (
@@ -709,7 +709,7 @@ class VectorBackend(InProcessBackend):
                 if isinstance(err, Exception) or not isinstance(env_error, Exception):
                     add_note(env_error, f"also: the vector env's wrappers' close raised {type(err).__name__}: {err}")
                 else:  # the wrapper's interrupt first, the env's error a note on it
-                    add_note(err, f"also: {str(env_error).splitlines()[0]}")
+                    add_as_notes(err, [env_error])
                     raise
         if env_error is not None:
             raise env_error
