@@ -299,7 +299,8 @@ def test_auto_sends_callable_models_with_world_model_arguments_to_the_world_mode
         env = make_env(model, **kwargs)
         assert not isinstance(env, EnvPool) and env.rollout(3, break_when_any_done=False).batch_size == (4, 3)
         env.close()
-    with pytest.raises(ValueError, match=r"got the class Net, an nn.Module: pass the model, an instance \(Net\(...\)\)"):
+    with pytest.raises(ValueError,
+                       match=r"got the class Net, an nn.Module: pass the model, an instance \(Net\(...\)\)"):
         make_env(Net, **kwargs)  # the class, not an instance
     # gym.make's own keywords are an env factory's too: still the gym backend (which says where they belong)
     with pytest.raises(TypeError, match=r"EnvPool: keyword arguments \['max_episode_steps'\] are only accepted with a "

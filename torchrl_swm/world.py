@@ -118,6 +118,9 @@ class EpisodePlan:
     extra: dict = field(default_factory=dict)
 
 
+_UNRECORDABLE = object()  # _recordable's answer for a value with no JSON form
+
+
 def _recordable(value):
     """``value`` as JSON data (numpy values as Python numbers and lists, tuples as lists, mappings with string
     keys as objects), or ``_UNRECORDABLE``."""
@@ -134,9 +137,6 @@ def _recordable(value):
         record = {k: _recordable(v) for k, v in value.items()}
         return _UNRECORDABLE if any(v is _UNRECORDABLE for v in record.values()) else record
     return _UNRECORDABLE
-
-
-_UNRECORDABLE = object()
 
 
 def _recordable_kwargs(kwargs: Mapping) -> tuple[dict, dict]:
@@ -1662,8 +1662,9 @@ class _Run:
         if found is not None:
             j, got, _ = found
             raise ValueError(
-                f"World: the env's own 'is_init' of env {j} reads {bool(got)} at step {int(steps[j])} of its episode; World sets 'is_init' at every step (True on an episode's "
-                "first step) for the policy and the dataset, so it would replace a value that is not that flag. "
+                f"World: the env's own 'is_init' of env {j} reads {bool(got)} at step {int(steps[j])} of its "
+                "episode; World sets 'is_init' at every step (True on an episode's first step) for the policy and "
+                "the dataset, so it would replace a value that is not that flag. "
                 "Rename it (e.g. torchrl.envs.RenameTransform) before evaluating or collecting"
             )
 

@@ -198,7 +198,9 @@ def register_gymnasium_env(
     if not callable(env_factory):
         raise TypeError(f"register_gymnasium_env: env_factory must be callable, got {type(env_factory).__name__}")
     check_bool(numpy, "register_gymnasium_env: numpy")  # here, not at the first make
-    batched = _takes_num_envs(env_factory) if batched is None else check_bool(batched, "register_gymnasium_env: batched")
+    if batched is None:
+        batched = _takes_num_envs(env_factory)
+    batched = check_bool(batched, "register_gymnasium_env: batched")
     export_kwargs = {"numpy": numpy, "observation_keys": observation_keys, "info_keys": info_keys,
                      "autoreset_mode": autoreset_mode}
     from ._core import autoreset_mode as _mode

@@ -65,6 +65,8 @@ from gymnasium.vector.utils import batch_space
 from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
+from ..errors import check_bool
+from ..introspect import transforms_of
 from ._core import (
     Layout,
     attribute_errors,
@@ -77,8 +79,6 @@ from ._core import (
     traits,
 )
 from ._core import autoreset_mode as _autoreset_mode
-from ..errors import check_bool
-from ..introspect import transforms_of
 from .seeding import check_options, normalize_seed, reset_kwargs, seed_groups
 
 __all__ = ["TorchRLVectorEnv"]
