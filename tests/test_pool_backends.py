@@ -566,6 +566,15 @@ def test_next_step_vector_env_without_masked_reset_is_refused_clearly():
         EnvPool(Plain())
 
 
+@pytest.mark.parametrize("declared", ["no", 1, [True]])
+def test_masked_reset_takes_a_bool_or_a_function_never_a_truthy_object(declared):
+    """masked_reset="no" must not declare a masked reset (bool("no") is True)."""
+    venv = gym.make_vec("CartPole-v1", 2, vectorization_mode="sync")
+    with pytest.raises(TypeError, match=r"masked_reset: expected True, False, None or a function .* got "):
+        EnvPool(venv, masked_reset=declared)
+    venv.close()
+
+
 class SameStepCounter(gym.vector.VectorEnv):
     """A natively batched SAME_STEP env without a masked reset: obs = steps since reset, row i's episodes last 2 + i steps."""
 

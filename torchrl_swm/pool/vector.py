@@ -155,7 +155,7 @@ class VectorBackend(InProcessBackend):
         masked_reset: ``True`` to declare that ``venv.reset`` honours
             ``options["reset_mask"]`` (gymnasium's Sync/AsyncVectorEnv do, and
             every DISABLED-mode env must), or a function as in
-            :func:`register_masked_reset`. ``None``: decide from the class.
+            :func:`register_masked_reset`. ``None`` or ``False``: decide from the class.
     """
 
     batched_actions = True
@@ -219,6 +219,11 @@ class VectorBackend(InProcessBackend):
         self._verify_masked_reset = type(self.venv) not in native
         if callable(declared):
             return lambda mask, seed, options: declared(self.venv, mask, seed, options)
+        if declared is not None and not isinstance(declared, (bool, np.bool_)):  # "no" would read as True
+            raise TypeError(
+                f"masked_reset: expected True, False, None or a function fn(venv, mask, seed, options), "
+                f"got {describe(declared)}"
+            )
         for cls, fn in _MASKED_RESETS.items():
             if isinstance(inner, cls):
                 if inner is not self.venv:
