@@ -335,6 +335,36 @@ def test_adapter_signatures_that_would_misbind_are_refused_at_construction(kwarg
         WorldModelEnv(object(), BOX2, BOX2, num_envs=2, **kwargs)
 
 
+def _t_num_envs_default(state, action, num_envs=None):
+    return state
+
+
+def _t_num_envs_keyword_only(state, action, *, num_envs=None):
+    return state
+
+
+def _reward_with_mask(state, obs, action, mask=None):  # reward_fn gets no "_step" mask
+    return obs.sum(-1)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(transition_fn=_t_num_envs_default), r"transition_fn .*'num_envs' is named for a keyword extra that "
+                                              r"transition_fn never receives \(it receives 'generator', 'mask'\)"),
+    (dict(transition_fn=_t_num_envs_keyword_only), "'num_envs' is named for a keyword extra that transition_fn never"),
+    (dict(reward_fn=_reward_with_mask), r"reward_fn .*'mask' .* never receives \(it receives 'generator'\)"),
+    (dict(encode_fn=lambda obs, num_envs=None: obs, initial_observation=torch.zeros(2)),
+     "encode_fn .*'num_envs' is named for a keyword extra that encode_fn never receives"),
+])
+def test_an_adapters_parameter_named_for_an_extra_its_role_never_receives_is_refused(kwargs, match):
+    """README: "a parameter named like an extra its role does not receive ... is an error". With a default (or
+    keyword-only) it was accepted and always stayed None: a reward_fn(..., mask=None) could not tell frozen rows."""
+    kwargs = {"transition_fn": lambda s, a: s, "initial_state": torch.zeros(2), **kwargs}
+    if "initial_observation" in kwargs:
+        kwargs.pop("initial_state")
+    with pytest.raises(AdapterError, match=match):
+        make_world_model_env(object(), BOX2, BOX2, num_envs=2, **kwargs)
+
+
 def test_positional_only_model_and_later_extras_bind_by_position_then_name():
     got = {}
 

@@ -495,6 +495,12 @@ def test_env_does_not_own_or_move_the_model():
         env.to("meta")
     with pytest.raises(TypeError, match=r"expected a device.*model.to\(torch.float64\)"):
         env.to(torch.float64)
+    transformed = make_world_model_env(model, BOX4, FORCE, num_envs=2, initial_state=torch.zeros(4))
+    assert transformed.to("cpu") is transformed
+    with pytest.raises(TypeError, match=r"expected a device.*model.to\(torch.float64\)"):  # not torch's own error
+        transformed.to(torch.float64)
+    with pytest.raises(RuntimeError, match="cannot be moved to meta"):
+        transformed.to("meta")
 
 
 def test_device_mismatch_is_an_error():

@@ -231,6 +231,7 @@ def bind(
     if not callable(fn):
         raise AdapterError(f"{role}: expected a callable, got {describe(fn)}")
     args = tuple(args)
+    extras_known = extras is not None  # None: the caller does not say which extras the role receives
     extras = dict(extras or {})
     # Longest forms first; at equal length the model-first form wins (the seed's convention),
     # e.g. for reset_fn: (model, seed, options), (model, seed), (seed, options), (model), (seed), ().
@@ -319,6 +320,17 @@ def bind(
     stray = [p for p in used if p.name in EXTRAS]
     if stray:
         raise AdapterError(_stray_extra(role, text, stray[0], extras, accepted))
+    # an adapter's parameter named for an extra its role never receives (reward_fn(..., mask=None)) would stay at
+    # its default: the adapter could not tell which rows were frozen. A model's own methods may name parameters
+    # as they like (an encoder's attention mask=None), so only adapters given to the env are held to it
+    never = [p.name for p in params if with_model and extras_known and p.name in EXTRAS and p.name not in extras
+             and p not in used and p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)]
+    if never:
+        raise AdapterError(
+            f"{role} {text}: parameter {never[0]!r} is named for a keyword extra that {role} never receives (it "
+            f"receives {', '.join(map(repr, extras)) or 'none'}), so it would always stay at its default; remove it "
+            f"or rename it"
+        )
     # a parameter named for one of the role's arguments that the chosen convention never passes it
     # (reset_fn(model, options=None) or a model's reset(options=None, seed=None): called without it, lost)
     lost = [p.name for p in params if p.name in args and p not in used

@@ -674,6 +674,11 @@ class WorldModelTransformedEnv(TransformedEnv):
             return super().step(tensordict)
         return step_keeping_frozen_rows(self, tensordict, super().step)
 
+    def to(self, device) -> WorldModelTransformedEnv:
+        if isinstance(device, torch.dtype):  # TorchRL hands a dtype to EnvBase.to (a raw torch TypeError): the
+            self.base_env.to(device)  # base env's error says where a dtype belongs
+        return super().to(device)
+
 
 def _probe_model_action(model, fn, action_space, device, differentiable) -> TensorSpec:
     """The model's action spec, from transforming one zero outside action (batch of 1)."""
