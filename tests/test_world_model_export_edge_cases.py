@@ -561,3 +561,18 @@ def test_next_step_export_restarts_finished_rows_at_the_next_step_as_gymnasium(t
     fixed = WorldModelEnv(_EncodingCounter(), gym.spaces.Box(-100, 100, (1,), np.float32), gym.spaces.Discrete(2),
                           num_envs=3, initial_state=torch.ones(1))
     assert fixed.fixed_start and not to_gymnasium(fixed, autoreset_mode="next_step")._defer_resets
+
+
+def test_render_of_a_world_model_export_is_not_implemented_on_both_exports_as_on_gymnasiums_vector_env():
+    """The vector export raised AttributeError, the single-env one NotImplementedError (gymnasium's VectorEnv.render
+    raises NotImplementedError): one exception for both."""
+    env = make_world_model_env(None, BOX3, ACT3, num_envs=2, initial_state=torch.zeros(3),
+                               transition_fn=lambda s, a: s + a)
+    vector, single = to_gymnasium(env), TorchRLGymEnv(make_world_model_env(
+        None, BOX3, ACT3, num_envs=None, state_key="observation", initial_state=torch.zeros(3),
+        transition_fn=lambda s, a: s + a))
+    for exported in (vector, single):
+        exported.reset(seed=0)
+        with pytest.raises(NotImplementedError, match="render\\(\\) reaches the sub-env"):
+            exported.render()
+        exported.close()

@@ -609,8 +609,14 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         gym.vector.VectorEnv.np_random.fset(self, value)
 
     def render(self):
-        """The sub-envs' frames (``EnvPool`` only)."""
-        return tuple(self._pool("render()").call("render"))
+        """The sub-envs' frames (``EnvPool`` only; else ``NotImplementedError``, as gymnasium's ``VectorEnv.render``
+        and the single-env export raise)."""
+        if self.traits.pool is None:
+            raise NotImplementedError(
+                f"render() reaches the sub-environments of an EnvPool; this export wraps {type(self.env).__name__}, "
+                "which has none"
+            )
+        return tuple(self.traits.pool.call("render"))
 
     def close_extras(self, **kwargs) -> None:
         # called once (VectorEnv.close checks self.closed); the wrapped env's is_closed cannot be
