@@ -301,8 +301,15 @@ def test_env_error_pickles_and_rebuilds_from_its_message():
     assert (again.env_index, again.phase, again.message, str(again)) == (3, "step", "ValueError: boom", str(err))
     # TorchRL's collector workers re-raise an exception class from one preformatted message
     rebuilt = EnvError(str(err))
-    assert str(rebuilt) == "env 3 (step): ValueError: boom" and rebuilt.env_index is None
+    assert str(rebuilt) == "env 3 (step): ValueError: boom"
+    assert (rebuilt.env_index, rebuilt.phase, rebuilt.message) == (3, "step", "ValueError: boom")  # read back
     assert str(pickle.loads(pickle.dumps(rebuilt))) == str(rebuilt)
+    pool_wide = EnvError(str(EnvError(None, "sample a probe action", "x (y): z\nmore")))
+    assert (pool_wide.env_index, pool_wide.phase, pool_wide.message) == (None, "sample a probe action", "x (y): z\nmore")
+    for text in ("something else: boom", "env x (step): boom"):  # not an EnvError's text: kept whole
+        other = EnvError(text)
+        assert (other.env_index, other.phase, other.message, str(other)) == (None, None, text, text)
+        assert str(pickle.loads(pickle.dumps(other))) == text
 
 
 def test_step_returning_the_old_four_tuple_is_named():

@@ -128,9 +128,10 @@ def test_env_error_while_a_collector_worker_starts_reaches_the_main_process_as_e
     # the worker's exception class from its message, and EnvError must survive that.
     from torchrl_swm import EnvError
 
-    with pytest.raises(EnvError, match=rf"env {N - 1} \(step\): ValueError: boom at step 1"):
+    with pytest.raises(EnvError, match=rf"env {N - 1} \(step\): ValueError: boom at step 1") as info:
         MultiAsyncCollector([make_pool_factory(0), functools.partial(_pool_failing_at, 1)], None,
                             frames_per_batch=N * T, total_frames=N * T * 4)
+    assert (info.value.env_index, info.value.phase) == (N - 1, "step")  # read back from the text (were None)
 
 
 def test_multiasync_failure_after_the_others_finish_is_raised_by_raise_on_worker_failure():

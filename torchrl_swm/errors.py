@@ -7,6 +7,7 @@ expected and what was received, and chains the original exception (``raise
 
 from __future__ import annotations
 
+import re
 import sys
 
 import numpy as np
@@ -167,6 +168,9 @@ def user_stacklevel() -> int:
     return level
 
 
+_ENV_ERROR_HEAD = re.compile(r"(?:env (\d+)|pool) \((.+?)\): ", re.S)  # the start of an EnvError's text
+
+
 class EnvError(RuntimeError):
     """A sub-environment failed or produced data that does not fit the pool.
 
@@ -179,9 +183,15 @@ class EnvError(RuntimeError):
     def __init__(self, env_index: int | str | None, phase: str | None = None, message: str | None = None):
         if isinstance(env_index, str) and phase is None and message is None:
             # One preformatted message: how TorchRL's collector workers re-raise an exception
-            # class in the main process (``exc_class(text)``).
-            self.env_index, self.phase, self.message = None, None, env_index
-            super().__init__(env_index)
+            # class in the main process (``exc_class(text)``); the env and phase are read back from it
+            text = env_index
+            head = _ENV_ERROR_HEAD.match(text)
+            if head is None:
+                self.env_index, self.phase, self.message = None, None, text
+            else:
+                self.env_index = None if head[1] is None else int(head[1])
+                self.phase, self.message = head[2], text[head.end():]
+            super().__init__(text)
             return
         self.env_index = env_index
         self.phase = phase
