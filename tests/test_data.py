@@ -550,6 +550,33 @@ def test_a_key_written_at_some_steps_only_is_an_error_never_uninitialised_memory
     assert "extra" not in ds.td.keys()
 
 
+@pytest.mark.parametrize("late", [False, True], ids=["first-step", "later-step"])
+def test_a_non_tensor_entry_is_refused_naming_it_never_dropped(tmp_path, late):
+    """A policy's NonTensorData ("note": a string) was left out of the dataset without a word (TensorDict's leaves
+    skip non-tensors); now an error naming the key and exclude_keys=, and excluded it is no trouble."""
+    from tensordict import NonTensorData
+
+    calls = []
+
+    def noting(td):
+        calls.append(1)
+        td["action"] = torch.zeros(td.batch_size, dtype=torch.int64)
+        if not late or len(calls) > 3:
+            td["policy", "note"] = NonTensorData("hello", batch_size=td.batch_size)
+        return td
+
+    world = World(counting_pool(2))
+    with pytest.raises(TypeError, match=r"\('policy', 'note'\) holds non-tensor data \(NonTensorData: \['hello', "
+                                        r"'hello'\].*exclude_keys=\[\('policy', 'note'\)\]"):
+        world.collect(tmp_path / "a", 2, seed=0, max_steps=10, policy=noting, progress=False)
+    if late:
+        return
+    assert not (tmp_path / "a").exists()  # refused at the first step: nothing created
+    ds = world.collect(tmp_path / "b", 2, seed=0, max_steps=10, policy=noting, exclude_keys=[("policy", "note")],
+                       progress=False)
+    assert ds.num_episodes == 2 and ("policy", "note") not in ds.td.keys(True)
+
+
 def test_excluding_the_reward_keeps_the_dataset_summarisable(tmp_path):
     world = World(counting_pool(2))
     ds = world.collect(tmp_path / "ds", 3, seed=0, max_steps=10, exclude_keys=[("next", "reward")], progress=False)

@@ -454,6 +454,23 @@ _NUMPY_DTYPES = {
 }
 
 
+def _refuse_non_tensors(td: TensorDictBase) -> None:
+    """A non-tensor entry (``NonTensorData``: a string, an object) has no place in the memory-mapped storage,
+    and TensorDict's leaves leave it out: stored, it would vanish without a word."""
+    for key, value in td.items(True, True, is_leaf=_is_leaf_or_non_tensor):
+        if getattr(type(value), "_is_non_tensor", False):
+            data = value.tolist() if hasattr(value, "tolist") else value
+            raise TypeError(
+                f"World.collect: {key!r} holds non-tensor data ({type(value).__name__}: {repr(data)[:80]}, written by "
+                "the env, a transform or the policy); a dataset stores tensors only: leave it out with "
+                f"exclude_keys=[{key!r}], or write it as a tensor"
+            )
+
+
+def _is_leaf_or_non_tensor(cls: type) -> bool:
+    return not issubclass(cls, TensorDictBase) or getattr(cls, "_is_non_tensor", False)
+
+
 class _EpisodeBuffer:
     """Per-env episode rows (``[N, rows]``) until an episode is complete; ``rows`` doubles as episodes
     grow, up to ``max_len`` (a bound far above the episodes' lengths costs no memory)."""
@@ -483,6 +500,7 @@ class _EpisodeBuffer:
     def write(self, td: TensorDictBase, rows: np.ndarray, t: np.ndarray) -> None:
         if td.device is not None and td.device.type != "cpu":
             td = td.to("cpu")
+        _refuse_non_tensors(td)
         if self.buf is None:
             self._allocate(td, min(self.max_len, self._FIRST_ROWS))
         if len(t) and int(t.max()) >= self._rows:
@@ -1595,12 +1613,12 @@ class _Run:
             nxt.set("step_count", torch.as_tensor(self.t).view(n, 1).to(self.device))
             if self._exclude_unchecked:
                 self._check_excluded(td)
-            if self.writer is not None and not self.writer.opened:
-                self.writer.open()  # the first recorded step, checked: the dataset directory is created now
             # the goals this run injected are not the env's: an env's own "goal" observation is recorded
             injected = () if self.goals is None else (self.goal_key,)
             record = td.exclude(*[k for k in td.keys() if k.startswith("_")], *injected, *self.exclude_keys)
             self.recorder.write(record, rows, t_before[rows])
+            if self.writer is not None and not self.writer.opened:
+                self.writer.open()  # the first recorded step, checked: the dataset directory is created now
         if self.video is not None:
             pixels = nxt.get("pixels").cpu().numpy()
             if self.video.layout == "grid":
