@@ -3,6 +3,7 @@
 import functools
 import json
 import os
+import re
 import shutil
 import threading
 
@@ -220,6 +221,13 @@ def test_interrupted_collect_keeps_every_completed_episode_and_no_partial_one(tm
     assert sorted(ds.episode_ids.tolist()) == [0, 1, 2, 3, 5, 6]
     assert ds.metadata["complete"] is False and type(error).__name__ in ds.metadata["interrupted"]
     assert ds.num_steps == 2 * 3 + 5 + 3 * 2
+    # compacted at its exact size, in completion order: a plain buffer of storage_rows loads it (it kept the
+    # capacity, 9 * 10 rows, which rb.loads allocated in full)
+    assert ds.metadata["compacted"] is True and ds.metadata["storage_rows"] == ds.num_steps
+    assert ds.episode_ids.tolist() == [0, 2, 3, 1, 6, 5]  # as they completed
+    rb = TensorDictReplayBuffer(storage=LazyMemmapStorage(ds.num_steps, scratch_dir=tmp_path / "rb"))
+    rb.loads(tmp_path / "d")
+    assert len(rb) == ds.num_steps and torch.equal(rb[:]["observation"], ds.td["observation"])
     for k in range(ds.num_episodes):
         ep = ds.episode(k)
         L = lengths[int(ds.episode_ids[k]) % 3]
@@ -299,6 +307,61 @@ def test_load_dataset_errors(tmp_path):
         with pytest.raises(DatasetError, match=rf"dataset.json': '{field}' must be a non-negative integer, "
                                                rf"got {value!r}; the dataset's metadata is damaged"):
             load_dataset(tmp_path / "bad")
+
+
+_COLLECT_INTO_A_SMALL_DISK = """
+import json, sys, warnings
+from torchrl_swm import World, load_dataset
+path = sys.argv[1] if len(sys.argv) > 1 else {path!r}
+warnings.simplefilter("always")
+with World("CartPole-v1", num_envs=2, image_shape=(64, 64)) as world:
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            world.collect(path, {episodes}, seed=0, progress=False)
+        print("collected", [str(w.message)[:600] for w in caught])
+    except OSError as err:
+        print("OSError", err.errno, err)
+meta = json.load(open(path + "/dataset.json"))
+print("meta", {{k: meta.get(k) for k in ("complete", "compacted", "num_episodes", "storage_rows")}},
+      "compaction_skipped" in meta)
+ds = load_dataset(path)
+print("loaded", ds.num_episodes, len(ds), ds.td is None or bool((ds.td["pixels"].float().mean() > 0)))
+"""
+
+
+@pytest.mark.parametrize("size, episodes", [("3m", 40), ("30m", 40)], ids=["data", "compaction-copy"])
+def test_a_full_disk_is_an_oserror_or_a_skipped_compaction_never_a_sigbus(tmp_path, size, episodes):
+    """The storage's files are sparse memory maps: writing past the disk's free space killed the process with
+    SIGBUS (exit 135, nothing printed), while collecting (3 MiB) or while compacting (30 MiB: room for the data,
+    not for its copy). Runs in a private mount namespace with a tmpfs of that size."""
+    from small_tmpfs import run_with_a_tmpfs_at
+
+    mount = tmp_path / "mnt"
+    out = run_with_a_tmpfs_at(mount, size, _COLLECT_INTO_A_SMALL_DISK.format(path=str(mount / "ds"),
+                                                                           episodes=episodes), tmp_path)
+    assert out.returncode == 0, (out.returncode, out.stdout, out.stderr[-2000:])
+    if size == "3m":
+        assert re.search(r"OSError 28 \[Errno 28\] DatasetWriter: episode \d+ \(\d+ steps\) needs [\d.]+ MiB on the "
+                         r"filesystem of .*, which has [\d.]+ MiB free; free some space or write the dataset elsewhere",
+                         out.stdout), out.stdout
+        assert "meta {'complete': False, 'compacted': False" in out.stdout, out.stdout
+    else:  # every episode written; the copy skipped, with a warning
+        assert re.search(r"collected \[.*compacting the storage needs .*; the dataset is left uncompacted", out.stdout)
+        assert "meta {'complete': True, 'compacted': False, 'num_episodes': 40, 'storage_rows': " in out.stdout
+        assert "} True" in out.stdout and "loaded 40 " in out.stdout, out.stdout
+    assert re.search(r"loaded \d+ \d+ True", out.stdout), out.stdout
+
+
+def test_an_uncompacted_dataset_maps_only_its_committed_rows(tmp_path):
+    """The reader mapped every file privately at the storage's full capacity before slicing it: an interrupted
+    collect of a large capacity (49 GB sparse, 3 MB written) could not be opened (the kernel refuses a private
+    mapping that large)."""
+    pool = counting_pool(2)
+    ds = World(pool, max_episode_steps=50).collect(tmp_path / "d", 4, seed=0, compact=False, progress=False)
+    assert ds.metadata["storage_rows"] == 200 > ds.num_steps
+    for key, leaf in ds.td.items(True, True):
+        assert leaf.untyped_storage().nbytes() == leaf.numel() * leaf.element_size(), key  # num_steps rows mapped
+    pool.close()
 
 
 def test_uncompacted_dataset_loads_with_the_committed_length(tmp_path):
@@ -395,7 +458,7 @@ def test_an_interrupt_inside_the_storage_write_leaves_no_rows_of_that_episode_fo
         writer.add(episode(1, 5))
     storage._get_new_len = advance
     writer.add(episode(2, 4))  # the next episode lands right after the last complete one
-    writer.close(complete=False, interrupted="KeyboardInterrupt")
+    writer.close(complete=False, interrupted="KeyboardInterrupt", compact=False)  # the storage as written
     assert load_dataset(tmp_path / "w").num_steps == 7
     rb = TensorDictReplayBuffer(storage=LazyMemmapStorage(20))
     rb.loads(tmp_path / "w")

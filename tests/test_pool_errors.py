@@ -1256,25 +1256,10 @@ if __name__ == "__main__":
 
 
 def _run_with_a_dev_shm_of(size: str, script_text: str, tmp_path):
-    """Run ``script_text`` in a private mount namespace whose /dev/shm is a tmpfs of ``size`` (skips without
-    ``unshare -m`` and mount rights); the completed process."""
-    import os
-    import shutil
-    import subprocess
-    import sys
+    """Run ``script_text`` with a /dev/shm of ``size`` of its own (a private mount namespace)."""
+    from small_tmpfs import run_with_a_tmpfs_at
 
-    if shutil.which("unshare") is None or subprocess.run(
-        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"], capture_output=True
-    ).returncode != 0:
-        pytest.skip("needs unshare -m and mount (root) to give the test a small /dev/shm of its own")
-    script = tmp_path / "script.py"
-    script.write_text(script_text)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    return subprocess.run(
-        ["unshare", "-m", "sh", "-c",
-         f"mount -t tmpfs -o size={size} tmpfs /dev/shm && exec {sys.executable} {script}"],
-        capture_output=True, text=True, timeout=120, env=env,
-    )
+    return run_with_a_tmpfs_at("/dev/shm", size, script_text, tmp_path)
 
 
 def test_a_dev_shm_too_small_for_the_buffers_is_an_oserror_not_a_sigbus(tmp_path):

@@ -346,8 +346,8 @@ def _collect(args) -> int:
             try:
                 partial = load_dataset(out)
                 print(f"interrupted: {out} holds {partial.num_episodes} complete episodes", file=sys.stderr)
-            except Exception:
-                print("interrupted before any episode completed", file=sys.stderr)
+            except Exception as err:  # not every failure means no episode: say which it was
+                print(f"interrupted: {out} cannot be opened ({type(err).__name__}: {err})", file=sys.stderr)
             return 130
     finally:
         world.close()

@@ -41,11 +41,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import json
 import logging
 import os
 import shutil
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -257,6 +259,7 @@ class DatasetWriter:
             raise RuntimeError(
                 f"DatasetWriter: episode of {length} steps does not fit ({self.num_steps}/{self.capacity} rows used)"
             )
+        self._check_free_space(length, keys, f"episode {episode_id} ({length} steps)")
         self.open()
         if self.keys is None:
             self.keys = keys
@@ -285,6 +288,21 @@ class DatasetWriter:
         if time.monotonic() - self._last_commit >= self.commit_every:
             self.commit()
 
+    def _check_free_space(self, rows: int, keys: Mapping, what: str) -> None:
+        """Refuse to write ``rows`` rows of ``keys`` that the filesystem has no room for: the storage's files are
+        sparse memory maps, and a write into a page the disk cannot back kills the process with SIGBUS, no
+        exception. (Another process filling the disk in between can still do that.)"""
+        path = self.path if self.path.exists() else next(p for p in self.path.parents if p.exists())
+        free = shutil.disk_usage(path).free
+        needed = rows * _row_bytes(keys) + _PAGE_SLACK * (len(keys) + 8)  # a partly written page per file, metadata
+        if free < needed:
+            raise OSError(
+                errno.ENOSPC,
+                f"DatasetWriter: {what} needs {needed / 2**20:.1f} MiB on the filesystem of {str(self.path)!r}, which "
+                f"has {free / 2**20:.1f} MiB free; free some space or write the dataset elsewhere (the dataset keeps "
+                f"its {self._committed[0]} committed episodes)",
+            )
+
     def commit(self) -> None:
         """Make everything added so far durable and visible to readers."""
         if (len(self.episode_ids), self.num_steps) == self._committed or not self.episode_ids:
@@ -311,29 +329,49 @@ class DatasetWriter:
 
     def close(self, *, complete: bool, interrupted: str | None = None, compact: bool = True) -> None:
         """Commit what was added. ``complete=False`` marks an interrupted collection. A lazy writer never
-        opened writes nothing."""
+        opened writes nothing.
+
+        ``compact``: rewrite the storage at its exact size (its capacity is a bound: a plain ``rb.loads`` of
+        the directory would otherwise allocate all of it), episodes in id order, or in completion order
+        for an interrupted collection. Skipped, with a warning, where the disk lacks room for the copy.
+        A failed compaction leaves the dataset as it was (``"compaction_failed"`` in ``dataset.json``); it
+        is raised for a complete collection, and only recorded for an interrupted one (the interruption is
+        the caller's error to raise), unless it is itself an interrupt.
+        """
         if self.closed:
             return
         self.closed = True
         if not self.opened:
             return
         self.commit()
-        compacted = False
-        if complete and compact and self.episode_ids:
-            order = np.argsort(np.asarray(self.episode_ids), kind="stable")
+        compacted, extra = False, {}
+        if compact and self.episode_ids:
+            ids = np.asarray(self.episode_ids)
+            order = np.argsort(ids, kind="stable") if complete else np.arange(len(ids))
             if self.num_steps < self.capacity or (order != np.arange(len(order))).any():
                 try:
-                    self._compact(order)
-                except BaseException as err:
-                    # interrupted (Ctrl-C) or failed: the dataset stays complete, compacted or not
-                    with interrupts_held():
-                        compacted = self._abandon_compaction()
-                        failed = {} if compacted else {"compaction_failed": f"{type(err).__name__}: {err}"[:500]}
-                        self._write_metadata(complete=complete, compacted=compacted, **failed)
-                    raise
-                compacted = True
+                    self._check_free_space(self.num_steps, self.keys, "compacting the storage")
+                except OSError as err:
+                    warnings.warn(f"{err}; the dataset is left uncompacted (its storage keeps {self.capacity} rows)",
+                                  stacklevel=2)
+                    extra = {"compaction_skipped": str(err)[:500]}
+                else:
+                    try:
+                        self._compact(order)
+                        compacted = True
+                    except BaseException as err:
+                        # interrupted (Ctrl-C) or failed: the dataset stays as it was, compacted or not
+                        with interrupts_held():
+                            compacted = self._abandon_compaction()
+                            extra = {} if compacted else {"compaction_failed": f"{type(err).__name__}: {err}"[:500]}
+                            self._write_metadata(complete=complete, interrupted=interrupted, compacted=compacted,
+                                                 **extra)
+                        if complete or not isinstance(err, Exception):
+                            raise
+                        warnings.warn(f"DatasetWriter: compacting the interrupted dataset failed "
+                                      f"({type(err).__name__}: {err}); it is left uncompacted", stacklevel=2)
         with interrupts_held():
-            self._write_metadata(complete=complete, interrupted=interrupted, compacted=compacted)
+            self._write_metadata(complete=complete, interrupted=interrupted, compacted=compacted, **extra)
 
     def _compact(self, order: np.ndarray) -> None:
         """Rewrite the storage at its exact size, episodes in id order; swapped in atomically per entry."""
@@ -407,17 +445,29 @@ def _quiet_storage_init():
         logger.removeFilter(line_filter)
 
 
-def _copy_on_write(td: TensorDictBase) -> TensorDictBase:
-    """``td``'s memory-mapped leaves mapped again privately (copy-on-write, read lazily): tensordict
-    maps writable files shared, so an in-place write would silently change the dataset on disk."""
+_PAGE_SLACK = 1 << 16  # bytes counted per storage file beyond its rows: partly written pages, filesystem blocks
+
+
+def _row_bytes(keys: Mapping) -> int:
+    """The bytes of one storage row, from ``_describe_keys``' layout."""
+    total = 0
+    for desc in keys.values():
+        dtype = getattr(torch, str(desc["dtype"]).removeprefix("torch."))
+        total += int(np.prod(desc["shape"], dtype=np.int64)) * dtype.itemsize
+    return total
+
+
+def _copy_on_write(td: TensorDictBase, rows: int) -> TensorDictBase:
+    """``td``'s first ``rows`` rows, its memory-mapped leaves mapped again privately (copy-on-write, read lazily):
+    tensordict maps writable files shared, so an in-place write would silently change the dataset on disk."""
 
     def remap(leaf: torch.Tensor) -> torch.Tensor:
         filename = getattr(leaf, "filename", None)
         if filename is None or leaf.numel() == 0 or getattr(leaf, "index", None) is not None:
-            return leaf
-        return _PrivateMemmap.from_filename(filename, leaf.dtype, leaf.shape)
+            return leaf[:rows]
+        return _PrivateMemmap.from_filename(filename, leaf.dtype, (rows, *leaf.shape[1:]))
 
-    return td.apply(remap)
+    return td.apply(remap, batch_size=[rows])
 
 
 class _PrivateMemmap(MemoryMappedTensor):
@@ -513,7 +563,7 @@ class WorldDataset:
                 raise DatasetError(f"{str(self.path)!r}: the storage directory is missing")
             self._check_storage_files(storage)
             try:
-                full = _copy_on_write(TensorDict.load_memmap(storage))
+                full = TensorDict.load_memmap(storage)
             except Exception as err:  # a file tensordict needs is gone or damaged (meta.json...)
                 raise DatasetError(
                     f"{str(self.path)!r}: the storage cannot be read ({type(err).__name__}: {err}); the dataset is "
@@ -524,7 +574,9 @@ class WorldDataset:
                     f"{str(self.path)!r}: storage has {full.batch_size[0]} rows, dataset.json says {self.num_steps}"
                 )
             self._check_entries(full)
-            self.td = full[: self.num_steps]
+            # the committed rows only: an uncompacted storage keeps its whole capacity, which a private
+            # mapping (copy-on-write, sized in full) could exceed the memory the kernel lets a process commit
+            self.td = _copy_on_write(full, self.num_steps)
         self._episodes = None
         self._obs_keys = None
 

@@ -1182,7 +1182,8 @@ class World:
             policy: a policy for this collection only (default: the World's).
             exploration: TorchRL exploration type (default ``"random"``).
             overwrite: replace an existing dataset at ``path``.
-            compact: on success, rewrite the storage at its exact size, in episode order.
+            compact: rewrite the storage at its exact size at the end, in episode order (an interrupted
+                collection's in completion order); skipped, with a warning, where the disk lacks room.
             exclude_keys: keys not to store, at the root and under ``"next"``
                 (e.g. ``[("info", "goal_pixels")]`` to halve a PointMaze dataset).
 
@@ -1237,7 +1238,7 @@ class World:
             with _forked_rng(seed):
                 run.run()
         except BaseException as err:
-            writer.close(complete=False, interrupted=f"{type(err).__name__}: {err}"[:500])
+            writer.close(complete=False, interrupted=f"{type(err).__name__}: {err}"[:500], compact=compact)
             raise
         writer.close(complete=True, compact=compact)
         return load_dataset(path)
