@@ -161,6 +161,52 @@ def test_key_appearing_after_construction_is_an_error_naming_env_and_key():
     pool.close()
 
 
+def test_several_late_keys_are_named_together_with_one_info_spec_that_declares_them():
+    """Following the error's advice for ('episode', 'r') failed again on ('episode', 'l'), then on 't'."""
+    pool = info_pool([{}] * 2, [[{}, {}], [{}, {"episode": {"r": 4.0, "l": 3}}]])
+    td = step(pool)
+    with pytest.raises(EnvError, match=r"env 1 \(step\): info key \('episode', 'r'\) \(float 4.0\) \(with \('episode', "
+                                       r"'l'\)\) is not in .* Declare them with info_spec=\{\('episode', 'r'\): spec, "
+                                       r"\('episode', 'l'\): spec\}"):
+        step(pool, td.clone())
+    pool.close()
+
+
+def _recording_episode_statistics():
+    return gym.wrappers.RecordEpisodeStatistics(gym.make("CartPole-v1", max_episode_steps=12))
+
+
+def _monitored():
+    from stable_baselines3.common.monitor import Monitor
+
+    return Monitor(gym.make("CartPole-v1", max_episode_steps=12))
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+@pytest.mark.parametrize("make", [_recording_episode_statistics, _monitored])
+def test_episode_statistics_wrappers_of_single_envs_are_recorded_at_each_episode_end(backend, make):
+    """gymnasium's RecordEpisodeStatistics (and SB3's Monitor) report "episode" at an episode's end only, which the
+    construction probe's one step does not reach: the pool failed at the first episode end (a key first reported
+    later). Found in each env's wrapper chain, their keys are declared with a presence mask."""
+    if make is _monitored:
+        pytest.importorskip("stable_baselines3")
+    pool = EnvPool([make] * 3, seed=0, backend=backend)
+    assert {key: pool.observation_spec["info", "episode", key].dtype for key in "rlt"} == {
+        "r": torch.float64, "l": torch.int64, "t": torch.float64}
+    rollout = pool.rollout(80, break_when_any_done=False)
+    pool.close()
+    nxt = rollout["next"]
+    done = nxt["done"][..., 0]
+    assert done.sum() >= 12
+    assert torch.equal(nxt["info_mask", "episode", "r"][..., 0], done)  # at every episode end, and only there
+    for i in range(3):  # each episode's return and length, from the rewards (episodes start at the rollout's start)
+        ends = done[i].nonzero().view(-1).tolist()
+        starts = [0] + [e + 1 for e in ends[:-1]]
+        for start, end in zip(starts, ends):
+            assert nxt["info", "episode", "l"][i, end].item() == end - start + 1
+            assert nxt["info", "episode", "r"][i, end].item() == nxt["reward"][i, start:end + 1].sum().item()
+
+
 def test_declared_info_spec_accepts_the_late_key():
     pool = info_pool([{}] * 2, [[{}, {}], [{}, {"episode": 4.0}]], info_spec={"episode": Unbounded(shape=())})
     td = step(pool)

@@ -679,7 +679,7 @@ class InfoWriter:
             array = arrays.get(key)
             if array is None:
                 if not self.schema.selected and numeric_info_value(value, key, i, phase) is not None:
-                    self._raise_unknown(i, key, value, phase)
+                    self._raise_unknown(i, key, value, phase, self._unknown_keys(info, i, phase))
                 continue
             self._store(i, key, array, value, phase)
             written.append(key)
@@ -793,7 +793,12 @@ class InfoWriter:
     def _check_unknown(self, i, info, phase):
         for key, value in _flatten(info, (), i, phase):
             if numeric_info_value(value, key, i, phase) is not None:
-                self._raise_unknown(i, key, value, phase)
+                self._raise_unknown(i, key, value, phase, self._unknown_keys(info, i, phase))
+
+    def _unknown_keys(self, info: Mapping, i: int, phase: str) -> list[Key]:
+        """Every numeric key of ``info`` the schema lacks (a wrapper's episode statistics arrive several at once)."""
+        return [key for key, value in _flatten(info, (), i, phase)
+                if key not in self.arrays and numeric_info_value(value, key, i, phase) is not None]
 
     def _not_reported(self, key: Key, rows, phase: str) -> None:
         """``rows`` (an env index or a bool row mask) did not report ``key``: its value
@@ -812,12 +817,15 @@ class InfoWriter:
         self.arrays[key][rows] = 0
         mask[rows] = False
 
-    def _raise_unknown(self, i, key, value, phase):
+    def _raise_unknown(self, i, key, value, phase, unknown=()):
+        unknown = list(unknown) or [key]
+        others = "" if len(unknown) == 1 else f" (with {', '.join(_key_str(k) for k in unknown if k != key)})"
+        declared = ", ".join(f"{_key_str(k)}: spec" for k in unknown)
         raise EnvError(
             i,
             phase,
-            f"info key {_key_str(key)} ({describe(value)}) is not in the pool's info spec, which was "
+            f"info key {_key_str(key)} ({describe(value)}){others} is not in the pool's info spec, which was "
             f"inferred from the reset and first-step infos of every env (keys: "
-            f"{sorted(self.schema.leaves) or 'none'}). Declare it with info_spec={{{_key_str(key)}: spec}}, "
-            "or restrict the recorded keys with info_keys=[...].",
+            f"{sorted(self.schema.leaves) or 'none'}). Declare {'it' if len(unknown) == 1 else 'them'} with "
+            f"info_spec={{{declared}}}, or restrict the recorded keys with info_keys=[...].",
         )

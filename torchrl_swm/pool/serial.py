@@ -9,6 +9,7 @@ Rows are global: env ``j`` of a backend whose first env is ``first`` writes row
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Callable, Mapping, Sequence
 
 import gymnasium as gym
@@ -42,6 +43,27 @@ PROBE_HINT = (
     "the pool steps every env once with a random action at construction, to infer its info keys; to skip that "
     "step, settle them with info_keys=[...] naming only keys declared in info_spec= (or info_keys=[] for none)"
 )
+
+
+def episode_stat_probes(env: gym.Env) -> list[dict]:
+    """Probe infos for the episode statistics of the wrappers in ``env``'s chain that report them at an episode's
+    end only, which the construction probe's one step rarely reaches: gymnasium's ``RecordEpisodeStatistics`` and
+    Stable-Baselines3's ``Monitor`` (``{"episode": {"r": return, "l": length, "t": time}}``). Declared from the
+    probe, the keys get a presence mask, as a vector env's statistics do."""
+    monitor = sys.modules.get("stable_baselines3.common.monitor")  # never imported for this
+    probes = []
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, gym.wrappers.RecordEpisodeStatistics):
+            key = getattr(env, "_stats_key", "episode")  # its stats_key= argument, kept privately
+        elif monitor is not None and isinstance(env, monitor.Monitor):
+            key = "episode"
+        else:
+            key = None
+        if key is not None:
+            probes.append({key: {"r": np.zeros((), np.float64), "l": np.zeros((), np.int64),
+                                 "t": np.zeros((), np.float64)}})
+        env = env.env
+    return probes
 
 
 def probe_action(space: gym.Space, seed: int, mask: np.ndarray | None = None):
@@ -303,6 +325,7 @@ class SerialBackend(InProcessBackend):
                     raise _bad_step_result(i, result)
                 info = result[4]
                 infos.append((i, "step", numeric_only(info, i, "step")))
+                infos.extend((i, "step", stats) for stats in episode_stat_probes(env))
             except EnvError:
                 raise
             except Exception as err:
