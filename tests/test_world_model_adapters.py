@@ -365,6 +365,30 @@ def test_an_adapters_parameter_named_for_an_extra_its_role_never_receives_is_ref
         make_world_model_env(object(), BOX2, BOX2, num_envs=2, **kwargs)
 
 
+def test_a_partials_bound_extra_keyword_and_methods_or_modules_naming_one_still_bind():
+    """A keyword a partial binds has its value (it was refused as 'would stay at its default'); a module's or a
+    method's mask=None (an attention mask) is its own business, as on the model's discovered methods."""
+    class Encoder(nn.Module):
+        def forward(self, obs, mask=None):
+            return obs + (0 if mask is None else mask)
+
+    class Model:
+        def encode(self, obs, mask=None):
+            return obs * 2
+
+    reward = functools.partial(_reward_with_mask, mask=torch.tensor([1.0, 0.0]))
+    env = make_world_model_env(Model(), BOX2, BOX2, num_envs=2, transition_fn=lambda s, a: s, reward_fn=reward,
+                               initial_observation=torch.ones(2), encode_fn=Model().encode)
+    td = env.reset()
+    td["action"] = torch.zeros(2, 2)
+    nxt = env.step(td)["next"]
+    assert nxt["observation"].tolist() == [[2.0, 2.0]] * 2  # the state the method, passed explicitly, encoded
+    assert nxt["reward"].view(-1).tolist() == [4.0, 4.0]
+    env = make_world_model_env(object(), BOX2, BOX2, num_envs=2, transition_fn=lambda s, a: s, encode_fn=Encoder(),
+                               initial_observation=torch.ones(2))
+    assert env.reset()["observation"].tolist() == [[1.0, 1.0]] * 2
+
+
 def test_positional_only_model_and_later_extras_bind_by_position_then_name():
     got = {}
 

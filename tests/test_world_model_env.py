@@ -497,8 +497,11 @@ def test_env_does_not_own_or_move_the_model():
         env.to(torch.float64)
     transformed = make_world_model_env(model, BOX4, FORCE, num_envs=2, initial_state=torch.zeros(4))
     assert transformed.to("cpu") is transformed
-    with pytest.raises(TypeError, match=r"expected a device.*model.to\(torch.float64\)"):  # not torch's own error
-        transformed.to(torch.float64)
+    for args, kwargs in (((torch.float64,), {}), ((), {"dtype": torch.float64}), (("cpu", torch.float64), {})):
+        for which in (env, transformed):  # not torch's own error, however the dtype is given
+            with pytest.raises(TypeError, match=r"expected a device.*model.to\(torch.float64\)"):
+                which.to(*args, **kwargs)
+    assert env.to(device="cpu") is env and transformed.to(device="cpu") is transformed
     with pytest.raises(RuntimeError, match="cannot be moved to meta"):
         transformed.to("meta")
 

@@ -576,3 +576,8 @@ def test_render_of_a_world_model_export_is_not_implemented_on_both_exports_as_on
         with pytest.raises(NotImplementedError, match="render\\(\\) reaches the sub-env"):
             exported.render()
         exported.close()
+    pytest.importorskip("stable_baselines3")
+    sb3 = to_sb3_vec_env(env)
+    with pytest.raises(NotImplementedError, match="render\\(\\) reaches the sub-env"):  # as SB3's VecEnv.get_images
+        sb3.get_images()
+    sb3.close()

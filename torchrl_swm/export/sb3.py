@@ -198,7 +198,7 @@ def _sb3_class():
             return pool.env_is_wrapped(wrapper_class, indices=rows)
 
         def get_images(self):
-            return list(self._pool("get_images()").call("render"))
+            return list(self.venv.render())  # NotImplementedError without sub-envs, as SB3's VecEnv.get_images
 
     TorchRLSB3VecEnv.__module__ = __name__
     TorchRLSB3VecEnv.__qualname__ = "TorchRLSB3VecEnv"

@@ -320,11 +320,13 @@ def bind(
     stray = [p for p in used if p.name in EXTRAS]
     if stray:
         raise AdapterError(_stray_extra(role, text, stray[0], extras, accepted))
-    # an adapter's parameter named for an extra its role never receives (reward_fn(..., mask=None)) would stay at
-    # its default: the adapter could not tell which rows were frozen. A model's own methods may name parameters
-    # as they like (an encoder's attention mask=None), so only adapters given to the env are held to it
-    never = [p.name for p in params if with_model and extras_known and p.name in EXTRAS and p.name not in extras
-             and p not in used and p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)]
+    # an adapter function's parameter named for an extra its role never receives (reward_fn(..., mask=None)) would
+    # stay at its default: the adapter could not tell which rows were frozen. Methods and modules (an encoder's
+    # attention mask=None) may name parameters as they like, and a keyword a partial binds has its value
+    plain, bound_kw = _plain_function(fn)
+    never = [p.name for p in params if plain and extras_known and p.name in EXTRAS and p.name not in extras
+             and p.name not in bound_kw and p not in used
+             and p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)]
     if never:
         raise AdapterError(
             f"{role} {text}: parameter {never[0]!r} is named for a keyword extra that {role} never receives (it "
@@ -353,6 +355,16 @@ def bind(
     if used and any(params.index(p) < params.index(used[-1]) for p in params if p.name in extra_names):
         by_name = (sum(p.kind is kinds.POSITIONAL_ONLY for p in used), tuple(p.name for p in used))
     return _make(fn, role, name, str(sig), form, args, model, {k: extras[k] for k in extra_names}, by_name)
+
+
+def _plain_function(fn) -> tuple[bool, set]:
+    """Whether ``fn`` is a plain function (a ``def`` or a lambda, maybe in ``functools.partial``), and the keywords
+    its partials bind."""
+    bound = set()
+    while isinstance(fn, functools.partial):
+        bound.update(fn.keywords)
+        fn = fn.func
+    return inspect.isfunction(fn), bound
 
 
 def _stray_extra(role, text, param, extras, accepted) -> str:

@@ -2092,13 +2092,16 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         root["truncated"] = rt.trunc
         root["done"] = rt.done_after_reset if flags_cleared or everything else rt.term | rt.trunc
 
-    def to(self, device) -> WorldModelEnv:
+    def to(self, *args, **kwargs) -> WorldModelEnv:
         """The env lives on its model's device; moving it is an error (build it on the new device instead)."""
-        if isinstance(device, torch.dtype):  # EnvBase.to takes a device only; a dtype belongs to the model
+        device, dtype = torch._C._nn._parse_to(*args, **kwargs)[:2]
+        if dtype is not None:  # EnvBase.to takes a device only; a dtype belongs to the model
             raise TypeError(
-                f"WorldModelEnv.to({device}): expected a device; the env's dtypes are its model's and its specs': "
-                f"build it from a model of that dtype (e.g. model.to({device})) with spaces of that dtype"
+                f"WorldModelEnv.to({dtype}): expected a device; the env's dtypes are its model's and its specs': "
+                f"build it from a model of that dtype (e.g. model.to({dtype})) with spaces of that dtype"
             )
+        if device is None:
+            return self
         device = _resolve_device(device)
         if device == self._dev:
             return self

@@ -674,10 +674,11 @@ class WorldModelTransformedEnv(TransformedEnv):
             return super().step(tensordict)
         return step_keeping_frozen_rows(self, tensordict, super().step)
 
-    def to(self, device) -> WorldModelTransformedEnv:
-        if isinstance(device, torch.dtype):  # TorchRL hands a dtype to EnvBase.to (a raw torch TypeError): the
-            self.base_env.to(device)  # base env's error says where a dtype belongs
-        return super().to(device)
+    def to(self, *args, **kwargs) -> WorldModelTransformedEnv:
+        dtype = torch._C._nn._parse_to(*args, **kwargs)[1]
+        if dtype is not None:  # TorchRL hands a dtype to EnvBase.to (a raw torch TypeError): the base env's
+            self.base_env.to(dtype)  # error says where a dtype belongs
+        return super().to(*args, **kwargs)
 
 
 def _probe_model_action(model, fn, action_space, device, differentiable) -> TensorSpec:
