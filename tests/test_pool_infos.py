@@ -195,16 +195,44 @@ def test_episode_statistics_wrappers_of_single_envs_are_recorded_at_each_episode
         "r": torch.float64, "l": torch.int64, "t": torch.float64}
     rollout = pool.rollout(80, break_when_any_done=False)
     pool.close()
+    _check_episode_statistics(rollout, 3)
+
+
+def _check_episode_statistics(rollout, n):
     nxt = rollout["next"]
     done = nxt["done"][..., 0]
-    assert done.sum() >= 12
+    assert done.sum() >= 2 * n
     assert torch.equal(nxt["info_mask", "episode", "r"][..., 0], done)  # at every episode end, and only there
-    for i in range(3):  # each episode's return and length, from the rewards (episodes start at the rollout's start)
+    for i in range(n):  # each episode's return and length, from the rewards (episodes start at the rollout's start)
         ends = done[i].nonzero().view(-1).tolist()
-        starts = [0] + [e + 1 for e in ends[:-1]]
-        for start, end in zip(starts, ends):
+        for start, end in zip([0] + [e + 1 for e in ends[:-1]], ends):
             assert nxt["info", "episode", "l"][i, end].item() == end - start + 1
             assert nxt["info", "episode", "r"][i, end].item() == nxt["reward"][i, start:end + 1].sum().item()
+
+
+@pytest.mark.parametrize("mode", ["next_step", "same_step"])
+@pytest.mark.parametrize("seed_every_episode", [True, False])
+def test_sub_env_statistics_wrappers_of_a_sync_vector_env_are_recorded(mode, seed_every_episode):
+    """make_vec(..., wrappers=[RecordEpisodeStatistics]) puts the wrapper on each sub-env: its statistics were an
+    error at the first episode end (the probe looked only at single envs and at vector wrappers)."""
+    from gymnasium.vector import AutoresetMode
+
+    venv = gym.make_vec("CartPole-v1", 2, vectorization_mode="sync", wrappers=[gym.wrappers.RecordEpisodeStatistics],
+                        vector_kwargs={"autoreset_mode": AutoresetMode(mode.title().replace("_", ""))})
+    pool = EnvPool(venv, seed=0, seed_every_episode=seed_every_episode)
+    _check_episode_statistics(pool.rollout(100, break_when_any_done=False), 2)
+    pool.close()
+
+
+def test_several_late_keys_of_a_vector_env_are_named_together():
+    """The vector path named one key at a time (declaring ('episode', 'r') as advised failed on ('episode', 'l'))."""
+    venv = gym.vector.AsyncVectorEnv([_recording_episode_statistics] * 2)  # its sub-envs live in its workers
+    pool = EnvPool(venv, seed=0)
+    with pytest.raises(EnvError, match=r"info key \('episode', 'r'\) .*\(with \('episode', 'l'\), \('episode', 't'\)\) "
+                                       r"is not in .* Declare them with info_spec=\{\('episode', 'r'\): spec, "
+                                       r"\('episode', 'l'\): spec, \('episode', 't'\): spec\}"):
+        pool.rollout(60, break_when_any_done=False)
+    pool.close()
 
 
 def test_declared_info_spec_accepts_the_late_key():

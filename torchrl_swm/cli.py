@@ -339,7 +339,7 @@ def _collect(args) -> int:
         except KeyboardInterrupt:
             from .data import load_dataset
 
-            if before is not None and _stamp(out) == before:
+            if _stamp(out) == before:  # None: there was nothing, and there is still nothing
                 # interrupted before the first step was recorded: nothing was written, an earlier dataset is kept
                 print(f"interrupted before any step was recorded: {out} is unchanged", file=sys.stderr)
                 return 130

@@ -9,8 +9,8 @@ Layout on disk (``DIR``)::
     DIR/storage/storage_metadata.json, DIR/writer/, DIR/buffer_metadata.json, DIR/prefetch.pkl
                               written by ``ReplayBuffer.dumps``: a plain TorchRL buffer whose storage
                               has as many rows as the one on disk (``LazyMemmapStorage(storage_rows)``,
-                              ``"storage_rows"`` in ``dataset.json``: ``num_steps`` once a finished
-                              collect compacted it, the capacity for an interrupted one) can
+                              ``"storage_rows"`` in ``dataset.json``: ``num_steps`` once compacted,
+                              as a collect does at its end, the capacity if not) can
                               ``rb.loads(DIR)`` (its batch size is reset: pass one to ``sample``);
                               :meth:`WorldDataset.replay_buffer` builds one for you
 
@@ -56,7 +56,7 @@ import torch
 from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 
 from ._interrupts import interrupts_held
-from .errors import check_bool, check_int, describe
+from .errors import check_bool, check_int, describe, user_stacklevel
 
 # pauses (s) between reads of a dataset that a collection may be writing (see WorldDataset.__init__)
 _LIVE_READ_PAUSES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4)
@@ -147,8 +147,8 @@ class DatasetWriter:
     after any commit and only ever contains complete episodes: the storage
     length advances by whole episodes.
 
-    :meth:`close` with ``complete=True`` and ``compact=True`` rewrites the
-    storage at its exact size, episodes sorted by id.
+    :meth:`close` with ``compact=True`` rewrites the storage at its exact size,
+    episodes sorted by id (in completion order with ``complete=False``).
 
     With ``lazy=True`` the path is only checked here; the directory is created (and a dataset
     ``overwrite`` replaces removed) by :meth:`open`, or the first :meth:`add`: a run that fails
@@ -288,7 +288,7 @@ class DatasetWriter:
         if time.monotonic() - self._last_commit >= self.commit_every:
             self.commit()
 
-    def _check_free_space(self, rows: int, keys: Mapping, what: str) -> None:
+    def _check_free_space(self, rows: int, keys: Mapping, what: str, advice: str | None = None) -> None:
         """Refuse to write ``rows`` rows of ``keys`` that the filesystem has no room for: the storage's files are
         sparse memory maps, and a write into a page the disk cannot back kills the process with SIGBUS, no
         exception. (Another process filling the disk in between can still do that.)"""
@@ -299,8 +299,9 @@ class DatasetWriter:
             raise OSError(
                 errno.ENOSPC,
                 f"DatasetWriter: {what} needs {needed / 2**20:.1f} MiB on the filesystem of {str(self.path)!r}, which "
-                f"has {free / 2**20:.1f} MiB free; free some space or write the dataset elsewhere (the dataset keeps "
-                f"its {self._committed[0]} committed episodes)",
+                f"has {free / 2**20:.1f} MiB free; "
+                + (advice or "free some space or write the dataset elsewhere (the dataset keeps its "
+                             f"{len(self.episode_ids)} complete episodes)"),
             )
 
     def commit(self) -> None:
@@ -350,10 +351,11 @@ class DatasetWriter:
             order = np.argsort(ids, kind="stable") if complete else np.arange(len(ids))
             if self.num_steps < self.capacity or (order != np.arange(len(order))).any():
                 try:
-                    self._check_free_space(self.num_steps, self.keys, "compacting the storage")
+                    self._check_free_space(self.num_steps, self.keys, "compacting the storage (a copy)",
+                                           f"the dataset is left uncompacted (its storage keeps its "
+                                           f"{self.capacity} rows; every episode is there)")
                 except OSError as err:
-                    warnings.warn(f"{err}; the dataset is left uncompacted (its storage keeps {self.capacity} rows)",
-                                  stacklevel=2)
+                    warnings.warn(str(err), stacklevel=user_stacklevel())
                     extra = {"compaction_skipped": str(err)[:500]}
                 else:
                     try:
@@ -369,12 +371,13 @@ class DatasetWriter:
                         if complete or not isinstance(err, Exception):
                             raise
                         warnings.warn(f"DatasetWriter: compacting the interrupted dataset failed "
-                                      f"({type(err).__name__}: {err}); it is left uncompacted", stacklevel=2)
+                                      f"({type(err).__name__}: {err}); it is left uncompacted",
+                                      stacklevel=user_stacklevel())
         with interrupts_held():
             self._write_metadata(complete=complete, interrupted=interrupted, compacted=compacted, **extra)
 
     def _compact(self, order: np.ndarray) -> None:
-        """Rewrite the storage at its exact size, episodes in id order; swapped in atomically per entry."""
+        """Rewrite the storage at its exact size, episodes in ``order``; swapped in atomically per entry."""
         from torchrl.data import LazyMemmapStorage, RandomSampler, ReplayBuffer, RoundRobinWriter
 
         starts = np.concatenate([[0], np.cumsum(self.episode_lengths)[:-1]])

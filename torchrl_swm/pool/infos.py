@@ -715,7 +715,9 @@ class InfoWriter:
             if array is None:
                 if source is not None:
                     rows = np.flatnonzero(select if present is None else select & present)
-                    self._raise_unknown(int(rows[0]) if rows.size else None, key, value, phase)
+                    unknown = [k for k, v, _ in flatten_vector_info(info, phase=phase)
+                               if k not in self.arrays and numeric_info_value(v, k, None, phase) is not None]
+                    self._raise_unknown(int(rows[0]) if rows.size else None, key, value, phase, unknown)
                 continue
             if source is None or source.shape[1:] != array.shape[2:]:
                 raise EnvError(

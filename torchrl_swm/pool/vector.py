@@ -55,6 +55,7 @@ from .serial import (
     call_envs,
     close_envs,
     env_is_wrapped,
+    episode_stat_probes,
     probe_action,
     set_envs_attr,
 )
@@ -296,6 +297,10 @@ class VectorBackend(InProcessBackend):
                 continue
             per_env = _split_vector_info(info, self.num_envs, phase, batch_wide)
             infos.extend((i, phase, env_info) for i, env_info in enumerate(per_env) if rows is None or rows[i])
+        # a SyncVectorEnv's sub-envs' own statistics wrappers (make_vec(..., wrappers=[RecordEpisodeStatistics])),
+        # which reset with their env: found as in a pool of single envs (an AsyncVectorEnv's live in its workers)
+        for i, env in enumerate(getattr(_innermost(self.venv), "envs", None) or ()):
+            infos.extend((i, "step", stats) for stats in episode_stat_probes(env))
         if step_info is not None and self.mode is AutoresetMode.SAME_STEP and not self.seed_every_episode:
             # only where the wrapper's statistics hold: every other mode resets finished rows with a masked reset,
             # and gymnasium 1.4's vector envs pop options["reset_mask"] before the wrapper reads it (it then
