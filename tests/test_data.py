@@ -346,7 +346,8 @@ def test_a_full_disk_is_an_oserror_or_a_skipped_compaction_never_a_sigbus(tmp_pa
                          out.stdout), out.stdout
         assert "meta {'complete': False, 'compacted': False" in out.stdout, out.stdout
     else:  # every episode written; the copy skipped, with a warning
-        assert re.search(r"collected \[.*compacting the storage needs .*; the dataset is left uncompacted", out.stdout)
+        assert re.search(r"collected \[.*compacting the storage \(a copy\) needs .*; the dataset is left uncompacted \(its "
+                         r"storage keeps its 20000 rows; every episode is there\)", out.stdout)
         assert "meta {'complete': True, 'compacted': False, 'num_episodes': 40, 'storage_rows': " in out.stdout
         assert "} True" in out.stdout and "loaded 40 " in out.stdout, out.stdout
     assert re.search(r"loaded \d+ \d+ True", out.stdout), out.stdout
