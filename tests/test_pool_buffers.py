@@ -117,7 +117,7 @@ from torchrl_swm import EnvError  # noqa: E402
 from torchrl_swm.pool.infos import InfoSchema, InfoWriter  # noqa: E402
 from torchrl_swm.pool.rows import RowWriter  # noqa: E402
 
-_FORMS = ["float32", "float64", "int64", "bool", "list", "tensor", "wrong_shape", "text", "scalar"]
+_FORMS = ["float32", "float64", "int64", "bool", "list", "tensor", "wrong_shape", "text", "scalar", "big_int"]
 
 
 def _writer(n, dtype, low=-10):
@@ -137,12 +137,13 @@ def _value(form, row):
         "float32": base.astype(np.float32), "float64": base, "int64": base.astype(np.int64),
         "bool": base.astype(bool), "list": base.tolist(), "tensor": torch.from_numpy(base.astype(np.float32)),
         "wrong_shape": base[:2], "text": base.astype(str), "scalar": float(row),
+        "big_int": base.astype(np.int64) + 2**53 + 1,  # exact in neither float32 nor float64
     }[form]
 
 
 @settings(max_examples=150, deadline=None)
 @given(forms=st.lists(st.sampled_from(_FORMS), min_size=1, max_size=6),
-       dtype=st.sampled_from([np.float32, np.int64]), masked=st.booleans())
+       dtype=st.sampled_from([np.float32, np.float64, np.int64]), masked=st.booleans())
 def test_batched_observation_write_matches_the_row_by_row_rule(forms, dtype, masked):
     n = len(forms) + 2
     rows = np.arange(2, n) if masked else np.arange(len(forms))
@@ -290,3 +291,37 @@ def test_integer_observations_are_stored_exactly_or_refused(data, src, dst, n):
         else:
             assert all(fits)
             assert buf[:, 0].tolist() == values  # never wrapped
+
+
+class ObsDtypeEnv(gym.Env):
+    """A ``Box(-inf, inf, (1,), space_dtype)``: ``[value]`` as ``value_dtype`` at every step, zeros of the
+    space's dtype at reset."""
+
+    def __init__(self, value, value_dtype, space_dtype):
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), space_dtype)
+        self.action_space = gym.spaces.Discrete(2)
+        self.value, self.value_dtype = value, value_dtype
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, self.observation_space.dtype), {}
+
+    def step(self, action):
+        return np.array([self.value], self.value_dtype), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+@pytest.mark.parametrize("space_dtype, big", [(np.float32, 2**24 + 1), (np.float64, 2**53 + 1)])
+def test_inexact_int_observation_is_refused_whatever_the_other_envs_send(backend, space_dtype, big):
+    # env 1's int64 value is not exactly a float of the Box: stacked with env 0's float row it was promoted
+    # (to float64) before the check and read back rounded; each env's row is judged on its own
+    for other_dtype in (np.int64, space_dtype):
+        fns = [functools.partial(ObsDtypeEnv, 0, other_dtype, space_dtype),
+               functools.partial(ObsDtypeEnv, big, np.int64, space_dtype)]
+        pool = EnvPool(fns, seed=0, backend=backend, num_workers=1)
+        td = pool.reset()
+        td["action"] = torch.zeros(2, dtype=torch.int64)
+        with pytest.raises(EnvError, match=rf"env 1 \(step\): observation \('observation',\): expected dtype "
+                                           rf"{np.dtype(space_dtype)}.*integer {big} is not exactly representable"):
+            pool.step(td)
+        pool.close()

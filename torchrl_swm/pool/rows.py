@@ -192,7 +192,10 @@ class RowWriter:
         self.fast_observation = None
         if isinstance(observation_space, gym.spaces.Box):
             buf = arrays[("observation",)]
-            self.fast_observation = (buf, buf.shape[1:], buf.dtype)
+            # int64 rows promote into a float64 stack without a word (2**53 + 1 rounded): for such a
+            # dtype even a stack of the Box's own dtype must come from rows of that dtype
+            mixed_ints_hide = np.promote_types(np.int64, buf.dtype) == buf.dtype and buf.dtype.kind == "f"
+            self.fast_observation = (buf, buf.shape[1:], buf.dtype, mixed_ints_hide)
         self.reward = arrays[("reward",)]
         self.terminated = arrays[("terminated",)]
         self.truncated = arrays[("truncated",)]
@@ -219,22 +222,29 @@ class RowWriter:
 
         A single Box observation is stacked and written in one assignment when
         every value is a number array of the right shape (what the per-row check
-        accepts); anything else goes row by row, which coerces what it can and
-        raises an :class:`EnvError` naming the env otherwise.
+        accepts) and the stack's dtype is each row's own (or the Box's, where that
+        hides no row's value); anything else goes row by row, which coerces what it
+        can and raises an :class:`EnvError` naming the env otherwise.
         """
         if self.fast_observation is not None:
-            buf, shape, dtype = self.fast_observation
+            buf, shape, dtype, mixed_ints_hide = self.fast_observation
             try:
                 array = np.asarray(observations)
             except (TypeError, ValueError, RuntimeError):
                 # ragged, not array-like, a tensor that requires grad: the per-row path says which env
                 array = None
-            # same dtype (the common case): no check; another one must store without changing values
-            # (integers of another width or sign are range-checked), or the per-row path names the env
-            if (array is not None and array.shape[1:] == shape
-                    and (array.dtype is dtype or array.dtype == dtype or cast_problem(array, dtype) is None)):
-                buf[index] = array
-                return
+            if array is not None and array.shape[1:] == shape:
+                stacked = array.dtype
+                # the stack's dtype is the promotion of every row's: one check of it is each row's own check
+                # only when every row has that dtype (float32 next to int64 rows stacks as float64, where
+                # 2**24 + 1 passes); otherwise the per-row path checks each row whatever the others sent
+                if stacked is dtype or stacked == dtype:  # the common case: no check, unless ints could hide
+                    if not mixed_ints_hide or _rows_have_dtype(observations, stacked):
+                        buf[index] = array
+                        return
+                elif _rows_have_dtype(observations, stacked) and cast_problem(array, dtype) is None:
+                    buf[index] = array
+                    return
         write = self.observation
         for i, obs in zip(rows, observations):
             write(i, obs, phase)
@@ -314,6 +324,18 @@ class RowWriter:
         self.truncated[index] = False
         self.done[index] = False
         self.seed[index, 0] = seeds
+
+
+def _rows_have_dtype(observations, dtype: np.dtype) -> bool:
+    """Whether every row is an array of ``dtype`` (a Python float counts as float64, as numpy reads it)."""
+    for obs in observations:
+        cls = obs.__class__
+        if cls is np.ndarray:
+            if obs.dtype != dtype:
+                return False
+        elif cls is not float or dtype != np.float64:  # a list, tensor, numpy scalar: the per-row path reads it
+            return False
+    return True
 
 
 def _is_flag(array: np.ndarray) -> bool:
