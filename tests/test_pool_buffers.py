@@ -1,6 +1,7 @@
 """Preallocated buffers, snapshot independence, pixels, and devices."""
 
 import functools
+import re
 
 import numpy as np
 import pytest
@@ -325,3 +326,61 @@ def test_inexact_int_observation_is_refused_whatever_the_other_envs_send(backend
                                            rf"{np.dtype(space_dtype)}.*integer {big} is not exactly representable"):
             pool.step(td)
         pool.close()
+
+
+# -- Discrete / MultiDiscrete observations outside their space: refused, not shifted out of the spec ----
+
+
+class SpaceObsEnv(gym.Env):
+    """Observes ``good`` (of ``space``, in a Dict ``{"x": ...}`` with ``dict_obs``), and ``bad`` at steps after the
+    construction probe's and at resets with options."""
+
+    def __init__(self, space, good, bad, dict_obs=False):
+        self.observation_space = gym.spaces.Dict({"x": space}) if dict_obs else space
+        self.action_space = gym.spaces.Discrete(2)
+        self.good, self.bad, self.dict_obs, self.steps = good, bad, dict_obs, 0
+
+    def _obs(self, bad):
+        value = self.bad if bad else self.good
+        return {"x": value} if self.dict_obs else value
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._obs(bool(options)), {}
+
+    def step(self, action):
+        self.steps += 1
+        return self._obs(self.steps > 1), 0.0, False, False, {}
+
+
+_OUT_OF_SPACE = [
+    (gym.spaces.Discrete(4, start=3), 3, 10, "10"),  # was stored as index 7 of Categorical(4)
+    (gym.spaces.Discrete(4, start=3), 3, 0, "0"),  # was -3
+    (gym.spaces.Discrete(4), 0, 4, "4"),
+    (gym.spaces.MultiDiscrete([3, 4], start=[1, -1]), np.array([1, -1]), np.array([2, 3]), r"\[2, 3\]"),
+    (gym.spaces.MultiDiscrete([3, 4], start=[1, -1]), np.array([1, -1]), np.array([0, 0]), r"\[0, 0\]"),
+]
+
+
+@pytest.mark.parametrize("backend", ["serial", "process", "vector"])
+@pytest.mark.parametrize("dict_obs", [False, True])
+@pytest.mark.parametrize("space, good, bad, shown", _OUT_OF_SPACE)
+def test_discrete_observation_outside_its_space_is_an_error_naming_the_env(space, good, bad, shown, dict_obs, backend):
+    fns = [functools.partial(SpaceObsEnv, space, good, good, dict_obs),
+           functools.partial(SpaceObsEnv, space, good, bad, dict_obs)]
+    if backend == "vector":
+        pool = EnvPool(gym.vector.SyncVectorEnv(fns), seed=0)
+    else:
+        pool = EnvPool(fns, seed=0, backend=backend, num_workers=1)
+    key = "x" if dict_obs else "observation"
+    td = pool.reset()
+    assert (td[key] == 0).all()  # the lowest value of the space: index 0
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    message = rf"env 1 \(step\): observation \('{key}',\): expected a value of {re.escape(str(space))}, got {shown}$"
+    with pytest.raises(EnvError, match=message) as err:
+        pool.step(td)
+    assert err.value.env_index == 1
+    if backend != "vector":  # (a vector env resets every row with one call: no options for env 1 alone)
+        with pytest.raises(EnvError, match=message.replace("step", "reset")):
+            pool.reset(options=[None, {"bad": True}])
+    pool.close()

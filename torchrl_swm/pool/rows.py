@@ -82,6 +82,11 @@ def _start(space: gym.Space) -> np.ndarray | None:
     return None if start is None or not np.any(start) else np.asarray(start, dtype=np.int64)
 
 
+def _sizes(space: gym.Space) -> np.ndarray:
+    """A Discrete/MultiDiscrete leaf's number of values (per entry), as uint64 (see ``RowWriter._check_indices``)."""
+    return np.asarray(space.n if isinstance(space, gym.spaces.Discrete) else space.nvec, dtype=np.uint64)
+
+
 def _leaf_writer(key: Key, space: gym.Space, buf: np.ndarray) -> Callable[[int, object, str], None]:
     shape = buf.shape[1:]
     dtype = buf.dtype
@@ -185,6 +190,12 @@ class RowWriter:
         self.batch_leaves = [(paths[key], _leaf_batch_writer(key, space, arrays[key])) for key, space in leaves.items()]
         #: ``(Dict path, buffer, start)`` per leaf: what :meth:`first_changed_row` compares
         self.batch_views = [(paths[key], arrays[key], _start(space)) for key, space in leaves.items()]
+        #: ``(key, buffer, sizes, start, space)`` per Discrete/MultiDiscrete leaf: the rows written are checked
+        #: to hold indices ``0..n-1`` (a value outside the space, shifted by ``start``, would leave the spec)
+        self.index_leaves = [
+            (key, arrays[key], _sizes(space), _start(space), space)
+            for key, space in leaves.items() if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete))
+        ]
         self.is_dict = isinstance(observation_space, gym.spaces.Dict)
         self.write_single = self.leaves[0][1] if not self.is_dict else None
         #: ``(buffer, row shape)`` when the observation is one Box array:
@@ -204,7 +215,12 @@ class RowWriter:
         self.info = info_writer
 
     def observation(self, i: int, obs, phase: str) -> None:
-        """Write env ``i``'s observation, checking its shape and dtype."""
+        """Write env ``i``'s observation, checking its shape and dtype (and that Discrete values are in their space)."""
+        self._write_observation(i, obs, phase)
+        if self.index_leaves:
+            self._check_indices(slice(i, i + 1), (i,), phase)
+
+    def _write_observation(self, i: int, obs, phase: str) -> None:
         if not self.is_dict:
             self.write_single(i, obs, phase)
             return
@@ -245,9 +261,11 @@ class RowWriter:
                 elif _rows_have_dtype(observations, stacked) and cast_problem(array, dtype) is None:
                     buf[index] = array
                     return
-        write = self.observation
+        write = self._write_observation
         for i, obs in zip(rows, observations):
             write(i, obs, phase)
+        if self.index_leaves:
+            self._check_indices(index, rows, phase)
 
     def observations(self, select, obs, phase: str) -> None:
         """Write a batched observation (from a VectorEnv) into the rows ``select`` (bool mask; ``None``: all)."""
@@ -259,6 +277,24 @@ class RowWriter:
                 except (KeyError, TypeError):
                     raise EnvError(None, phase, f"vector observation is missing Dict key {list(key)}") from None
             write(select, value, phase)
+        if self.index_leaves:
+            n = len(self.done)
+            self._check_indices(slice(None) if select is None else select,
+                                range(n) if select is None else np.flatnonzero(select).tolist(), phase)
+
+    def _check_indices(self, index, rows, phase: str) -> None:
+        """Raise for the first of ``rows`` (``index`` selects them in the buffers) whose Discrete/MultiDiscrete
+        value was outside its space; one vectorised comparison per leaf."""
+        for key, buf, sizes, start, space in self.index_leaves:
+            written = buf[index]
+            # as uint64 a negative index is huge: one comparison finds values below start and above the last
+            outside = written.view(np.uint64) >= sizes
+            if outside.any():
+                k = int(np.argmax(outside.reshape(len(written), -1).any(1)))
+                value = written[k] if start is None else written[k] + start
+                raise EnvError(
+                    int(rows[k]), phase, f"observation {key}: expected a value of {space}, got {value.tolist()}"
+                )
 
     def first_changed_row(self, keep: np.ndarray, obs) -> int | None:
         """The first row in ``keep`` (bool mask) whose batched observation ``obs`` differs from what the
