@@ -384,3 +384,89 @@ def test_discrete_observation_outside_its_space_is_an_error_naming_the_env(space
         with pytest.raises(EnvError, match=message.replace("step", "reset")):
             pool.reset(options=[None, {"bad": True}])
     pool.close()
+
+
+# -- image_shape=(H, W) resizes every frame, whatever its own size ---------------------------------
+
+
+def _frame_size(i, t, grow_at):
+    """Env 1 renders 10x12 frames, the others 6x8; every env's frames grow by a row from step ``grow_at``."""
+    h, w = (10, 12) if i == 1 else (6, 8)
+    return (h + 1, w) if grow_at is not None and t >= grow_at else (h, w)
+
+
+def _frame(i, t, grow_at):
+    h, w = _frame_size(i, t, grow_at)
+    return ((np.arange(h * w * 3).reshape(h, w, 3) * (i + 2) + 7 * t) % 256).astype(np.uint8)
+
+
+class SizedFrameEnv(gym.Env):
+    """``render()`` gives :func:`_frame` of env ``i`` at step ``t`` (a 4-step episode)."""
+
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, i, grow_at=None, sizes_differ=True):
+        self.i, self.grow_at, self.render_mode, self.t = (i if sizes_differ else 0), grow_at, "rgb_array", 0
+        self.observation_space, self.action_space = gym.spaces.Box(-1, 1, (1,), np.float32), gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(1, np.float32), 0.0, self.t >= 4, False, {}
+
+    def render(self):
+        return _frame(self.i, self.t, self.grow_at)
+
+
+def _resized(frame, hw):
+    """A frame resized alone, as the pool resizes (bilinear, antialiased, rounded)."""
+    x = torch.from_numpy(frame).permute(2, 0, 1)[None].float()
+    x = torch.nn.functional.interpolate(x, size=hw, mode="bilinear", antialias=True, align_corners=False)
+    return x.round().clamp(0, 255).to(torch.uint8)[0].permute(1, 2, 0)
+
+
+@pytest.mark.parametrize("backend", ["serial", "process", "vector"])
+@pytest.mark.parametrize("sizes_differ, grow_at, hw", [
+    (True, None, (4, 5)),  # env 1's frames are larger from the start
+    (True, 2, (4, 5)),  # and every env's grow mid-episode
+    (False, 2, (6, 8)),  # image_shape is the first frames' size: they are stored as they are, the larger resized
+])
+def test_image_shape_resizes_every_frame_whatever_its_size(backend, sizes_differ, grow_at, hw):
+    fns = [functools.partial(SizedFrameEnv, i, grow_at, sizes_differ) for i in range(3)]
+    if backend == "vector":
+        pool = EnvPool(gym.vector.SyncVectorEnv(fns), seed=0, image_shape=hw)
+    else:
+        pool = EnvPool(fns, seed=0, image_shape=hw, backend=backend, num_workers=2)
+    td = pool.rollout(6, break_when_any_done=False)
+    assert td["pixels"].shape == (3, 6, *hw, 3)
+    for i in range(3):
+        for t in range(6):
+            step = t + 1 if t < 4 else t - 3  # episodes of 4 steps: reset after the 4th
+            expected = _resized(_frame(i if sizes_differ else 0, step, grow_at), hw)
+            assert torch.equal(td["next", "pixels"][i, t], expected), (i, t)
+    pool.close()
+
+
+@pytest.mark.parametrize("backend", ["serial", "process", "vector"])
+def test_frames_of_another_size_without_image_shape_are_an_error_naming_image_shape(backend):
+    fns = [functools.partial(SizedFrameEnv, i, 2, False) for i in range(2)]
+    if backend == "vector":
+        pool = EnvPool(gym.vector.SyncVectorEnv(fns), seed=0, pixels=True)
+    else:
+        pool = EnvPool(fns, seed=0, pixels=True, backend=backend, num_workers=1)
+    pool.rollout(1)
+    with pytest.raises(EnvError, match=r"env 0 \(render\): frame shape \(7, 8, 3\) differs from the pool's "
+                                       r"\(6, 8, 3\); .*image_shape=\(H, W\)"):
+        pool.rollout(3, break_when_any_done=False)
+    pool.close()
+    fns = [functools.partial(SizedFrameEnv, i) for i in range(2)]
+    with pytest.raises(EnvError, match=r"env 1 \(render\): frame shape \(10, 12, 3\) differs from env 0's "
+                                       r"\(6, 8, 3\); .*image_shape=\(H, W\)"):
+        if backend == "vector":
+            EnvPool(gym.vector.SyncVectorEnv(fns), seed=0, pixels=True)
+        else:
+            EnvPool(fns, seed=0, pixels=True, backend=backend, num_workers=1)

@@ -627,7 +627,8 @@ def test_process_backend_frame_shape_mismatch_names_the_first_env_of_the_worker_
             EnvPool(fns, backend=backend, num_workers=2, pixels=True)
         errors[backend] = (err.value.env_index, str(err.value).splitlines()[0])
     assert errors["process"] == errors["serial"] == (
-        2, "env 2 (render): frame shape (5, 5, 3) differs from env 0's (4, 4, 3)"
+        2, "env 2 (render): frame shape (5, 5, 3) differs from env 0's (4, 4, 3); frames must keep one size, unless "
+        "image_shape=(H, W) is given (it resizes every frame)"
     )
 
 

@@ -40,7 +40,7 @@ from .actions import ActionCodec
 from .rows import observation_leaves
 from .seeding import SeedSchedule, broadcast_options, broadcast_seeds
 from .process import ProcessBackend
-from .serial import SerialBackend
+from .serial import FRAME_SIZE_HINT, SerialBackend
 from .vector import VectorBackend
 
 __all__ = ["EnvPool"]
@@ -191,9 +191,12 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         categorical_action_encoding: ``Discrete`` actions as ``Categorical``
             indices (default) or as ``OneHot`` vectors (``False``).
         pixels: add a ``"pixels"`` uint8 ``(N, H, W, 3)`` observation rendered with
-            ``env.render()`` (``render_mode="rgb_array"``).
-        image_shape: ``(H, W)`` to resize ``"pixels"`` to (bilinear, antialiased,
-            with torch). Implies ``pixels=True``.
+            ``env.render()`` (``render_mode="rgb_array"``). Every frame must keep the
+            size of env 0's first one (another size is an ``EnvError`` naming the env),
+            unless ``image_shape`` is given.
+        image_shape: ``(H, W)`` to resize every frame to, whatever its own size
+            (bilinear, antialiased, with torch; frames of env 0's first size in one
+            batch, any other one by one). Implies ``pixels=True``.
         info_keys: record only these info keys: one key (a string, or a tuple for a nested key, as
             TorchRL reads keys) or a list of them.
         info_spec: declared info specs ``{key: spec or example value}`` (value
@@ -339,13 +342,20 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             for key, space in obs_spaces.items()
         }
         leaves = {key: (spec.shape, spec.dtype) for key, spec in obs_specs.items()}
-        self._frame_key = self._resize_to = None
+        self._frame_key = self._resize_to = self._image_hw = None
         if pixels:
             frame_shape = probe["frame_shape"]
+            if image_shape is None and probe["other_frame"] is not None:
+                i, shape = probe["other_frame"]
+                raise EnvError(
+                    i, "render", f"frame shape {shape} differs from env 0's {frame_shape}; {FRAME_SIZE_HINT}"
+                )
             target = frame_shape if image_shape is None else (*_image_hw(image_shape), 3)
             obs_specs[("pixels",)] = Bounded(0, 255, shape=(n, *target), dtype=torch.uint8, device=device)
             leaves[("pixels",)] = ((n, *target), torch.uint8)
             self._frame_key = ("pixels",)
+            if image_shape is not None:  # frames of env 0's first size are resized in one batch, others one by one
+                self._image_hw = tuple(target[:2])
             if tuple(target) != tuple(frame_shape):
                 leaves[("_frames",)] = ((n, *frame_shape), torch.uint8)
                 self._frame_key, self._resize_to = ("_frames",), tuple(target[:2])
@@ -361,7 +371,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         self._host = HostBuffers(layout, device, flat=backend.allocate(layout))
         self._done_flags = self._host.arrays[("done",)][:, 0]  # a view: the backends write it in place
         self._done_views = self._cpu_done_views()
-        backend.attach(layout, self._host.arrays, self._info_schema, self._frame_key)
+        backend.attach(layout, self._host.arrays, self._info_schema, self._frame_key, self._image_hw is not None)
 
         # Output keys: what a reset returns, and what a step adds (the reward);
         # keys starting with "_" are the backends' own scratch buffers.
@@ -428,7 +438,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         saved = None if seed_override is None else (seeds.base.copy(), seeds.count.copy())
         reset_seeds, episode_seeds = seeds.next(rows, seed_override)
         try:
-            self._backend.reset(rows, reset_seeds, options, episode_seeds)
+            odd_frames = self._backend.reset(rows, reset_seeds, options, episode_seeds)
         except BaseException:
             seeds.rewind(rows, saved)
             if self._step_state.last_step_rows is not _NO_STEP:
@@ -442,7 +452,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             self._unreset[slice(None) if rows is None else rows] = 0
             if not self._unreset.any():
                 self._unreset = None
-        self._resize_frames(rows)
+        self._resize_frames(rows, odd_frames)
 
     def _must_reset(self, rows: np.ndarray | None, why: int) -> None:
         """Refuse to step ``rows`` (all when ``None``) until they are reset: a step or reset that raised may have
@@ -469,14 +479,14 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             self._backend.settle()  # an interrupted step's late rewards must not land on the zeros
             self._host.arrays[("reward",)].fill(0.0)  # frozen rows report reward 0
         try:
-            self._backend.step(actions, rows)
+            odd_frames = self._backend.step(actions, rows)
         except BaseException:
             self._must_reset(rows, _STEP_RAISED)
             # its rows are refused already, and no earlier step's transition is lost
             self._step_state.last_step_rows = _NO_STEP
             raise
         self._step_state.last_step_rows = rows
-        self._resize_frames(rows)
+        self._resize_frames(rows, odd_frames)
         return self._host.snapshot(self._step_keys, self.batch_size)
 
     def _refuse_unreset(self, rows: np.ndarray | None) -> None:
@@ -660,21 +670,22 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             stacklevel=3,
         )
 
-    def _resize_frames(self, rows: np.ndarray | None) -> None:
-        if self._resize_to is None:
-            return
+    def _resize_frames(self, rows: np.ndarray | None, odd_frames: dict | None = None) -> None:
+        """``image_shape=``: resize the frames of ``rows`` (all when ``None``) into ``"pixels"``; those of another
+        size than the frame buffer's (``odd_frames``, by row, from the backend) one by one."""
         tensors = self._host.tensors
-        frames = tensors[("_frames",)] if rows is None else tensors[("_frames",)][torch.from_numpy(rows)]
-        if frames.shape[0] == 0:
-            return
-        resized = F.interpolate(
-            frames.permute(0, 3, 1, 2).float(), size=self._resize_to, mode="bilinear", antialias=True, align_corners=False
-        )
-        resized = resized.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
-        if rows is None:
-            tensors[("pixels",)].copy_(resized)
-        else:
-            tensors[("pixels",)][torch.from_numpy(rows)] = resized
+        if self._resize_to is not None:
+            frames = tensors[("_frames",)] if rows is None else tensors[("_frames",)][torch.from_numpy(rows)]
+            if frames.shape[0]:
+                resized = _resized(frames, self._resize_to)
+                if rows is None:
+                    tensors[("pixels",)].copy_(resized)
+                else:
+                    tensors[("pixels",)][torch.from_numpy(rows)] = resized
+        if odd_frames:  # after the batch: their rows of the frame buffer hold an older frame
+            pixels = tensors[("pixels",)]
+            for i, frame in odd_frames.items():
+                pixels[i] = _resized(torch.from_numpy(frame)[None], self._image_hw)[0]
 
     def __reduce_ex__(self, protocol):
         # its envs, buffers and worker processes live here: a copy in another process could not share them
@@ -930,6 +941,14 @@ def _zero_rows(value, views: _RankViews):
         leaves = {key: _zero_rows(leaf, views) for key, leaf in value.items()}
         return TensorDict._new_unsafe(leaves, batch_size=value.batch_size, device=value.device)
     return value.masked_fill(views[value.ndim], 0)
+
+
+def _resized(frames: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+    """uint8 ``(B, H, W, 3)`` frames resized to ``hw`` (bilinear, antialiased, rounded)."""
+    resized = F.interpolate(
+        frames.permute(0, 3, 1, 2).float(), size=hw, mode="bilinear", antialias=True, align_corners=False
+    )
+    return resized.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
 
 
 def _image_hw(image_shape) -> tuple[int, int]:

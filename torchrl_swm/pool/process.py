@@ -143,6 +143,14 @@ def _shutdown(processes, conns, shm, owed: dict, slices) -> None:
             pass
 
 
+def _frames_to_resize(replies: list) -> dict | None:
+    """The frames of another size (``image_shape=``) in the workers' step or reset replies, by row (see
+    ``InProcessBackend.store_frame``); ``None`` when there are none, the usual reply."""
+    if not any(replies):
+        return None
+    return {i: frame for reply in replies if reply for i, frame in reply.items()}
+
+
 class ProcessBackend:
     """Steps the envs in ``num_workers`` processes, several envs per worker.
 
@@ -465,13 +473,16 @@ class ProcessBackend:
              for w, span in enumerate(self.slices)]
         )
         results = self._gather(workers, "probe")
-        for w, result in enumerate(results[1:], 1):
+        other = None
+        for w, result in enumerate(results):  # the first env whose frame differs from env 0's, as serial finds it
             if result["frame_shape"] != results[0]["frame_shape"]:
-                raise EnvError(
-                    self.slices[w].start, "render",
-                    f"frame shape {result['frame_shape']} differs from env 0's {results[0]['frame_shape']}",
-                )
-        return {"infos": [item for r in results for item in r["infos"]], "frame_shape": results[0]["frame_shape"]}
+                other = (self.slices[w].start, result["frame_shape"])
+            else:
+                other = result["other_frame"]
+            if other is not None:
+                break
+        return {"infos": [item for r in results for item in r["infos"]], "frame_shape": results[0]["frame_shape"],
+                "other_frame": other}
 
     def allocate(self, layout) -> torch.Tensor:
         """The pool's flat buffer, in shared memory that the workers attach to."""
@@ -488,16 +499,16 @@ class ProcessBackend:
         flat[:] = 0
         return torch.from_numpy(flat)
 
-    def attach(self, layout, arrays, info_schema, frame_key) -> None:
+    def attach(self, layout, arrays, info_schema, frame_key, any_frame_size: bool = False) -> None:
         kind = action_kind(self.action_space)
         self._action_buf = arrays[("_action",)]
-        args = (self._shm.name, layout, info_schema, frame_key, kind)
+        args = (self._shm.name, layout, info_schema, frame_key, any_frame_size, kind)
         self._gather(self._broadcast([(w, self._encode(w, "attach", args)) for w in range(len(self.slices))]), "attach")
         # every process that uses the segment has mapped it: remove its name now, so that nothing is left in
         # /dev/shm even when no close() runs (a Ray actor ended by ray.kill, a SIGKILL); the mappings stay valid
         self._shm.unlink()
 
-    def reset(self, rows, seeds, options=None, episode_seeds=None) -> None:
+    def reset(self, rows, seeds, options=None, episode_seeds=None) -> dict | None:
         self._drain_owed()  # first: an interrupted command's replies may show a worker died since
         self._refuse_after_a_dead_worker("reset")
         episode_seeds = seeds if episode_seeds is None else episode_seeds
@@ -513,7 +524,7 @@ class ProcessBackend:
                 opts = None if options is None else [options[k] for k in pos]
                 args = (local, [seeds[k] for k in pos], opts, [episode_seeds[k] for k in pos])
                 messages.append((w, self._encode(w, "reset", args, rows[pos], opts, "the reset options")))
-        self._gather(self._broadcast(messages), "reset")
+        return _frames_to_resize(self._gather(self._broadcast(messages), "reset"))
 
     def settle(self) -> None:
         """Wait until no worker is still writing the buffers: the workers of a command a Ctrl-C interrupted
@@ -532,7 +543,7 @@ class ProcessBackend:
                     break
         self._refuse_after_a_dead_worker(command)
 
-    def step(self, actions: np.ndarray, rows) -> None:
+    def step(self, actions: np.ndarray, rows) -> dict | None:
         self._drain_owed()  # an interrupted step's workers may still read the action buffer (and may have died)
         self._refuse_after_a_dead_worker("step")
         if rows is None:
@@ -541,7 +552,8 @@ class ProcessBackend:
         else:
             self._action_buf[rows] = actions
             targets = [(w, local) for w, local, _ in self._by_worker(rows)]
-        self._gather(self._broadcast([(w, self._encode(w, "step", local)) for w, local in targets]), "step")
+        replies = self._gather(self._broadcast([(w, self._encode(w, "step", local)) for w, local in targets]), "step")
+        return _frames_to_resize(replies)
 
     def _per_worker_call(self, rows, command, *args) -> list:
         rows = np.asarray(rows, dtype=np.int64)

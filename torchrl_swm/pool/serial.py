@@ -20,7 +20,26 @@ from .infos import InfoWriter, SkippedValue, numeric_info_value
 from .rows import RowWriter
 
 __all__ = ["SerialBackend", "InProcessBackend", "call_envs", "make_envs", "numeric_only", "probe_action",
-           "action_mask", "set_envs_attr"]
+           "action_mask", "set_envs_attr", "check_frame", "first_other_frame", "FRAME_SIZE_HINT"]
+
+#: Why a frame of another size is refused, and the way out.
+FRAME_SIZE_HINT = "frames must keep one size, unless image_shape=(H, W) is given (it resizes every frame)"
+
+
+def check_frame(i: int, frame) -> np.ndarray:
+    """Env ``i``'s rendered frame, if it is an ``(H, W, 3)`` uint8 array (any size), else an :class:`EnvError`."""
+    if not isinstance(frame, np.ndarray) or frame.ndim != 3 or frame.shape[-1] != 3 or frame.dtype != np.uint8:
+        raise EnvError(i, "render", f"expected an (H, W, 3) uint8 rgb_array frame, got {describe(frame)}")
+    return frame
+
+
+def first_other_frame(shapes: Sequence[tuple], first: int = 0) -> tuple[int, tuple] | None:
+    """``(env index, shape)`` of the first frame shape that differs from ``shapes[0]`` (env ``first``'s), or ``None``:
+    what the probe reports, for the pool to refuse unless it resizes every frame (``image_shape=``)."""
+    for j, shape in enumerate(shapes):
+        if shape != shapes[0]:
+            return first + j, shape
+    return None
 
 
 def numeric_only(info: Mapping, env_index: int, phase: str, prefix: tuple = ()) -> dict:
@@ -239,15 +258,32 @@ class InProcessBackend:
     """What the serial and vector backends share: buffers that live in this process."""
 
     observation_space: gym.Space
+    any_frame_size = False  # until attached
 
     def allocate(self, layout) -> None:
         """Nothing to share with other processes: the pool allocates the buffers itself."""
         return None
 
-    def attach(self, layout, arrays, info_schema, frame_key) -> None:
-        """Start writing into the pool's buffers ``arrays`` (numpy views of ``layout``)."""
+    def attach(self, layout, arrays, info_schema, frame_key, any_frame_size: bool = False) -> None:
+        """Start writing into the pool's buffers ``arrays`` (numpy views of ``layout``); frames go to
+        ``arrays[frame_key]``, and one of another size is returned for the pool to resize when
+        ``any_frame_size`` (``image_shape=``), else an :class:`EnvError`."""
         self.writer = RowWriter(self.observation_space, arrays, InfoWriter(info_schema, arrays))
         self.frames = None if frame_key is None else arrays[frame_key]
+        self.any_frame_size = any_frame_size
+
+    def store_frame(self, i: int, frame: np.ndarray, odd: dict) -> None:
+        """Write env ``i``'s (checked) frame into its row; one of another size goes to ``odd`` (by row), which the
+        reset or step returns for the pool to resize on its own, or is refused without ``image_shape``."""
+        target = self.frames[i]
+        if frame.shape == target.shape:  # the common case: the buffer's size
+            target[...] = frame
+        elif self.any_frame_size:
+            odd[i] = frame.copy()  # a copy: the env may render into the same array again
+        else:
+            raise EnvError(
+                i, "render", f"frame shape {frame.shape} differs from the pool's {target.shape}; {FRAME_SIZE_HINT}"
+            )
 
     def settle(self) -> None:
         """Nothing writes the buffers behind the pool's back here (see ``ProcessBackend.settle``)."""
@@ -300,9 +336,10 @@ class SerialBackend(InProcessBackend):
         """Reset every env once, and step it once unless ``step=False`` (see :data:`PROBE_HINT`), for the
         info-spec inference and the frame shape.
 
-        Returns ``{"infos": [(index, phase, numeric info)], "frame_shape": shape | None}``.
+        Returns ``{"infos": [(index, phase, numeric info)], "frame_shape": the first env's | None,
+        "other_frame": (index, shape) of the first env whose frame differs | None}``.
         """
-        infos, frame_shape = [], None
+        infos, frame_shapes = [], []
         for j, env in enumerate(self.envs):
             i = self.first + j
             phase = "reset"
@@ -311,10 +348,7 @@ class SerialBackend(InProcessBackend):
                 infos.append((i, "reset", numeric_only(info, i, "reset")))
                 if self.pixels:
                     phase = "render"
-                    shape = self._frame(j, env).shape
-                    if frame_shape is not None and shape != frame_shape:
-                        raise EnvError(i, "render", f"frame shape {shape} differs from env {self.first}'s {frame_shape}")
-                    frame_shape = shape
+                    frame_shapes.append(self._frame(j, env).shape)
                 if not step:
                     continue
                 phase = "sample a probe action"  # the pool's own sampling, not the env, if this fails
@@ -333,21 +367,12 @@ class SerialBackend(InProcessBackend):
                 raise EnvError(
                     i, phase, f"{type(err).__name__}: {err} (while probing the env at construction{hint})"
                 ) from err
-        return {"infos": infos, "frame_shape": frame_shape}
+        return {"infos": infos, "frame_shape": frame_shapes[0] if frame_shapes else None,
+                "other_frame": first_other_frame(frame_shapes, self.first)}
 
     # -- the hot path --------------------------------------------------------------
     def _frame(self, j: int, env: gym.Env) -> np.ndarray:
-        frame = env.render()
-        if not isinstance(frame, np.ndarray) or frame.ndim != 3 or frame.shape[-1] != 3 or frame.dtype != np.uint8:
-            raise EnvError(self.first + j, "render", f"expected an (H, W, 3) uint8 rgb_array frame, got {describe(frame)}")
-        return frame
-
-    def _store_frame(self, j: int, env: gym.Env) -> None:
-        frame = self._frame(j, env)
-        target = self.frames[self.first + j]
-        if frame.shape != target.shape:
-            raise EnvError(self.first + j, "render", f"frame shape {frame.shape} differs from the pool's {target.shape}")
-        target[...] = frame
+        return check_frame(self.first + j, env.render())
 
     def _index(self, rows: np.ndarray | None):
         """Buffer index and global row ids of local ``rows`` (all when ``None``)."""
@@ -359,13 +384,16 @@ class SerialBackend(InProcessBackend):
 
     def reset(
         self, rows: np.ndarray | None, seeds: Sequence, options: Sequence | None = None, episode_seeds: Sequence[int] | None = None
-    ) -> None:
+    ) -> dict | None:
         """Reset ``rows`` (local indices; all when ``None``) with one seed (and options) each.
 
         ``seeds`` go to ``env.reset`` (``None``: continue the env's stream);
         ``episode_seeds`` are recorded as ``"episode_seed"`` (default: ``seeds``).
+        Returns the frames of another size than the buffer's, by global row, for the pool to resize
+        (``image_shape=``; see :meth:`store_frame`), or ``None`` when there are none.
         """
         envs, writer, first, frames = self.envs, self.writer, self.first, self.frames
+        odd: dict = {}
         order = range(len(envs)) if rows is None else rows.tolist()
         write_obs, write_info = writer.observation, writer.info.write
         j, phase = -1, "reset"
@@ -381,7 +409,7 @@ class SerialBackend(InProcessBackend):
                 write_info(first + j, info, "reset")
                 if frames is not None:
                     phase = "render"  # the reset frame: a render() that raises is named as on a step
-                    self._store_frame(j, env)
+                    self.store_frame(first + j, self._frame(j, env), odd)
         except EnvError:
             raise
         except Exception as err:
@@ -390,13 +418,15 @@ class SerialBackend(InProcessBackend):
             _tag(err, first + j, phase)  # (a worker reports it naming the env)
             raise
         writer.reset_flags(self._index(rows)[0], seeds if episode_seeds is None else episode_seeds)
+        return odd or None
 
-    def step(self, actions: Sequence, rows: np.ndarray | None) -> None:
+    def step(self, actions: Sequence, rows: np.ndarray | None) -> dict | None:
         """Step ``rows`` (local indices; all when ``None``) with one action each.
 
         This is the hot loop: one gymnasium ``step`` per env and nothing else;
         observations, rewards and done flags are then written for all rows at
         once (one numpy assignment per buffer), and infos only where there are any.
+        Returns the frames of another size, as :meth:`reset`.
         """
         envs, writer, first = self.envs, self.writer, self.first
         order = range(len(envs)) if rows is None else rows.tolist()
@@ -417,7 +447,7 @@ class SerialBackend(InProcessBackend):
             _tag(err, first + order[len(results)], "step")  # (a worker reports it naming the env)
             raise
         if not results:
-            return
+            return None
         index, global_rows = self._index(rows)
         try:
             observations, rewards, terminated, truncated, infos = zip(*results, strict=True)  # strict: no silent truncation
@@ -432,16 +462,18 @@ class SerialBackend(InProcessBackend):
             write_info = writer.info.write
             for i, info in zip(global_rows, infos):
                 write_info(i, info, "step")
+        odd = None
         if self.frames is not None:
-            j = -1
+            j, odd = -1, {}
             try:
                 for j in order:
-                    self._store_frame(j, envs[j])
+                    self.store_frame(first + j, self._frame(j, envs[j]), odd)
             except EnvError:
                 raise
             except Exception as err:
                 raise EnvError(first + j, "render", f"{type(err).__name__}: {err}") from err
         writer.step_flags(index, global_rows, rewards, terminated, truncated)
+        return odd or None
 
     # -- direct access to the envs ------------------------------------------------------
     def call(self, rows: Sequence[int], name: str, args: tuple, kwargs: dict) -> list:

@@ -53,9 +53,11 @@ from .serial import (
     InProcessBackend,
     action_mask,
     call_envs,
+    check_frame,
     close_envs,
     env_is_wrapped,
     episode_stat_probes,
+    first_other_frame,
     probe_action,
     set_envs_attr,
 )
@@ -267,7 +269,8 @@ class VectorBackend(InProcessBackend):
         step_info, done = None, None
         try:
             reset_obs, reset_info = self.venv.reset(seed=self._seed_arg(seeds))
-            frame_shape = self._render().shape[1:] if self.pixels else None
+            frames = self._render() if self.pixels else ()
+            frame_shapes = [frame.shape for frame in frames]
             if step:
                 phase = "sample a probe action"  # the pool's own sampling, not the env, if this fails
                 action = self._probe_actions(int(seeds[0]), reset_obs, reset_info)
@@ -306,7 +309,8 @@ class VectorBackend(InProcessBackend):
             # and gymnasium 1.4's vector envs pop options["reset_mask"] before the wrapper reads it (it then
             # restarts every row's statistics): there the key stays an error unless declared (info_spec=)
             infos.extend(_episode_stat_probes(self.venv, self.num_envs))
-        return {"infos": infos, "frame_shape": frame_shape, "batch_wide": batch_wide}
+        return {"infos": infos, "frame_shape": frame_shapes[0] if frame_shapes else None,
+                "other_frame": first_other_frame(frame_shapes), "batch_wide": batch_wide}
 
     def _probe_actions(self, seed: int, obs, info):
         """The probe's batched action: a legal one per row when ``Discrete`` rows report an ``"action_mask"``
@@ -318,8 +322,8 @@ class VectorBackend(InProcessBackend):
         rows = [probe_action(single, seed + i, mask) for i, mask in enumerate(masks)]
         return np.asarray(rows, dtype=self.venv.action_space.dtype)
 
-    def attach(self, layout, arrays, info_schema, frame_key) -> None:
-        super().attach(layout, arrays, info_schema, frame_key)
+    def attach(self, layout, arrays, info_schema, frame_key, any_frame_size: bool = False) -> None:
+        super().attach(layout, arrays, info_schema, frame_key, any_frame_size)
         self._stash_obs = None
 
     def _shut_down_workers(self) -> list[int]:
@@ -368,29 +372,42 @@ class VectorBackend(InProcessBackend):
         first = next((s for s in seeds if s is not None), None)
         return None if first is None else int(first)  # natively batched envs take one seed for the batch
 
-    def _render(self) -> np.ndarray:
+    def _render(self) -> np.ndarray | list[np.ndarray]:
+        """One frame per row: stacked, or a list of checked frames when their sizes differ."""
         try:
             frames = self.venv.render()
         except Exception as err:
             raise self._env_failure(err, "render", None) from err
         try:
-            frames = np.stack(frames)
+            stacked = np.stack(frames)
         except Exception as err:
+            if isinstance(frames, (list, tuple)) and len(frames) == self.num_envs:
+                return [check_frame(i, frame) for i, frame in enumerate(frames)]  # sizes differ: each is checked
             raise EnvError(None, "render", f"expected {self.num_envs} (H, W, 3) uint8 frames, got {describe(frames)}") from err
-        if frames.shape[0] != self.num_envs or frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
+        if (stacked.ndim != 4 or stacked.shape[0] != self.num_envs or stacked.shape[-1] != 3
+                or stacked.dtype != np.uint8):
             raise EnvError(None, "render", f"expected {self.num_envs} (H, W, 3) uint8 frames, got {describe(frames)}")
-        return frames
+        return stacked
 
-    def _store_frames(self, select) -> None:
+    def _store_frames(self, select) -> dict | None:
+        """Write the rows' frames (``select``: a bool mask, ``None``: all); returns those of another size than the
+        buffer's, by row, for the pool to resize (see ``InProcessBackend.store_frame``), or ``None``."""
         frames = self._render()
-        if select is None:
-            self.frames[...] = frames
-        else:
-            self.frames[select] = frames[select]
+        if isinstance(frames, np.ndarray) and frames.shape[1:] == self.frames.shape[1:]:  # the common case
+            if select is None:
+                self.frames[...] = frames
+            else:
+                self.frames[select] = frames[select]
+            return None
+        odd: dict = {}
+        for i in range(self.num_envs) if select is None else np.flatnonzero(select).tolist():
+            self.store_frame(i, frames[i], odd)
+        return odd or None
 
     # -- reset and step ----------------------------------------------------------------
-    def reset(self, rows, seeds, options=None, episode_seeds=None) -> None:
-        """Reset ``rows`` (all when ``None``); see the module docstring for each mode."""
+    def reset(self, rows, seeds, options=None, episode_seeds=None) -> dict | None:
+        """Reset ``rows`` (all when ``None``); see the module docstring for each mode. Returns the frames of
+        another size, as ``SerialBackend.reset``."""
         option = _single_options(options)
         writer = self.writer
         if rows is not None and len(rows) == self.num_envs and self._masked_reset is None and not (
@@ -466,8 +483,7 @@ class VectorBackend(InProcessBackend):
             self.pending_done[select] = False
             self.stashed[select] = False
             index = rows
-        if self.frames is not None:
-            self._store_frames(select)
+        odd = None if self.frames is None else self._store_frames(select)
         episode_seeds = list(seeds if episode_seeds is None else episode_seeds)
         if not self.per_env_seeds and episode_seeds:
             # one RNG for the batch: every row's episode continues the stream of the seed the
@@ -477,6 +493,7 @@ class VectorBackend(InProcessBackend):
                 self._stream_seed = seeded if seeded is not None else int(episode_seeds[0])
             episode_seeds = [self._stream_seed] * len(episode_seeds)
         writer.reset_flags(index, episode_seeds)
+        return odd
 
     def _check_untouched(self, reset: np.ndarray, obs) -> None:
         """A masked reset of the rows ``reset`` must leave the others as they were: one that changed their
@@ -498,8 +515,8 @@ class VectorBackend(InProcessBackend):
                 "the mask, or an adapter (masked_reset=fn, or torchrl_swm.pool.vector.register_masked_reset).",
             )
 
-    def step(self, actions: np.ndarray, rows) -> None:
-        """Step every row with the batched ``actions``."""
+    def step(self, actions: np.ndarray, rows) -> dict | None:
+        """Step every row with the batched ``actions``; returns the frames of another size (``SerialBackend.step``)."""
         if rows is not None:
             raise EnvError(
                 None, "step",
@@ -549,8 +566,7 @@ class VectorBackend(InProcessBackend):
         writer.step_flags(slice(0, self.num_envs), range(self.num_envs), reward, terminated, truncated)
         if self.mode is not AutoresetMode.SAME_STEP:
             self.pending_done = done
-        if self.frames is not None:
-            self._store_frames(None)
+        return None if self.frames is None else self._store_frames(None)
 
     def _terminal_extras(self, info: Mapping, final_info: Mapping) -> dict:
         """SAME_STEP: top-level info entries that belong to the terminal step, not to the reset.

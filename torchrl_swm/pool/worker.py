@@ -23,7 +23,7 @@ __all__ = ["worker_main", "batch_scheduling", "REPLY_OK", "REPLY_ERROR"]
 
 REPLY_OK = "ok"
 REPLY_ERROR = "error"
-_OK_NONE = bytes(ForkingPickler.dumps((REPLY_OK, None)))  # the reply to every step and reset
+_OK_NONE = bytes(ForkingPickler.dumps((REPLY_OK, None)))  # the reply to every step and reset (but frames to resize)
 
 
 def _encode_reply(status: str, value) -> bytes:
@@ -111,20 +111,18 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
                     rows = args
                     local = slice(first, first + len(backend)) if rows is None else first + rows
                     actions = env_action_list(kind, action_view[local])
-                    backend.step(actions, rows)
-                    reply = None
+                    reply = backend.step(actions, rows)  # None, unless frames of another size (image_shape=)
                 elif command == "reset":
-                    backend.reset(*args)
-                    reply = None
+                    reply = backend.reset(*args)
                 elif command == "probe":
                     reply = backend.probe(*args)
                 elif command == "attach":
-                    shm_name, layout, info_schema, frame_key, kind = args
+                    shm_name, layout, info_schema, frame_key, any_frame_size, kind = args
                     # spawned workers share the pool's resource tracker, which unlinks
                     # the segment once, when the pool frees it
                     shm = SharedMemory(name=shm_name)
                     arrays = layout.views(np.ndarray((layout.nbytes,), dtype=np.uint8, buffer=shm.buf))
-                    backend.attach(layout, arrays, info_schema, frame_key)
+                    backend.attach(layout, arrays, info_schema, frame_key, any_frame_size)
                     action_view = arrays[("_action",)]
                     reply = None
                 elif command == "call":
