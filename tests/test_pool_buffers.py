@@ -359,6 +359,12 @@ _OUT_OF_SPACE = [
     (gym.spaces.Discrete(4), 0, 4, "4"),
     (gym.spaces.MultiDiscrete([3, 4], start=[1, -1]), np.array([1, -1]), np.array([2, 3]), r"\[2, 3\]"),
     (gym.spaces.MultiDiscrete([3, 4], start=[1, -1]), np.array([1, -1]), np.array([0, 0]), r"\[0, 0\]"),
+    # numpy computed uint64 - int64 in float64: 2**60 + 100 - 2**60 read 0, an index in the space (and 2**60 + 3
+    # was stored as index 0, not 3)
+    (gym.spaces.Discrete(5, start=2**60, dtype=np.uint64), np.uint64(2**60), np.uint64(2**60 + 100),
+     str(2**60 + 100)),
+    (gym.spaces.MultiBinary(3), np.zeros(3, np.int8), np.array([0, 2, 1], np.int8), r"\[0, 2, 1\]"),  # was stored
+    (gym.spaces.MultiBinary(3), np.zeros(3, np.int8), np.array([0, -1, 1], np.int8), r"\[0, -1, 1\]"),
 ]
 
 
@@ -383,6 +389,41 @@ def test_discrete_observation_outside_its_space_is_an_error_naming_the_env(space
     if backend != "vector":  # (a vector env resets every row with one call: no options for env 1 alone)
         with pytest.raises(EnvError, match=message.replace("step", "reset")):
             pool.reset(options=[None, {"bad": True}])
+    pool.close()
+
+
+@pytest.mark.parametrize("backend", ["serial", "vector"])
+def test_a_large_uint64_discrete_start_keeps_exact_indices(backend):
+    space = gym.spaces.Discrete(5, start=2**60, dtype=np.uint64)
+    fns = [functools.partial(SpaceObsEnv, space, np.uint64(2**60 + 3), np.uint64(2**60 + 3))] * 2
+    pool = EnvPool(gym.vector.SyncVectorEnv(fns), seed=0) if backend == "vector" else EnvPool(fns, seed=0)
+    assert pool.reset()["observation"].tolist() == [3, 3]  # was [0, 0]
+    pool.close()
+
+
+@pytest.mark.parametrize("backend", ["serial", "vector"])
+def test_several_bad_discrete_leaves_name_the_first_env_at_step_and_reset_alike(backend):
+    """A step named the first bad row of the first bad leaf (env 1's 'a'), a reset the first env (env 0's 'b')."""
+    space = gym.spaces.Dict({"a": gym.spaces.Discrete(3), "b": gym.spaces.Discrete(3)})
+    fns = [functools.partial(SpaceObsEnv, space, {"a": 0, "b": 0}, {"a": 0, "b": 7}),
+           functools.partial(SpaceObsEnv, space, {"a": 0, "b": 0}, {"a": 7, "b": 0})]
+    pool = EnvPool(gym.vector.SyncVectorEnv(fns), seed=0) if backend == "vector" else EnvPool(fns, seed=0)
+    td = pool.reset()
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(EnvError, match=r"env 0 \(step\): observation \('b',\): expected a value of Discrete\(3\), got 7"):
+        pool.step(td)
+    pool.close()
+
+
+def test_an_n_d_multidiscrete_out_of_space_message_is_one_line():
+    space = gym.spaces.MultiDiscrete([[3, 4], [2, 5]])
+    good = np.zeros((2, 2), np.int64)
+    pool = EnvPool([functools.partial(SpaceObsEnv, space, good, np.array([[0, 0], [2, 0]]))] * 2, seed=0)
+    td = pool.reset()
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(EnvError) as err:
+        pool.step(td)
+    assert "\n" not in str(err.value) and "got [[0, 0], [2, 0]]" in str(err.value)
     pool.close()
 
 

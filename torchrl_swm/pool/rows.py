@@ -83,8 +83,18 @@ def _start(space: gym.Space) -> np.ndarray | None:
 
 
 def _sizes(space: gym.Space) -> np.ndarray:
-    """A Discrete/MultiDiscrete leaf's number of values (per entry), as uint64 (see ``RowWriter._check_indices``)."""
+    """A Discrete/MultiDiscrete/MultiBinary leaf's number of values (per entry), as uint64 (see
+    ``RowWriter._check_indices``)."""
+    if isinstance(space, gym.spaces.MultiBinary):
+        return np.asarray(2, dtype=np.uint64)
     return np.asarray(space.n if isinstance(space, gym.spaces.Discrete) else space.nvec, dtype=np.uint64)
+
+
+def _minus_start(value: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """A Discrete/MultiDiscrete value's index, ``value - start``, in int64 two's complement arithmetic (numpy computes
+    uint64 - int64 in float64, which rounds ``2**60 + 3 - 2**60`` to 0); an index outside ``0..n-1`` is caught by
+    :meth:`RowWriter._check_indices`."""
+    return np.subtract(value, start, dtype=np.int64, casting="unsafe")
 
 
 def _leaf_writer(key: Key, space: gym.Space, buf: np.ndarray) -> Callable[[int, object, str], None]:
@@ -97,7 +107,7 @@ def _leaf_writer(key: Key, space: gym.Space, buf: np.ndarray) -> Callable[[int, 
             value = _coerce(i, key, value, shape, dtype, phase)
         elif value.dtype is not dtype and value.dtype != dtype:  # the common case (same dtype) skips the check
             _check_cast(i, key, value, dtype, phase)
-        buf[i] = value if start is None else value - start
+        buf[i] = value if start is None else _minus_start(value, start)
 
     return write
 
@@ -118,7 +128,7 @@ def _leaf_batch_writer(key: Key, space: gym.Space, buf: np.ndarray):
             if found is not None:
                 _check_cast(found[0], key, array[found[0]], buf.dtype, phase)
         if start is not None:
-            array = array - start
+            array = _minus_start(array, start)
         if select is None:
             buf[...] = array
         else:
@@ -190,11 +200,12 @@ class RowWriter:
         self.batch_leaves = [(paths[key], _leaf_batch_writer(key, space, arrays[key])) for key, space in leaves.items()]
         #: ``(Dict path, buffer, start)`` per leaf: what :meth:`first_changed_row` compares
         self.batch_views = [(paths[key], arrays[key], _start(space)) for key, space in leaves.items()]
-        #: ``(key, buffer, sizes, start, space)`` per Discrete/MultiDiscrete leaf: the rows written are checked
-        #: to hold indices ``0..n-1`` (a value outside the space, shifted by ``start``, would leave the spec)
+        #: ``(key, buffer, sizes, start, space)`` per Discrete/MultiDiscrete/MultiBinary leaf: the rows written are
+        #: checked to hold indices ``0..n-1`` (a value outside the space, shifted by ``start``, would leave the spec)
         self.index_leaves = [
             (key, arrays[key], _sizes(space), _start(space), space)
-            for key, space in leaves.items() if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete))
+            for key, space in leaves.items()
+            if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary))
         ]
         self.is_dict = isinstance(observation_space, gym.spaces.Dict)
         self.write_single = self.leaves[0][1] if not self.is_dict else None
@@ -285,16 +296,22 @@ class RowWriter:
     def _check_indices(self, index, rows, phase: str) -> None:
         """Raise for the first of ``rows`` (``index`` selects them in the buffers) whose Discrete/MultiDiscrete
         value was outside its space; one vectorised comparison per leaf."""
+        bad = None  # (row, leaf) of the first row with a value outside, whichever leaf holds it
         for key, buf, sizes, start, space in self.index_leaves:
             written = buf[index]
             # as uint64 a negative index is huge: one comparison finds values below start and above the last
-            outside = written.view(np.uint64) >= sizes
+            unsigned = written.view(np.dtype(f"u{written.dtype.itemsize}"))  # (a MultiBinary's buffer is int8)
+            outside = (unsigned >= sizes).reshape(len(written), -1).any(1)
             if outside.any():
-                k = int(np.argmax(outside.reshape(len(written), -1).any(1)))
-                value = written[k] if start is None else written[k] + start
-                raise EnvError(
-                    int(rows[k]), phase, f"observation {key}: expected a value of {space}, got {value.tolist()}"
-                )
+                k = int(np.argmax(outside))
+                if bad is None or k < bad[0]:
+                    bad = (k, key, written, start, space)
+        if bad is not None:
+            k, key, written, start, space = bad
+            value = written[k] if start is None else written[k] + start
+            described = " ".join(str(space).split())  # an n-d MultiDiscrete's repr spans lines
+            raise EnvError(int(rows[k]), phase, f"observation {key}: expected a value of {described}, got "
+                                                f"{value.tolist()}")
 
     def first_changed_row(self, keep: np.ndarray, obs) -> int | None:
         """The first row in ``keep`` (bool mask) whose batched observation ``obs`` differs from what the
@@ -306,7 +323,7 @@ class RowWriter:
                 continue  # a malformed batch: the write that follows names it
             if value.shape != buf.shape or value.dtype.kind not in "biuf":
                 continue
-            new, old = (value if start is None else value - start)[keep], buf[keep]
+            new, old = (value if start is None else _minus_start(value, start))[keep], buf[keep]
             if new.dtype != old.dtype:  # compare what the buffer would hold (float64 from numpy into float32)
                 with np.errstate(over="ignore", invalid="ignore"):
                     new = new.astype(old.dtype)
