@@ -289,13 +289,12 @@ class RowWriter:
                     raise EnvError(None, phase, f"vector observation is missing Dict key {list(key)}") from None
             write(select, value, phase)
         if self.index_leaves:
-            n = len(self.done)
-            self._check_indices(slice(None) if select is None else select,
-                                range(n) if select is None else np.flatnonzero(select).tolist(), phase)
+            self._check_indices(slice(None) if select is None else select, None, phase)
 
     def _check_indices(self, index, rows, phase: str) -> None:
-        """Raise for the first of ``rows`` (``index`` selects them in the buffers) whose Discrete/MultiDiscrete
-        value was outside its space; one vectorised comparison per leaf."""
+        """Raise for the first of ``rows`` (``index`` selects them in the buffers; ``rows=None``: derived from
+        ``index``, a slice of every row or a bool mask, only when one is bad) whose Discrete/MultiDiscrete/
+        MultiBinary value was outside its space; one vectorised comparison per leaf."""
         bad = None  # (row, leaf) of the first row with a value outside, whichever leaf holds it
         for key, buf, sizes, start, space in self.index_leaves:
             written = buf[index]
@@ -310,6 +309,8 @@ class RowWriter:
             k, key, written, start, space = bad
             value = written[k] if start is None else written[k] + start
             described = " ".join(str(space).split())  # an n-d MultiDiscrete's repr spans lines
+            if rows is None:
+                rows = range(len(written)) if isinstance(index, slice) else np.flatnonzero(index)
             raise EnvError(int(rows[k]), phase, f"observation {key}: expected a value of {described}, got "
                                                 f"{value.tolist()}")
 
