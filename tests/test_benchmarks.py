@@ -6,6 +6,8 @@ import subprocess
 import sys
 import time
 
+import gymnasium as gym
+from gymnasium.envs.classic_control import CartPoleEnv
 import numpy as np
 import pytest
 
@@ -236,3 +238,102 @@ def test_the_plot_draws_the_package_rows_blue_and_the_references_grey():
     references = ["MLPWorldModelEnv, step_and_maybe_reset", "raw batched forward (limit, reference)"]
     assert all(label.startswith(_OURS) for label in ours)
     assert not any(label.startswith(_OURS) for label in references)
+
+
+@pytest.mark.parametrize("drift", [0.01, -0.01])
+def test_measure_together_keeps_ratios_of_identical_subjects_at_one_on_a_host_whose_speed_drifts(monkeypatch, drift):
+    """Identical subjects on a host that slows down (or speeds up) by 1 %/s: every row must come out
+    alike, whatever its place in the round (one pass per round, even rotated, left each subject's median at
+    its place in the middle round, up to 4.5 % off). The host is a virtual clock: a unit costs 1 ms times
+    the host's speed at that moment."""
+    import types
+
+    from torchrl_swm.benchmarks import harness
+
+    clock = types.SimpleNamespace(now=0.0)
+    monkeypatch.setattr(harness, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+
+    class Identical:
+        def run(self, units):
+            for _ in range(units):
+                clock.now += 1e-3 * (1 + drift * clock.now)
+
+        def close(self):
+            pass
+
+    keys = [f"s{i}" for i in range(16)]
+    results = harness.measure_together({key: Identical for key in keys}, envs_per_step=1, seconds=32.0, repeats=3)
+    ratios = [results[key]["rate"] / results["s0"]["rate"] for key in keys]
+    assert max(abs(r - 1) for r in ratios) < 2e-3, ratios
+
+
+def test_a_failed_row_prints_no_figures_in_the_table():
+    from torchrl_swm.benchmarks.__main__ import format_table
+    from torchrl_swm.benchmarks.pool import _failed_row
+
+    table = format_table([_failed_row("cartpole", "peer", "a peer", 16, OSError("spawn failed"))])
+    assert table.splitlines()[-1] == "| cartpole | 16 | a peer (failed: OSError: spawn failed) | failed |  |  |  |"
+
+
+class _CountingCartPole(CartPoleEnv):
+    """CartPole counting, across every instance, its steps and its seeded and unseeded resets."""
+
+    steps = seeded = unseeded = 0
+
+    def step(self, action):
+        _CountingCartPole.steps += 1
+        return super().step(action)
+
+    def reset(self, *, seed=None, options=None):
+        if seed is None:
+            _CountingCartPole.unseeded += 1
+        else:
+            _CountingCartPole.seeded += 1
+        return super().reset(seed=seed, options=options)
+
+
+def test_every_cartpole_row_is_credited_with_the_env_steps_it_takes_and_seeds_as_its_label_says(monkeypatch):
+    """Each in-process subject of the ``cartpole`` section credits ``steps_per_unit`` batched steps of N envs
+    per unit (or returns the transitions it made): counted on a CartPole that counts its calls. The rows
+    labelled as seeding every episode reset with a seed each time, the others without (a plain loop that
+    stopped seeding would still carry its label)."""
+    from torchrl_swm.benchmarks.pool import _NOOP_PATHS, RandomLengthNoopEnv, _noop_pools, cartpole_subjects
+
+    env_id = "TorchrlSwmTestCountingCartPole-v0"
+    gym.register(env_id, entry_point=_CountingCartPole, max_episode_steps=500)
+    n = 4
+    seeded = {"plain_seeded", "pool_step", "pool_rollout", "pool_collector"}
+    unseeded = {"plain", "plain_numpy_actions", "pool_step_once", "pool_rollout_once", "pool_collector_once"}
+    try:
+        subjects = cartpole_subjects(n, env_id)
+        assert seeded | unseeded <= {key for key, *_ in subjects}
+        for key, _, make, steps_per_unit in subjects:
+            if key == "floor":  # TorchRL's no-work floor steps no env
+                continue
+            subject = make()
+            subject.run(1)  # warm-up: construction and first resets
+            _CountingCartPole.steps = _CountingCartPole.seeded = _CountingCartPole.unseeded = 0
+            units = -(-200 // steps_per_unit)  # enough steps for episodes to end
+            transitions = subject.run(units)
+            subject.close()
+            expected = units * steps_per_unit * n if transitions is None else transitions
+            assert _CountingCartPole.steps == expected, (key, _CountingCartPole.steps, expected)
+            assert _CountingCartPole.seeded + _CountingCartPole.unseeded > 0, key
+            if key in seeded:
+                assert _CountingCartPole.unseeded == 0, (key, _CountingCartPole.unseeded)
+            if key in unseeded:
+                assert _CountingCartPole.seeded == 0, (key, _CountingCartPole.seeded)
+    finally:
+        gym.registry.pop(env_id)
+
+    # the ceilings' no-op pools: steps counted on their env class
+    steps = []
+    original = RandomLengthNoopEnv.step
+    monkeypatch.setattr(RandomLengthNoopEnv, "step", lambda self, action: (steps.append(1), original(self, action))[1])
+    for key, make in _noop_pools(n).items():
+        subject = make()
+        subject.run(1)
+        steps.clear()
+        subject.run(3)
+        subject.close()
+        assert len(steps) == 3 * _NOOP_PATHS[key] * n, (key, len(steps))

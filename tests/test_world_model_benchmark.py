@@ -65,3 +65,22 @@ def test_the_export_floor_env_draws_start_latents_for_the_reset_rows_only():
     after = env.reset(td)["observation"]
     assert torch.equal(after[[0, 2, 3]], before[[0, 2, 3]])
     assert torch.equal(after[1], torch.tanh(torch.randn(1, LAT, generator=gen))[0] * 0.1)
+
+
+def test_every_world_model_row_is_credited_with_the_model_calls_it_makes():
+    """A row credits ``steps_per_unit`` batched steps per unit: each must be one batched model call (a
+    rollout credited with 100 steps that ran 25 would read 4x too fast)."""
+    from torchrl_swm.benchmarks.world_model import world_model_subjects
+
+    model, b = make_ref_model(0), 3
+    calls = []
+    model.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
+    subjects = world_model_subjects(model, b, "cpu")
+    assert [key for key, *_ in subjects][-1] == "env/reset"
+    for key, _, make, steps_per_unit in subjects[:-1]:  # env/reset's unit is one masked reset, not a step
+        subject = make()
+        subject.run(1)  # warm-up
+        calls.clear()
+        subject.run(3)
+        subject.close()
+        assert calls == [b] * (3 * steps_per_unit), (key, len(calls), steps_per_unit)

@@ -129,11 +129,13 @@ def measure_together(makers: dict, *, envs_per_step: int, seconds: float = 2.0, 
                      steps_per_unit: dict | None = None, failures: dict | None = None) -> dict:
     """:func:`measure` for several subjects at once, interleaved.
 
-    Every subject is built, warmed up and calibrated, then ``repeats`` rounds
-    run each subject once for about ``seconds / repeats / len(makers)``, in an
-    order that rotates every round. On a shared, noisy machine slow drifts then
-    hit every row alike, so the ratios between rows stay meaningful even when
-    absolute rates move. Returns ``{key: measure()-style dict}``.
+    Every subject is built, warmed up and calibrated, then timed ``repeats`` times, each time in two
+    passes of about ``seconds / repeats / len(makers) / 2`` per subject: the subjects in order, then in
+    the reverse order. A repeat's figure for a subject is the sum of its two passes, whose midpoints
+    average to the repeat's midpoint whatever the subject's place: a host that speeds up or slows down
+    steadily then shifts every row alike, so the ratios between rows stay meaningful even when absolute
+    rates move. (One pass per repeat, in any rotation, leaves each subject's median at its place in the
+    middle pass: drifts of 1 %/s shifted ratios by up to 4.5 %.) Returns ``{key: measure()-style dict}``.
 
     ``steps_per_unit``: ``{key: batched steps per unit}`` (default 1). ``failures``: a dict that
     collects ``{key: exception}`` for subjects that fail to build, warm up or run (a peer that cannot
@@ -170,27 +172,33 @@ def measure_together(makers: dict, *, envs_per_step: int, seconds: float = 2.0, 
                 failed(key, err)
         for key, (u, dt) in calibration.items():
             if key in subjects:
-                units[key] = max(1, int(math.ceil(seconds / repeats / len(subjects) * u / max(dt, 1e-9))))
+                units[key] = max(1, int(math.ceil(seconds / repeats / len(subjects) / 2 * u / max(dt, 1e-9))))
         times = {key: [] for key in subjects}
         counts = {key: [] for key in subjects}
         order = list(subjects)
         with frozen_heap():
-            for r in range(repeats if order else 0):  # every subject failed: nothing to time
-                for key in order[r % len(order):] + order[: r % len(order)]:
+            for _ in range(repeats if order else 0):  # every subject failed: nothing to time
+                passes = {key: [] for key in order}  # (seconds, count) per pass
+                for key in order + order[::-1]:
                     if key not in subjects:
                         continue
                     t0 = time.perf_counter()
                     try:
-                        counts[key].append(subjects[key].run(units[key]))
+                        count = subjects[key].run(units[key])
                     except Exception as err:
                         failed(key, err)
                         continue
-                    times[key].append(time.perf_counter() - t0)
+                    passes[key].append((time.perf_counter() - t0, count))
+                for key in subjects:
+                    (t1, c1), (t2, c2) = passes[key]
+                    times[key].append(t1 + t2)
+                    counts[key].append(None if c1 is None else c1 + c2)
     finally:
         for subject in subjects.values():
             subject.close()
-    return {key: _summary(units[key], steps_per_unit.get(key, 1), envs_per_step, times[key], setup[key], counts[key])
-            for key in subjects}
+    # a repeat's time is two passes' worth of units
+    return {key: _summary(2 * units[key], steps_per_unit.get(key, 1), envs_per_step, times[key], setup[key],
+                          counts[key]) for key in subjects}
 
 
 def is_next_step(venv) -> bool:

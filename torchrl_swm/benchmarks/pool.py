@@ -27,7 +27,7 @@ import torch
 
 from .harness import Row, is_next_step, measure, step_next_step
 
-__all__ = ["run", "SECTIONS", "BusyEnv", "NoopEnv", "RandomLengthNoopEnv"]
+__all__ = ["run", "SECTIONS", "BusyEnv", "NoopEnv", "RandomLengthNoopEnv", "cartpole_subjects"]
 
 K_ACTIONS = 64  # pre-drawn action batches, cycled
 
@@ -94,6 +94,13 @@ class BusyEnv(gym.Env):
 
 def _cartpole():
     return gym.make("CartPole-v1")
+
+
+def _sync_vector_wrapped(n):
+    """TorchRL's ``GymWrapper`` over a SAME_STEP ``SyncVectorEnv`` of ``n`` CartPoles (a ``ParallelEnv`` worker's env)."""
+    from torchrl.envs import GymWrapper
+
+    return GymWrapper(gym.vector.SyncVectorEnv([_cartpole] * n, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))
 
 
 def _actions(n, k=K_ACTIONS, seed=0):
@@ -279,43 +286,54 @@ def _failed_row(section, key, label, n, err) -> Row:
     return Row(section, key, f"{label} (failed: {type(err).__name__}: {err})", n, nan, nan, nan)
 
 
+def cartpole_subjects(n, env_id="CartPole-v1", include_slow=True) -> list[tuple]:
+    """The in-process subjects of :func:`cartpole`, as ``(key, label, make, batched steps per unit)``:
+    the steps a subject credits per unit must be the steps its ``run(1)`` takes (``tests/test_benchmarks.py``
+    counts them on a counting env registered under another ``env_id``)."""
+    from torchrl.envs import GymEnv, GymWrapper, SerialEnv
+
+    from ..pool import EnvPool
+
+    factory = functools.partial(gym.make, env_id)
+    pool = functools.partial(EnvPool, env_id, num_envs=n, seed=0)
+    once = functools.partial(EnvPool, env_id, num_envs=n, seed=0, seed_every_episode=False)
+    together = [
+        ("plain", "plain loop over gym.make envs [reference]", lambda: PlainLoop(n, factory), 1),
+        ("plain_numpy_actions", "plain loop, numpy integer actions (as SyncVectorEnv and EnvPool pass)",
+         lambda: PlainLoop(n, factory, numpy_actions=True), 1),
+        ("plain_seeded", "plain loop, numpy actions, every episode reset with its own seed (EnvPool's default)",
+         lambda: PlainLoop(n, factory, numpy_actions=True, seed_every_episode=True), 1),
+        ("pool_step", "EnvPool, step_and_maybe_reset loop", lambda: StepLoop(pool()), 1),
+        ("pool_rollout", "EnvPool, rollout(100, break_when_any_done=False)", lambda: Rollout(pool()), 100),
+        ("pool_collector", "EnvPool, Collector (random policy)", lambda: CollectorLoop(pool(), n * 50), 50),
+        ("pool_step_once", "EnvPool(seed_every_episode=False), step loop", lambda: StepLoop(once()), 1),
+        ("pool_rollout_once", "EnvPool(seed_every_episode=False), rollout(100)", lambda: Rollout(once()), 100),
+        ("pool_collector_once", "EnvPool(seed_every_episode=False), Collector",
+         lambda: CollectorLoop(once(), n * 50), 50),
+        ("gym_sync", "gymnasium SyncVectorEnv", lambda: GymVector(gym.vector.SyncVectorEnv([factory] * n), n), 1),
+        ("torchrl_gymwrapper", "TorchRL GymWrapper(SyncVectorEnv, SAME_STEP)",
+         lambda: StepLoop(GymWrapper(gym.vector.SyncVectorEnv(
+             [factory] * n, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))), 1),
+        ("floor", "TorchRL EnvBase floor (no env work)", lambda: StepLoop(_floor_env(n)), 1),
+    ]
+    if include_slow:
+        together.append(("torchrl_serial", "TorchRL SerialEnv(N, GymEnv)",
+                         lambda: StepLoop(SerialEnv(n, functools.partial(GymEnv, env_id))), 1))
+    return together
+
+
 def cartpole(ns=(16, 256), seconds=2.0, include_slow=True) -> list[Row]:
     """CartPole-v1 rows. The subjects that run in this process are measured together, interleaved
     round by round (:func:`~.harness.measure_together`), so their ratios to the plain loop hold on a
     shared machine; those with processes of their own (``AsyncVectorEnv``, ``ParallelEnv``) run after,
     one at a time, so their workers never compete with the others' rounds."""
-    from torchrl.envs import GymEnv, GymWrapper, ParallelEnv, SerialEnv
+    from torchrl.envs import GymEnv, ParallelEnv, SerialEnv
 
-    from ..pool import EnvPool
     from .harness import measure_together
 
     rows = []
     for n in ns:
-        pool = functools.partial(EnvPool, "CartPole-v1", num_envs=n, seed=0)
-        once = functools.partial(EnvPool, "CartPole-v1", num_envs=n, seed=0, seed_every_episode=False)
-        # (key, label, make, batched steps per unit)
-        together = [
-            ("plain", "plain loop over gym.make envs [reference]", lambda: PlainLoop(n), 1),
-            ("plain_numpy_actions", "plain loop, numpy integer actions (as SyncVectorEnv and EnvPool pass)",
-             lambda: PlainLoop(n, numpy_actions=True), 1),
-            ("plain_seeded", "plain loop, numpy actions, every episode reset with its own seed (EnvPool's default)",
-             lambda: PlainLoop(n, numpy_actions=True, seed_every_episode=True), 1),
-            ("pool_step", "EnvPool, step_and_maybe_reset loop", lambda: StepLoop(pool()), 1),
-            ("pool_rollout", "EnvPool, rollout(100, break_when_any_done=False)", lambda: Rollout(pool()), 100),
-            ("pool_collector", "EnvPool, Collector (random policy)", lambda: CollectorLoop(pool(), n * 50), 50),
-            ("pool_step_once", "EnvPool(seed_every_episode=False), step loop", lambda: StepLoop(once()), 1),
-            ("pool_rollout_once", "EnvPool(seed_every_episode=False), rollout(100)", lambda: Rollout(once()), 100),
-            ("pool_collector_once", "EnvPool(seed_every_episode=False), Collector",
-             lambda: CollectorLoop(once(), n * 50), 50),
-            ("gym_sync", "gymnasium SyncVectorEnv", lambda: GymVector(gym.vector.SyncVectorEnv([_cartpole] * n), n), 1),
-            ("torchrl_gymwrapper", "TorchRL GymWrapper(SyncVectorEnv, SAME_STEP)",
-             lambda: StepLoop(GymWrapper(gym.vector.SyncVectorEnv(
-                 [_cartpole] * n, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))), 1),
-            ("floor", "TorchRL EnvBase floor (no env work)", lambda: StepLoop(_floor_env(n)), 1),
-        ]
-        if include_slow:
-            together.append(("torchrl_serial", "TorchRL SerialEnv(N, GymEnv)",
-                             lambda: StepLoop(SerialEnv(n, functools.partial(GymEnv, "CartPole-v1"))), 1))
+        together = cartpole_subjects(n, include_slow=include_slow)
         makers = {key: make for key, _, make, _ in together}
         makers.update(_noop_pools(n))
         steps_per_unit = {key: steps for key, _, _, steps in together}
@@ -348,6 +366,10 @@ def cartpole(ns=(16, 256), seconds=2.0, include_slow=True) -> list[Row]:
             alone("torchrl_parallel", "TorchRL ParallelEnv(2 workers x SerialEnv(N/2))",
                   lambda: StepLoop(ParallelEnv(2, functools.partial(
                       SerialEnv, n // 2, functools.partial(GymEnv, "CartPole-v1")))), envs=2 * (n // 2))
+            # the faster of TorchRL's two usual ParallelEnv setups (the issue's ParallelEnv figures are this one's)
+            alone("torchrl_parallel_vec", "TorchRL ParallelEnv(2 workers x GymWrapper(SyncVectorEnv(N/2), SAME_STEP))",
+                  lambda: StepLoop(ParallelEnv(2, functools.partial(_sync_vector_wrapped, n // 2))),
+                  envs=2 * (n // 2))
         rows += ceilings(n, results)
     return rows
 

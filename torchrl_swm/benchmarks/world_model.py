@@ -36,7 +36,7 @@ import torch.nn as nn
 
 from .harness import Row, measure
 
-__all__ = ["run", "RefWorldModel", "make_ref_model", "LAT", "ACT", "HID"]
+__all__ = ["run", "RefWorldModel", "make_ref_model", "world_model_subjects", "LAT", "ACT", "HID"]
 
 LAT, ACT, HID = 64, 6, 256
 ROLL = 100
@@ -305,62 +305,38 @@ def _run(bs, seconds, device) -> list[Row]:
     return rows
 
 
+def world_model_subjects(model, b: int, device) -> list[tuple]:
+    """The subjects of one batch size, as ``(key, label, make, batched steps per unit)``: the steps a subject
+    credits per unit must be the model calls its ``run(1)`` makes (``tests/test_world_model_benchmark.py`` counts
+    them), except ``env/reset``, whose unit is one masked reset."""
+    return [
+        ("raw", "raw batched forward, torch.no_grad() loop (reference)", lambda: _Raw(model, b, device, False), 1),
+        ("raw+reset", "raw forward + done mask + masked reset", lambda: _Raw(model, b, device, True), 1),
+        ("env/step", "WorldModelEnv step_and_maybe_reset loop",
+         lambda: _StepLoop(_make_env(model, b, device), b, device), 1),
+        ("env/rollout", f"WorldModelEnv rollout({ROLL}, break_when_any_done=False)",
+         lambda: _Rollout(_make_env(model, b, device), b, device), ROLL),
+        ("env/rollout-out", f"WorldModelEnv rollout({ROLL}, out=the previous rollout's buffer)",
+         lambda: _Rollout(_make_env(model, b, device), b, device, reuse_out=True), ROLL),
+        ("env/transformed", "make_world_model_env (TransformedEnv + StepCounter) step loop",
+         lambda: _StepLoop(_transformed_env(model, b, device), b, device), 1),
+        ("torchrl/model_based", f"TorchRL ModelBasedEnvBase rollout({ROLL})",
+         lambda: _Rollout(_model_based_env(model, b, device), b, device), ROLL),
+        ("env/step-no-dones", "WorldModelEnv step loop, termination never true (no resets)",
+         lambda: _StepLoop(_make_env(model, b, device, _transition_no_done), b, device), 1),
+        ("env/reset", f"masked reset of {max(1, round(0.03 * b))} of {b} rows (~3 %, fast path), per call",
+         lambda: _ResetOnly(_make_env(model, b, device), b, device), 1),
+    ]
+
+
 def _rows_for(model, b: int, seconds: float, device) -> list[Row]:
     rows: list[Row] = []
-
-    def row(key, label, make, steps_per_unit=1):
+    for key, label, make, steps_per_unit in world_model_subjects(model, b, device):
         result = measure(make, steps_per_unit=steps_per_unit, envs_per_step=b, seconds=seconds)
-        r = Row(
-            SECTION,
-            key,
-            label,
-            b,
-            result["rate"],
-            result["spread"],
-            result["us_per_call"],
-            extra={"setup_s": result["setup_s"]},
-        )
-        rows.append(r)
-        return r
-
-    raw = row("raw", "raw batched forward, torch.no_grad() loop (reference)", lambda: _Raw(model, b, device, False))
-    row("raw+reset", "raw forward + done mask + masked reset", lambda: _Raw(model, b, device, True))
-    step = row(
-        "env/step", "WorldModelEnv step_and_maybe_reset loop", lambda: _StepLoop(_make_env(model, b, device), b, device)
-    )
-    row(
-        "env/rollout",
-        f"WorldModelEnv rollout({ROLL}, break_when_any_done=False)",
-        lambda: _Rollout(_make_env(model, b, device), b, device),
-        steps_per_unit=ROLL,
-    )
-    row(
-        "env/rollout-out",
-        f"WorldModelEnv rollout({ROLL}, out=the previous rollout's buffer)",
-        lambda: _Rollout(_make_env(model, b, device), b, device, reuse_out=True),
-        steps_per_unit=ROLL,
-    )
-    row(
-        "env/transformed",
-        "make_world_model_env (TransformedEnv + StepCounter) step loop",
-        lambda: _StepLoop(_transformed_env(model, b, device), b, device),
-    )
-    row(
-        "torchrl/model_based",
-        f"TorchRL ModelBasedEnvBase rollout({ROLL})",
-        lambda: _Rollout(_model_based_env(model, b, device), b, device),
-        steps_per_unit=ROLL,
-    )
-    no_done = row(
-        "env/step-no-dones",
-        "WorldModelEnv step loop, termination never true (no resets)",
-        lambda: _StepLoop(_make_env(model, b, device, _transition_no_done), b, device),
-    )
-    reset = row(
-        "env/reset",
-        f"masked reset of {max(1, round(0.03 * b))} of {b} rows (~3 %, fast path), per call",
-        lambda: _ResetOnly(_make_env(model, b, device), b, device),
-    )
+        rows.append(Row(SECTION, key, label, b, result["rate"], result["spread"], result["us_per_call"],
+                        extra={"setup_s": result["setup_s"]}))
+    by_key = {r.key: r for r in rows}
+    raw, step, no_done, reset = by_key["raw"], by_key["env/step"], by_key["env/step-no-dones"], by_key["env/reset"]
     reset.extra["fraction_of_step"] = reset.us_per_call / step.us_per_call
     reset.extra["in_loop_fraction"] = (step.us_per_call - no_done.us_per_call) / no_done.us_per_call
     for r in rows:
