@@ -7,9 +7,9 @@ import sys
 import time
 
 import gymnasium as gym
-from gymnasium.envs.classic_control import CartPoleEnv
 import numpy as np
 import pytest
+from gymnasium.envs.classic_control import CartPoleEnv
 
 
 def test_pool_benchmark_smoke(tmp_path):
@@ -56,7 +56,6 @@ def test_a_failed_row_is_written_as_strict_json():
     # a peer that cannot run is a row with a NaN rate: the JSON holds null, which strict parsers accept
     from torchrl_swm.benchmarks.__main__ import _no_nan
     from torchrl_swm.benchmarks.harness import Row
-
     from torchrl_swm.benchmarks.pool import _failed_row
 
     row = Row("cartpole", "peer", "a peer (failed: ...)", 1, float("nan"), 0, 0, float("nan"), {"x": float("inf")})
