@@ -572,3 +572,26 @@ def test_output_and_dataset_paths_expand_a_tilde_as_the_video_writer_does(tmp_pa
     from torchrl_swm.quickstart import parse_args
 
     assert parse_args(["--out=~/q"]).out == str(tmp_path / "q")
+
+
+def test_a_command_started_with_stdout_closed_does_its_work_and_exits_0(tmp_path):
+    # a cron- or daemon-style launch (`>&-`): Python's sys.stdout is None; the command has nothing to print to
+    command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "torchrl_swm.cli"]
+    result_file = tmp_path / "result.json"
+    out = subprocess.run([*command, "eval", "CartPole-v1", "--episodes", "2", "--json", str(result_file)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=240,
+                         preexec_fn=lambda: os.close(1))
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == "" and json.loads(result_file.read_text())["num_episodes"] == 2
+
+
+def test_an_error_raised_by_the_policy_names_the_policy(tmp_path):
+    (tmp_path / "numpy_policies.py").write_text(
+        "import numpy as np\n"
+        "def act(obs):  # a function of the observation array, not a TorchRL policy\n"
+        "    return (np.asarray(obs, dtype=np.float32)[..., 2] > 0).astype(np.int64)\n"
+    )
+    out = run("eval", "CartPole-v1", "--episodes", 1, "--policy", "numpy_policies:act", cwd=tmp_path)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert "; raised by the policy numpy_policies.act, called with the step's tensordict (a TorchRL policy reads " \
+           "its observation keys and writes 'action') (run with --traceback for details)" in out.stderr

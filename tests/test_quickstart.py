@@ -12,9 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from torchrl_swm.quickstart import QuickstartConfig, parse_args, run
+from torchrl_swm.quickstart import QuickstartConfig, _earlier_outputs, parse_args, run, standard_error
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_PLOT = importlib.util.find_spec("matplotlib") is not None
@@ -56,8 +57,20 @@ def test_quickstart_command_tiny(tmp_path):
 
 
 def test_run_returns_key_figures(tmp_path):
+    # an earlier run into the same folder wrote a plot and a video; this one writes neither: they would describe
+    # the earlier results, so they go (a file outside the folder that the old results.json names stays)
+    (tmp_path / "video").mkdir()
+    earlier = {"plot": tmp_path / "quickstart.png", "video": tmp_path / "video" / "grid.mp4"}
+    outside = tmp_path.parent / f"{tmp_path.name}-not-ours.png"
+    for path in (*earlier.values(), outside):
+        path.write_bytes(b"earlier run")
+    (tmp_path / "results.json").write_text(json.dumps({"files": {k: str(v) for k, v in earlier.items()}}))
     cfg = QuickstartConfig.tiny(out=str(tmp_path), video=False, plot=False, progress=False, planner="cem")
     figures = run(cfg)
+    assert not earlier["plot"].exists() and not earlier["video"].exists()
+    (tmp_path / "results.json").write_text(json.dumps({"files": {"plot": str(outside), "video": None}}))
+    assert _earlier_outputs(tmp_path, {"plot": None, "video": None}) == [] and outside.exists()
+    outside.unlink()
     assert set(figures) == {"config", "data", "model", "curve", "eval", "export", "files", "timings"}
     assert figures["config"]["planner"] == "cem" and figures["config"]["smoke"] is True
     assert figures["data"]["train_episodes"] == cfg.train_episodes
@@ -75,6 +88,8 @@ def test_run_returns_key_figures(tmp_path):
             assert set(stats) == STAT_KEYS
             assert stats["episodes"] == cfg.eval_episodes and len(stats["returns"]) == cfg.eval_episodes
             assert 0 <= stats["success_rate"] <= 1
+            n = len(stats["returns"])  # the plot's error bar: the standard error, with the sample std
+            assert standard_error(stats) == pytest.approx(np.std(stats["returns"], ddof=1) / np.sqrt(n))
     assert figures["export"]["num_envs"] == cfg.export_envs and figures["export"]["steps"] == cfg.export_steps
     assert figures["files"]["plot"] is None and figures["files"]["video"] is None
     assert Path(figures["files"]["results"]).exists()

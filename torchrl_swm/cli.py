@@ -257,8 +257,9 @@ def _add_env_arguments(p: argparse.ArgumentParser, default_envs: int, mode_help:
                    help="per-episode step limit, also the env's TimeLimit (default: the env's TimeLimit)")
     p.add_argument("--mode", choices=("auto", "wait"), default=None,
                    help=mode_help)
-    p.add_argument("--image-shape", type=int, nargs=2, metavar=("H", "W"), default=None, help="record pixels at H x W")
-    p.add_argument("--pixels", action="store_true", help="record pixels at the env's render size")
+    p.add_argument("--image-shape", type=int, nargs=2, metavar=("H", "W"), default=None, help="record pixels resized to H x W (implies --pixels)")
+    p.add_argument("--pixels", action="store_true",
+                   help="record pixels, at the env's render size unless --image-shape is given")
     p.add_argument("--env-kwargs", default=None, help="JSON object of gym.make keyword arguments")
     p.add_argument("--policy", default=None,
                    help="module:attr of a policy object, or of a function/class taking env (default: random)")
@@ -547,7 +548,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with warnings.catch_warnings():  # restores the default display when the command ends
             warnings.showwarning = _warning_printer(args.command)
             code = int(args._command.run(args) or 0)
-        sys.stdout.flush()  # here, not at exit: a pipe whose reader has gone fails now, where it is handled
+        if sys.stdout is not None:  # None when started with stdout closed (`>&-`): nothing to flush
+            sys.stdout.flush()  # here, not at exit: a pipe whose reader has gone fails now, where it is handled
         return code
     except CLIError as err:
         print(f"torchrl-swm {args.command}: error: {err}", file=sys.stderr)
@@ -560,8 +562,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 141  # the reader of stdout went away (`| head`): stop quietly, with a shell's 128 + SIGPIPE
         if args.traceback:
             raise
-        print(f"torchrl-swm {args.command}: error: {type(err).__name__}: {err} (run with --traceback for details)",
-              file=sys.stderr)
+        notes = "".join(f"; {note}" for note in getattr(err, "__notes__", ()))  # e.g. which env or policy raised
+        print(f"torchrl-swm {args.command}: error: {type(err).__name__}: {err}{notes} "
+              "(run with --traceback for details)", file=sys.stderr)
         return 1
 
 

@@ -457,6 +457,13 @@ def _summary(result) -> dict:
     }
 
 
+def standard_error(summary: dict) -> float:
+    """The standard error of the mean return: the sample std (ddof=1) over sqrt(n); ``std_return`` is the
+    episodes' own std (ddof=0), so that is ``std_return / sqrt(n - 1)`` (0 for a single episode)."""
+    n = summary["episodes"]
+    return summary["std_return"] / math.sqrt(n - 1) if n > 1 else 0.0
+
+
 def imagined_success(td: TensorDictBase) -> torch.Tensor:
     """Success in imagination: the model predicts termination (PointMaze terminates exactly on success)."""
     return td["next", "terminated"].reshape(-1)
@@ -589,7 +596,7 @@ def save_plot(path: Path, curve: dict, results: dict, planner_name: str) -> Path
     x = np.arange(len(policies))
     for k, (env_name, color) in enumerate((("real", "tab:blue"), ("imagined", "tab:orange"))):
         stats = [results[env_name][p] for p in policies]
-        errs = [s["std_return"] / math.sqrt(max(1, s["episodes"])) for s in stats]
+        errs = [standard_error(s) for s in stats]
         ax2.bar(x + (k - 0.5) * 0.38, [s["mean_return"] for s in stats], 0.38, yerr=errs, capsize=4, color=color,
                 label=f"{env_name} env")
     labels = [  # the success rates go under each policy's name
@@ -601,7 +608,10 @@ def save_plot(path: Path, curve: dict, results: dict, planner_name: str) -> Path
     ax2.set_xticks(x, labels)
     ax2.set_ylabel("mean episode return (± s.e.)")
     ax2.set_title("Real vs imagined returns")
-    ax2.legend(loc="lower right")
+    # returns are negative: room above the zero line for the legend, which "best" then finds
+    bottom, top = ax2.get_ylim()
+    ax2.set_ylim(bottom, top + 0.25 * (top - bottom))
+    ax2.legend(loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -777,12 +787,34 @@ def _run(cfg: QuickstartConfig) -> dict:
         "files": files,
         "timings": timer.timings,
     }
+    stale = _earlier_outputs(out, files)
     (out / "results.json").write_text(json.dumps({k: v for k, v in figures.items() if k != "curve"}, indent=1))
+    for path in stale:  # this run replaced the earlier one's results: its plot or video would no longer match
+        path.unlink()
+        print(f"  removed the earlier run's {path} (this run wrote none)")
     for name in ("plot", "video", "results"):
         print(f"  {name:<8} {files[name] or '(not written)'}")
     print(f"\ndone in {sum(timer.timings.values()):.0f} s ("
           + ", ".join(f"{k} {v:.0f} s" for k, v in timer.timings.items()) + ")")
     return figures
+
+
+def _earlier_outputs(out: Path, files: dict) -> list[Path]:
+    """The plot and video an earlier run into ``out`` wrote (its ``results.json`` lists them) that this run
+    did not write again (``--no-plot``, ``--no-video``, no matplotlib)."""
+    try:
+        earlier = json.loads((out / "results.json").read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    stale = []
+    for name in ("plot", "video"):
+        path = earlier.get(name) if isinstance(earlier, dict) else None
+        if isinstance(path, str) and files[name] is None:
+            path = Path(path)
+            # only a file of the quickstart's own, inside this output folder
+            if path.is_file() and path.resolve().parent in (out.resolve(), (out / "video").resolve()):
+                stale.append(path)
+    return stale
 
 
 class _Timer:

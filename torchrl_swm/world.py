@@ -371,6 +371,21 @@ def _freezes_rows(env) -> bool:
 SEED_LIMIT = 2**62
 
 
+def _error_text(err: BaseException) -> str:
+    """``"Type: message"``, or ``"Type"`` for an error without one (a Ctrl-C's ``KeyboardInterrupt``)."""
+    text = str(err)
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _callable_name(obj) -> str:
+    """``module.qualname`` of a function, or the class name of a policy object (a TensorDictModule...)."""
+    name = getattr(obj, "__qualname__", None)
+    if name is None:
+        return f"{type(obj).__name__} object"
+    module = getattr(obj, "__module__", None)
+    return f"{module}.{name}" if module else name
+
+
 def _check_policy(policy, where: str):
     if not callable(policy):
         raise TypeError(f"{where}: expected a TensorDictModule or a callable td -> td, got {type(policy).__name__}")
@@ -1238,7 +1253,7 @@ class World:
             with _forked_rng(seed):
                 run.run()
         except BaseException as err:
-            writer.close(complete=False, interrupted=f"{type(err).__name__}: {err}"[:500], compact=compact)
+            writer.close(complete=False, interrupted=_error_text(err)[:500], compact=compact)
             raise
         writer.close(complete=True, compact=compact)
         return load_dataset(path)
@@ -1353,7 +1368,12 @@ class _Run:
     def _act(self, td: TensorDictBase) -> TensorDictBase:
         ctx = set_exploration_type(self.exploration) if self.exploration is not None else nullcontext()
         with ctx, torch.no_grad():
-            out = self.policy(td)
+            try:
+                out = self.policy(td)
+            except Exception as err:  # say whose error it is: the traceback's last frames are the policy's own
+                err.add_note(f"raised by the policy {_callable_name(self.policy)}, called with the step's tensordict "
+                             "(a TorchRL policy reads its observation keys and writes 'action')")
+                raise
         if out is not None and out is not td:
             if not isinstance(out, TensorDictBase):
                 raise TypeError(
