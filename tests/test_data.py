@@ -413,6 +413,20 @@ def test_writer_rejects_overflow_and_late_adds(tmp_path):
     assert load_dataset(tmp_path / "w").num_steps == 2
 
 
+
+def test_writer_with_commit_every_zero_commits_after_each_episode_before_close(tmp_path):
+    """DatasetWriter commits after each episode at most every commit_every seconds: with commit_every=0 a reader
+    (or a run after the writer was killed) loads every episode added so far while the writer is still open."""
+    writer = DatasetWriter(tmp_path / "w", capacity=20, commit_every=0)
+    for i, length in enumerate((3, 2)):
+        writer.add(TensorDict({"episode": torch.full((length,), i), "x": torch.full((length, 1), float(i))}, [length]))
+        ds = load_dataset(tmp_path / "w")  # the writer is still open
+        assert ds.episode_ids.tolist() == list(range(i + 1)) and ds.episode_lengths.tolist() == [3, 2][: i + 1]
+        assert ds.td["x"].view(-1).tolist() == [0.0, 0.0, 0.0, 1.0, 1.0][: ds.num_steps]
+    writer.close(complete=True)
+    assert load_dataset(tmp_path / "w").num_steps == 5
+
+
 def test_writer_refuses_an_episode_unlike_the_first_a_repeated_id_or_no_id(tmp_path):
     # the storage is laid out by the first episode: it would store a missing entry as zeros, drop an extra one
     def episode(i, length, **entries):

@@ -14,7 +14,7 @@ from export_helpers import PoolSeedSchedule, action_stream, assert_same, probed,
 from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict
 from torchrl.data import Categorical, Composite, Unbounded
-from torchrl.envs import EnvBase, StepCounter, TransformedEnv
+from torchrl.envs import EnvBase, RewardScaling, StepCounter, TransformedEnv
 
 from envs import CountingEnv, DictObsEnv, InfoEnv, counting, sparse_info
 from torchrl_swm import EnvError, EnvPool, SpecError, to_gymnasium
@@ -456,6 +456,66 @@ def test_numpy_false_returns_torch_on_the_env_device(device):
     obs2.add_(1.0)  # the caller owns what it gets: the env's state is not touched
     obs3, *_ = envs.step(action)
     assert obs3.abs().max() <= 1.0
+
+
+
+def test_numpy_false_same_step_final_obs_is_the_terminal_observation_as_sync_vector_env():
+    """SAME_STEP with numpy=False: infos["final_obs"] holds each finished env's terminal observation (as
+    torch tensors), the values gymnasium's SyncVectorEnv gives, not the reset observation returned in obs."""
+    n = 3
+    ours = to_gymnasium(EnvPool("CartPole-v1", num_envs=n), autoreset_mode="same_step", numpy=False)
+    ref = sync_twin("CartPole-v1", n, AutoresetMode.SAME_STEP)
+    ours.reset(seed=5)
+    ref.reset(seed=5)
+    finished = 0
+    for t, action in enumerate(action_stream(ours.action_space, 120, seed=5)):
+        obs, _, term, trunc, infos = ours.step(torch.from_numpy(action))
+        obs_ref, _, term_ref, trunc_ref, infos_ref = ref.step(action)
+        assert obs.numpy().tolist() == obs_ref.tolist(), t
+        done = (term | trunc).numpy()
+        assert done.tolist() == (term_ref | trunc_ref).tolist(), t
+        for i in np.flatnonzero(done):
+            final = infos["final_obs"][i]
+            assert isinstance(final, torch.Tensor)
+            assert final.numpy().tolist() == infos_ref["final_obs"][i].tolist(), (t, i)
+            assert final.numpy().tolist() != obs_ref[i].tolist(), (t, i)  # not the reset observation
+            finished += 1
+    assert finished > 5
+    ours.close()
+    ref.close()
+
+
+def test_numpy_false_next_step_reset_step_reward_is_zero_for_a_reward_shifting_transform():
+    """NEXT_STEP over TransformedEnv(EnvPool, RewardScaling(loc=1)): the pool's frozen rows are not exact
+    (the transform adds 1 to every row), so the export zeroes the reward of the step that restarts a
+    finished env itself. numpy=False gives the rewards of numpy=True and of SyncVectorEnv with the same
+    reward shift: 0 on the reset step, 2 on the others."""
+    n = 3
+
+    def export(numpy):
+        env = TransformedEnv(EnvPool("CartPole-v1", num_envs=n), RewardScaling(loc=1.0, scale=1.0))
+        return to_gymnasium(env, numpy=numpy, observation_keys="observation", info_keys=[])
+
+    ours, ours_np = export(False), export(True)
+    ref = gym.vector.SyncVectorEnv(
+        [lambda: PoolSeedSchedule(gym.wrappers.TransformReward(gym.make("CartPole-v1"), lambda r: r + 1.0), n)
+         for _ in range(n)],
+        autoreset_mode=AutoresetMode.NEXT_STEP,
+    )
+    for envs in (ours, ours_np, ref):
+        envs.reset(seed=2)
+    reset_steps = 0
+    for t, action in enumerate(action_stream(ours.action_space, 80, seed=2)):
+        _, rewards, term, trunc, _ = ours.step(torch.from_numpy(action))
+        _, rewards_np, *_ = ours_np.step(action)
+        _, rewards_ref, term_ref, trunc_ref, _ = ref.step(action)
+        assert isinstance(rewards, torch.Tensor)
+        assert rewards.tolist() == rewards_np.tolist() == rewards_ref.tolist(), t
+        assert (term | trunc).tolist() == (term_ref | trunc_ref).tolist(), t
+        reset_steps += int((rewards_ref == 0).sum())
+    assert reset_steps > 3  # autoreset steps were exercised
+    for envs in (ours, ours_np, ref):
+        envs.close()
 
 
 def test_outputs_are_fresh_arrays():

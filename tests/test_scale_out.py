@@ -191,6 +191,27 @@ def test_a_worker_exiting_with_code_0_mid_collection_is_a_failure():
         procs[1].join(10)
 
 
+
+def test_a_worker_exiting_with_code_0_after_the_last_batch_and_before_the_shutdown_is_a_failure():
+    # the collection reaches total_frames and TorchRL ends it as healthy, but the worker had exited (code 0, an env's
+    # os._exit(0)) before raise_on_worker_failure shut it down: its final check names it. One worker, batches of
+    # 100 steps, an env quitting at its step 250: TorchRL asks for a third batch as it yields the second (the
+    # last), and the worker quits half-way through that one, while the loop body waits for it
+    steps = 100
+    collector = MultiAsyncCollector([functools.partial(_pool_quitting_at, 2 * steps + steps // 2)], None,
+                                    frames_per_batch=N * steps, total_frames=2 * N * steps)
+    proc = collector.procs[0]
+    batches = 0
+    with pytest.raises(RuntimeError, match=r"collector worker 0 \(exit code 0 while the collection was still running"
+                                           r".*\) failed before the collection ended"):
+        for _ in raise_on_worker_failure(collector):
+            batches += 1
+            if batches == 2:  # the last batch: the worker is collecting the next one, which it never finishes
+                proc.join(30)
+                assert proc.exitcode == 0
+    assert batches == 2
+
+
 def test_raise_on_worker_failure_passes_healthy_collections_through_and_shuts_down():
     collector = MultiAsyncCollector([make_pool_factory(0), make_pool_factory(1000)], policy(),
                                     frames_per_batch=N * T, total_frames=N * T * 4)

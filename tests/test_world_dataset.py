@@ -72,6 +72,36 @@ def test_dataset_eval_chunks_episodes_over_fewer_envs(maze_dataset):
         assert torch.equal(row["state"], start["state"])
 
 
+
+class SeedSpy(PointMazeExpert):
+    """The expert, recording per env the episode_seed each new episode (is_init) was reset with."""
+
+    def __init__(self, num_envs):
+        super().__init__("u")
+        self.seeds = [[] for _ in range(num_envs)]
+
+    def __call__(self, td):
+        for i in torch.nonzero(td["is_init"].view(-1)).view(-1).tolist():
+            self.seeds[i].append(int(td["episode_seed"][i]))
+        return super().__call__(td)
+
+
+def test_dataset_eval_resets_each_episode_with_its_dataset_episodes_own_seed(maze_dataset):
+    """episodes_idx in any order (not 0, 1, 2...): episode m resets with the seed of dataset episode
+    episodes_idx[m], not the seed of the m-th dataset episode (evaluate's docstring: "With dataset=, episodes
+    reset with the dataset episodes' own seeds")."""
+    ds = maze_dataset
+    idx, n = [3, 1, 2], 2
+    spy = SeedSpy(n)
+    with World("torchrl_swm/PointMaze-v0", num_envs=n, image_shape=(32, 32), policy=spy) as world:
+        result = world.evaluate(dataset=ds, episodes_idx=idx, goal_offset=2, eval_budget=6, progress=False)
+    want = [int(ds.episode_seeds[k]) for k in idx]
+    assert len(set(int(s) for s in ds.episode_seeds)) == ds.num_episodes  # each episode its own seed
+    assert result["seeds"].tolist() == want
+    # the pool's envs were reset with them: env i runs episodes i, i + n, ... of the evaluation
+    assert spy.seeds == [want[i::n] for i in range(n)]
+
+
 def test_chunked_and_unchunked_runs_agree(maze_dataset):
     ds = maze_dataset
     idx, starts = plan(ds, 6, 4)

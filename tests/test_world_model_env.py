@@ -604,6 +604,36 @@ def test_step_mask_freezes_rows_and_reports_reward_zero():
     assert env.state[:, 0].tolist() == [2.0, 1.0, 2.0]
 
 
+
+class _TruncatesOnceModel:
+    """State = observation = [t]; the model reports truncated on the step that reaches t == 1 only (a
+    frozen row stepped again by the model would read False)."""
+
+    def step(self, state, action):
+        nxt = state + 1
+        return {"state": nxt, "reward": torch.ones(len(state), 1), "truncated": nxt[:, :1] == 1}
+
+
+def test_rows_frozen_by_step_keep_their_truncated_and_done_flags():
+    """A row frozen by "_step" keeps its flags from its last step (README "Frozen rows"): a model-reported
+    truncation stays truncated (and done) while the row waits, not the model's value for the frozen row."""
+    box = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    env = WorldModelEnv(_TruncatesOnceModel(), box, ACT1, num_envs=3, initial_state=torch.zeros(1))
+    td = env.reset()
+    td["action"] = torch.zeros(3, 1)
+    out = env.step(td)["next"]
+    assert out["truncated"].view(-1).tolist() == [True, True, True]
+    td = out.clone()
+    td["action"] = torch.zeros(3, 1)
+    td["_step"] = torch.tensor([[False], [True], [False]])  # rows 0 and 2 wait
+    out = env.step(td)["next"]
+    assert out["observation"].view(-1).tolist() == [1.0, 2.0, 1.0]
+    assert out["reward"].view(-1).tolist() == [0.0, 1.0, 0.0]
+    assert out["truncated"].view(-1).tolist() == [True, False, True]  # the frozen rows keep theirs
+    assert out["done"].view(-1).tolist() == [True, False, True]
+    assert not out["terminated"].any()
+
+
 @pytest.mark.parametrize("shape", [(3, 2), (3, 1, 1)])
 def test_masks_of_another_shape_are_refused_before_the_model_runs(shape):
     # one flag per env, as the pool takes them: a (3, 2) mask was reduced with any() on a step, and on a reset

@@ -6,7 +6,7 @@ import functools
 import numpy as np
 import pytest
 import torch
-from envs import counting
+from envs import CountingEnv, counting
 
 pytest.importorskip("imageio")
 pytest.importorskip("imageio_ffmpeg")
@@ -94,6 +94,34 @@ def test_recorder_counts_and_grid_layout(tmp_path):
     World(pool, ones(3)).evaluate(4, seed=0, video=per_episode, progress=False)
     assert sorted(per_episode.frame_counts.values()) == sorted(n + 1 for n in [2, 5, 3, 2])
     pool.close()
+
+
+
+class _BrightCounting(CountingEnv):
+    """CountingEnv with bright 32x32 frames (a dimmed tile stands out through the lossy codec)."""
+
+    def render(self):
+        return np.full((32, 32, 3), 210, dtype=np.uint8)
+
+
+def test_grid_video_dims_the_tiles_of_frozen_envs(tmp_path):
+    """In the grid layout, a frozen env's tile (an env whose episode ended and that waits) is dimmed, while
+    the stepped envs' tiles keep their brightness: env 0 ends after 1 step and waits while env 1 plays 4."""
+    import imageio
+
+    pool = EnvPool([functools.partial(_BrightCounting, length=n, render_mode="rgb_array") for n in (1, 4)],
+                   seed=0, pixels=True)
+    rec = VideoRecorder(tmp_path, layout="grid", fps=5)
+    World(pool, ones(2)).evaluate(2, seed=0, video=rec, progress=False)
+    pool.close()
+    frames = [frame for frame in imageio.get_reader(tmp_path / "grid.mp4")]
+    assert len(frames) == 5  # the reset frame, then one per step of the longest episode
+    # 1 row of 2 tiles of 32x32: env 0 left, env 1 right (lossy codec: compare means, away from the seam)
+    env0 = [float(f[4:28, 4:28].mean()) for f in frames]
+    env1 = [float(f[4:28, 36:60].mean()) for f in frames]
+    assert all(abs(v - 210) < 15 for v in env1), env1  # always stepped: never dimmed
+    assert all(abs(v - 210) < 15 for v in env0[:2]), env0  # reset frame and its one step
+    assert all(abs(v - 210 // 3) < 15 for v in env0[2:]), env0  # frozen: dimmed to a third
 
 
 def test_video_needs_pixels_and_imageio(tmp_path, monkeypatch):
