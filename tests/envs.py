@@ -204,16 +204,21 @@ class ExitingEnv(CountingEnv):
 
 
 class QuittingEnv(CountingEnv):
-    """A counting env whose process exits with code 0 (``os._exit(0)``, as a quitting simulator) at step ``at``."""
+    """A counting env whose process exits with code 0 (``os._exit(0)``, as a quitting simulator) at step ``at``;
+    with ``after_file``, only once that file exists (a test decides when)."""
 
-    def __init__(self, at: int = 2, **kwargs):
+    def __init__(self, at: int = 2, after_file: str | None = None, **kwargs):
         super().__init__(length=100, **kwargs)
-        self.at = at
+        self.at, self.after_file = at, after_file
 
     def step(self, action):
         if self.steps_called + 1 >= self.at and not getattr(self, "probing", False):
             import os
+            import time
 
+            deadline = time.monotonic() + 60
+            while self.after_file is not None and not os.path.exists(self.after_file) and time.monotonic() < deadline:
+                time.sleep(0.005)
             os._exit(0)
         return super().step(action)
 

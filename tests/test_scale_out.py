@@ -152,11 +152,11 @@ def test_multiasync_failure_after_the_others_finish_is_raised_by_raise_on_worker
             os.kill(pid, 0)
 
 
-def _pool_quitting_at(step):
+def _pool_quitting_at(step, after_file=None):
     from envs import QuittingEnv
 
-    return EnvPool([functools.partial(counting, max_length=7)] * (N - 1) + [functools.partial(QuittingEnv, step)],
-                   seed=0)
+    return EnvPool([functools.partial(counting, max_length=7)] * (N - 1)
+                   + [functools.partial(QuittingEnv, step, after_file=after_file)], seed=0)
 
 
 def test_a_worker_exiting_with_code_0_mid_collection_is_a_failure():
@@ -191,14 +191,13 @@ def test_a_worker_exiting_with_code_0_mid_collection_is_a_failure():
         procs[1].join(10)
 
 
-
-def test_a_worker_exiting_with_code_0_after_the_last_batch_and_before_the_shutdown_is_a_failure():
+def test_a_worker_exiting_with_code_0_after_the_last_batch_and_before_the_shutdown_is_a_failure(tmp_path):
     # the collection reaches total_frames and TorchRL ends it as healthy, but the worker had exited (code 0, an env's
     # os._exit(0)) before raise_on_worker_failure shut it down: its final check names it. One worker, batches of
-    # 100 steps, an env quitting at its step 250: TorchRL asks for a third batch as it yields the second (the
-    # last), and the worker quits half-way through that one, while the loop body waits for it
-    steps = 100
-    collector = MultiAsyncCollector([functools.partial(_pool_quitting_at, 2 * steps + steps // 2)], None,
+    # 100 steps, an env quitting at its step 250 once the loop body has the last batch: TorchRL asks for a third
+    # batch as it yields the second (the last), and the worker quits half-way through that one
+    steps, go = 100, tmp_path / "quit-now"
+    collector = MultiAsyncCollector([functools.partial(_pool_quitting_at, 2 * steps + steps // 2, str(go))], None,
                                     frames_per_batch=N * steps, total_frames=2 * N * steps)
     proc = collector.procs[0]
     batches = 0
@@ -206,7 +205,8 @@ def test_a_worker_exiting_with_code_0_after_the_last_batch_and_before_the_shutdo
                                            r".*\) failed before the collection ended"):
         for _ in raise_on_worker_failure(collector):
             batches += 1
-            if batches == 2:  # the last batch: the worker is collecting the next one, which it never finishes
+            if batches == 2:  # the last batch, checked healthy: now the worker quits, within the next batch
+                go.touch()
                 proc.join(30)
                 assert proc.exitcode == 0
     assert batches == 2
