@@ -70,6 +70,8 @@ INFO_MASK_KEY = "info_mask"
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 #: the largest integer magnitude up to which every integer is exact, by float itemsize (float16/32/64)
 _EXACT_INT = {2: 2**11, 4: 2**24, 8: 2**53}
+#: the largest finite value of a float16/32 key: a Python float up to it cannot overflow when stored
+_FINITE_MAX = {2: float(np.finfo(np.float16).max), 4: float(np.finfo(np.float32).max)}
 
 
 class SkippedValue:
@@ -329,6 +331,14 @@ def batch_wide_error(key: Key, value, num_envs: int, phase: str) -> EnvError:
 
 def _key_str(key: Key) -> str:
     return repr(key[0]) if len(key) == 1 else repr(key)
+
+
+def _out_of_range(i: int, key: Key, array: np.ndarray, value: int, phase: str) -> EnvError:
+    """The error for a Python int that numpy refuses to store in ``array`` (``OverflowError``)."""
+    return EnvError(
+        i, phase, f"info key {_key_str(key)}: expected dtype {array.dtype}, shape (), got {value!r}, which is out of "
+        "its range; storing it would change its value. Declare the key with a wider dtype via info_spec=."
+    )
 
 
 @dataclass(frozen=True)
@@ -753,22 +763,31 @@ class InfoWriter:
         vtype = type(value)
         if vtype is float and kind == "f" or vtype is bool or vtype is int and kind in "iuf":
             if array.shape[2:] == ():
-                try:
-                    array[i, 0] = value
-                except OverflowError as err:  # a Python int out of the dtype's range
-                    raise EnvError(
-                        i, phase, f"info key {_key_str(key)}: expected dtype {array.dtype}, shape (), got {value!r}, "
-                        f"which is out of its range; storing it would change its value. Declare the key with a "
-                        "wider dtype via info_spec=."
-                    ) from err
                 if kind != "f" or vtype is bool:
+                    try:
+                        array[i, 0] = value
+                    except OverflowError as err:  # a Python int out of the dtype's range
+                        raise _out_of_range(i, key, array, value, phase) from err
                     return
                 if vtype is float:
-                    if array.itemsize == 8 or not math.isinf(array[i, 0]) or math.isinf(value):
+                    if array.itemsize == 8 or -_FINITE_MAX[array.itemsize] <= value <= _FINITE_MAX[array.itemsize]:
+                        array[i, 0] = value
                         return
-                else:  # an int into a float key: exact up to 2**(mantissa bits + 1), checked past that
-                    if -2048 <= value <= 2048 or abs(value) <= _EXACT_INT[array.itemsize]:
+                # an int into a float key is exact up to 2**(mantissa bits + 1), and cannot overflow: checked past that
+                elif -2048 <= value <= 2048 or abs(value) <= _EXACT_INT[array.itemsize]:
+                    array[i, 0] = value
+                    return
+                # a number that may overflow to inf, or an int that may be rounded: checked below, so numpy's
+                # "overflow encountered in cast" RuntimeWarning would only alarm
+                try:
+                    with np.errstate(over="ignore"):
+                        array[i, 0] = value
+                except OverflowError as err:  # a Python int past float's range
+                    raise _out_of_range(i, key, array, value, phase) from err
+                if vtype is float:
+                    if not math.isinf(array[i, 0]) or math.isinf(value):  # nan, inf, or rounded to the largest value
                         return
+                else:
                     stored = array[i, 0]
                     if math.isfinite(stored) and int(stored) == value and _INT64_MIN <= value <= _INT64_MAX:
                         return
