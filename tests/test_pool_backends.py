@@ -124,6 +124,45 @@ def test_policy_leaves_under_output_subtrees_are_carried_as_torchrl_does(factory
     slow.close()
 
 
+def test_a_policy_setting_a_nested_key_on_the_next_root_leaves_the_returned_step_alone():
+    # the fast step_and_maybe_reset copies each sub-tensordict it carries to the next root, as TorchRL's step_mdp
+    # does: a recurrent policy setting its new ("policy", "h") on the next root must not rewrite the stored step
+    for cls in (EnvPool, GenericPathPool):
+        pool = cls([functools.partial(counting, length=50)] * 3, seed=0)
+        td = pool.reset()
+        td["policy"] = TensorDict({"h": torch.zeros(3, 2)}, [3])
+        td["action"] = torch.zeros(3, dtype=torch.int64)
+        step, root = pool.step_and_maybe_reset(td)
+        root["policy", "h"] = torch.ones(3, 2)
+        root["policy", "c"] = torch.ones(3)
+        assert torch.equal(step["policy", "h"], torch.zeros(3, 2)), cls.__name__
+        assert set(step["policy"].keys()) == {"h"}, cls.__name__
+        assert torch.equal(root["policy", "h"], torch.ones(3, 2))
+        pool.close()
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+@pytest.mark.parametrize("factory", [functools.partial(counting, length=50), DictObsEnv])
+def test_setting_an_info_or_dict_observation_leaf_on_the_next_root_leaves_the_steps_next_alone(backend, factory):
+    # the next root's "info" and Dict observation subtrees are copies of the step's "next" ones, never the same
+    # nodes: writing root["info", key] (or a nested observation leaf) must not rewrite the stored step
+    kwargs = {"num_workers": 2} if backend == "process" else {}
+    pool = EnvPool([factory] * 3, seed=0, backend=backend, **kwargs)
+    td = pool.reset()
+    td["action"] = pool.action_spec.zero()
+    step, root = pool.step_and_maybe_reset(td)
+    assert not step["next", "done"].any()
+    nested = [("info", key) for key in step["next", "info"].keys()]
+    assert nested
+    if factory is DictObsEnv:
+        nested.append(("goal", "target"))
+    for key in nested:
+        stored = step[("next", *key)].clone()
+        root[key] = torch.full_like(stored, 99)
+        assert torch.equal(step[("next", *key)], stored), key
+    pool.close()
+
+
 def test_reset_mask_copy_path_of_accelerators_equals_the_cpu_view_path():
     # on an accelerator the done mask is copied to the device instead of viewing the host buffer
     pools = [EnvPool([functools.partial(counting, max_length=3)] * 4, seed=1) for _ in range(2)]
@@ -1055,6 +1094,20 @@ def test_a_vector_env_whose_masked_reset_touches_other_rows_is_an_error_never_a_
         pool.close()
 
 
+def test_a_masked_reset_check_takes_the_nan_observations_of_rows_not_reset_as_unchanged():
+    # NaN != NaN: the rows a verified masked reset left alone, NaN entries included, are not "changed"
+    pool = EnvPool(NanCounter(), seed=0)
+    assert pool._backend._verify_masked_reset
+    td = pool.reset()
+    td = pool.step(td.set("action", torch.zeros(3, dtype=torch.int64)))["next"]
+    before = td["observation"].clone()
+    td["_reset"] = torch.tensor([[False], [True], [False]])
+    out = pool.reset(td)
+    assert out["observation"][:, 0].tolist() == [1.0, 0.0, 1.0]
+    assert torch.equal(out["observation"][[0, 2], 0], before[[0, 2], 0]) and out["observation"][:, 1].isnan().all()
+    pool.close()
+
+
 def test_a_natively_batched_or_same_step_vector_env_is_seeded_once_by_default_and_single_envs_every_episode():
     # one RNG for the batch: reseeding it at every partial reset would replay no episode, so by default the
     # pool follows gymnasium's convention (seed once, the stream continues); envs with an RNG each are reseeded
@@ -1331,6 +1384,27 @@ def test_cartpole_vector_adapter_keeps_the_bounds_of_the_last_reset_as_its_autor
     td["_reset"][:4] = True
     reset = pool.reset(td, options={"low": 0.02})["observation"][:4]
     assert reset.min() >= 0.02 and reset.max() <= 0.05
+    pool.close()
+
+
+def test_cartpole_vector_adapter_restarts_the_step_count_of_the_rows_it_resets():
+    # the pool resets finished rows of a CartPoleVectorEnv itself (a masked reset): each new episode runs the
+    # full max_episode_steps before it is truncated, as after gymnasium's own reset of the row
+    n, limit = 4, 12
+    pool = EnvPool(gym.make_vec("CartPole-v1", n, vectorization_mode="vector_entry_point", max_episode_steps=limit),
+                   seed=0)
+    calls = iter(range(10**6))
+
+    def policy(td):  # row 0 pushes left (it falls within ~10 steps), the others alternate (they stay up)
+        action = torch.full((n,), next(calls) % 2)
+        action[0] = 0
+        return td.set("action", action)
+
+    out = pool.rollout(40, policy, break_when_any_done=False)
+    terminated, truncated = out["next", "terminated"][..., 0], out["next", "truncated"][..., 0]
+    assert terminated[0].sum() >= 3 and not truncated[0].any()  # row 0's masked resets restart its count
+    for row in range(1, n):  # rows 1-3 reset together, row 0 not: a masked reset too
+        assert torch.nonzero(truncated[row]).view(-1).tolist() == [11, 23, 35] and not terminated[row].any()
     pool.close()
 
 

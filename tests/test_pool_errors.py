@@ -95,6 +95,21 @@ def test_env_raising_in_step_is_named_and_chained_and_pool_closes():
     assert pool.is_closed
 
 
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_envs_raising_in_the_same_step_name_the_lowest_env_on_both_backends(backend):
+    # envs 1 and 3 raise in the same step (with 2 workers, one in each worker): the error names env 1, as a
+    # serial pool stepping the envs in order does
+    kwargs = {"num_workers": 2} if backend == "process" else {}
+    fns = [functools.partial(counting, length=50), functools.partial(FailingEnv, fail_at=3)] * 2
+    pool = EnvPool(fns, seed=0, backend=backend, **kwargs)
+    td = pool.reset()
+    with pytest.raises(EnvError, match=r"env 1 \(step\): ValueError: boom") as err:
+        for _ in range(5):
+            td = pool.step(td.set("action", torch.zeros(4, dtype=torch.int64)))["next"]
+    assert err.value.env_index == 1
+    pool.close()
+
+
 def test_env_raising_in_reset_is_named():
     fns = [functools.partial(counting, length=50), functools.partial(FailingEnv, in_reset=True)]
     pool = EnvPool(fns, seed=0)

@@ -1,6 +1,7 @@
 """Stacked info buffers: inference from every env and a step, declared specs, and strict writes."""
 
 import functools
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -496,6 +497,28 @@ def test_a_value_that_would_overflow_a_declared_float_key_is_an_error(declared, 
     with pytest.raises(EnvError, match=r"env 1 \(step\).*'x'.*overflows"):
         step(pool)
     pool.close()
+
+
+@pytest.mark.parametrize("declared, value", [(torch.float32, 1e39), (torch.float32, -1e39), (torch.float16, 1e5)])
+def test_a_python_float_that_would_overflow_a_declared_float_key_is_an_error_without_a_numpy_warning(declared, value):
+    # a Python float past the key's largest finite value is an EnvError naming the env and key, never a silent
+    # inf, and numpy's "overflow encountered in cast" RuntimeWarning does not come first
+    spec = {"x": Unbounded(shape=(), dtype=declared)}
+    pool = info_pool([{}] * 2, [[{}], [{"x": value}]], info_spec=spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(EnvError, match=r"env 1 \(step\).*'x'.*overflows") as err:
+            step(pool)
+    assert err.value.env_index == 1
+    pool.close()
+    # inf, nan and a float that rounds to the largest finite value are stored as they are, quietly too
+    big = float(np.finfo(np.float16 if declared == torch.float16 else np.float32).max) * (1 + 2**-40)
+    fine = info_pool([{}] * 3, [[{"x": float("inf")}], [{"x": float("nan")}], [{"x": big}]], info_spec=spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stored = step(fine)["info", "x"].view(-1)
+    assert stored[0] == float("inf") and stored[1].isnan() and stored[2] == torch.finfo(declared).max
+    fine.close()
 
 
 def test_info_keys_that_become_the_same_string_are_an_error_never_a_dropped_value():

@@ -212,6 +212,20 @@ def test_options_are_distinct_objects():
     pool.close()
 
 
+@pytest.mark.parametrize("backend", ["serial", "process"])
+@pytest.mark.parametrize("rows", [[1, 2], [2, 3]])  # with 2 workers: a row in each, then both rows in the second
+def test_a_partial_reset_gives_each_reset_row_its_own_options(backend, rows):
+    # options=[N dicts] with a "_reset" mask: row j starts with options[j], whichever worker holds it
+    kwargs = {"num_workers": 2} if backend == "process" else {}
+    pool = EnvPool([functools.partial(counting, length=50)] * 4, seed=0, backend=backend, **kwargs)
+    td = pool.reset()
+    mask = torch.zeros(4, 1, dtype=torch.bool)
+    mask[rows] = True
+    out = pool.reset(td.set("_reset", mask), options=[{"length": 10 + j} for j in range(4)])
+    assert out["info", "length"].view(-1).tolist() == [10 + j if j in rows else 50 for j in range(4)]
+    pool.close()
+
+
 def test_unseeded_pools_still_record_distinct_seeds():
     pool = EnvPool([functools.partial(counting, length=2)] * 4)
     seeds = seeds_of(pool.reset())
