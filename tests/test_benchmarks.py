@@ -336,3 +336,47 @@ def test_every_cartpole_row_is_credited_with_the_env_steps_it_takes_and_seeds_as
         subject.run(3)
         subject.close()
         assert len(steps) == 3 * _NOOP_PATHS[key] * n, (key, len(steps))
+
+
+def test_measure_together_reports_absolute_rates_times_and_counts_on_a_steady_host(monkeypatch):
+    """On a virtual clock where a unit costs exactly 1 ms: 4 envs x 10 batched steps per unit is 40,000
+    env-steps/s and 100 µs per batched step; a subject that returns its transitions (a NEXT_STEP vector
+    env) is credited with their sum, 3 per unit here: 3,000/s."""
+    import types
+
+    from torchrl_swm.benchmarks import harness
+
+    clock = types.SimpleNamespace(now=0.0)
+    monkeypatch.setattr(harness, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+
+    class Steady:
+        def __init__(self, transitions=None):
+            self.transitions = transitions
+
+        def run(self, units):
+            clock.now += 1e-3 * units
+            return None if self.transitions is None else self.transitions * units
+
+        def close(self):
+            pass
+
+    results = harness.measure_together({"steps": Steady, "counted": lambda: Steady(3)}, envs_per_step=4,
+                                       seconds=2.0, repeats=3, steps_per_unit={"steps": 10})
+    assert results["steps"]["rate"] == pytest.approx(40_000) and results["steps"]["us_per_call"] == pytest.approx(100)
+    assert results["counted"]["rate"] == pytest.approx(3_000) and results["counted"]["spread"] == pytest.approx(0)
+
+
+def test_the_parallel_env_of_sync_vector_env_workers_peer_runs_and_steps_every_env():
+    import functools
+
+    from torchrl.envs import ParallelEnv
+
+    from torchrl_swm.benchmarks.pool import StepLoop, _sync_vector_wrapped
+
+    subject = StepLoop(ParallelEnv(2, functools.partial(_sync_vector_wrapped, 3)))
+    try:
+        assert subject.env.batch_size == (2, 3)  # credited with 2 x (N // 2) env-steps per call
+        subject.run(30)  # CartPole episodes end and SAME_STEP resets them inside the workers
+        assert subject.td["observation"].shape == (2, 3, 4)
+    finally:
+        subject.close()

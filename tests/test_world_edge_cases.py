@@ -840,3 +840,33 @@ def test_an_env_observation_named_is_init_is_refused_not_overwritten(tmp_path):
     with World(EnvPool(_TerminalFlagEnv, 2), max_episode_steps=5) as world:
         with pytest.raises(ValueError, match=r"the env's own 'is_init' of env 0 reads True at step 3 of its episode"):
             world.collect(tmp_path / "terminal", 2, seed=0, progress=False)
+
+
+def test_a_policy_error_gets_one_note_naming_the_policy_even_when_raised_again_or_from_a_proxy():
+    """The note says the policy raised; a policy that raises one error object at every call keeps one note,
+    and a proxy whose ``__getattr__`` fails (an RPC stub) still surfaces the policy's own error."""
+    error = ValueError("weights failed to load")
+
+    def cached_failure(td):
+        raise error
+
+    class Proxy:
+        def __getattr__(self, name):
+            raise ConnectionError(f"server has no attribute {name!r}")
+
+        def __call__(self, td):
+            raise ValueError("remote policy failed")
+
+    world = World(EnvPool([counting] * 2, seed=0), cached_failure, max_episode_steps=5)
+    for _ in range(3):
+        with pytest.raises(ValueError, match="weights failed to load") as raised:
+            world.evaluate(2, seed=0, progress=False)
+        assert raised.value.__notes__ == [
+            f"raised by the policy {__name__}.test_a_policy_error_gets_one_note_naming_the_policy_even_when_raised_"
+            "again_or_from_a_proxy.<locals>.cached_failure, called with the step's tensordict (a TorchRL policy "
+            "reads its observation keys and writes 'action')"]
+    world.set_policy(Proxy())
+    with pytest.raises(ValueError, match="remote policy failed") as raised:
+        world.evaluate(2, seed=0, progress=False)
+    assert raised.value.__notes__[0].startswith("raised by the policy Proxy object, called with")
+    world.close()

@@ -800,21 +800,12 @@ def _run(cfg: QuickstartConfig) -> dict:
 
 
 def _earlier_outputs(out: Path, files: dict) -> list[Path]:
-    """The plot and video an earlier run into ``out`` wrote (its ``results.json`` lists them) that this run
-    did not write again (``--no-plot``, ``--no-video``, no matplotlib)."""
-    try:
-        earlier = json.loads((out / "results.json").read_text())["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+    """The plot and video an earlier run into ``out`` wrote (the folder holds its ``results.json``) that this
+    run did not write again (``--no-plot``, ``--no-video``, no matplotlib): only the quickstart's own file names."""
+    if not (out / "results.json").is_file():
         return []
-    stale = []
-    for name in ("plot", "video"):
-        path = earlier.get(name) if isinstance(earlier, dict) else None
-        if isinstance(path, str) and files[name] is None:
-            path = Path(path)
-            # only a file of the quickstart's own, inside this output folder
-            if path.is_file() and path.resolve().parent in (out.resolve(), (out / "video").resolve()):
-                stale.append(path)
-    return stale
+    own = {"plot": out / "quickstart.png", "video": out / "video" / "grid.mp4"}
+    return [path for name, path in own.items() if files[name] is None and path.is_file()]
 
 
 class _Timer:

@@ -379,11 +379,13 @@ def _error_text(err: BaseException) -> str:
 
 def _callable_name(obj) -> str:
     """``module.qualname`` of a function, or the class name of a policy object (a TensorDictModule...)."""
-    name = getattr(obj, "__qualname__", None)
-    if name is None:
+    try:  # called while the policy's own error propagates: a proxy's __getattr__ must not replace it
+        name, module = getattr(obj, "__qualname__", None), getattr(obj, "__module__", None)
+    except Exception:
+        name = module = None
+    if not isinstance(name, str):
         return f"{type(obj).__name__} object"
-    module = getattr(obj, "__module__", None)
-    return f"{module}.{name}" if module else name
+    return f"{module}.{name}" if isinstance(module, str) else name
 
 
 def _check_policy(policy, where: str):
@@ -1371,8 +1373,10 @@ class _Run:
             try:
                 out = self.policy(td)
             except Exception as err:  # say whose error it is: the traceback's last frames are the policy's own
-                err.add_note(f"raised by the policy {_callable_name(self.policy)}, called with the step's tensordict "
-                             "(a TorchRL policy reads its observation keys and writes 'action')")
+                note = (f"raised by the policy {_callable_name(self.policy)}, called with the step's tensordict "
+                        "(a TorchRL policy reads its observation keys and writes 'action')")
+                if note not in getattr(err, "__notes__", ()):  # a policy may raise one error object again
+                    add_note(err, note)
                 raise
         if out is not None and out is not td:
             if not isinstance(out, TensorDictBase):
