@@ -770,7 +770,7 @@ class InfoWriter:
                         raise _out_of_range(i, key, array, value, phase) from err
                     return
                 if vtype is float:
-                    if array.itemsize == 8 or -_FINITE_MAX[array.itemsize] <= value <= _FINITE_MAX[array.itemsize]:
+                    if array.itemsize == 8 or not _FINITE_MAX[array.itemsize] < abs(value) < math.inf:  # nan, inf too
                         array[i, 0] = value
                         return
                 # an int into a float key is exact up to 2**(mantissa bits + 1), and cannot overflow: checked past that
