@@ -119,6 +119,13 @@ def test_a_state_alone_never_draws_the_target_in_its_cell(layout):
         env.reset(seed=0, options={"state": state[:3]})
 
 
+def test_a_given_velocity_beyond_max_speed_is_clipped_into_the_observation_space():
+    env = PointMazeEnv("open")
+    obs, _ = env.reset(seed=0, options={"state": [1.5, 1.5, 5.0, -5.0]})
+    assert obs["state"][2:].tolist() == pytest.approx([env.max_speed, -env.max_speed])
+    assert env.observation_space.contains(obs)
+
+
 def test_invalid_states_are_rejected():
     env = PointMazeEnv(layout="u")
     with pytest.raises(ValueError, match="wall"):

@@ -916,6 +916,20 @@ def test_env_indices_refuse_masks_floats_and_strings(indices, match):
     pool.close()
 
 
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_negative_env_indices_count_from_the_end_on_every_backend(backend):
+    # the process backend routes each index to a worker: a negative one must be the same env as in serial
+    kwargs = {"num_workers": 2} if backend == "process" else {}
+    pool = EnvPool("CartPole-v1", num_envs=4, seed=0, backend=backend, **kwargs)
+    pool.reset()
+    pool.set_attr("tag", [10, 20, 30, 40])
+    assert pool.get_attr("tag", indices=[-1]) == [40] and pool.get_attr("tag", indices=[-4, -2]) == [10, 30]
+    pool.set_attr("tag", 99, indices=[-1])
+    assert pool.get_attr("tag") == [10, 20, 30, 99]
+    assert pool.call("get_wrapper_attr", "np_random_seed", indices=[-1, 0]) == [3, 0]
+    pool.close()
+
+
 @pytest.mark.parametrize("value", [2.5, 3.9, "3", True])
 def test_num_envs_and_num_workers_are_not_truncated(value):
     with pytest.raises(TypeError, match=r"num_envs: expected an int, got"):

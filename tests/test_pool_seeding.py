@@ -244,6 +244,21 @@ def test_partial_reset_with_seed_only_reseeds_masked_rows():
     pool.close()
 
 
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_a_partial_reset_without_per_episode_seeds_records_each_rows_stream_seed(backend):
+    # seed_every_episode=False: the rows reset by a "_reset" mask continue their streams (reset unseeded)
+    # and keep the seed their stream started from, on every backend
+    kwargs = {"num_workers": 2} if backend == "process" else {}
+    pool = EnvPool("CartPole-v1", num_envs=4, seed=100, seed_every_episode=False, backend=backend, **kwargs)
+    td = pool.reset()
+    assert seeds_of(td) == [100, 101, 102, 103]
+    mask = torch.tensor([[False], [True], [False], [True]])
+    for _ in range(2):
+        out = pool.reset(td.empty().set("_reset", mask))
+        assert seeds_of(out)[1::2] == [101, 103]  # the reset rows (the others are not part of a reset's output)
+    pool.close()
+
+
 def test_seed_every_episode_false_follows_gymnasium_convention():
     """Only the first reset after a seed passes it; later episodes continue each env's stream."""
     pool = EnvPool([functools.partial(counting, length=2)] * 3, seed=10, seed_every_episode=False)

@@ -22,6 +22,15 @@ def test_box_bounded_and_unbounded():
     assert isinstance(spec, Unbounded) and spec.shape == (2, 2) and spec.dtype == torch.float64
 
 
+def test_a_float_box_at_or_just_inside_its_dtype_extremes_is_unbounded():
+    # gymnasium writes "no bounds" as the dtype's finite extremes too; a Bounded spec there would sample the extremes
+    top = np.finfo(np.float32).max
+    for high in (top, np.nextafter(top, np.float32(0)), np.float32(top * (1 - 1e-7))):
+        spec = space_to_spec(gym.spaces.Box(-high, high, (2,), np.float32))
+        assert isinstance(spec, Unbounded), high
+    assert isinstance(space_to_spec(gym.spaces.Box(-3.4e37, 3.4e37, (2,), np.float32)), Bounded)
+
+
 def test_discrete_categorical_and_one_hot():
     spec = space_to_spec(gym.spaces.Discrete(5))
     assert isinstance(spec, Categorical) and spec.shape == () and spec.dtype == torch.int64 and spec.space.n == 5
