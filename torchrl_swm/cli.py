@@ -257,7 +257,8 @@ def _add_env_arguments(p: argparse.ArgumentParser, default_envs: int, mode_help:
                    help="per-episode step limit, also the env's TimeLimit (default: the env's TimeLimit)")
     p.add_argument("--mode", choices=("auto", "wait"), default=None,
                    help=mode_help)
-    p.add_argument("--image-shape", type=int, nargs=2, metavar=("H", "W"), default=None, help="record pixels resized to H x W (implies --pixels)")
+    p.add_argument("--image-shape", type=int, nargs=2, metavar=("H", "W"), default=None,
+                   help="record pixels resized to H x W (implies --pixels)")
     p.add_argument("--pixels", action="store_true",
                    help="record pixels, at the env's render size unless --image-shape is given")
     p.add_argument("--env-kwargs", default=None, help="JSON object of gym.make keyword arguments")

@@ -323,9 +323,9 @@ def cartpole_subjects(n, env_id="CartPole-v1", include_slow=True) -> list[tuple]
 
 
 def cartpole(ns=(16, 256), seconds=2.0, include_slow=True) -> list[Row]:
-    """CartPole-v1 rows. The subjects that run in this process are measured together, interleaved
-    round by round (:func:`~.harness.measure_together`), so their ratios to the plain loop hold on a
-    shared machine; those with processes of their own (``AsyncVectorEnv``, ``ParallelEnv``) run after,
+    """CartPole-v1 rows. The subjects that run in this process are measured together, interleaved in
+    passes forward and backward (:func:`~.harness.measure_together`), so their ratios to the plain loop
+    hold on a shared machine; those with processes of their own (``AsyncVectorEnv``, ``ParallelEnv``) run after,
     one at a time, so their workers never compete with the others' rounds."""
     from torchrl.envs import GymEnv, ParallelEnv, SerialEnv
 
