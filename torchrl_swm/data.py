@@ -56,7 +56,7 @@ import torch
 from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 
 from ._interrupts import interrupts_held
-from .errors import check_bool, check_int, describe, user_stacklevel
+from .errors import check_bool, check_int, describe, error_text, user_stacklevel
 
 # pauses (s) between reads of a dataset that a collection may be writing (see WorldDataset.__init__)
 _LIVE_READ_PAUSES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4)
@@ -365,7 +365,7 @@ class DatasetWriter:
                         # interrupted (Ctrl-C) or failed: the dataset stays as it was, compacted or not
                         with interrupts_held():
                             compacted = self._abandon_compaction()
-                            extra = {} if compacted else {"compaction_failed": f"{type(err).__name__}: {err}"[:500]}
+                            extra = {} if compacted else {"compaction_failed": error_text(err)[:500]}
                             self._write_metadata(complete=complete, interrupted=interrupted, compacted=compacted,
                                                  **extra)
                         if complete or not isinstance(err, Exception):

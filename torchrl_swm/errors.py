@@ -24,6 +24,12 @@ def add_note(err: BaseException, note: str) -> None:
         err.__notes__ = [*getattr(err, "__notes__", ()), note]
 
 
+def error_text(err: BaseException) -> str:
+    """``"Type: message"``, or ``"Type"`` for an error without one (a Ctrl-C's ``KeyboardInterrupt``)."""
+    text = str(err)
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
 def describe(value) -> str:
     """A short description of ``value`` for error messages: type, dtype, shape."""
     shape = getattr(value, "shape", None)

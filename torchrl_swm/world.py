@@ -61,7 +61,7 @@ from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from ._interrupts import through_interrupts
-from .errors import EnvError, _integral, add_note, check_bool, check_int, describe
+from .errors import EnvError, _integral, add_note, check_bool, check_int, describe, error_text
 from .introspect import bookkeeping_keys, step_counter_limit
 
 __all__ = ["World", "EvalResult", "RandomPolicy", "EpisodePlan", "RESET_MODES", "SUCCESS_KEYS"]
@@ -369,12 +369,6 @@ def _freezes_rows(env) -> bool:
 
 #: seeds are below this: episode j uses seed + j, an int64 (room left for 2**62 episodes)
 SEED_LIMIT = 2**62
-
-
-def _error_text(err: BaseException) -> str:
-    """``"Type: message"``, or ``"Type"`` for an error without one (a Ctrl-C's ``KeyboardInterrupt``)."""
-    text = str(err)
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def _callable_name(obj) -> str:
@@ -1255,7 +1249,7 @@ class World:
             with _forked_rng(seed):
                 run.run()
         except BaseException as err:
-            writer.close(complete=False, interrupted=_error_text(err)[:500], compact=compact)
+            writer.close(complete=False, interrupted=error_text(err)[:500], compact=compact)
             raise
         writer.close(complete=True, compact=compact)
         return load_dataset(path)
