@@ -110,6 +110,27 @@ def test_envs_raising_in_the_same_step_name_the_lowest_env_on_both_backends(back
     pool.close()
 
 
+class _SilentFailure(CountingEnv):
+    """Raises an exception with no message at its second step."""
+
+    def step(self, action):
+        if self.steps_called >= 1:
+            raise KeyError()
+        return super().step(action)
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_an_env_error_without_a_message_is_named_by_its_type_alone(backend):
+    # "env 1 (step): KeyError", not "KeyError: " with nothing after it
+    pool = EnvPool([counting, _SilentFailure], seed=0, backend=backend)
+    td = pool.reset().set("action", torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(EnvError) as err:
+        for _ in range(3):
+            td = pool.step(td)["next"].set("action", torch.zeros(2, dtype=torch.int64))
+    assert str(err.value).splitlines()[0] == "env 1 (step): KeyError" and err.value.env_index == 1
+    pool.close()
+
+
 def test_env_raising_in_reset_is_named():
     fns = [functools.partial(counting, length=50), functools.partial(FailingEnv, in_reset=True)]
     pool = EnvPool(fns, seed=0)

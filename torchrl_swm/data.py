@@ -371,7 +371,7 @@ class DatasetWriter:
                         if complete or not isinstance(err, Exception):
                             raise
                         warnings.warn(f"DatasetWriter: compacting the interrupted dataset failed "
-                                      f"({type(err).__name__}: {err}); it is left uncompacted",
+                                      f"({error_text(err)}); it is left uncompacted",
                                       stacklevel=user_stacklevel())
         with interrupts_held():
             self._write_metadata(complete=complete, interrupted=interrupted, compacted=compacted, **extra)
@@ -569,7 +569,7 @@ class WorldDataset:
                 full = TensorDict.load_memmap(storage)
             except Exception as err:  # a file tensordict needs is gone or damaged (meta.json...)
                 raise DatasetError(
-                    f"{str(self.path)!r}: the storage cannot be read ({type(err).__name__}: {err}); the dataset is "
+                    f"{str(self.path)!r}: the storage cannot be read ({error_text(err)}); the dataset is "
                     "damaged or incomplete (a partial copy?)"
                 ) from err
             if full.batch_size[0] < self.num_steps:

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from ._interrupts import interrupts_held
-from .errors import _real, add_note, check_number, describe
+from .errors import _real, add_note, check_number, describe, error_text
 
 __all__ = ["VideoRecorder", "require_imageio", "count_frames"]
 
@@ -154,7 +154,7 @@ class VideoRecorder:
             try:
                 writer.close()
             except Exception as close_err:  # the first frame's error is the one to report
-                add_note(err, f"closing its writer then failed too: {type(close_err).__name__}: {close_err}")
+                add_note(err, f"closing its writer then failed too: {error_text(close_err)}")
             path.unlink(missing_ok=True)
             raise
         return writer

@@ -25,6 +25,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from ..errors import error_text
 from .harness import Row, is_next_step, measure, step_next_step
 
 __all__ = ["run", "SECTIONS", "BusyEnv", "NoopEnv", "RandomLengthNoopEnv", "cartpole_subjects"]
@@ -283,7 +284,7 @@ def _row(section, key, label, n, result, ref=None, **extra) -> Row:
 def _failed_row(section, key, label, n, err) -> Row:
     """A peer that cannot run here: reported with its error (NaN figures, ``null`` in the JSON), not fatal."""
     nan = float("nan")
-    return Row(section, key, f"{label} (failed: {type(err).__name__}: {err})", n, nan, nan, nan)
+    return Row(section, key, f"{label} (failed: {error_text(err)})", n, nan, nan, nan)
 
 
 def cartpole_subjects(n, env_id="CartPole-v1", include_slow=True) -> list[tuple]:

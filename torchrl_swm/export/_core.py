@@ -44,7 +44,7 @@ from torchrl.data import Binary, Composite, MultiOneHot, OneHot, TensorSpec
 from torchrl.envs import EnvBase, GymWrapper, TransformedEnv
 from torchrl.envs.batched_envs import BatchedEnvBase
 
-from ..errors import SpecError, describe
+from ..errors import SpecError, describe, error_text
 from ..introspect import bookkeeping_keys, step_limits
 from ..pool.infos import cast_problem
 from ..pool.rows import dict_paths, observation_leaves  # the pool's own keys and Dict paths of its leaves
@@ -265,7 +265,7 @@ def _unbatch(spec: TensorSpec, ndim: int, what: str) -> TensorSpec:
             ) from err
         raise SpecError(
             f"{what}: cannot drop the batch dims {shape[:ndim]} from {type(spec).__name__} of shape {shape}: "
-            f"{type(err).__name__}: {err}"
+            f"{error_text(err)}"
         ) from err
     if tuple(single.shape) != tuple(spec.shape[ndim:]):
         # a spec at odds with itself (TorchRL's CatFrames over a MultiCategorical keeps the old nvec): its

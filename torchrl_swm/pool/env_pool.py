@@ -31,7 +31,7 @@ from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
 from .._meta import NoAutoResetMeta
-from ..errors import EnvError, check_bool, check_indices, check_int
+from ..errors import EnvError, check_bool, check_indices, check_int, error_text
 from ..masks import mask_rows, row_mask, row_view, zero_rewards
 from ..specs import batch_spec, space_to_spec
 from .buffers import BufferLayout, HostBuffers
@@ -885,7 +885,7 @@ class PoolFactory:
             cloudpickle.dumps((self._build_args, self._build_kwargs))
         except Exception as err:
             raise TypeError(
-                f"EnvPool.factory: the pool's arguments cannot be pickled ({type(err).__name__}: {err}), so worker "
+                f"EnvPool.factory: the pool's arguments cannot be pickled ({error_text(err)}), so worker "
                 "processes and Ray actors could not rebuild the pool. Pass a gymnasium id, or env factories that "
                 "are module-level functions or functools.partial of them, with picklable arguments (no locks, "
                 "open files, live envs or CUDA tensors captured in closures)."

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from .._interrupts import hold_interrupts, release_interrupts
-from ..errors import EnvAttributeError, EnvError, add_as_notes, add_note, check_int
+from ..errors import EnvAttributeError, EnvError, add_as_notes, add_note, check_int, error_text
 from .rows import action_kind
 from .worker import REPLY_OK, worker_main
 
@@ -202,7 +202,7 @@ class ProcessBackend:
                     payload = cloudpickle.dumps(chunk)
                 except Exception as err:
                     raise TypeError(
-                        f"env_fns[{rows.start}:{rows.stop}] cannot be sent to worker {w}: {type(err).__name__}: {err}. "
+                        f"env_fns[{rows.start}:{rows.stop}] cannot be sent to worker {w}: {error_text(err)}. "
                         "Factories must be picklable with cloudpickle: use module-level functions or "
                         "functools.partial, not closures over locks, open files or live envs."
                     ) from err
@@ -262,7 +262,7 @@ class ProcessBackend:
             raise EnvError(
                 index, command,
                 f"{what} cannot be pickled to send to worker {w} (envs {span.start}..{span.stop - 1}): "
-                f"{type(err).__name__}: {err}. With the process backend they must be picklable (no locks, open "
+                f"{error_text(err)}. With the process backend they must be picklable (no locks, open "
                 "files or live envs). Nothing was sent: the pool is unchanged.",
             ) from err
 
@@ -425,7 +425,7 @@ class ProcessBackend:
                     error = EnvError(
                         None, phase,
                         f"the reply of worker {w} (envs {rows.start}..{rows.stop - 1}) cannot be unpickled here: "
-                        f"{type(err).__name__}: {err}",
+                        f"{error_text(err)}",
                     )
                     error.__cause__ = err
                     errors.setdefault(w, error)

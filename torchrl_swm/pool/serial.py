@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 import gymnasium as gym
 import numpy as np
 
-from ..errors import EnvAttributeError, EnvError, add_as_notes, add_note, describe
+from ..errors import EnvAttributeError, EnvError, add_as_notes, add_note, describe, error_text
 from .infos import InfoWriter, SkippedValue, numeric_info_value
 from .rows import RowWriter
 
@@ -127,7 +127,7 @@ def call_envs(envs: Sequence[gym.Env], rows: Sequence[int], name: str, args: tup
             out.append(attr(*args, **kwargs) if callable(attr) else attr)
         except Exception as err:
             cls = EnvAttributeError if isinstance(err, AttributeError) else EnvError
-            raise cls(first + j, f"call {name}", f"{type(err).__name__}: {err}") from err
+            raise cls(first + j, f"call {name}", error_text(err)) from err
     return out
 
 
@@ -148,10 +148,10 @@ def close_envs(envs: Sequence, first: int = 0, *, interrupts_as_errors: bool = F
         except BaseException as err:
             if isinstance(err, Exception) or interrupts_as_errors:
                 if first_error is None:
-                    first_error = EnvError(first + j, "close", f"{type(err).__name__}: {err}")
+                    first_error = EnvError(first + j, "close", error_text(err))
                     first_error.__cause__ = err
                 else:  # reported too, not lost
-                    add_note(first_error, f"env {first + j} (close) also raised {type(err).__name__}: {err}")
+                    add_note(first_error, f"env {first + j} (close) also raised {error_text(err)}")
             elif interrupt is None:
                 interrupt = err
                 add_note(err, f"raised in env {first + j}'s close(); the other envs were closed")
@@ -195,7 +195,7 @@ def make_envs(env_fns: Sequence[Callable[[], gym.Env]], first: int = 0, pixels: 
             try:
                 env = fn()
             except Exception as err:
-                raise EnvError(i, "make", f"the factory raised {type(err).__name__}: {err}") from err
+                raise EnvError(i, "make", f"the factory raised {error_text(err)}") from err
             except BaseException as err:  # KeyboardInterrupt, SystemExit: raised as they are, tagged with the env
                 _tag(err, i, "make")  # (a worker reports it naming the env)
                 raise
@@ -365,7 +365,7 @@ class SerialBackend(InProcessBackend):
             except Exception as err:
                 hint = f"; {PROBE_HINT}" if phase == "step" else ""
                 raise EnvError(
-                    i, phase, f"{type(err).__name__}: {err} (while probing the env at construction{hint})"
+                    i, phase, f"{error_text(err)} (while probing the env at construction{hint})"
                 ) from err
         return {"infos": infos, "frame_shape": frame_shapes[0] if frame_shapes else None,
                 "other_frame": first_other_frame(frame_shapes, self.first)}
@@ -413,7 +413,7 @@ class SerialBackend(InProcessBackend):
         except EnvError:
             raise
         except Exception as err:
-            raise EnvError(first + j, phase, f"{type(err).__name__}: {err}") from err
+            raise EnvError(first + j, phase, error_text(err)) from err
         except BaseException as err:  # KeyboardInterrupt, SystemExit: raised as they are, tagged with the env
             _tag(err, first + j, phase)  # (a worker reports it naming the env)
             raise
@@ -442,7 +442,7 @@ class SerialBackend(InProcessBackend):
                 for j, action in zip(order, actions):
                     append(envs[j].step(action))
         except Exception as err:
-            raise EnvError(first + order[len(results)], "step", f"{type(err).__name__}: {err}") from err
+            raise EnvError(first + order[len(results)], "step", error_text(err)) from err
         except BaseException as err:  # KeyboardInterrupt, SystemExit: raised as they are, tagged with the env
             _tag(err, first + order[len(results)], "step")  # (a worker reports it naming the env)
             raise
@@ -471,7 +471,7 @@ class SerialBackend(InProcessBackend):
             except EnvError:
                 raise
             except Exception as err:
-                raise EnvError(first + j, "render", f"{type(err).__name__}: {err}") from err
+                raise EnvError(first + j, "render", error_text(err)) from err
         writer.step_flags(index, global_rows, rewards, terminated, truncated)
         return odd or None
 
@@ -488,7 +488,7 @@ class SerialBackend(InProcessBackend):
             try:
                 out.append(self.envs[j].get_wrapper_attr(name))
             except AttributeError as err:
-                raise EnvAttributeError(self.first + j, "get_attr", f"{type(err).__name__}: {err}") from err
+                raise EnvAttributeError(self.first + j, "get_attr", error_text(err)) from err
         return out
 
     def is_wrapped(self, rows: Sequence[int], wrapper_class: type) -> list[bool]:

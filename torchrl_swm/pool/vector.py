@@ -45,7 +45,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.wrappers.vector import RecordEpisodeStatistics
 
-from ..errors import EnvAttributeError, EnvError, SpecError, add_as_notes, add_note, describe
+from ..errors import EnvAttributeError, EnvError, SpecError, add_as_notes, add_note, describe, error_text
 from .infos import batch_wide_error, check_vector_mask, flatten_vector_info, numeric_info_value
 from .rows import RowWriter
 from .serial import (
@@ -282,7 +282,7 @@ class VectorBackend(InProcessBackend):
         except Exception as err:
             hint = f"; {PROBE_HINT}" if phase == "step" else ""
             raise EnvError(
-                None, phase, f"{type(err).__name__}: {err} (while probing the vector env at construction{hint})"
+                None, phase, f"{error_text(err)} (while probing the vector env at construction{hint})"
             ) from err
         phases = [("reset", reset_info, None), ("step", step_info, None)]
         if step_info is not None and self.mode is AutoresetMode.SAME_STEP and np.shape(done) == (self.num_envs,) \
@@ -335,7 +335,7 @@ class VectorBackend(InProcessBackend):
         """The vector env raised: name the env when it can be known (the AsyncVectorEnv worker gymnasium shut
         down, or the only row being reset); otherwise list the rows the call reached."""
         dead = self._shut_down_workers()
-        text = f"{type(err).__name__}: {err}"
+        text = error_text(err)
         if len(dead) == 1:
             return EnvError(dead[0], phase, f"{text} (its AsyncVectorEnv worker was shut down: build a new pool)")
         if rows is not None and len(rows) == 1:
@@ -710,8 +710,8 @@ class VectorBackend(InProcessBackend):
             try:
                 self.venv.close(terminate=True)
             except Exception as second:
-                add_note(err, f"close(terminate=True) failed too: {type(second).__name__}: {second}")
-            raise EnvError(None, "close", f"{type(err).__name__}: {err}") from err
+                add_note(err, f"close(terminate=True) failed too: {error_text(second)}")
+            raise EnvError(None, "close", error_text(err)) from err
 
     def _close_sync(self, inner: gym.vector.SyncVectorEnv) -> None:
         """Close a gymnasium ``SyncVectorEnv``'s sub-envs here, as the serial backend closes its own: every one,
@@ -730,10 +730,10 @@ class VectorBackend(InProcessBackend):
             except BaseException as err:
                 if env_error is None:
                     if isinstance(err, Exception):
-                        raise EnvError(None, "close", f"{type(err).__name__}: {err}") from err
+                        raise EnvError(None, "close", error_text(err)) from err
                     raise
                 if isinstance(err, Exception) or not isinstance(env_error, Exception):
-                    add_note(env_error, f"also: the vector env's wrappers' close raised {type(err).__name__}: {err}")
+                    add_note(env_error, f"also: the vector env's wrappers' close raised {error_text(err)}")
                 else:  # the wrapper's interrupt first, the env's error a note on it
                     add_as_notes(err, [env_error])
                     raise
@@ -747,7 +747,7 @@ def _attribute_errors(fn, phase: str, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
     except AttributeError as err:
-        raise EnvAttributeError(None, phase, f"{type(err).__name__}: {err}") from err
+        raise EnvAttributeError(None, phase, error_text(err)) from err
 
 
 def _single_options(options):

@@ -16,7 +16,7 @@ from multiprocessing.shared_memory import SharedMemory
 import cloudpickle
 import numpy as np
 
-from ..errors import EnvError
+from ..errors import EnvError, error_text
 from .rows import env_action_list
 
 __all__ = ["worker_main", "batch_scheduling", "REPLY_OK", "REPLY_ERROR"]
@@ -49,7 +49,7 @@ def _unpicklable_reply(command: str, args, reply, first: int, err: Exception) ->
                 break
     return EnvError(
         index, command,
-        f"the value it returned cannot be pickled to send back to the pool ({type(err).__name__}: {err}); the "
+        f"the value it returned cannot be pickled to send back to the pool ({error_text(err)}); the "
         "process backend needs picklable attribute and call() values (the serial backend does not)",
     )
 
@@ -105,7 +105,7 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
                     command, args = ForkingPickler.loads(message)
                 except Exception as err:
                     raise EnvError(
-                        None, "worker", f"a command cannot be unpickled in the worker: {type(err).__name__}: {err}"
+                        None, "worker", f"a command cannot be unpickled in the worker: {error_text(err)}"
                     ) from err
                 if command == "step":
                     rows = args
@@ -179,7 +179,7 @@ def _error_payload(err: BaseException) -> tuple:
     return (
         getattr(err, "env_index", None),
         getattr(err, "phase", "worker"),
-        err.message if isinstance(err, EnvError) else f"{type(err).__name__}: {err}",
+        err.message if isinstance(err, EnvError) else error_text(err),
         "".join(traceback.format_exception(err)),
         isinstance(err, AttributeError) or isinstance(err.__cause__, AttributeError),  # a missing attribute
         _pickled_cause(err),

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from ..errors import describe
+from ..errors import describe, error_text
 
 __all__ = [
     "MISSING",
@@ -439,7 +439,7 @@ class _Unread:
         except TypeError as err:
             raise AdapterError(
                 f"{self.description} (its signature cannot be read, so it gets the arguments without the model) "
-                f"raised {type(err).__name__}: {err}. Accepted calling conventions: {self.accepted}; wrap it in a "
+                f"raised {error_text(err)}. Accepted calling conventions: {self.accepted}; wrap it in a "
                 f"function with named parameters, e.g. lambda {', '.join(self.args)}: ..."
             ) from err
 
