@@ -1054,6 +1054,16 @@ def test_bug_garbage_returns_raise(result, match):
             (torch.zeros(2, 2), torch.zeros(2), torch.zeros(2, 2, dtype=torch.bool), False, {}),
             r"terminated: expected shape \(2, 1\) or \(2,\) \(one flag per env\)",
         ),
+        (  # a 0-d tensor is one value for the batch (a reduced loss?): refused with a hint, never broadcast
+            (torch.zeros(2, 2), torch.zeros(2, 2), torch.zeros(())),
+            r"reward: expected shape \(2, 1\) or \(2,\) \(one reward per env\), got Tensor\(dtype=torch.float32, "
+            r"shape=\(\)\); a 0-d tensor is one value for the whole batch .* or a Python number to give every env",
+        ),
+        (
+            (torch.zeros(2, 2), torch.zeros(2), torch.tensor(False), False, {}),
+            r"terminated: expected shape .* got Tensor\(dtype=torch.bool, shape=\(\)\); a 0-d tensor .* one flag per "
+            r"env, or a Python bool to give",
+        ),
         (
             (torch.zeros(2, 2), torch.zeros(2), False, False, "info"),
             r"5-tuple read as .*: expected info to be a dict \(or None\), got str",

@@ -1117,9 +1117,14 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         if value.shape == bs1:
             return value
         if value.shape != bs:
+            # a 0-d tensor is one value for the whole batch (often a reduction by mistake): never broadcast
+            hint = "" if value.ndim else (
+                f"; a 0-d tensor is one value for the whole batch (a reduction over the envs?): return one {per} "
+                f"per env, or a Python {'bool' if per == 'flag' else 'number'} to give every env the same"
+            )
             raise ReturnFormError(
                 f"{where} returned {form}: {name}: expected shape {tuple(bs1)} or {tuple(bs)} "
-                f"(one {per} per env), got {describe(value)}"
+                f"(one {per} per env), got {describe(value)}{hint}"
             )
         return value.view(bs1)
 
