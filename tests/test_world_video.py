@@ -97,6 +97,46 @@ def test_recorder_counts_and_grid_layout(tmp_path):
 
 
 
+def _record_one_episode(directory, frame, goal=None, steps=2):
+    """Frames read back from a one-episode video of ``frame`` (and ``goal``) recorded by a VideoRecorder."""
+    import imageio
+
+    rec = VideoRecorder(directory, fps=5)
+    rec.bind(1, None)
+    rec.start_episode(0, 0, frame, goal)
+    for _ in range(steps):
+        rec.add_frame(0, frame)
+    rec.end_episode(0)
+    return [f for f in imageio.get_reader(directory / "episode_00000.mp4")]
+
+
+def test_an_episode_video_shows_the_goal_image_beside_the_frame(tmp_path):
+    # module docstring: each frame shows the agent and the goal image side by side (concatenated along the width)
+    frame = np.full((32, 32, 3), 200, dtype=np.uint8)
+    goal = np.full((32, 32, 3), 40, dtype=np.uint8)
+    frames = _record_one_episode(tmp_path, frame, goal)
+    assert len(frames) == 3 and all(f.shape == (32, 64, 3) for f in frames)
+    # lossy codec: compare means away from the seam
+    assert abs(float(frames[0][4:28, 4:28].mean()) - 200) < 15 and abs(float(frames[0][4:28, 36:60].mean()) - 40) < 15
+
+
+@pytest.mark.parametrize("shape", [(33, 32), (32, 33), (33, 33)])
+def test_odd_frame_sizes_are_padded_to_even_on_their_own_axis(tmp_path, shape):
+    # H.264 (yuv420p) needs even sizes: an odd height is padded by one row, an odd width by one column, in both layouts
+    h, w = shape
+    frame = np.full((h, w, 3), 120, dtype=np.uint8)
+    padded = (h + h % 2, w + w % 2, 3)
+    assert all(f.shape == padded for f in _record_one_episode(tmp_path / "eps", frame))
+    import imageio
+
+    rec = VideoRecorder(tmp_path / "grid", layout="grid", fps=5)
+    rec.bind(1, None)
+    for _ in range(2):
+        rec.grid_frame(frame[None], np.ones(1, dtype=bool))
+    rec.close()
+    assert all(f.shape == padded for f in imageio.get_reader(tmp_path / "grid" / "grid.mp4"))
+
+
 class _BrightCounting(CountingEnv):
     """CountingEnv with bright 32x32 frames (a dimmed tile stands out through the lossy codec)."""
 
