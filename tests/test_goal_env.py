@@ -53,6 +53,16 @@ def test_is_success_terminated_reward_and_goal_image():
     assert r == 1.0 and not term and info["is_success"]
 
 
+def test_set_state_with_a_new_target_renders_the_new_targets_goal_pixels():
+    # set_state(target=...) moves the goal: info["goal_pixels"] is then the new target's frame, not a cached old one
+    env = PointMazeEnv(layout="open", render_mode="rgb_array")
+    _, info = env.reset(seed=0, options={"state": [1.5, 1.5], "target": [1.5, 3.5]})
+    old = info["goal_pixels"]
+    env.set_state([1.5, 1.5, 0.0, 0.0], target=[3.5, 3.5])
+    _, _, _, _, info = env.step(np.zeros(2, np.float32))
+    assert np.array_equal(info["goal_pixels"], env.goal_frame()) and not np.array_equal(info["goal_pixels"], old)
+
+
 def test_render_needs_no_pygame():
     code = (
         "import sys, torchrl_swm.envs as e; env = e.PointMazeEnv(render_mode='rgb_array'); env.reset(seed=0);"
