@@ -115,6 +115,21 @@ def test_step_accessor_and_final_observation(collected):
     assert set(ds.observation_keys) >= {"observation", "pixels", ("info", "t"), "episode_seed"}
 
 
+def test_negative_episode_positions_count_from_the_end(collected):
+    # Dataset.episode/step take Python-style positions: -1 is the last stored episode, -n the first
+    _, ds = collected
+    n = ds.num_episodes
+    assert torch.equal(ds.episode(-1)["observation"], ds.episode(n - 1)["observation"])
+    assert ds.episode(-1)["episode"].unique().tolist() == [int(ds.episode_ids[-1])]
+    assert ds.episode(-n)["episode"].unique().tolist() == [int(ds.episode_ids[0])]
+    L = int(ds.episode_lengths[-1])
+    assert torch.equal(ds.step(-1, L)["observation"], ds.step(n - 1, L)["observation"])
+    with pytest.raises(IndexError):
+        ds.episode(-n - 1)
+    with pytest.raises(IndexError):
+        ds.step(-n - 1, 0)
+
+
 def test_load_is_lazy_memory_mapped(collected):
     path, _ = collected
     ds = load_dataset(path)
@@ -458,6 +473,47 @@ def test_writer_refuses_an_episode_unlike_the_first_a_repeated_id_or_no_id(tmp_p
     ds = load_dataset(tmp_path / "w")
     assert ds.episode_ids.tolist() == [0, 1] and ds.episode_lengths.tolist() == [3, 2]
     assert ds.td["x"][:, 0].tolist() == [0, 0, 0, 1, 1]
+
+
+def test_a_full_storage_of_episodes_added_out_of_id_order_is_compacted_sorted_by_id(tmp_path):
+    # close(compact=True) stores episodes sorted by id even when the storage is full (no rows to trim)
+    def episode(i, n):
+        return TensorDict({"episode": torch.full((n,), i), "x": torch.full((n,), float(i))}, [n])
+
+    writer = DatasetWriter(tmp_path / "w", capacity=5)
+    writer.add(episode(1, 3))
+    writer.add(episode(0, 2))
+    writer.close(complete=True)
+    ds = load_dataset(tmp_path / "w")
+    assert ds.episode_ids.tolist() == [0, 1] and ds.episode_lengths.tolist() == [2, 3]
+    assert ds.td["x"].tolist() == [0.0, 0.0, 1.0, 1.0, 1.0]
+
+
+def test_writer_refuses_a_repeated_id_added_before_the_last_episode(tmp_path):
+    # each episode id can be added once, whichever episode came last (ids 0, 1, 0)
+    writer = DatasetWriter(tmp_path / "w", capacity=20)
+    for i in (0, 1):
+        writer.add(TensorDict({"episode": torch.full((2,), i), "x": torch.ones(2)}, [2]))
+    with pytest.raises(ValueError, match="episode 0 is already in the dataset"):
+        writer.add(TensorDict({"episode": torch.zeros(2, dtype=torch.int64), "x": torch.ones(2)}, [2]))
+    writer.close(complete=True)
+    assert load_dataset(tmp_path / "w").episode_ids.tolist() == [0, 1]
+
+
+def test_a_first_episode_whose_write_fails_does_not_lay_out_the_dataset(tmp_path):
+    # the storage is laid out by the first episode WRITTEN: after a failed first write (a meta tensor has no data
+    # to copy; the storage refuses it) another first episode, with other entries, is accepted with its own layout
+    writer = DatasetWriter(tmp_path / "w", capacity=20)
+    bad = TensorDict({"episode": torch.zeros(3, dtype=torch.int64), "x": torch.ones(3),
+                      "m": torch.ones(3, device="meta")}, [3])
+    with pytest.raises((NotImplementedError, RuntimeError)):  # torch's refusal to copy out of a meta tensor
+        writer.add(bad)
+    assert writer.num_steps == 0 and writer.episode_ids == []
+    writer.add(TensorDict({"episode": torch.ones(2, dtype=torch.int64), "y": torch.full((2,), 2.0)}, [2]))
+    writer.close(complete=True)
+    ds = load_dataset(tmp_path / "w")
+    assert ds.episode_ids.tolist() == [1] and ds.td["y"].tolist() == [2.0, 2.0]
+    assert "x" not in ds.td.keys() and "m" not in ds.td.keys()
 
 
 def test_an_interrupt_inside_the_storage_write_leaves_no_rows_of_that_episode_for_rb_loads(tmp_path):

@@ -698,7 +698,8 @@ class WorldDataset:
         return k % n
 
     def episode(self, k: int) -> TensorDictBase:
-        """Stored episode ``k`` (position, not id): a memory-mapped TensorDict ``[L]``."""
+        """Stored episode ``k`` (position, not id): a memory-mapped TensorDict ``[L]``.
+        Negative positions count from the end, as Python's (``-1`` is the last stored episode)."""
         k = self._check_episode(k)
         start, length = int(self.episode_starts[k]), int(self.episode_lengths[k])
         return self.td[start : start + length]
@@ -718,7 +719,8 @@ class WorldDataset:
 
     def step(self, k: int, t: int) -> TensorDictBase:
         """The observation keys of stored episode ``k`` at step ``t`` in ``0..L``
-        (``t = L`` is the final observation, read from ``"next"`` of the last row)."""
+        (``t = L`` is the final observation, read from ``"next"`` of the last row).
+        Negative positions ``k`` count from the end, as Python's (``-1`` is the last stored episode)."""
         k = self._check_episode(k)
         length = int(self.episode_lengths[k])
         t = check_int(t, "step")
