@@ -159,6 +159,13 @@ def test_errors(maze_dataset, tmp_path):
             w.evaluate(dataset=ds, episodes_idx=[0], goal_offset=1, eval_budget=5, progress=False)
 
 
+def test_a_negative_episodes_idx_is_out_of_range_not_counted_from_the_end(maze_dataset):
+    # episodes_idx are storage positions 0..num_episodes-1: a negative one is refused, never read as Python's -1
+    with World("torchrl_swm/PointMaze-v0", num_envs=1, image_shape=(32, 32)) as w:
+        with pytest.raises(IndexError, match=r"episodes_idx\[1\] = -1 is out of range"):
+            w.evaluate(dataset=maze_dataset, episodes_idx=[0, -1], goal_offset=1, eval_budget=5, progress=False)
+
+
 def test_bad_argument_types_are_named(maze_dataset):
     ds = maze_dataset
     run = dict(goal_offset=1, eval_budget=5, progress=False)
