@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import gymnasium as gym
 import pytest
@@ -84,6 +85,36 @@ def test_auto_detects_modules_and_transition_fn_targets():
         transition_fn=lambda s, a: s + a,
     )
     assert isinstance(env.base_env, WorldModelEnv)
+
+
+def _env_recording_its_process():
+    env = CountingEnv(length=3)
+    env.pid = os.getpid()
+    return env
+
+
+def test_process_backend_is_an_env_pool_with_its_envs_in_worker_processes():
+    # make_env(..., backend="process") is the documented shortcut for EnvPool(..., backend="process")
+    pool = make_env([_env_recording_its_process] * 2, backend="process", num_workers=1, seed=0)  # one: a start costs
+    try:
+        assert isinstance(pool, EnvPool) and pool.num_envs == 2
+        assert pool.get_attr("pid") == [pool.get_attr("pid")[0]] * 2 != [os.getpid()] * 2  # both in the worker
+    finally:
+        pool.close()
+    serial = make_env([_env_recording_its_process] * 2, backend="serial", seed=0)
+    assert serial.get_attr("pid") == [os.getpid()] * 2
+    serial.close()
+
+
+def test_list_backends_is_sorted_whatever_the_registration_order(restore_registry):
+    # list_backends() gives the canonical names sorted: a backend registered last may come first
+    register_backend("aaa", lambda target, **kwargs: target)
+    try:
+        assert list_backends() == ["aaa", "gym", "world-model"]
+        assert list(backend_aliases()) == ["aaa", "gym", "world-model"]
+    finally:
+        unregister_backend("aaa")
+    assert list_backends() == ["gym", "world-model"]
 
 
 def test_unknown_backend_lists_the_available_ones():
