@@ -282,6 +282,72 @@ def test_bad_arguments_are_usage_errors_with_exit_code_2(tmp_path, capsys):
     assert out.returncode == 2 and "--seed must be >= 0" in out.stderr
 
 
+def test_image_shape_with_any_size_below_1_is_a_usage_error(capsys):
+    # --image-shape H W needs both sizes positive: "8 0" is refused as "0 8" is, before any env is built
+    gym.register("tests/BuildFails-v0", entry_point=_env_that_fails_to_build)
+    try:
+        for shape in (("8", "0"), ("0", "8"), ("8", "-1")):
+            code = cli.main(["eval", "tests/BuildFails-v0", "--no-progress", "--image-shape", *shape])
+            err = capsys.readouterr().err
+            assert code == 2 and f"--image-shape: expected two positive sizes H W, got {' '.join(shape)}" in err, err
+    finally:
+        gym.registry.pop("tests/BuildFails-v0")
+
+
+def test_collect_episodes_below_1_is_a_usage_error_before_any_env_is_built(tmp_path, capsys):
+    # collect --episodes 0 would write an empty dataset: a usage error (exit 2), found before the env is built
+    gym.register("tests/BuildFails-v0", entry_point=_env_that_fails_to_build)
+    try:
+        for episodes in (0, -2):
+            code = cli.main(["collect", "tests/BuildFails-v0", "--episodes", str(episodes), "--max-steps", "5",
+                             "--out", str(tmp_path / "ds"), "--no-progress"])
+            err = capsys.readouterr().err
+            assert code == 2 and f"--episodes must be >= 1, got {episodes}" in err and "built" not in err, err
+    finally:
+        gym.registry.pop("tests/BuildFails-v0")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_eval_episodes_0_runs_no_episode_and_exits_0(tmp_path, capsys):
+    # eval takes --episodes >= 0 ("--episodes must be >= 0"): 0 evaluates nothing, an empty result, exit 0
+    result = tmp_path / "r.json"
+    code = cli.main(["eval", "CartPole-v1", "--episodes", "0", "--num-envs", "2", "--no-progress",
+                     "--json", str(result)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "0 episodes on 2 envs" in out
+    saved = json.loads(result.read_text())
+    assert saved["num_episodes"] == 0 and saved["episode_returns"] == [] and saved["env_steps"] == 0
+
+
+def test_env_kwargs_image_shape_and_pixels_name_their_own_flags(tmp_path, capsys):
+    # --env-kwargs may not hold what a flag sets: image_shape names --image-shape, pixels names --pixels
+    for kwargs, flag in (({"image_shape": [8, 8]}, "--image-shape"), ({"pixels": True}, "--pixels")):
+        for command in ("eval", "collect"):
+            extra = ["--out", str(tmp_path / "ds")] if command == "collect" else []
+            code = cli.main([command, "CartPole-v1", "--episodes", "1", "--no-progress", *extra,
+                             "--env-kwargs", json.dumps(kwargs)])
+            err = capsys.readouterr().err
+            name = next(iter(kwargs))
+            assert code == 2 and f"{name} has a flag of its own here: use {flag}" in err, (command, err)
+    assert not (tmp_path / "ds").exists()
+
+
+def test_a_function_whose_env_parameter_is_not_first_is_a_policy_not_a_factory(tmp_path, monkeypatch, capsys):
+    # a factory is a function or class whose FIRST parameter is named env; policy(td, env=None) is a policy
+    (tmp_path / "env_second.py").write_text(
+        "import torch\n"
+        "def push(td, env=None):\n"
+        "    return td.set('action', torch.ones(td.batch_size[0], dtype=torch.int64))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = cli.main(["eval", "CartPole-v1", "--episodes", "2", "--num-envs", "2", "--no-progress",
+                     "--policy", "env_second:push"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "2 episodes on 2 envs" in out
+
+
 @pytest.fixture(scope="module")
 def maze_data(tmp_path_factory):
     data = tmp_path_factory.mktemp("cli") / "maze"
@@ -320,6 +386,15 @@ def test_dataset_flags_that_contradict_are_usage_errors(maze_data, capsys):
                      "--start-step", "1"]) == 0
     out = capsys.readouterr().out
     assert "3 episodes on 2 envs" in out and "eval_budget=6" in out
+
+
+def test_goal_offset_0_is_accepted(maze_data, capsys):
+    # --goal-offset 0 is valid as World.evaluate's goal_offset=0: the goal is the start step itself
+    code = cli.main(["eval", "torchrl_swm/PointMaze-v0", "--dataset", str(maze_data), "--no-progress", "--num-envs",
+                     "2", "--goal-offset", "0", "--eval-budget", "2", "--episodes", "2"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "2 episodes on 2 envs" in out and "goal_offset=0" in out
 
 
 def test_unwritable_json_path_fails_before_the_evaluation(tmp_path, capsys, monkeypatch):
