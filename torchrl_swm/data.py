@@ -107,6 +107,36 @@ def _describe_keys(td: TensorDictBase) -> dict:
     }
 
 
+# what the memory-mapped storage writes and reads back: no uint16/32/64 (torch has no index_put for them), no
+# float8 (tensordict's memmap metadata has no name for them), no quantized or sparse tensors
+STORABLE_DTYPES = (
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+    torch.float32, torch.float64, torch.complex32, torch.complex64, torch.complex128,
+)
+_STORABLE = frozenset(STORABLE_DTYPES)
+
+
+def unstorable_entry(td: TensorDictBase) -> tuple | None:
+    """``(key, what it holds, what a dataset stores)`` for the first entry of ``td`` the storage cannot hold
+    (non-tensor data, which TensorDict's leaves leave out: stored, it would vanish without a word; a dtype or
+    layout the memory map cannot write), else ``None``."""
+    for key, value in td.items(True, True, is_leaf=_is_leaf_or_non_tensor):
+        if getattr(type(value), "_is_non_tensor", False):
+            data = value.tolist() if hasattr(value, "tolist") else value
+            return key, f"holds non-tensor data ({type(value).__name__}: {repr(data)[:80]})", "tensors only"
+        if (not isinstance(value, torch.Tensor) or value.dtype not in _STORABLE
+                or value.layout is not torch.strided or value.device.type == "meta"):
+            dtypes = ", ".join(str(d).removeprefix("torch.") for d in STORABLE_DTYPES)
+            layout = "" if getattr(value, "layout", torch.strided) is torch.strided else f", layout {value.layout}"
+            device = "" if getattr(value, "device", None) is None or value.device.type != "meta" else ", on meta"
+            return key, f"is {describe(value)}{layout}{device}", f"dense tensors with data, of dtype {dtypes}"
+    return None
+
+
+def _is_leaf_or_non_tensor(cls: type) -> bool:
+    return not issubclass(cls, TensorDictBase) or getattr(cls, "_is_non_tensor", False)
+
+
 def _disk_usage(path: Path) -> tuple[int, int]:
     """``(bytes on disk, apparent bytes)`` of every file under ``path``."""
     used = apparent = 0
@@ -232,6 +262,11 @@ class DatasetWriter:
         if episode_id in self._ids_written:
             raise ValueError(f"DatasetWriter.add: episode {episode_id} is already in the dataset; each episode id "
                              "can be added once")
+        unstorable = unstorable_entry(episode)
+        if unstorable is not None:
+            key, what, stored = unstorable
+            raise TypeError(f"DatasetWriter.add: episode {episode_id}'s entry {key!r} {what}; a dataset stores "
+                            f"{stored}: leave it out, or convert it")
         keys = _describe_keys(episode)
         if self.keys is not None and keys != self.keys:
             missing = sorted(set(self.keys) - set(keys))
@@ -250,6 +285,8 @@ class DatasetWriter:
         Raises:
             ValueError: the episode has no integer ``"episode"`` id (one on every row), an id already
                 added, or entries (keys, shapes, dtypes) other than the first episode's.
+            TypeError: an entry the storage cannot hold (non-tensor data, a dtype outside
+                :data:`STORABLE_DTYPES`, a sparse or meta tensor).
         """
         if self.closed:
             raise RuntimeError("DatasetWriter: add() after close()")

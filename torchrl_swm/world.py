@@ -61,6 +61,7 @@ from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from ._interrupts import through_interrupts
+from .data import unstorable_entry
 from .errors import EnvError, _integral, add_note, check_bool, check_int, describe, error_text
 from .introspect import bookkeeping_keys, step_counter_limit
 
@@ -465,21 +466,16 @@ _NUMPY_DTYPES = {
 }
 
 
-def _refuse_non_tensors(td: TensorDictBase) -> None:
-    """A non-tensor entry (``NonTensorData``: a string, an object) has no place in the memory-mapped storage,
-    and TensorDict's leaves leave it out: stored, it would vanish without a word."""
-    for key, value in td.items(True, True, is_leaf=_is_leaf_or_non_tensor):
-        if getattr(type(value), "_is_non_tensor", False):
-            data = value.tolist() if hasattr(value, "tolist") else value
-            raise TypeError(
-                f"World.collect: {key!r} holds non-tensor data ({type(value).__name__}: {repr(data)[:80]}, written by "
-                "the env, a transform or the policy); a dataset stores tensors only: leave it out with "
-                f"exclude_keys=[{key!r}], or write it as a tensor"
-            )
-
-
-def _is_leaf_or_non_tensor(cls: type) -> bool:
-    return not issubclass(cls, TensorDictBase) or getattr(cls, "_is_non_tensor", False)
+def _refuse_unstorable(td: TensorDictBase) -> None:
+    """An entry the dataset cannot hold (``NonTensorData``: a string, an object; a dtype its memory map cannot
+    write) is refused at the step that brings it, before anything is written."""
+    unstorable = unstorable_entry(td)
+    if unstorable is not None:
+        key, what, stored = unstorable
+        raise TypeError(
+            f"World.collect: {key!r} {what}, written by the env, a transform or the policy; a dataset stores "
+            f"{stored}: leave it out with exclude_keys=[{key!r}], or convert it"
+        )
 
 
 class _EpisodeBuffer:
@@ -511,7 +507,7 @@ class _EpisodeBuffer:
     def write(self, td: TensorDictBase, rows: np.ndarray, t: np.ndarray) -> None:
         if td.device is not None and td.device.type != "cpu":
             td = td.to("cpu")
-        _refuse_non_tensors(td)
+        _refuse_unstorable(td)
         if self.buf is None:
             self._allocate(td, min(self.max_len, self._FIRST_ROWS))
         if len(t) and int(t.max()) >= self._rows:
@@ -859,9 +855,10 @@ class World:
 
         Dataset-driven evaluation (keyword arguments):
             dataset: a :class:`~torchrl_swm.data.WorldDataset` or its path.
-            episodes_idx: dataset episodes (storage positions) to start from;
-                default: the first ``episodes`` (all when ``episodes`` is not
-                given). More episodes than envs run in chunks.
+            episodes_idx: dataset episodes (storage positions, ``0 <= k < dataset.num_episodes``:
+                no negative ones, whose results would name another position) to start from;
+                default: the first ``episodes`` (all when ``episodes`` is not given). More
+                episodes than envs run in chunks.
             start_steps: the step of each episode to start from (int or one per episode; default 0).
             goal_offset: the goal is the dataset step ``start + goal_offset`` (required).
             eval_budget: steps allowed to reach the goal (required); success is judged within it.
