@@ -435,3 +435,16 @@ def test_metadata_is_the_envs_own_as_on_dummy_vec_env(render_mode):
     assert ours.metadata["render_fps"] == ref.metadata["render_fps"] == 10
     ours.close()
     ref.close()
+
+
+def test_sb3_step_errors_name_the_sb3_export_and_a_closed_pool_is_not_offered_a_reset():
+    # they named the gymnasium export inside (TorchRLVectorEnv.step()), and after close() suggested that
+    # reset() reopens the env, which a closed EnvPool never does
+    venv = to_sb3_vec_env(EnvPool([functools.partial(CountingEnv, length=5)] * 2, seed=0))
+    with pytest.raises(RuntimeError, match=r"^TorchRLSB3VecEnv\.step\(\) was called before reset\(\)"):
+        venv.step(np.zeros(2, np.int64))
+    venv.reset()
+    venv.close()
+    with pytest.raises(RuntimeError, match=r"^TorchRLSB3VecEnv\.step\(\) after close\(\): the EnvPool it wraps is "
+                                           r"closed, and a closed pool cannot be reopened; export a new pool$"):
+        venv.step(np.zeros(2, np.int64))

@@ -1410,7 +1410,7 @@ def test_a_closed_export_refuses_to_step_a_torchrl_batched_env_back_to_life(kind
     export.step(action)
     export.close()
     assert env.is_closed
-    with pytest.raises(RuntimeError, match=r"step\(\) after close\(\): SerialEnv is closed; reset\(\) reopens"):
+    with pytest.raises(RuntimeError, match=r"^TorchRL(Vector|Gym)Env\.step\(\) after close\(\): SerialEnv is closed; reset\(\) reopens it"):
         export.step(action)
     assert env.is_closed
     export.reset(seed=0)  # reopened: the next close() closes it again

@@ -94,12 +94,19 @@ def base_env(env: EnvBase) -> EnvBase:
     return env
 
 
-def step_after_close_error(exporter: str, env: EnvBase) -> RuntimeError:
-    """The error of an export's ``step()`` after its ``close()`` and before a reset reopens it: stepping a batched
-    TorchRL env then would restart its workers on a stale root."""
+def step_after_close_error(call: str, env: EnvBase) -> RuntimeError:
+    """The error of an export's ``step()`` (``call``, e.g. ``"TorchRLVectorEnv.step()"``) after its ``close()``
+    and before a reset reopens it: stepping a batched TorchRL env then would restart its workers on a stale root.
+    An EnvPool never reopens: its message says so."""
+    from ..pool import EnvPool
+
+    base = base_env(env)
+    if isinstance(base, EnvPool):
+        return RuntimeError(f"{call} after close(): the {type(base).__name__} it wraps is closed, and a closed pool "
+                            "cannot be reopened; export a new pool")
     return RuntimeError(
-        f"{exporter}.step() after close(): {type(base_env(env)).__name__} is closed; reset() reopens the env it "
-        "wraps where it can (a WorldModelEnv, TorchRL's batched envs), or export a new one"
+        f"{call} after close(): {type(base).__name__} is closed; reset() reopens it (as it reopens a "
+        "WorldModelEnv or TorchRL's batched envs), or export a new env"
     )
 
 

@@ -89,7 +89,7 @@ class TorchRLGymEnv(gym.Env):
 
     def step(self, action):
         if self._unreset_since_close:
-            raise step_after_close_error("TorchRLGymEnv", self.env)
+            raise step_after_close_error("TorchRLGymEnv.step()", self.env)
         if self._root is None:
             raise RuntimeError("TorchRLGymEnv.step() was called before reset(); call reset() first")
         layout = self.layout

@@ -90,6 +90,7 @@ def _sb3_class():
                 env, autoreset_mode="same_step", observation_keys=observation_keys, info_keys=info_keys,
                 index_spaces=True,
             )
+            self.venv._step_call = "TorchRLSB3VecEnv.step()"
             self._actions = None
             super().__init__(self.venv.num_envs, self.venv.single_observation_space, self.venv.single_action_space)
             # as DummyVecEnv, the envs' own render modes and frame rate (VecVideoRecorder reads render_fps)

@@ -125,6 +125,7 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         if len(reset_keys) != 1:
             raise ValueError(f"TorchRLVectorEnv: expected one reset key, the env has {reset_keys}")
         self.env = env
+        self._step_call = "TorchRLVectorEnv.step()"  # the SB3 export's step errors name its own class
         # index_spaces: Discrete/MultiDiscrete spaces start at 0 (for Stable-Baselines3, which ignores start)
         self.layout = Layout(env, observation_keys=observation_keys, info_keys=info_keys, index_spaces=index_spaces)
         self.traits = traits(env)
@@ -304,9 +305,9 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
                 of a discrete space.
         """
         if self._unreset_since_close:
-            raise step_after_close_error("TorchRLVectorEnv", self.env)
+            raise step_after_close_error(self._step_call, self.env)
         if self._root is None:
-            raise RuntimeError("TorchRLVectorEnv.step() was called before reset(); call reset() first")
+            raise RuntimeError(f"{self._step_call} was called before reset(); call reset() first")
         mode = self.autoreset_mode
         if mode is AutoresetMode.DISABLED and self._done.any():
             rows = np.flatnonzero(self._done).tolist()
