@@ -634,6 +634,24 @@ def test_rows_frozen_by_step_keep_their_truncated_and_done_flags():
     assert not out["terminated"].any()
 
 
+def test_rows_frozen_by_step_keep_a_model_truncation_under_a_step_limit():
+    # RowStepCounter: a row the model truncated (before max_episode_steps), frozen by "_step", keeps truncated=True
+    box = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    env = make_world_model_env(_TruncatesOnceModel(), box, ACT1, num_envs=3, initial_state=torch.zeros(1),
+                               max_episode_steps=5)
+    td = env.reset()
+    td["action"] = torch.zeros(3, 1)
+    out = env.step(td)["next"]
+    assert out["truncated"].view(-1).tolist() == [True, True, True]  # the model's, at step 1 of 5
+    td = out.clone()
+    td["action"] = torch.zeros(3, 1)
+    td["_step"] = torch.tensor([[False], [True], [False]])  # rows 0 and 2 wait
+    out = env.step(td)["next"]
+    assert out["step_count"].view(-1).tolist() == [1, 2, 1]
+    assert out["truncated"].view(-1).tolist() == [True, False, True]  # not the limit's False for 1 < 5
+    assert out["done"].view(-1).tolist() == [True, False, True]
+
+
 @pytest.mark.parametrize("shape", [(3, 2), (3, 1, 1)])
 def test_masks_of_another_shape_are_refused_before_the_model_runs(shape):
     # one flag per env, as the pool takes them: a (3, 2) mask was reduced with any() on a step, and on a reset
@@ -1757,6 +1775,23 @@ def test_rows_frozen_by_step_keep_the_pixels_a_sampling_decoder_gave_them(after)
         assert torch.equal(pixels, expected.to(pixels.dtype)), (after, t)
         if frozen:
             assert torch.equal(out_ref["next", "pixels"][[1, 3]], out_ref["pixels"][[1, 3]])
+
+
+def test_a_partial_reset_leaves_the_other_rows_the_pixels_a_sampling_decoder_gave_them():
+    # ObservationDecoder._reset: rows a partial reset leaves keep their pixels (not drawn again from the reset
+    # stream), at the reset and when frozen by "_step" on the next step
+    env = _decoded_env()
+    td = env.reset()
+    td["action"] = torch.full((4, 2), 0.1)
+    td = env.step(td)["next"].clone()
+    before = td["pixels"].clone()
+    td["_reset"] = torch.tensor([[True], [False], [False], [False]])
+    td = env.reset(td).exclude("_reset")
+    assert torch.equal(td["pixels"][1:], before[1:])
+    td["action"] = torch.full((4, 2), 0.1)
+    td["_step"] = torch.tensor([[True], [False], [True], [False]])  # rows 1 and 3 wait
+    out = env.step(td)["next"]
+    assert torch.equal(out["pixels"][[1, 3]], before[[1, 3]])
 
 
 @pytest.mark.parametrize("device", ["cpu:0", torch.device("cpu", 0)])
