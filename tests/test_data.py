@@ -301,6 +301,38 @@ def test_overwrite_rules(tmp_path):
     pool.close()
 
 
+def test_a_lazy_overwrite_removes_the_old_dataset_when_it_opens_and_checks_the_path_again(tmp_path):
+    # DatasetWriter(lazy=True, overwrite=True): open() (or the first add) removes the old dataset whole, and
+    # refuses a path that stopped being free (or a dataset) since the writer was made
+    def episode(i, n=2):
+        return TensorDict({"episode": torch.full((n,), i), "x": torch.full((n,), float(i))}, [n])
+
+    old = DatasetWriter(tmp_path / "d", capacity=4)
+    old.add(episode(0))
+    old.close(complete=True)
+    (tmp_path / "d" / "old_extra.txt").write_text("from the old dataset")
+    writer = DatasetWriter(tmp_path / "d", capacity=4, overwrite=True, lazy=True)
+    assert (tmp_path / "d" / "old_extra.txt").exists()  # lazy: nothing removed yet
+    writer.add(episode(5))
+    assert not (tmp_path / "d" / "old_extra.txt").exists()  # nothing of the old dataset survives
+    writer.close(complete=True)
+    assert load_dataset(tmp_path / "d").episode_ids.tolist() == [5]
+
+    late = DatasetWriter(tmp_path / "late", capacity=4, lazy=True)  # free when made
+    (tmp_path / "late").mkdir()
+    (tmp_path / "late" / "keep.txt").write_text("precious")
+    with pytest.raises(FileExistsError, match="exists and is not empty"):
+        late.open()
+    assert (tmp_path / "late" / "keep.txt").read_text() == "precious"
+    notes = tmp_path / "notes"
+    replacing = DatasetWriter(notes, capacity=4, overwrite=True, lazy=True)  # free when made
+    notes.mkdir()
+    (notes / "keep.txt").write_text("precious")
+    with pytest.raises(FileExistsError, match="not a torchrl_swm dataset"):
+        replacing.add(episode(0))
+    assert (notes / "keep.txt").read_text() == "precious"
+
+
 def test_collect_needs_a_step_bound(tmp_path):
     pool = counting_pool(2)
     with pytest.raises(ValueError, match="max_steps"):
@@ -487,6 +519,18 @@ def test_a_full_storage_of_episodes_added_out_of_id_order_is_compacted_sorted_by
     ds = load_dataset(tmp_path / "w")
     assert ds.episode_ids.tolist() == [0, 1] and ds.episode_lengths.tolist() == [2, 3]
     assert ds.td["x"].tolist() == [0.0, 0.0, 1.0, 1.0, 1.0]
+
+
+def test_the_writers_episode_ids_and_lengths_follow_the_compacted_storage(tmp_path):
+    # after close(complete=True), writer.episode_ids / episode_lengths are in id order, as the storage is
+    writer = DatasetWriter(tmp_path / "w", capacity=10)
+    for i, n in ((2, 1), (1, 2), (0, 3)):
+        writer.add(TensorDict({"episode": torch.full((n,), i), "x": torch.full((n,), float(i))}, [n]))
+    assert writer.episode_ids == [2, 1, 0]  # completion order until the compaction
+    writer.close(complete=True)
+    assert writer.episode_ids == [0, 1, 2] and writer.episode_lengths == [3, 2, 1]
+    ds = load_dataset(tmp_path / "w")
+    assert ds.episode_ids.tolist() == writer.episode_ids and ds.episode_lengths.tolist() == writer.episode_lengths
 
 
 def test_writer_refuses_a_repeated_id_added_before_the_last_episode(tmp_path):
