@@ -116,6 +116,20 @@ def test_zeros_padding_and_custom_out_keys():
     in_place.close()
 
 
+def test_zeros_padding_of_length_two_is_one_zero_then_the_observation():
+    # padding="zeros" holds for every length > 1: length 2 gives [0, obs] at reset, never [obs, obs]
+    env = env_with_history(2, 2, padding="zeros")
+    td = env.reset()
+    assert td["observation"].any()  # the counting env's episode number: a zero frame is not the observation
+    assert not td["history", "observation"][:, 0].any()
+    assert torch.equal(td["history", "observation"][:, 1], td["observation"])
+    first = td["observation"].clone()
+    td = step_mdp(env.step(act(td, 2)))
+    assert torch.equal(td["history", "observation"][:, 0], first)
+    assert torch.equal(td["history", "observation"][:, 1], td["observation"])
+    env.close()
+
+
 def test_argument_errors():
     for length in (0, 2.5, True, "3"):  # never truncated or coerced
         with pytest.raises(ValueError, match=r"length must be an int >= 1, got"):
