@@ -198,6 +198,18 @@ def test_bad_masks_raise_clear_errors(mask, error):
     pool.close()
 
 
+def test_mask_rows_gives_int64_row_indices_or_none_for_every_row():
+    # masks.mask_rows: the selected rows as an int64 numpy array (possibly empty), None when every row is selected
+    from torchrl_swm.masks import mask_rows
+
+    rows = mask_rows(torch.tensor([[True], [False], [True]]), 3, "_reset")
+    assert isinstance(rows, np.ndarray) and rows.dtype == np.int64 and rows.tolist() == [0, 2]
+    none = mask_rows(torch.zeros(3, dtype=torch.bool), 3, "_step")
+    assert none.dtype == np.int64 and none.size == 0
+    assert mask_rows(torch.ones(3, 1, dtype=torch.bool), 3, "_step") is None
+    assert mask_rows(None, 3, "_step") is None
+
+
 def test_bad_step_mask_shape():
     pool = counting_pool(4, length=10)
     bad = pool.reset()
