@@ -1571,3 +1571,20 @@ def test_torchrl_gym_env_with_num_envs_is_refused_in_every_mode(mode):
                        match=r"GymEnv\(id, num_envs=N\).*NEXT_STEP autoreset.*Export EnvPool\(gym.make_vec"):
         to_gymnasium(env, autoreset_mode=mode)
     env.close()
+
+
+@pytest.mark.parametrize("transformed", [False, True])
+def test_a_closed_pool_export_says_the_pool_cannot_be_reopened_on_step_and_masked_reset(transformed):
+    # a step (and a masked reset) after close() advised a reset that a closed EnvPool refuses; under a
+    # TransformedEnv too, whose base is the pool
+    from torchrl.envs import StepCounter, TransformedEnv
+
+    pool = EnvPool([functools.partial(CountingEnv, length=5)] * 2, seed=0)
+    export = to_gymnasium(TransformedEnv(pool, StepCounter()) if transformed else pool)
+    export.reset(seed=0)
+    export.close()
+    advice = r" after close\(\): the EnvPool it wraps is closed, and a closed pool cannot be reopened; export a new pool$"
+    with pytest.raises(RuntimeError, match=r"^TorchRLVectorEnv\.step\(\)" + advice):
+        export.step(np.zeros(2, np.int64))
+    with pytest.raises(RuntimeError, match=r"^TorchRLVectorEnv\.reset\(options=\{'reset_mask': \.\.\.\}\)" + advice):
+        export.reset(options={"reset_mask": np.array([True, False])})

@@ -224,10 +224,10 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         options = check_options(options, "reset")
         mask = options.pop("reset_mask", None)
         if self._unreset_since_close and mask is not None:  # the other rows' state went with the close
-            raise RuntimeError(
-                "TorchRLVectorEnv.reset(options={'reset_mask': ...}) after close(): reset every env to reopen the env "
-                "it wraps"
-            )
+            call = self._step_call.replace(".step()", ".reset(options={'reset_mask': ...})")
+            if self.traits.pool is not None:
+                raise step_after_close_error(call, self.env)  # a closed pool never reopens: the same advice
+            raise RuntimeError(f"{call} after close(): reset every env to reopen the env it wraps")
         # a closed env this reset reopens (a WorldModelEnv; TorchRL's batched envs, whose set_seed restarts them
         # too): open from here, so that close() closes what the reset restarts even if it fails (VectorEnv.close
         # does nothing once `closed` is set); step() stays refused until a reset succeeds
