@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from envs import CountingEnv, counting
-from tensordict import NonTensorData, TensorDict
+from tensordict import NonTensorData, TensorDict, tensorclass
 from tensordict.memmap import MemoryMappedTensor
 from torchrl.data import LazyMemmapStorage, SliceSampler, TensorDictReplayBuffer
 
@@ -565,12 +565,21 @@ def test_a_first_episode_whose_write_fails_does_not_lay_out_the_dataset(tmp_path
     assert ds.episode_ids.tolist() == [1] and ds.td["y"].tolist() == [2.0, 2.0] and "x" not in ds.td.keys()
 
 
+@tensorclass
+class _Position:
+    x: torch.Tensor
+
+
 _UNSTORABLE = {
     "non-tensor": (lambda: NonTensorData("hi", batch_size=[3]), r"holds non-tensor data \(NonTensorData: \['hi'"),
     "uint16": (lambda: torch.ones(3, dtype=torch.uint16), r"is Tensor\(dtype=torch.uint16, shape=\(3,\)\)"),
     "float8": (lambda: torch.ones(3).to(torch.float8_e4m3fn), r"is Tensor\(dtype=torch.float8_e4m3fn"),
     "sparse": (lambda: torch.eye(3).to_sparse(), r"is Tensor\(dtype=torch.float32, shape=\(3, 3\)\), layout torch.sparse_coo"),
     "meta": (lambda: torch.ones(3, device="meta"), r"is Tensor\(dtype=torch.float32, shape=\(3,\)\), on meta"),
+    # a tensorclass was written and then not read back; a leaf with no elements has no file: the dataset could
+    # not be opened at the end of the collect
+    "tensorclass": (lambda: _Position(x=torch.ones(3), batch_size=[3]), r"is a tensorclass \(_Position\)"),
+    "no elements": (lambda: torch.zeros(3, 0), r"is Tensor\(dtype=torch.float32, shape=\(3, 0\)\), with no elements"),
 }
 
 
@@ -583,7 +592,8 @@ def test_an_entry_the_storage_cannot_hold_is_refused_before_anything_is_written(
     writer = DatasetWriter(tmp_path / "w", capacity=20, lazy=True)
     bad = TensorDict({"episode": torch.zeros(3, dtype=torch.int64), "x": torch.ones(3), "bad": make()}, [3])
     with pytest.raises(TypeError, match=r"DatasetWriter.add: episode 0's entry 'bad' " + what
-                       + r".*a dataset stores (tensors only|dense tensors with data, of dtype bool, .*float64)"):
+                       + r".*a dataset stores (tensors only|tensors and TensorDicts|tensors with at least one element per row|"
+                       r"dense tensors with data, of dtype bool, .*float64)"):
         writer.add(bad)
     assert not (tmp_path / "w").exists() and writer.keys is None
     writer.add(TensorDict({"episode": torch.ones(2, dtype=torch.int64), "y": torch.full((2,), 2.0)}, [2]))
@@ -592,10 +602,11 @@ def test_an_entry_the_storage_cannot_hold_is_refused_before_anything_is_written(
 
 
 def test_every_storable_dtype_is_written_and_read_back_exactly(tmp_path):
-    from torchrl_swm.data import STORABLE_DTYPES
-
+    # listed here, not read from STORABLE_DTYPES: a dtype dropped from that list would be refused
+    storable = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                torch.bfloat16, torch.float32, torch.float64, torch.complex32, torch.complex64, torch.complex128)
     writer = DatasetWriter(tmp_path / "w", capacity=20)
-    values = {str(dtype).removeprefix("torch."): (torch.arange(3) % 2 + 1).to(dtype) for dtype in STORABLE_DTYPES}
+    values = {str(dtype).removeprefix("torch."): (torch.arange(3) % 2 + 1).to(dtype) for dtype in storable}
     writer.add(TensorDict({"episode": torch.zeros(3, dtype=torch.int64), **values}, [3]))
     writer.close(complete=True)
     td = load_dataset(tmp_path / "w").td

@@ -53,7 +53,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
+from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase, is_tensorclass
 
 from ._interrupts import interrupts_held
 from .errors import check_bool, check_int, describe, error_text, user_stacklevel
@@ -118,18 +118,25 @@ _STORABLE = frozenset(STORABLE_DTYPES)
 
 def unstorable_entry(td: TensorDictBase) -> tuple | None:
     """``(key, what it holds, what a dataset stores)`` for the first entry of ``td`` the storage cannot hold
-    (non-tensor data, which TensorDict's leaves leave out: stored, it would vanish without a word; a dtype or
-    layout the memory map cannot write), else ``None``."""
+    (non-tensor data, which TensorDict's leaves leave out: stored, it would vanish without a word; a tensorclass,
+    whose fields it would not read back; a dtype or layout the memory map cannot write; no elements, for which it
+    writes no file), else ``None``."""
     for key, value in td.items(True, True, is_leaf=_is_leaf_or_non_tensor):
+        if (isinstance(value, torch.Tensor) and value.dtype in _STORABLE and value.layout is torch.strided
+                and not value.is_meta and value.numel()):  # (is_meta: 6x faster than device.type)
+            continue
         if getattr(type(value), "_is_non_tensor", False):
             data = value.tolist() if hasattr(value, "tolist") else value
             return key, f"holds non-tensor data ({type(value).__name__}: {repr(data)[:80]})", "tensors only"
-        if (not isinstance(value, torch.Tensor) or value.dtype not in _STORABLE
-                or value.layout is not torch.strided or value.is_meta):  # (is_meta: 6x faster than device.type)
-            dtypes = ", ".join(str(d).removeprefix("torch.") for d in STORABLE_DTYPES)
-            layout = "" if getattr(value, "layout", torch.strided) is torch.strided else f", layout {value.layout}"
-            device = ", on meta" if getattr(value, "is_meta", False) else ""
-            return key, f"is {describe(value)}{layout}{device}", f"dense tensors with data, of dtype {dtypes}"
+        if is_tensorclass(value):
+            return key, f"is a tensorclass ({type(value).__name__})", "tensors and TensorDicts (its .to_tensordict())"
+        if isinstance(value, torch.Tensor) and value.dtype in _STORABLE and value.layout is torch.strided \
+                and not value.is_meta:
+            return key, f"is {describe(value)}, with no elements", "tensors with at least one element per row"
+        dtypes = ", ".join(str(d).removeprefix("torch.") for d in STORABLE_DTYPES)
+        layout = "" if getattr(value, "layout", torch.strided) is torch.strided else f", layout {value.layout}"
+        device = ", on meta" if getattr(value, "is_meta", False) else ""
+        return key, f"is {describe(value)}{layout}{device}", f"dense tensors with data, of dtype {dtypes}"
     return None
 
 
@@ -285,8 +292,8 @@ class DatasetWriter:
         Raises:
             ValueError: the episode has no integer ``"episode"`` id (one on every row), an id already
                 added, or entries (keys, shapes, dtypes) other than the first episode's.
-            TypeError: an entry the storage cannot hold (non-tensor data, a dtype outside
-                :data:`STORABLE_DTYPES`, a sparse or meta tensor).
+            TypeError: an entry the storage cannot hold (non-tensor data, a tensorclass, a dtype
+                outside :data:`STORABLE_DTYPES`, a sparse or meta tensor, no elements).
         """
         if self.closed:
             raise RuntimeError("DatasetWriter: add() after close()")
