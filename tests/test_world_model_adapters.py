@@ -1059,6 +1059,14 @@ def test_bug_garbage_returns_raise(result, match):
             r"reward: expected shape \(2, 1\) or \(2,\) \(one reward per env\), got Tensor\(dtype=torch.float32, "
             r"shape=\(\)\); a 0-d tensor is one value for the whole batch .* or a Python number to give every env",
         ),
+        (  # named as the model returned it: a numpy array
+            (torch.zeros(2, 2), torch.zeros(2, 2), np.array(1.5, np.float32)),
+            r"reward: expected shape .* got ndarray\(dtype=float32, shape=\(\)\); a 0-d array is one value",
+        ),
+        (
+            (torch.zeros(2, 2), torch.zeros(2), np.array(True), False, {}),
+            r"terminated: expected shape .* got ndarray\(dtype=bool, shape=\(\)\); a 0-d array is one value",
+        ),
         (
             (torch.zeros(2, 2), torch.zeros(2), torch.tensor(False), False, {}),
             r"terminated: expected shape .* got Tensor\(dtype=torch.bool, shape=\(\)\); a 0-d tensor .* one flag per "
@@ -1125,7 +1133,9 @@ def test_numpy_flags_convert_like_numpy_observations_and_rewards():
     out = step_once(_env_returning((np.ones((2, 2), np.float32), np.array([1.0, 2.0], np.float32), *flags, {}), n=2))
     assert out["terminated"].view(-1).tolist() == [True, False] and out["truncated"].view(-1).tolist() == [False, True]
     assert out["done"].view(-1).tolist() == [True, True]
-    with pytest.raises(ReturnFormError, match=r"terminated: expected a bool tensor .*got Tensor\(dtype=torch.float32"):
+    # named as the model returned it (a numpy array), as a reward is
+    with pytest.raises(ReturnFormError, match=r"terminated: expected a bool tensor .*got ndarray\(dtype=float32, "
+                                              r"shape=\(2,\)\) \(threshold it"):
         step_once(_env_returning((np.ones((2, 2), np.float32), 0.0, np.zeros(2, np.float32), False, {}), n=2))
 
 

@@ -1112,19 +1112,21 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         return ndim == len(leaf.shape) + 1
 
     @staticmethod
-    def _one_per_env(value, bs, bs1, name, per, where, form):
-        """``value`` viewed as ``bs1`` (``(N, 1)``); it may come as ``bs1`` or ``bs`` (``(N,)``)."""
+    def _one_per_env(value, bs, bs1, name, per, where, form, returned=None):
+        """``value`` viewed as ``bs1`` (``(N, 1)``); it may come as ``bs1`` or ``bs`` (``(N,)``). ``returned``: what
+        the model returned, when ``value`` is its conversion (numpy), for the error message."""
         if value.shape == bs1:
             return value
         if value.shape != bs:
-            # a 0-d tensor is one value for the whole batch (often a reduction by mistake): never broadcast
+            # a 0-d array is one value for the whole batch (a reduction, a squeeze of (1, 1)): never broadcast
             hint = "" if value.ndim else (
-                f"; a 0-d tensor is one value for the whole batch (a reduction over the envs?): return one {per} "
-                f"per env, or a Python {'bool' if per == 'flag' else 'number'} to give every env the same"
+                f"; a 0-d {'array' if isinstance(returned, np.ndarray) else 'tensor'} is one value for the whole "
+                "batch (a reduction over the envs, or a squeeze of a (1, 1) one?): return one "
+                f"{per} per env, or a Python {'bool' if per == 'flag' else 'number'} to give every env the same"
             )
             raise ReturnFormError(
                 f"{where} returned {form}: {name}: expected shape {tuple(bs1)} or {tuple(bs)} "
-                f"(one {per} per env), got {describe(value)}{hint}"
+                f"(one {per} per env), got {describe(value if returned is None else returned)}{hint}"
             )
         return value.view(bs1)
 
@@ -1132,23 +1134,24 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         if value.device != self.device:
             raise ReturnFormError(f"{where} returned {form}: {name}: expected device {self.device}, got {value.device}")
 
-    def _flag(self, value, bs, bs1, name, where, form):
+    def _flag(self, value, bs, bs1, name, where, form, returned=None):
+        """``returned``: what the model returned, when ``value`` is its conversion (numpy), for error messages."""
         if value is MISSING or value is None:  # as a None reward: no head for it (terminal_fn= or False)
             return None
         if isinstance(value, torch.Tensor):
             if value.dtype is not torch.bool:
                 raise ReturnFormError(
                     f"{where} returned {form}: {name}: expected a bool tensor of shape {tuple(bs1)} or {tuple(bs)}, "
-                    f"got {describe(value)} "
+                    f"got {describe(value if returned is None else returned)} "
                     "(threshold it, e.g. `logits > 0`)"
                 )
-            value = self._one_per_env(value, bs, bs1, name, "flag", where, form)
+            value = self._one_per_env(value, bs, bs1, name, "flag", where, form, returned)
             self._check_device(value, name, where, form)
             return value
         if isinstance(value, (bool, np.bool_)):
             return torch.full(bs1, bool(value), dtype=torch.bool, device=self.device)
         if isinstance(value, np.ndarray):  # as observations and rewards: numpy converts, then the same checks
-            return self._flag(torch.as_tensor(value, device=self.device), bs, bs1, name, where, form)
+            return self._flag(torch.as_tensor(value, device=self.device), bs, bs1, name, where, form, value)
         raise ReturnFormError(
             f"{where} returned {form}: {name}: expected a bool tensor of shape {tuple(bs1)} or a bool, "
             f"got {describe(value)}"
@@ -1161,7 +1164,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             returned = value  # named in errors as the model returned it
             if isinstance(value, np.ndarray):
                 value = torch.as_tensor(value, device=self.device)
-            value = self._one_per_env(value, bs, bs1, "reward", "reward", where, form)
+            value = self._one_per_env(value, bs, bs1, "reward", "reward", where, form, returned)
             if value.dtype != self._reward_dtype:
                 raise ReturnFormError(
                     f"{where} returned {form}: reward: expected dtype {self._reward_dtype} (the reward spec), "
