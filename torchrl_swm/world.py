@@ -690,8 +690,7 @@ class World:
                 try:
                     env.close()
                 except Exception as close_err:  # the refusal is the error to report
-                    add_note(err, f"closing the pool World built then failed too: {type(close_err).__name__}: "
-                                  f"{close_err}")
+                    add_note(err, f"closing the pool World built then failed too: {error_text(close_err)}")
             raise
 
     # -- policy -------------------------------------------------------------------------------------
