@@ -1063,6 +1063,14 @@ def test_bug_garbage_returns_raise(result, match):
             (torch.zeros(2, 2), torch.zeros(2, 2), np.array(1.5, np.float32)),
             r"reward: expected shape .* got ndarray\(dtype=float32, shape=\(\)\); a 0-d array is one value",
         ),
+        (  # what numpy's reductions return (r.sum(), (r > 1).any()): a scalar, refused as a 0-d array
+            (torch.zeros(2, 2), torch.zeros(2, 2), np.float32(1.5)),
+            r"reward: expected shape .* got float32\(dtype=float32, shape=\(\)\); a numpy scalar is one value",
+        ),
+        (
+            (torch.zeros(2, 2), torch.zeros(2), np.bool_(True), False, {}),
+            r"terminated: expected shape .* got bool\(dtype=bool, shape=\(\)\); a numpy scalar is one value",
+        ),
         (
             (torch.zeros(2, 2), torch.zeros(2), np.array(True), False, {}),
             r"terminated: expected shape .* got ndarray\(dtype=bool, shape=\(\)\); a 0-d array is one value",
@@ -1126,6 +1134,15 @@ def test_python_scalars_broadcast_and_numpy_observations_convert():
     out = step_once(env)
     assert out["reward"].view(-1).tolist() == [1.5, 1.5] and out["terminated"].all() and not out["truncated"].any()
     assert torch.equal(out["observation"], torch.ones(2, 2))
+
+
+def test_an_unbatched_env_takes_numpy_scalars_as_python_numbers():
+    # with no batch there is nothing to reduce over: a numpy scalar is the env's one reward or flag
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=None, state_key="observation", initial_state=torch.zeros(2),
+                        transition_fn=lambda s, a: (s, np.float64(1.5), np.bool_(True), False, {}))
+    td = env.reset()
+    out = env.step(td.set("action", torch.zeros(2)))["next"]
+    assert out["reward"].tolist() == [1.5] and out["terminated"].tolist() == [True]
 
 
 def test_numpy_flags_convert_like_numpy_observations_and_rewards():

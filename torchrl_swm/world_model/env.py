@@ -1119,10 +1119,12 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             return value
         if value.shape != bs:
             # a 0-d array is one value for the whole batch (a reduction, a squeeze of (1, 1)): never broadcast
+            kind = ("numpy scalar" if isinstance(returned, np.generic)
+                    else "0-d array" if isinstance(returned, np.ndarray) else "0-d tensor")
             hint = "" if value.ndim else (
-                f"; a 0-d {'array' if isinstance(returned, np.ndarray) else 'tensor'} is one value for the whole "
-                "batch (a reduction over the envs, or a squeeze of a (1, 1) one?): return one "
-                f"{per} per env, or a Python {'bool' if per == 'flag' else 'number'} to give every env the same"
+                f"; a {kind} is one value for the whole batch (a reduction over the envs, or a squeeze of a (1, 1) "
+                f"one?): return one {per} per env, or a Python {'bool' if per == 'flag' else 'number'} to give "
+                "every env the same"
             )
             raise ReturnFormError(
                 f"{where} returned {form}: {name}: expected shape {tuple(bs1)} or {tuple(bs)} "
@@ -1148,6 +1150,9 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             value = self._one_per_env(value, bs, bs1, name, "flag", where, form, returned)
             self._check_device(value, name, where, form)
             return value
+        if isinstance(value, np.generic) and bs:  # what numpy's reductions return: checked as a 0-d array
+            return self._flag(torch.as_tensor(np.asarray(value), device=self.device), bs, bs1, name, where, form,
+                              value)
         if isinstance(value, (bool, np.bool_)):
             return torch.full(bs1, bool(value), dtype=torch.bool, device=self.device)
         if isinstance(value, np.ndarray):  # as observations and rewards: numpy converts, then the same checks
@@ -1160,10 +1165,12 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
     def _reward(self, value, bs, bs1, where, form):
         if value is MISSING or value is None:
             return None
-        if isinstance(value, (torch.Tensor, np.ndarray)):  # numpy converts, then the same checks
+        # numpy converts, then the same checks; a numpy scalar (what numpy's reductions return) is a 0-d array, but
+        # for an unbatched env, which takes it as a Python number
+        if isinstance(value, (torch.Tensor, np.ndarray)) or (isinstance(value, np.generic) and bs):
             returned = value  # named in errors as the model returned it
-            if isinstance(value, np.ndarray):
-                value = torch.as_tensor(value, device=self.device)
+            if not isinstance(value, torch.Tensor):
+                value = torch.as_tensor(np.asarray(value), device=self.device)
             value = self._one_per_env(value, bs, bs1, "reward", "reward", where, form, returned)
             if value.dtype != self._reward_dtype:
                 raise ReturnFormError(
