@@ -448,3 +448,7 @@ def test_sb3_step_errors_name_the_sb3_export_and_a_closed_pool_is_not_offered_a_
     with pytest.raises(RuntimeError, match=r"^TorchRLSB3VecEnv\.step\(\) after close\(\): the EnvPool it wraps is "
                                            r"closed, and a closed pool cannot be reopened; export a new pool$"):
         venv.step(np.zeros(2, np.int64))
+    venv.set_options({"reset_mask": np.array([True, False])})
+    with pytest.raises(RuntimeError, match=r"^TorchRLSB3VecEnv\.reset\(\) with set_options\(\{'reset_mask': \.\.\.\}\) "
+                                           r"after close\(\): the EnvPool it wraps is closed"):
+        venv.reset()

@@ -91,6 +91,7 @@ def _sb3_class():
                 index_spaces=True,
             )
             self.venv._step_call = "TorchRLSB3VecEnv.step()"
+            self.venv._masked_reset_call = "TorchRLSB3VecEnv.reset() with set_options({'reset_mask': ...})"
             self._actions = None
             super().__init__(self.venv.num_envs, self.venv.single_observation_space, self.venv.single_action_space)
             # as DummyVecEnv, the envs' own render modes and frame rate (VecVideoRecorder reads render_fps)

@@ -125,7 +125,9 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         if len(reset_keys) != 1:
             raise ValueError(f"TorchRLVectorEnv: expected one reset key, the env has {reset_keys}")
         self.env = env
-        self._step_call = "TorchRLVectorEnv.step()"  # the SB3 export's step errors name its own class
+        # the calls its errors name (the SB3 export names its own)
+        self._step_call = "TorchRLVectorEnv.step()"
+        self._masked_reset_call = "TorchRLVectorEnv.reset(options={'reset_mask': ...})"
         # index_spaces: Discrete/MultiDiscrete spaces start at 0 (for Stable-Baselines3, which ignores start)
         self.layout = Layout(env, observation_keys=observation_keys, info_keys=info_keys, index_spaces=index_spaces)
         self.traits = traits(env)
@@ -224,7 +226,7 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         options = check_options(options, "reset")
         mask = options.pop("reset_mask", None)
         if self._unreset_since_close and mask is not None:  # the other rows' state went with the close
-            call = self._step_call.replace(".step()", ".reset(options={'reset_mask': ...})")
+            call = self._masked_reset_call
             if self.traits.pool is not None:
                 raise step_after_close_error(call, self.env)  # a closed pool never reopens: the same advice
             raise RuntimeError(f"{call} after close(): reset every env to reopen the env it wraps")
