@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 
 import cloudpickle
 import gymnasium as gym
@@ -598,6 +599,30 @@ def test_process_backend_close_after_an_interrupted_hung_step_terminates_the_wor
         assert not any(proc.is_alive() for proc in processes)
     finally:
         _reap(processes)
+
+
+class SlowToMakeEnv(SlowEnv):
+    """A SlowEnv whose construction takes ``make_delay`` seconds (a simulator starting)."""
+
+    def __init__(self, make_delay=0.0):
+        time.sleep(make_delay)
+        super().__init__(0.0)
+
+
+@pytest.mark.parametrize("after", [0.05, 1.5], ids=["while-starting-workers", "while-they-make-envs"])
+def test_a_ctrl_c_during_a_process_pool_construction_ends_the_workers_at_once_without_an_env_call_warning(after):
+    # the workers making their envs were given close()'s 5 s for "an env call left running", then terminated with a
+    # RuntimeWarning saying so; whatever it lands on, the interrupt now ends them at once and leaves none behind
+    import multiprocessing as mp
+
+    start = time.monotonic()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(KeyboardInterrupt), _interrupt_after(after):
+            EnvPool([functools.partial(SlowToMakeEnv, 60.0)] * 2, backend="process", num_workers=2, seed=0)
+    assert not [w for w in caught if "env call" in str(w.message)]
+    assert not [p for p in mp.active_children() if p.name.startswith("torchrl_swm-pool-worker")]
+    assert time.monotonic() - start < 30  # (a guard: the bug is a wait on envs that take 60 s to make)
 
 
 def test_process_backend_workers_do_not_import_torch():

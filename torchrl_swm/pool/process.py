@@ -195,6 +195,7 @@ class ProcessBackend:
         self._reap_pending = False  # a close() interrupted while reaping the workers: the next one finishes it
         self._close_error: EnvError | None = None  # an env's close() error that close() had yet to raise
         self._arm_finalizer()
+        gathering = False  # reading the workers' replies to "make": an interrupt leaves those unread owed
         try:
             for w, rows in enumerate(self.slices):
                 chunk = list(env_fns[rows.start : rows.stop])
@@ -213,6 +214,7 @@ class ProcessBackend:
                 child.close()
                 self._processes.append(proc)
                 self._conns.append(parent)
+            gathering = True
             spaces = self._gather(range(num_workers), "make")
             self._started = True
             self.observation_space, self.action_space = spaces[0]
@@ -224,6 +226,13 @@ class ProcessBackend:
                         f"{self.action_space}; all sub-envs of a pool must have the same spaces",
                     )
         except BaseException as err:
+            if not self._started and not isinstance(err, Exception):
+                # a Ctrl-C while the workers make their envs (a simulator may take long to start): those whose reply
+                # is unread hold no env of the caller's yet and are ended at once, not given close()'s 5 s and its
+                # warning for an env call left running; those that made theirs close them as usual
+                for w, proc in enumerate(self._processes):
+                    if self._owed.pop(w, 0) or not gathering:
+                        _end(proc)
             try:
                 self.close()
             except Exception as close_err:  # the construction's error is the one to report
