@@ -602,27 +602,67 @@ def test_process_backend_close_after_an_interrupted_hung_step_terminates_the_wor
 
 
 class SlowToMakeEnv(SlowEnv):
-    """A SlowEnv whose construction takes ``make_delay`` seconds (a simulator starting)."""
+    """A SlowEnv whose construction takes ``make_delay`` seconds (a simulator starting); with ``marks``, it writes
+    ``made-<i>`` once made and ``closed-<i>`` when closed into that folder."""
 
-    def __init__(self, make_delay=0.0):
+    def __init__(self, make_delay=0.0, marks=None, i=0):
         time.sleep(make_delay)
         super().__init__(0.0)
+        self.marks, self.i = marks, i
+        if marks is not None:
+            (marks / f"made-{i}").touch()
+
+    def close(self):
+        if self.marks is not None:
+            (self.marks / f"closed-{self.i}").touch()
+
+
+def _pool_workers_alive():
+    import multiprocessing as mp
+
+    return [p for p in mp.active_children() if p.name.startswith("torchrl_swm-pool-worker")]
 
 
 @pytest.mark.parametrize("after", [0.05, 1.5], ids=["while-starting-workers", "while-they-make-envs"])
-def test_a_ctrl_c_during_a_process_pool_construction_ends_the_workers_at_once_without_an_env_call_warning(after):
-    # the workers making their envs were given close()'s 5 s for "an env call left running", then terminated with a
-    # RuntimeWarning saying so; whatever it lands on, the interrupt now ends them at once and leaves none behind
-    import multiprocessing as mp
-
-    start = time.monotonic()
+def test_a_ctrl_c_during_a_process_pool_construction_names_workers_still_making_their_envs(after):
+    # they were reported "still in an env call"; an interrupt before the replies to "make" were read also left
+    # close() reading a worker's "make" reply as its own and waiting however long that worker's envs took
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with pytest.raises(KeyboardInterrupt), _interrupt_after(after):
             EnvPool([functools.partial(SlowToMakeEnv, 60.0)] * 2, backend="process", num_workers=2, seed=0)
-    assert not [w for w in caught if "env call" in str(w.message)]
-    assert not [p for p in mp.active_children() if p.name.startswith("torchrl_swm-pool-worker")]
-    assert time.monotonic() - start < 30  # (a guard: the bug is a wait on envs that take 60 s to make)
+    about_workers = [str(w.message) for w in caught if "EnvPool.close(): worker" in str(w.message)]
+    assert all("was still making its envs (the construction was cut short)" in text for text in about_workers)
+    assert not _pool_workers_alive()
+
+
+def test_a_ctrl_c_during_a_process_pool_construction_closes_the_envs_already_made(tmp_path):
+    # worker 0 has made its env, worker 1 is still making its own: worker 0's env is closed (a simulator it
+    # started is stopped), worker 1 is terminated once close()'s 5 s are up, with a warning naming it
+    fns = [functools.partial(SlowToMakeEnv, 0.0, tmp_path, 0), functools.partial(SlowToMakeEnv, 60.0, tmp_path, 1)]
+
+    def interrupt_once_made():
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "made-0").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    def handler(*_):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    thread = threading.Thread(target=interrupt_once_made, daemon=True)
+    try:
+        with pytest.warns(RuntimeWarning, match=r"worker 1 \(envs 1\.\.1\) was still making its envs"):
+            with pytest.raises(KeyboardInterrupt):
+                thread.start()
+                EnvPool(fns, backend="process", num_workers=2, seed=0)
+                time.sleep(60)  # (an interrupt that came late lands here)
+    finally:
+        thread.join()
+        signal.signal(signal.SIGUSR1, previous)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["closed-0", "made-0"]
+    assert not _pool_workers_alive()
 
 
 def test_process_backend_workers_do_not_import_torch():

@@ -226,13 +226,11 @@ class ProcessBackend:
                         f"{self.action_space}; all sub-envs of a pool must have the same spaces",
                     )
         except BaseException as err:
-            if not self._started and not isinstance(err, Exception):
-                # a Ctrl-C while the workers make their envs (a simulator may take long to start): those whose reply
-                # is unread hold no env of the caller's yet and are ended at once, not given close()'s 5 s and its
-                # warning for an env call left running; those that made theirs close them as usual
-                for w, proc in enumerate(self._processes):
-                    if self._owed.pop(w, 0) or not gathering:
-                        _end(proc)
+            if not gathering and not isinstance(err, Exception):
+                # a Ctrl-C before the replies to "make" were read: every started worker owes one (close() would
+                # read it as its own, and wait on a worker still making its envs however long that takes)
+                for w in range(len(self._processes)):
+                    self._owed[w] = self._owed.get(w, 0) + 1
             try:
                 self.close()
             except Exception as close_err:  # the construction's error is the one to report
@@ -652,9 +650,10 @@ class ProcessBackend:
                 # stuck in an env call, or interrupted while closing
                 for w in sorted({*stuck, *(w for w, owed in self._owed.items() if owed)}):
                     rows = self.slices[w]
+                    doing = "in an env call" if self._started else "making its envs (the construction was cut short)"
                     warnings.warn(
-                        f"EnvPool.close(): worker {w} (envs {rows.start}..{rows.stop - 1}) was still in an env call "
-                        "and was terminated; its envs may not all be closed", RuntimeWarning, stacklevel=3,
+                        f"EnvPool.close(): worker {w} (envs {rows.start}..{rows.stop - 1}) was still {doing} and was "
+                        "terminated; its envs may not all be closed", RuntimeWarning, stacklevel=3,
                     )
                     _end(self._processes[w])  # here: the finalizer below waits, unbounded, on workers owing nothing
                 self._owed.clear()
