@@ -452,3 +452,16 @@ def test_sb3_step_errors_name_the_sb3_export_and_a_closed_pool_is_not_offered_a_
     with pytest.raises(RuntimeError, match=r"^TorchRLSB3VecEnv\.reset\(\) with set_options\(\{'reset_mask': \.\.\.\}\) "
                                            r"after close\(\): the EnvPool it wraps is closed"):
         venv.reset()
+
+
+def test_sb3_masked_reset_after_close_of_a_reopenable_env_gives_advice_that_works():
+    # SB3 keeps a refused reset's options: "reset every env" failed again while the reset_mask stayed set
+    venv = to_sb3_vec_env(MLPWorldModelEnv(batch_size=2))
+    venv.reset()
+    venv.close()
+    venv.set_options({"reset_mask": np.array([True, False])})
+    with pytest.raises(RuntimeError, match=r"after close\(\): set_options\(None\), then reset\(\) every env, to reopen"):
+        venv.reset()
+    venv.set_options(None)
+    assert venv.reset().shape[0] == 2
+    venv.close()

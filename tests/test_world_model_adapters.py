@@ -1067,6 +1067,10 @@ def test_bug_garbage_returns_raise(result, match):
             (torch.zeros(2, 2), torch.zeros(2, 2), np.float32(1.5)),
             r"reward: expected shape .* got float32\(dtype=float32, shape=\(\)\); a numpy scalar is one value",
         ),
+        (  # a numpy scalar that is no number: the form error, not torch's conversion TypeError
+            (torch.zeros(2, 2), torch.zeros(2, 2), np.str_("x")),
+            r"reward: expected a float tensor of shape \(2, 1\), got str_\(dtype=<U1, shape=\(\)\)",
+        ),
         (
             (torch.zeros(2, 2), torch.zeros(2), np.bool_(True), False, {}),
             r"terminated: expected shape .* got bool\(dtype=bool, shape=\(\)\); a numpy scalar is one value",

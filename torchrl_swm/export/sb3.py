@@ -92,6 +92,8 @@ def _sb3_class():
             )
             self.venv._step_call = "TorchRLSB3VecEnv.step()"
             self.venv._masked_reset_call = "TorchRLSB3VecEnv.reset() with set_options({'reset_mask': ...})"
+            # SB3 keeps the options of a refused reset: the mask must go before a reset of every env
+            self.venv._reopen_advice = "set_options(None), then reset() every env, to reopen the env it wraps"
             self._actions = None
             super().__init__(self.venv.num_envs, self.venv.single_observation_space, self.venv.single_action_space)
             # as DummyVecEnv, the envs' own render modes and frame rate (VecVideoRecorder reads render_fps)

@@ -128,6 +128,7 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
         # the calls its errors name (the SB3 export names its own)
         self._step_call = "TorchRLVectorEnv.step()"
         self._masked_reset_call = "TorchRLVectorEnv.reset(options={'reset_mask': ...})"
+        self._reopen_advice = "reset every env to reopen the env it wraps"
         # index_spaces: Discrete/MultiDiscrete spaces start at 0 (for Stable-Baselines3, which ignores start)
         self.layout = Layout(env, observation_keys=observation_keys, info_keys=info_keys, index_spaces=index_spaces)
         self.traits = traits(env)
@@ -229,7 +230,7 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
             call = self._masked_reset_call
             if self.traits.pool is not None:
                 raise step_after_close_error(call, self.env)  # a closed pool never reopens: the same advice
-            raise RuntimeError(f"{call} after close(): reset every env to reopen the env it wraps")
+            raise RuntimeError(f"{call} after close(): {self._reopen_advice}")
         # a closed env this reset reopens (a WorldModelEnv; TorchRL's batched envs, whose set_seed restarts them
         # too): open from here, so that close() closes what the reset restarts even if it fails (VectorEnv.close
         # does nothing once `closed` is set); step() stays refused until a reset succeeds

@@ -1150,7 +1150,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             value = self._one_per_env(value, bs, bs1, name, "flag", where, form, returned)
             self._check_device(value, name, where, form)
             return value
-        if isinstance(value, np.generic) and bs:  # what numpy's reductions return: checked as a 0-d array
+        if isinstance(value, np.generic) and value.dtype.kind in "biufc" and bs:  # numpy reductions' return: 0-d
             return self._flag(torch.as_tensor(np.asarray(value), device=self.device), bs, bs1, name, where, form,
                               value)
         if isinstance(value, (bool, np.bool_)):
@@ -1167,7 +1167,8 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             return None
         # numpy converts, then the same checks; a numpy scalar (what numpy's reductions return) is a 0-d array, but
         # for an unbatched env, which takes it as a Python number
-        if isinstance(value, (torch.Tensor, np.ndarray)) or (isinstance(value, np.generic) and bs):
+        if isinstance(value, (torch.Tensor, np.ndarray)) or (isinstance(value, np.generic) and bs
+                                                              and value.dtype.kind in "biufc"):
             returned = value  # named in errors as the model returned it
             if not isinstance(value, torch.Tensor):
                 value = torch.as_tensor(np.asarray(value), device=self.device)
