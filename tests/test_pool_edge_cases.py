@@ -617,6 +617,33 @@ class SlowToMakeEnv(SlowEnv):
             (self.marks / f"closed-{self.i}").touch()
 
 
+class _SlowToPickle:
+    """A factory whose pickling takes ``seconds`` (one closing over a large object)."""
+
+    def __init__(self, seconds, inner):
+        self.seconds, self.inner = seconds, inner
+
+    def __call__(self):
+        return self.inner()
+
+    def __reduce__(self):
+        time.sleep(self.seconds)
+        return _SlowToPickle, (0, self.inner)
+
+
+def test_a_ctrl_c_while_a_later_workers_factories_are_pickled_gives_the_started_workers_close_s_5_s(tmp_path):
+    # worker 0 is making a slow env when the Ctrl-C lands on the pickling of worker 1's factory: close() read worker
+    # 0's "make" reply as its own, waiting until the env was made (60 s); now worker 0 owes it, gets close()'s 5 s,
+    # and is terminated with the warning
+    fns = [functools.partial(SlowToMakeEnv, 60.0, tmp_path, 0), _SlowToPickle(60.0, SlowToMakeEnv)]
+    start = time.monotonic()
+    with pytest.warns(RuntimeWarning, match=r"worker 0 \(envs 0\.\.0\) was still making or closing its envs"):
+        with pytest.raises(KeyboardInterrupt), _interrupt_after(1.0):
+            EnvPool(fns, backend="process", num_workers=2, seed=0)
+    assert time.monotonic() - start < 30  # the bug waited for the 60 s make
+    assert not _pool_workers_alive()
+
+
 def _pool_workers_alive():
     import multiprocessing as mp
 
@@ -632,7 +659,7 @@ def test_a_ctrl_c_during_a_process_pool_construction_names_workers_still_making_
         with pytest.raises(KeyboardInterrupt), _interrupt_after(after):
             EnvPool([functools.partial(SlowToMakeEnv, 60.0)] * 2, backend="process", num_workers=2, seed=0)
     about_workers = [str(w.message) for w in caught if "EnvPool.close(): worker" in str(w.message)]
-    assert all("was still making its envs (the construction was cut short)" in text for text in about_workers)
+    assert all("still making or closing its envs (the construction was cut short)" in text for text in about_workers)
     assert not _pool_workers_alive()
 
 
@@ -653,7 +680,7 @@ def test_a_ctrl_c_during_a_process_pool_construction_closes_the_envs_already_mad
     previous = signal.signal(signal.SIGUSR1, handler)
     thread = threading.Thread(target=interrupt_once_made, daemon=True)
     try:
-        with pytest.warns(RuntimeWarning, match=r"worker 1 \(envs 1\.\.1\) was still making its envs"):
+        with pytest.warns(RuntimeWarning, match=r"worker 1 \(envs 1\.\.1\) was still making or closing its envs"):
             with pytest.raises(KeyboardInterrupt):
                 thread.start()
                 EnvPool(fns, backend="process", num_workers=2, seed=0)

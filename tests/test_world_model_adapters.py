@@ -1071,6 +1071,10 @@ def test_bug_garbage_returns_raise(result, match):
             (torch.zeros(2, 2), torch.zeros(2, 2), np.str_("x")),
             r"reward: expected a float tensor of shape \(2, 1\), got str_\(dtype=<U1, shape=\(\)\)",
         ),
+        (  # numpy makes timedelta64 a signed integer: float() refused it with a bare TypeError
+            (torch.zeros(2, 2), torch.zeros(2, 2), np.timedelta64(3, "s")),
+            r"reward: expected a float tensor of shape \(2, 1\), got timedelta64",
+        ),
         (
             (torch.zeros(2, 2), torch.zeros(2), np.bool_(True), False, {}),
             r"terminated: expected shape .* got bool\(dtype=bool, shape=\(\)\); a numpy scalar is one value",

@@ -66,8 +66,10 @@ def _integral(value) -> bool:
 
 
 def _real(value) -> bool:
-    """A Python or numpy int or float; never a bool (``True`` is no radius or frame rate)."""
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    """A Python or numpy int or float; never a bool (``True`` is no radius or frame rate), nor a numpy
+    ``timedelta64`` (numpy makes it a signed integer; ``float()`` refuses it)."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_, np.timedelta64))
 
 
 def check_number(value, what: str) -> float:

@@ -650,7 +650,8 @@ class ProcessBackend:
                 # stuck in an env call, or interrupted while closing
                 for w in sorted({*stuck, *(w for w, owed in self._owed.items() if owed)}):
                     rows = self.slices[w]
-                    doing = "in an env call" if self._started else "making its envs (the construction was cut short)"
+                    doing = ("in an env call" if self._started
+                             else "making or closing its envs (the construction was cut short)")
                     warnings.warn(
                         f"EnvPool.close(): worker {w} (envs {rows.start}..{rows.stop - 1}) was still {doing} and was "
                         "terminated; its envs may not all be closed", RuntimeWarning, stacklevel=3,
