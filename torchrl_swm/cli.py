@@ -46,6 +46,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import error_text  # (the package's __init__ imports errors already)
+
 __all__ = ["main", "register_command", "COMMANDS", "COMMAND_MODULES", "CLIError"]
 
 #: Modules imported before parsing, so that the commands they register exist.
@@ -349,8 +351,6 @@ def _collect(args) -> int:
                 partial = load_dataset(out)
                 print(f"interrupted: {out} holds {partial.num_episodes} complete episodes", file=sys.stderr)
             except Exception as err:  # not every failure means no episode: say which it was
-                from .errors import error_text
-
                 print(f"interrupted: {out} cannot be opened ({error_text(err)})", file=sys.stderr)
             return 130
     finally:
@@ -565,8 +565,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 141  # the reader of stdout went away (`| head`): stop quietly, with a shell's 128 + SIGPIPE
         if args.traceback:
             raise
-        from .errors import error_text
-
         notes = "".join(f"; {note}" for note in getattr(err, "__notes__", ()))  # e.g. which env or policy raised
         print(f"torchrl-swm {args.command}: error: {error_text(err)}{notes} "
               "(run with --traceback for details)", file=sys.stderr)

@@ -122,17 +122,17 @@ def unstorable_entry(td: TensorDictBase) -> tuple | None:
     whose fields it would not read back; a dtype or layout the memory map cannot write; no elements, for which it
     writes no file), else ``None``."""
     for key, value in td.items(True, True, is_leaf=_is_leaf_or_non_tensor):
-        if (isinstance(value, torch.Tensor) and value.dtype in _STORABLE and value.layout is torch.strided
-                and not value.is_meta and value.numel()):  # (is_meta: 6x faster than device.type)
+        dense = (isinstance(value, torch.Tensor) and value.dtype in _STORABLE and value.layout is torch.strided
+                 and not value.is_meta)  # (is_meta: 6x faster than device.type)
+        if dense and value.numel():
             continue
+        if dense:
+            return key, f"is {describe(value)}, with no elements", "tensors with at least one element per row"
         if getattr(type(value), "_is_non_tensor", False):
             data = value.tolist() if hasattr(value, "tolist") else value
             return key, f"holds non-tensor data ({type(value).__name__}: {repr(data)[:80]})", "tensors only"
         if is_tensorclass(value):
             return key, f"is a tensorclass ({type(value).__name__})", "tensors and TensorDicts (its .to_tensordict())"
-        if isinstance(value, torch.Tensor) and value.dtype in _STORABLE and value.layout is torch.strided \
-                and not value.is_meta:
-            return key, f"is {describe(value)}, with no elements", "tensors with at least one element per row"
         dtypes = ", ".join(str(d).removeprefix("torch.") for d in STORABLE_DTYPES)
         layout = "" if getattr(value, "layout", torch.strided) is torch.strided else f", layout {value.layout}"
         device = ", on meta" if getattr(value, "is_meta", False) else ""

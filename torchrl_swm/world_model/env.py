@@ -1150,13 +1150,11 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             value = self._one_per_env(value, bs, bs1, name, "flag", where, form, returned)
             self._check_device(value, name, where, form)
             return value
-        if isinstance(value, np.generic) and value.dtype.kind in "biufc" and bs:  # numpy reductions' return: 0-d
+        if isinstance(value, np.ndarray) or _batched_numpy_scalar(value, bs):  # numpy converts, then the same checks
             return self._flag(torch.as_tensor(np.asarray(value), device=self.device), bs, bs1, name, where, form,
                               value)
         if isinstance(value, (bool, np.bool_)):
             return torch.full(bs1, bool(value), dtype=torch.bool, device=self.device)
-        if isinstance(value, np.ndarray):  # as observations and rewards: numpy converts, then the same checks
-            return self._flag(torch.as_tensor(value, device=self.device), bs, bs1, name, where, form, value)
         raise ReturnFormError(
             f"{where} returned {form}: {name}: expected a bool tensor of shape {tuple(bs1)} or a bool, "
             f"got {describe(value)}"
@@ -1165,10 +1163,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
     def _reward(self, value, bs, bs1, where, form):
         if value is MISSING or value is None:
             return None
-        # numpy converts, then the same checks; a numpy scalar (what numpy's reductions return) is a 0-d array, but
-        # for an unbatched env, which takes it as a Python number
-        if isinstance(value, (torch.Tensor, np.ndarray)) or (isinstance(value, np.generic) and bs
-                                                              and value.dtype.kind in "biufc"):
+        if isinstance(value, (torch.Tensor, np.ndarray)) or _batched_numpy_scalar(value, bs):  # numpy converts
             returned = value  # named in errors as the model returned it
             if not isinstance(value, torch.Tensor):
                 value = torch.as_tensor(np.asarray(value), device=self.device)
@@ -2175,6 +2170,12 @@ def _merge_reset_group(old: TensorDictBase, new, rows: torch.Tensor) -> dict:
         if key not in merged:
             merged[key] = new[key]
     return merged
+
+
+def _batched_numpy_scalar(value, bs) -> bool:
+    """A numeric numpy scalar (what numpy's reductions return) in a batched env: checked as the 0-d array it is,
+    never broadcast; an unbatched env (``bs == ()``) takes it as a Python number."""
+    return isinstance(value, np.generic) and value.dtype.kind in "biufc" and bool(bs)
 
 
 def _zeroed(value, rows: torch.Tensor):
