@@ -799,3 +799,49 @@ def test_counts_that_int_would_truncate_are_type_errors(call):
 def test_world_num_envs_is_not_truncated(num_envs):
     with pytest.raises(TypeError, match=r"num_envs: expected an int, got"):
         World("CartPole-v1", num_envs=num_envs)
+
+
+def test_a_natively_batched_env_is_reseeded_whenever_every_row_restarts_and_reports_that_seed():
+    """One RNG for the batch: World seeds it at a reset of every row (a run's first, each wait-mode round) with
+    the seed of that reset's first episode (``seed + j``), and reports the seed each episode's stream started from.
+    Between those resets rows continue the stream. So wait mode's second round (episodes 3-5, seed 5 + 3) replays
+    the first round of a run seeded 8, and auto mode, where rows restart one at a time, reports 5 throughout."""
+    def lean(td):  # deterministic: episodes differ only through their start states
+        return td.set("action", (td["observation"][:, 2] > 0).long())
+
+    venv = gym.make_vec("CartPole-v1", 3, vectorization_mode="vector_entry_point")
+    with World(EnvPool(venv), policy=lean) as world:
+        wait = world.evaluate(9, seed=5, reset_mode="wait", progress=False)
+        assert wait["seeds"].tolist() == [5, 5, 5, 8, 8, 8, 11, 11, 11]
+        lengths = wait["episode_lengths"].tolist()
+        assert len(set(lengths)) > 3  # the rounds differ: the check below can tell them apart
+        for k, seed in enumerate((5, 8, 11)):
+            round_k = world.evaluate(3, seed=seed, reset_mode="wait", progress=False)
+            assert round_k["episode_lengths"].tolist() == lengths[3 * k : 3 * k + 3]
+        auto = world.evaluate(9, seed=5, reset_mode="auto", progress=False)
+        assert auto["seeds"].tolist() == [5] * 9
+        assert auto["episode_lengths"].tolist()[:3] == lengths[:3]  # the same first reset as wait mode's
+        assert auto["episode_lengths"].tolist()[3:] != lengths[3:]  # later ones continue the stream
+
+
+def test_the_progress_bar_shows_the_final_success_count(monkeypatch):
+    """The bar's postfix is refreshed every 8 episodes and at the last one, before the bar's last update: with
+    17 episodes the final frame reads the 17th episode's count, not the 16th's. (A tqdm that records what the
+    run sets on it; everything else is tqdm's own.)"""
+    import tqdm.auto
+
+    postfixes = []
+
+    class RecordingTqdm(tqdm.auto.tqdm):
+        def set_postfix(self, *args, **kwargs):
+            postfixes.append((kwargs.get("success"), self.n))
+            return super().set_postfix(*args, **kwargs)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", RecordingTqdm)
+    pool = EnvPool([functools.partial(counting, max_length=9)] * 3, seed=0)
+    with World(pool, ones(3)) as world:
+        result = world.evaluate(17, seed=5, success_fn=lambda td: td["next", "observation"][:, 0] >= 4,
+                                progress=True)
+    k = int(result["episode_successes"].sum())
+    assert postfixes[-1] == (f"{k}/17", 16)  # set before the 17th update
+    assert [n for _, n in postfixes] == [7, 15, 16]

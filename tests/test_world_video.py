@@ -137,6 +137,41 @@ def test_odd_frame_sizes_are_padded_to_even_on_their_own_axis(tmp_path, shape):
     assert all(f.shape == padded for f in imageio.get_reader(tmp_path / "grid" / "grid.mp4"))
 
 
+@pytest.mark.parametrize("shape", [(33, 32), (32, 33), (33, 33)])
+def test_odd_sizes_are_padded_at_the_bottom_and_right_with_black(tmp_path, shape):
+    # the frame keeps its top-left corner: the padding row goes below it, the padding column to its right
+    h, w = shape
+    frame = np.full((h, w, 3), 220, dtype=np.uint8)
+    got = _record_one_episode(tmp_path, frame)[0].astype(float)
+    assert got[0].mean() > 170 and got[:, 0].mean() > 170  # the frame's own first row and column
+    if h % 2:
+        assert got[-1].mean() < 110 and got[-2].mean() > 170
+    if w % 2:
+        assert got[:, -1].mean() < 110 and got[:, -2].mean() > 170
+
+
+@pytest.mark.parametrize("n, cols", [(3, 2), (5, 3)])
+def test_grid_tiles_fill_a_near_square_row_by_row(tmp_path, n, cols):
+    # ceil(sqrt(N)) columns, env i at row i // cols, column i % cols; slots past the last env stay black
+    import imageio
+
+    levels = [40 + 40 * i for i in range(n)]  # one brightness per env: 40, 80, ... 200
+    frames = np.stack([np.full((32, 32, 3), v, dtype=np.uint8) for v in levels])
+    rec = VideoRecorder(tmp_path, layout="grid", fps=5)
+    rec.bind(n, None)
+    for _ in range(2):
+        rec.grid_frame(frames, np.ones(n, dtype=bool))
+    rec.close()
+    rows = -(-n // cols)
+    frame = next(iter(imageio.get_reader(tmp_path / "grid.mp4")))
+    assert frame.shape == (rows * 32, cols * 32, 3)
+    for slot in range(rows * cols):
+        r, c = divmod(slot, cols)
+        tile = frame[r * 32 + 6 : (r + 1) * 32 - 6, c * 32 + 6 : (c + 1) * 32 - 6]  # lossy codec: away from seams
+        expected = levels[slot] if slot < n else 0
+        assert abs(float(tile.mean()) - expected) < 12, (slot, float(tile.mean()), expected)
+
+
 class _BrightCounting(CountingEnv):
     """CountingEnv with bright 32x32 frames (a dimmed tile stands out through the lossy codec)."""
 
