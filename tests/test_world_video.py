@@ -172,6 +172,20 @@ def test_grid_tiles_fill_a_near_square_row_by_row(tmp_path, n, cols):
         assert abs(float(tile.mean()) - expected) < 12, (slot, float(tile.mean()), expected)
 
 
+def test_starting_an_episode_on_an_env_that_has_one_open_finishes_the_open_one(tmp_path):
+    # a recorder driven by hand: the episode still open on env 0 is finished and listed, not left unwritten
+    frame = np.full((16, 16, 3), 100, dtype=np.uint8)
+    rec = VideoRecorder(tmp_path, fps=5)
+    rec.bind(1, None)
+    rec.start_episode(0, 0, frame)
+    rec.add_frame(0, frame)
+    rec.start_episode(0, 1, frame)
+    first = tmp_path / "episode_00000.mp4"
+    assert rec.files == [first] and rec.frame_counts == {first: 2} and count_frames(first) == 2
+    rec.end_episode(0)
+    assert rec.files == [first, tmp_path / "episode_00001.mp4"]
+
+
 class _BrightCounting(CountingEnv):
     """CountingEnv with bright 32x32 frames (a dimmed tile stands out through the lossy codec)."""
 
