@@ -162,3 +162,31 @@ def test_seeded_reset_of_a_gym_env_starts_gymnasiums_episode_for_that_seed(trans
         if out[2] or out[3]:
             break
     exported.close()
+
+
+@pytest.mark.parametrize("kind", ["registered pool", "GymEnv"])
+def test_step_after_close_is_refused_with_the_exports_own_message(kind):
+    """step() after close() is refused by the export itself, in words that name TorchRLGymEnv.step() and what
+    to do (not left to the closed env, which a step would restart or fail in): a pool is never reopened, a
+    TorchRL GymEnv is by reset()."""
+    if kind == "registered pool":
+        env_id = "TorchRLSWMTest/CartPolePoolClosed-v0"
+        register_gymnasium_env(env_id, functools.partial(EnvPool, "CartPole-v1"))
+        env = gym.make(env_id, disable_env_checker=True).unwrapped
+        gym.registry.pop(env_id)
+        advice = r"the EnvPool it wraps is closed, and a closed pool cannot be reopened; export a new pool$"
+    else:
+        env = to_gymnasium(GymEnv("CartPole-v1"))
+        advice = r"GymEnv is closed; reset\(\) reopens it"
+    assert isinstance(env, TorchRLGymEnv)
+    env.reset(seed=0)
+    env.step(0)
+    env.close()
+    with pytest.raises(RuntimeError, match=r"^TorchRLGymEnv\.step\(\) after close\(\): " + advice):
+        env.step(0)
+    if kind == "GymEnv":  # reopened by a reset: steps again, and closes again
+        env.reset(seed=0)
+        assert env.step(0)[0].shape == (4,)
+        env.close()
+        with pytest.raises(RuntimeError, match=r"^TorchRLGymEnv\.step\(\) after close\(\)"):
+            env.step(0)

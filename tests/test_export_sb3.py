@@ -174,6 +174,33 @@ def test_set_options_reach_the_sub_envs():
     assert dones.all()
 
 
+@pytest.mark.parametrize("what", ["seed", "set_options"])
+def test_seed_and_set_options_apply_at_the_next_reset_only_as_dummy_vec_env(what):
+    """VecEnv.seed(s) and set_options(...) are for the next reset() only (DummyVecEnv clears them there): the
+    resets after it continue each env's stream without them (CartPole's "low"/"high" options bound the start
+    state), as on DummyVecEnv."""
+    n = 3
+    ours = to_sb3_vec_env(EnvPool("CartPole-v1", num_envs=n, seed_every_episode=False), info_keys=[])
+    ref = DummyVecEnv([lambda: gym.make("CartPole-v1") for _ in range(n)])
+    assert ours.seed(7) == ref.seed(7)
+    assert_same(ours.reset(), ref.reset(), "seeded reset")
+    if what == "set_options":
+        for venv in (ours, ref):
+            venv.set_options({"low": 0.2, "high": 0.25})
+        obs = ours.reset()
+        assert_same(obs, ref.reset(), "reset with options")
+        assert ((obs >= 0.2) & (obs <= 0.25)).all()
+    for k in range(3):  # no seed, no options
+        obs = ours.reset()
+        assert_same(obs, ref.reset(), f"reset {k} after it")
+        assert ours.reset_infos == ref.reset_infos
+        assert np.abs(obs).max() <= 0.05  # CartPole's own start bounds
+    for t, action in enumerate(action_stream(gym.spaces.MultiDiscrete([2] * n), 20, 7)):
+        assert_same(ours.step(action)[:3], ref.step(action)[:3], f"step {t}")
+    ours.close()
+    ref.close()
+
+
 @pytest.mark.parametrize("options", [[{"length": 1}], 5, "x", [["ab"], ["ab"]]])
 def test_set_options_refuses_bad_options_and_keeps_the_previous_ones(options):
     venv = to_sb3_vec_env(EnvPool([functools.partial(CountingEnv, length=5)] * 2, seed=0))

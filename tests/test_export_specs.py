@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from tensordict import TensorDict
 from torchrl.data import (
     Binary,
     Bounded,
@@ -17,6 +18,7 @@ from torchrl.data import (
     OneHot,
     Unbounded,
 )
+from torchrl.envs import EnvBase
 
 from torchrl_swm import EnvPool, SpecError, to_gymnasium
 from torchrl_swm.specs import batch_spec, space_to_spec, spec_to_space, unbatch_spec
@@ -342,6 +344,45 @@ def test_dict_observation_key_order_and_flattening_match_sync_vector_env(autores
                           gym.spaces.flatten(ref.observation_space, want))
     envs.close()
     ref.close()
+
+
+class _ZetaAlpha(EnvBase):
+    """A TorchRL env with no gymnasium space behind it: its observation Composite lists "zeta" before "alpha"."""
+
+    def __init__(self):
+        super().__init__(batch_size=torch.Size([2]))
+        self.observation_spec = Composite(zeta=Unbounded((2, 1)), alpha=Unbounded((2, 2)), shape=(2,))
+        self.action_spec = Categorical(2, shape=(2,))
+        self.reward_spec = Unbounded((2, 1))
+
+    def _obs(self):
+        return TensorDict(zeta=torch.full((2, 1), 9.0), alpha=torch.tensor([[1.0, 2.0], [3.0, 4.0]]), batch_size=[2])
+
+    def _reset(self, td):
+        return self._obs()
+
+    def _step(self, td):
+        false = torch.zeros(2, 1, dtype=torch.bool)
+        return self._obs().update(reward=torch.zeros(2, 1), done=false, terminated=false.clone())
+
+    def _set_seed(self, seed):
+        pass
+
+
+def test_a_dict_observation_from_torchrl_specs_keeps_the_specs_key_order():
+    """With no gymnasium Dict to copy, the Dict spaces keep the Composite's key order (gymnasium would sort a
+    plain dict's keys), the single space and the batched one alike: gymnasium.spaces.flatten then lays the
+    leaves out in the env's order, zeta's values first."""
+    envs = to_gymnasium(_ZetaAlpha())
+    assert list(envs.single_observation_space.keys()) == ["zeta", "alpha"]
+    assert list(envs.observation_space.keys()) == ["zeta", "alpha"]
+    assert envs.observation_space == gym.vector.utils.batch_space(envs.single_observation_space, 2)
+    for obs in (envs.reset(seed=0)[0], envs.step(np.zeros(2, np.int64))[0]):
+        assert list(obs) == ["zeta", "alpha"] and obs in envs.observation_space
+        assert gym.spaces.flatten(envs.observation_space, obs).tolist() == [9, 9, 1, 2, 3, 4]
+        row = {key: value[1] for key, value in obs.items()}
+        assert gym.spaces.flatten(envs.single_observation_space, row).tolist() == [9, 3, 4]
+    envs.close()
 
 
 def test_an_empty_dict_observation_key_is_refused_by_the_pool():

@@ -242,6 +242,31 @@ def test_dict_observation_space_and_nested_keys():
     assert finished >= n  # every env truncated at t = 20
 
 
+def test_dict_final_obs_of_envs_finishing_on_the_same_step_match_sync_vector_env():
+    """SAME_STEP, a Dict observation, several envs finishing on one step (DictObsEnv truncates every env
+    at t = 20): infos["final_obs"][i] is env i's own terminal observation, as on SyncVectorEnv."""
+    n = 4
+    ours = to_gymnasium(EnvPool([DictObsEnv] * n, seed_every_episode=False), autoreset_mode="same_step",
+                        info_keys=[])
+    ref = gym.vector.SyncVectorEnv([DictObsEnv] * n, autoreset_mode=AutoresetMode.SAME_STEP)
+    space = ours.single_observation_space
+    assert_same(ours.reset(seed=0)[0], ref.reset(seed=0)[0], "reset obs")
+    together = 0
+    for t, action in enumerate(action_stream(ours.action_space, 25)):
+        out, out_ref = ours.step(action), ref.step(action)
+        assert_same(out[0], out_ref[0], f"step {t}: obs")
+        assert_same(out[2:4], out_ref[2:4], f"step {t}: flags")
+        done = out_ref[2] | out_ref[3]
+        assert out[4].get("_final_obs", np.zeros(n, bool)).tolist() == done.tolist(), t
+        for i in np.flatnonzero(done):  # the env's Python int "kind" is the export's numpy int: same value
+            final, final_ref = out[4]["final_obs"][i], out_ref[4]["final_obs"][i]
+            assert np.array_equal(gym.spaces.flatten(space, final), gym.spaces.flatten(space, final_ref)), (t, i)
+        together += int(done.sum() > 1)
+    assert together >= 1
+    ours.close()
+    ref.close()
+
+
 def test_single_key_dict_space_of_a_pool_stays_a_dict():
     class OneKey(gym.Env):
         observation_space = gym.spaces.Dict({"x": gym.spaces.Box(-1, 1, (2,), np.float32)})
@@ -894,6 +919,95 @@ def test_next_step_resets_while_envs_wait_match_sync_vector_env(kind):
     assert reset_waiting > 5 and left_waiting > 5
     if kind == "foreign":
         assert [e.resets_called for e in ours.env.envs] == [e.resets_called for e in ref.envs]
+
+
+def test_next_step_seed_list_reset_of_an_env_that_just_finished_matches_sync_vector_env():
+    """NEXT_STEP, an env finished on the last step, then reset(seed=[...]) with None for some envs: a seeded
+    env starts the episode of its seed and an unseeded one the episode its autoreset started, as on
+    SyncVectorEnv. The finished env is seeded at the 1st and 3rd resets, left unseeded (the others seeded)
+    at the 2nd."""
+    n = 3
+    ours = to_gymnasium(EnvPool("CartPole-v1", num_envs=n, seed_every_episode=False), info_keys=[])
+    ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n)])
+    assert_same(ours.reset(seed=0)[0], ref.reset(seed=0)[0], "reset obs")
+    checked = 0
+    for t in range(200):
+        action = np.zeros(n, np.int64)  # push left: a pole falls every few steps
+        out, out_ref = ours.step(action), ref.step(action)
+        assert_same((out[0], *out[2:4]), (out_ref[0], *out_ref[2:4]), f"step {t}")
+        done = out_ref[2] | out_ref[3]
+        if not done.any():
+            continue
+        if checked % 2 == 0:  # the first finished env gets a seed, the others none
+            seeds = [None] * n
+            seeds[int(np.flatnonzero(done)[0])] = 70 + t
+        else:  # the finished envs get none, the others a seed
+            seeds = [None if done[k] else 70 + t + k for k in range(n)]
+        assert_same(ours.reset(seed=seeds)[0], ref.reset(seed=seeds)[0], f"step {t}: reset(seed={seeds})")
+        checked += 1
+        if checked == 3:
+            break
+    assert checked == 3
+    ours.close()
+    ref.close()
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_next_step_reset_options_without_a_seed_reach_an_env_that_just_finished(masked):
+    """NEXT_STEP: an env that finished on the last step was reset when it finished; reset(options=...) with
+    no seed still resets it with those options (CartPole's "low"/"high" bound every start state), as
+    SyncVectorEnv hands them to each env it resets. (Its episode is not SyncVectorEnv's: see reset's
+    docstring, so the bounds are what is compared.)"""
+    n = 4
+    ours = to_gymnasium(EnvPool("CartPole-v1", num_envs=n, seed_every_episode=False), info_keys=[])
+    ours.reset(seed=0)
+    for _ in range(200):
+        _, _, term, trunc, _ = ours.step(np.zeros(n, np.int64))
+        done = term | trunc
+        if done.any():
+            break
+    assert done.any()
+    options = {"low": 0.2, "high": 0.25}
+    rows = np.ones(n, bool)
+    if masked:
+        options["reset_mask"], rows = done.copy(), done
+    obs, _ = ours.reset(options=options)
+    assert ((obs[rows] >= 0.2) & (obs[rows] <= 0.25)).all(), obs
+    if masked:  # the others keep their state, outside those bounds
+        assert not ((obs[~rows] >= 0.2) & (obs[~rows] <= 0.25)).all()
+    ours.close()
+
+
+def test_next_step_masked_reset_of_one_of_two_waiting_envs_matches_sync_vector_env(device):
+    """NEXT_STEP, envs 0 and 1 finish on the same step; reset(options={"reset_mask": [True, False, False]})
+    resets env 0 only. On the next step env 0 steps from that reset (its action applied) while env 1 makes
+    its autoreset (reward 0), as on SyncVectorEnv. (On an accelerator the export's copy of the waiting rows
+    is its own: the reset must clear env 0 from it.)"""
+    lengths = [3, 3, 5]
+    fns = [functools.partial(CountingEnv, length=k) for k in lengths]
+    ours = to_gymnasium(EnvPool(fns, device=device, seed_every_episode=False), info_keys=[])
+    ref = gym.vector.SyncVectorEnv([lambda f=f: probed(f()) for f in fns], autoreset_mode=AutoresetMode.NEXT_STEP)
+    assert_same(ours.reset(seed=0)[0], ref.reset(seed=0)[0], "reset obs")
+
+    def step(action, what):
+        out, out_ref = ours.step(np.array(action)), ref.step(np.array(action))
+        for name, a, b in zip(("obs", "rewards", "terminations", "truncations"), out[:4], out_ref[:4]):
+            np.testing.assert_array_equal(a, b, err_msg=f"{what}: {name}")  # SyncVectorEnv's rewards are float64
+        return out
+
+    for t in range(3):
+        out = step([1, 1, 1], f"step {t}")
+    assert out[2].tolist() == [True, True, False]
+    mask = np.array([True, False, False])
+    assert_same(ours.reset(options={"reset_mask": mask})[0], ref.reset(options={"reset_mask": mask})[0],
+                "masked reset")
+    obs, rewards, *_ = step([2, 2, 2], "the step after the masked reset")
+    # [t, episode, last action]: env 0 stepped from its reset, env 1 restarted, env 2 stepped on
+    assert obs.tolist() == [[1, 2, 2], [0, 2, 0], [4, 1, 2]] and rewards.tolist() == [2, 0, 2]
+    for t in range(4):
+        step([t % 3, 1, 2], f"step {t} after")
+    ours.close()
+    ref.close()
 
 
 def test_vector_env_is_a_gymnasium_vector_env():
@@ -1558,6 +1672,61 @@ def test_a_batch_unlocked_env_with_a_batch_dim_exports_as_its_batch_locked_twin(
             assert np.array_equal(x, y)
     if mode == "next_step":  # row 0: 3, 6 (end), reset 0, 3, 6, reset 0, ...
         assert [float(s[0][0, 0]) for s in locked[1:]] == [3, 6, 0, 3, 6, 0, 3, 6]
+
+
+class _NoTruncatedKey(EnvBase):
+    """Two rows with done/terminated only (no "truncated" key) and a reward of ``reward_dtype`` (action + 1):
+    row 0 terminates at every step, row 1 never."""
+
+    def __init__(self, reward_dtype=torch.float32):
+        super().__init__(batch_size=torch.Size([2]))
+        flag = lambda: Categorical(2, (2, 1), dtype=torch.bool)
+        self.observation_spec = Composite(observation=Unbounded((2, 1)), shape=(2,))
+        self.action_spec = Categorical(2, shape=(2,))
+        self.reward_spec = Unbounded((2, 1), dtype=reward_dtype)
+        self.done_spec = Composite(done=flag(), terminated=flag(), shape=(2,))
+
+    def _reset(self, td):
+        z = torch.zeros(2, 1, dtype=torch.bool)
+        return TensorDict(observation=torch.zeros(2, 1), done=z, terminated=z.clone(), batch_size=[2])
+
+    def _step(self, td):
+        term = torch.tensor([[True], [False]])
+        reward = (td["action"].unsqueeze(-1) + 1).to(self.reward_spec.dtype)
+        return TensorDict(observation=torch.ones(2, 1), reward=reward, done=term, terminated=term.clone(),
+                          batch_size=[2])
+
+    def _set_seed(self, seed):
+        pass
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_env_without_a_truncated_key_reports_no_truncations(mode):
+    """A done spec of done/terminated only: truncations are all False (not the terminations), with numpy=True
+    as with numpy=False, and in SAME_STEP the finished row is the one that terminated."""
+    assert "truncated" not in _NoTruncatedKey().done_keys
+    for numpy in (True, False):
+        envs = to_gymnasium(_NoTruncatedKey(), autoreset_mode=mode, numpy=numpy)
+        envs.reset(seed=0)
+        _, _, term, trunc, infos = envs.step(np.zeros(2, np.int64))
+        assert term.tolist() == [True, False] and trunc.tolist() == [False, False], numpy
+        assert trunc.dtype in (np.bool_, torch.bool)
+        if mode == "same_step":
+            assert infos["_final_obs"].tolist() == [True, False]
+        envs.close()
+
+
+@pytest.mark.parametrize("numpy", [True, False])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float16])
+def test_an_integer_reward_spec_gives_float32_rewards(dtype, numpy):
+    """gymnasium's rewards are floats (SyncVectorEnv's float64, the export's float32): an integer (or half)
+    reward reaches the caller as float32 values, with numpy=True as with numpy=False."""
+    envs = to_gymnasium(_NoTruncatedKey(dtype), autoreset_mode="same_step", numpy=numpy)
+    envs.reset(seed=0)
+    rewards = envs.step(np.array([0, 1]))[1]
+    assert isinstance(rewards, np.ndarray if numpy else torch.Tensor)
+    assert rewards.dtype == (np.float32 if numpy else torch.float32) and rewards.tolist() == [1.0, 2.0]
+    envs.close()
 
 
 @pytest.mark.parametrize("mode", MODES)
