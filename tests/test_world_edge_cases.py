@@ -12,7 +12,7 @@ import torch
 from envs import counting
 from tensordict import MemoryMappedTensor, TensorDict
 from torch import nn
-from torchrl.envs import RenameTransform, StepCounter, Transform, TransformedEnv
+from torchrl.envs import Compose, RenameTransform, RewardSum, StepCounter, Transform, TransformedEnv
 
 import torchrl_swm
 from torchrl_swm import EnvPool, World, WorldModelEnv, cli, load_dataset, make_world_model_env
@@ -248,6 +248,27 @@ def test_world_reports_a_step_counter_limit_and_episodes_are_truncated_at_it():
     assert truncated.any()
     assert all(n == 20 for n, t in zip(lengths.tolist(), truncated.tolist()) if t)
     assert "step limit 20" in result.summary()
+
+
+@pytest.mark.parametrize("layout", ["two_step_counters", "nested_transformed_envs"])
+def test_world_reports_the_step_limit_that_cuts_episodes_whatever_the_transform_layout(layout):
+    """World's step limit is the smallest StepCounter(max_steps=...) that ends episodes, wherever it sits: of two
+    StepCounters (20 and 5) the 5 that cuts the episodes, and a StepCounter(7) in an inner TransformedEnv layer
+    (auto_unwrap=False keeps the layers apart)."""
+    pool = EnvPool("CartPole-v1", num_envs=2)
+    if layout == "two_step_counters":
+        env = TransformedEnv(pool, Compose(StepCounter(max_steps=20), StepCounter(max_steps=5, step_count_key="c2")))
+        limit = 5
+    else:
+        env = TransformedEnv(TransformedEnv(pool, StepCounter(max_steps=7)), RewardSum(), auto_unwrap=False)
+        limit = 7
+    try:
+        result = World(env, keep_up).evaluate(3, seed=0, progress=False)
+    finally:
+        env.close()
+    assert result["max_steps"] == limit and result["env_time_limit"] == limit
+    assert result["episode_lengths"].tolist() == [limit] * 3 and result["episode_truncated"].all()
+    assert f"step limit {limit}" in result.summary()
 
 
 class _Drift(nn.Module):

@@ -958,6 +958,29 @@ def test_a_state_stepped_in_another_dtype_merges_promoted_as_torch_where_does(sa
     ]
 
 
+def test_a_float32_start_merged_into_a_bfloat16_state_keeps_its_exact_value():
+    """A partial reset puts a float32 start into the rows of a state a mixed-precision model stepped in bfloat16:
+    the merge promotes as torch.where does (a float32 state), never rounds the new rows' start to bfloat16."""
+    box2 = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    start = torch.tensor([1.0 + 2**-12, 3.0])  # 1 + 2**-12 is not a bfloat16 (8 significant bits)
+    assert start.to(torch.bfloat16).float()[0] != start[0]
+
+    def transition(s, a):
+        return {"state": (s + 1).to(torch.bfloat16), "obs": torch.zeros(4, 2)}
+
+    env = WorldModelEnv(object(), box2, box2, num_envs=4, seed=0, transition_fn=transition,
+                        reset_fn=lambda num_envs: (start.expand(num_envs, 2).clone(), torch.zeros(num_envs, 2)))
+    td = env.reset()
+    td["action"] = torch.zeros(4, 2)
+    nxt = env.step(td)["next"]
+    assert env.state.dtype == torch.bfloat16
+    stepped = env.state.clone()
+    env.reset(nxt.set("_reset", torch.tensor([[True], [False], [False], [False]])))
+    assert env.state.dtype == torch.float32
+    assert torch.equal(env.state[0], start)
+    assert torch.equal(env.state[1:], stepped[1:].float())
+
+
 def test_a_reset_fn_state_unlike_the_stepped_rows_names_both_functions():
     """With no layout declared, a partial reset's start is read against the other rows' state: the message named
     only the reset_fn, and the layout the transition changed as the one expected."""

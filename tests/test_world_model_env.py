@@ -394,6 +394,76 @@ def test_start_states_with_encode_fn_and_errors():
         WorldModelEnv(CountingModel(), OBS3, ACT1)
 
 
+_ENDS_0_2 = torch.tensor([[True], [False], [True], [False]])  # rows 0 and 2 end at every step
+
+
+@pytest.mark.parametrize("source", ["reset_fn", "start_states"])
+def test_rows_a_partial_reset_restarts_show_the_new_episodes_observation_apart_from_the_state(source, monkeypatch):
+    """Where the observation is not the state (a reset_fn returning (state, observation); start_states encoded by
+    the model), a row a partial reset restarts shows its new episode's start observation next to its start state,
+    and the other rows keep theirs: on env.reset with a "_reset" mask and on step_and_maybe_reset's fused restart.
+    The expectations are written out by hand: the tests comparing both paths cannot see a fault in the restart they
+    share (a restarted row kept its last observation next to its new state)."""
+    if source == "reset_fn":
+        calls = []
+
+        def reset_fn(num_envs):
+            calls.append(num_envs)
+            k = float(len(calls))  # the k-th call starts state 100 k, observation -k
+            return torch.full((num_envs, 3), 100.0 * k), torch.full((num_envs, 2), -k)
+
+        def make():
+            calls.clear()
+            return WorldModelEnv(object(), BOX2, FORCE, num_envs=4, reset_fn=reset_fn,
+                                 transition_fn=lambda s, a: {"state": s + 1, "observation": (s + 1)[:, :2],
+                                                             "terminated": _ENDS_0_2.clone()})
+
+        # rows 0 and 2 restart from the second reset_fn call; rows 1 and 3 stepped once from the first's
+        start_obs, start_state = torch.full((2, 2), -2.0), torch.full((2, 3), 200.0)
+        stepped_obs, stepped_state = torch.full((2, 2), 101.0), torch.full((2, 3), 101.0)
+    else:
+        model = EncoderModel()
+        x0 = torch.tensor([[0.5, -0.25]])  # the only entry: every episode starts from it
+
+        def make():
+            return WorldModelEnv(model, BOX2, FORCE, num_envs=4, seed=0,
+                                 start_states=TensorDict({"observation": x0}, [1]),
+                                 transition_fn=lambda m, s, a: {**m.step(s, a), "terminated": _ENDS_0_2.clone()})
+
+        with torch.no_grad():
+            encoded = model.encode(x0)
+            state = model.dyn(torch.cat([encoded, torch.zeros(1, 2)], -1))
+            start_obs, start_state = x0.expand(2, 2), encoded.expand(2, 4)
+            stepped_obs, stepped_state = model.dec(state).expand(2, 2), state.expand(2, 4)
+        assert not torch.allclose(stepped_obs, start_obs)
+
+    generic = make()
+    td = generic.reset()
+    td["action"] = torch.zeros(4, 2)
+    nxt = generic.step(td)["next"].clone()
+    generic_root = generic.reset(nxt.update(reset_td(4, [0, 2])))
+    assert source != "reset_fn" or calls == [4, 2]
+
+    calls_generic = []
+    original = EnvBase._step_and_maybe_reset
+    monkeypatch.setattr(EnvBase, "_step_and_maybe_reset",
+                        lambda self, td: calls_generic.append(self) or original(self, td))
+    fused = make()
+    td = fused.reset()
+    td["action"] = torch.zeros(4, 2)
+    out, fused_root = fused.step_and_maybe_reset(td)
+    assert calls_generic == [], "the fused path ran"
+    assert source != "reset_fn" or calls == [4, 2]
+    assert out["next", "done"].view(-1).tolist() == [True, False, True, False]
+
+    for env, root in ((generic, generic_root), (fused, fused_root)):
+        assert torch.equal(root["observation"][[0, 2]], start_obs), "restarted rows: the new episode's observation"
+        torch.testing.assert_close(env.state[[0, 2]], start_state)
+        torch.testing.assert_close(root["observation"][[1, 3]], stepped_obs)
+        torch.testing.assert_close(env.state[[1, 3]], stepped_state)
+        assert not root["done"].any()
+
+
 def test_model_reset_method_is_discovered_and_explicit_initial_state_wins():
     class WithReset(CountingModel):
         def reset_state(self, seed, options):
@@ -509,6 +579,26 @@ def test_env_does_not_own_or_move_the_model():
 def test_device_mismatch_is_an_error():
     with pytest.raises(ValueError, match="the model's parameters are on cpu"):
         WorldModelEnv(PointMass(), BOX4, FORCE, num_envs=2, initial_state=torch.zeros(4), device="meta")
+
+
+@pytest.mark.parametrize("name", ["reward", "terminated", "truncated"])
+def test_a_reward_or_flag_on_another_device_than_the_envs_is_refused(device, name):
+    """A reward or flag the model returns on another device than the env's (a reward head left on the CPU by a CUDA
+    model) is a ReturnFormError naming both devices, not an output on the wrong device. On a CPU env the other
+    device is 'meta' (no data: values of the right shape and dtype anywhere but the env's device)."""
+    other = torch.device("cpu" if device.type == "cuda" else "meta")
+    values = {"reward": torch.zeros(3, 1, device=other), "terminated": torch.zeros(3, 1, dtype=torch.bool, device=other),
+              "truncated": torch.zeros(3, 1, dtype=torch.bool, device=other)}
+
+    def transition(s, a):
+        return {"state": s + a, name: values[name]}
+
+    env = WorldModelEnv(object(), BOX2, FORCE, num_envs=3, initial_state=torch.zeros(2), transition_fn=transition,
+                        device=device)
+    td = env.reset()
+    td["action"] = torch.zeros(3, 2, device=device)
+    with pytest.raises(ReturnFormError, match=rf"{name}: expected device {env.device}, got {other}"):
+        env.step(td)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -650,6 +740,73 @@ def test_rows_frozen_by_step_keep_a_model_truncation_under_a_step_limit():
     assert out["step_count"].view(-1).tolist() == [1, 2, 1]
     assert out["truncated"].view(-1).tolist() == [True, False, True]  # not the limit's False for 1 < 5
     assert out["done"].view(-1).tolist() == [True, False, True]
+
+
+def _truncates_rows_0_2_at_1(state, action):
+    """State = observation = [t]; the model itself truncates rows 0 and 2 at t = 1, rows 1 and 3 at t = 3."""
+    nxt = state + 1
+    return nxt, nxt, torch.ones(4), False, nxt >= torch.tensor([[1.0], [3.0], [1.0], [3.0]]), {}
+
+
+def test_a_masked_reset_clears_a_model_truncation_on_the_rows_it_restarts():
+    """env.reset with a "_reset" mask clears truncated (and done) on the rows it restarts, a truncation the model
+    reported itself included; the other rows keep theirs."""
+    box = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    env = WorldModelEnv(object(), box, ACT1, num_envs=4, initial_state=torch.zeros(1),
+                        transition_fn=_truncates_rows_0_2_at_1)
+    td = env.reset()
+    td["action"] = torch.zeros(4, 1)
+    nxt = env.step(td)["next"].clone()
+    assert nxt["truncated"].view(-1).tolist() == [True, False, True, False]
+    out = env.reset(nxt.clone().update(reset_td(4, [0])))
+    assert out["observation"].view(-1).tolist() == [0.0, 1.0, 1.0, 1.0]
+    assert out["truncated"].view(-1).tolist() == [False, False, True, False]  # row 2, not reset, keeps its own
+    assert out["done"].view(-1).tolist() == [False, False, True, False]
+    out = env.reset(out.update(reset_td(4, [2])))
+    assert not out["truncated"].any() and not out["done"].any()
+
+
+def test_next_step_export_restarted_rows_report_no_truncation_of_the_model():
+    """to_gymnasium(autoreset_mode="next_step") of a WorldModelEnv whose start depends on when it runs (a reset_fn)
+    restarts the rows that finished at the next step (WorldModelEnv._step_then_reset): those rows report the start
+    observation, reward 0 and neither terminated nor truncated, and step on at the step after, a truncation the
+    model reported itself included (a truncation kept past the restart restarted them again and again)."""
+    box = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    env = WorldModelEnv(object(), box, ACT1, num_envs=4, seed=0, reset_fn=lambda num_envs: torch.zeros(num_envs, 1),
+                        transition_fn=_truncates_rows_0_2_at_1)
+    envs = to_gymnasium(env, autoreset_mode="next_step")
+    assert envs._step_then_reset is not None
+    obs, _ = envs.reset(seed=0)
+    assert obs.ravel().tolist() == [0.0] * 4
+    steps = [envs.step(np.zeros((4, 1), np.float32)) for _ in range(4)]
+    envs.close()
+    got = [(o.ravel().tolist(), r.tolist(), te.tolist(), tr.tolist()) for o, r, te, tr, _ in steps]
+    no = [False] * 4
+    assert got == [
+        ([1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0], no, [True, False, True, False]),
+        ([0.0, 2.0, 0.0, 2.0], [0.0, 1.0, 0.0, 1.0], no, no),  # rows 0 and 2 restart
+        ([1.0, 3.0, 1.0, 3.0], [1.0, 1.0, 1.0, 1.0], no, [True, True, True, True]),  # and step on
+        ([0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], no, no),
+    ]
+
+
+def test_rows_frozen_by_step_keep_a_model_termination_done_under_a_step_limit():
+    # RowStepCounter: a row that terminated (before max_episode_steps), frozen by "_step" as World's wait mode
+    # freezes it, keeps done=True next to its terminated=True: done stays terminated | truncated
+    env = make_world_model_env(CountingModel(length=torch.tensor([1, 5, 5])), OBS3, ACT1, num_envs=3,
+                               initial_state=torch.zeros(3), max_episode_steps=10)
+    td = env.reset()
+    td["action"] = torch.zeros(3, 1)
+    out = env.step(td)["next"]
+    assert out["terminated"].view(-1).tolist() == [True, False, False]
+    td = out.clone()
+    td["action"] = torch.zeros(3, 1)
+    td["_step"] = torch.tensor([[False], [True], [True]])  # the finished row 0 waits
+    out = env.step(td)["next"]
+    assert out["step_count"].view(-1).tolist() == [1, 2, 2]
+    assert out["terminated"].view(-1).tolist() == [True, False, False]
+    assert not out["truncated"].any()
+    assert out["done"].view(-1).tolist() == [True, False, False]
 
 
 @pytest.mark.parametrize("shape", [(3, 2), (3, 1, 1)])

@@ -12,7 +12,7 @@ import pytest
 import torch
 from gymnasium.wrappers.vector import FlattenObservation
 from torch import nn
-from torchrl.envs import InitTracker, RewardSum, StepCounter, TransformedEnv
+from torchrl.envs import Compose, InitTracker, RewardSum, StepCounter, TransformedEnv
 
 from torchrl_swm import (
     EnvPool,
@@ -23,6 +23,7 @@ from torchrl_swm import (
     to_sb3_vec_env,
 )
 from torchrl_swm.export import TorchRLGymEnv
+from torchrl_swm.introspect import bookkeeping_keys
 
 BOX1 = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
 BOX2 = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
@@ -463,6 +464,25 @@ def test_world_model_env_with_max_episode_steps_exports_the_models_box():
 @pytest.mark.parametrize("export", ["gymnasium", "sb3"])
 def test_pool_with_a_bookkeeping_transform_exports_cartpoles_box(transform, export):
     env = TransformedEnv(EnvPool("CartPole-v1", num_envs=2), transform())
+    if export == "gymnasium":
+        envs = to_gymnasium(env)
+        space = envs.single_observation_space
+        obs, _ = envs.reset(seed=0)
+    else:
+        envs = to_sb3_vec_env(env)
+        space = envs.observation_space
+        obs = envs.reset()
+    assert space == CARTPOLE_BOX
+    assert isinstance(obs, np.ndarray) and obs.shape == (2, 4)
+    envs.close()
+
+
+@pytest.mark.parametrize("export", ["gymnasium", "sb3"])
+def test_a_bookkeeping_transform_in_a_nested_compose_is_left_out_of_the_default_observation(export):
+    """A RewardSum inside a Compose inside the env's Compose is bookkeeping as a top-level one is: its
+    "episode_reward" is not part of the default observation, CartPole's Box."""
+    env = TransformedEnv(EnvPool("CartPole-v1", num_envs=2), Compose(StepCounter(7), Compose(RewardSum())))
+    assert bookkeeping_keys(env) == {("step_count",), ("episode_reward",)}
     if export == "gymnasium":
         envs = to_gymnasium(env)
         space = envs.single_observation_space
