@@ -1452,3 +1452,71 @@ def test_close_errors_that_come_after_a_ctrl_c_are_notes_too(tmp_path):
     for text in expected:
         assert any(note.startswith(f"also: {text}") for note in notes), (text, notes)
     pool.close()
+
+
+class _EchoMultiDiscrete(gym.Env):
+    """Returns its action as the observation: an env that trusts its actions, as most do."""
+
+    observation_space = gym.spaces.Box(-10, 10, (2,), np.float32)
+    action_space = gym.spaces.MultiDiscrete([3, 4])
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.asarray(action, np.float32), 0.0, False, False, {}
+
+
+class _EchoBoolBox(_EchoMultiDiscrete):
+    observation_space = gym.spaces.Box(0, 1, (2,), np.float32)
+    action_space = gym.spaces.Box(0, 1, (2,), bool)
+
+
+@pytest.mark.parametrize(
+    "make, kwargs, bad, match",
+    [
+        (_EchoMultiDiscrete, {}, [-1, 2], r"expected indices below nvec=\[3, 4\], got \[-1, 2\]"),
+        (_EchoBoolBox, {}, [0.5, 2.0], r"expected bools or 0/1 values.*got \[0\.5, 2\.0\]"),
+        (functools.partial(counting, length=10), {"categorical_action_encoding": False}, [1, 1, -1],
+         r"expected a one-hot vector, got \[1, 1, -1\]"),
+    ],
+    ids=["multidiscrete-negative", "bool-box-not-0-or-1", "one-hot-negative-entry"],
+)
+def test_actions_outside_their_space_are_refused_naming_the_env(make, kwargs, bad, match):
+    # each passes a check the others need: a negative index below nvec; 0.5 and 2, which a cast makes True;
+    # [1, 1, -1], whose sum and max are those of a one-hot vector (argmax would read it as index 0)
+    pool = EnvPool([make] * 2, seed=0, **kwargs)
+    td = fresh(pool)
+    good = pool.action_spec.rand()[0]  # a valid action (a one-hot spec's zero() is not one)
+    td["action"] = torch.stack([good.to(torch.tensor(bad).dtype), torch.tensor(bad)])
+    with pytest.raises(ValueError, match=r"env 1\b.*" + match):
+        pool.step(td)
+    td["action"] = torch.stack([good, good])
+    pool.step(td)  # the pool still steps
+    pool.close()
+
+
+class _ClipsItsActionInPlace(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        np.clip(action, -1, 1, out=action)  # common in env code
+        return action.copy(), 0.0, False, False, {}
+
+
+def test_an_env_that_edits_its_action_in_place_leaves_the_recorded_action_alone():
+    # each env gets an array of its own (actions.py): the action the policy sent is what the tensordict records,
+    # unclipped, as TorchRL's GymWrapper leaves Box actions
+    pool = EnvPool([_ClipsItsActionInPlace] * 2, seed=0)
+    td = fresh(pool)
+    td["action"] = torch.full((2, 2), 5.0)
+    out = pool.step(td)
+    assert out["action"].tolist() == [[5.0, 5.0], [5.0, 5.0]]
+    assert out["next", "observation"].tolist() == [[1.0, 1.0], [1.0, 1.0]]  # the env did clip its own copy
+    pool.close()
