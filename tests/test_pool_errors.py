@@ -1473,15 +1473,21 @@ class _EchoBoolBox(_EchoMultiDiscrete):
     action_space = gym.spaces.Box(0, 1, (2,), bool)
 
 
+class _EchoMultiBinary(_EchoMultiDiscrete):
+    observation_space = gym.spaces.Box(0, 9, (2,), np.float32)
+    action_space = gym.spaces.MultiBinary(2)
+
+
 @pytest.mark.parametrize(
     "make, kwargs, bad, match",
     [
         (_EchoMultiDiscrete, {}, [-1, 2], r"expected indices below nvec=\[3, 4\], got \[-1, 2\]"),
         (_EchoBoolBox, {}, [0.5, 2.0], r"expected bools or 0/1 values.*got \[0\.5, 2\.0\]"),
+        (_EchoMultiBinary, {}, [0, 2], r"expected 0/1 values, got \[0, 2\]"),
         (functools.partial(counting, length=10), {"categorical_action_encoding": False}, [1, 1, -1],
          r"expected a one-hot vector, got \[1, 1, -1\]"),
     ],
-    ids=["multidiscrete-negative", "bool-box-not-0-or-1", "one-hot-negative-entry"],
+    ids=["multidiscrete-negative", "bool-box-not-0-or-1", "multibinary-2", "one-hot-negative-entry"],
 )
 def test_actions_outside_their_space_are_refused_naming_the_env(make, kwargs, bad, match):
     # each passes a check the others need: a negative index below nvec; 0.5 and 2, which a cast makes True;
@@ -1495,6 +1501,23 @@ def test_actions_outside_their_space_are_refused_naming_the_env(make, kwargs, ba
     td["action"] = torch.stack([good, good])
     pool.step(td)  # the pool still steps
     pool.close()
+
+
+@pytest.mark.parametrize("backend", ["vector", "process"])
+def test_a_negative_discrete_index_is_refused_where_actions_are_decoded_as_a_batch(backend):
+    # a VectorEnv pool and the process backend decode a batch of Discrete actions at once (one reduction checks
+    # both bounds), not env by env
+    if backend == "vector":
+        pool = EnvPool(gym.vector.SyncVectorEnv([functools.partial(counting, length=10)] * 2), seed=0)
+    else:
+        pool = EnvPool([functools.partial(counting, length=10)] * 2, seed=0, backend="process", num_workers=2)
+    with pool:
+        td = fresh(pool)
+        td["action"] = torch.tensor([1, -1])
+        with pytest.raises(ValueError, match=r"action for env 1: expected an index in \[0, 3\), got -1"):
+            pool.step(td)
+        td["action"] = torch.tensor([1, 2])
+        assert pool.step(td)["next", "reward"].view(-1).tolist() == [1.0, 2.0]  # the pool still steps
 
 
 class _ClipsItsActionInPlace(gym.Env):
