@@ -803,7 +803,8 @@ def test_world_num_envs_is_not_truncated(num_envs):
 
 def test_a_natively_batched_env_is_reseeded_whenever_every_row_restarts_and_reports_that_seed():
     """One RNG for the batch: World seeds it at a reset of every row (a run's first, each wait-mode round) with
-    the seed of that reset's first episode (``seed + j``), and reports the seed each episode's stream started from.
+    the seed of that reset's first episode (``seed + j``), and reports the seed each episode's stream started from
+    (a wait-mode round that gives some rows an episode restarts those rows only: they continue the stream).
     Between those resets rows continue the stream. So wait mode's second round (episodes 3-5, seed 5 + 3) replays
     the first round of a run seeded 8, and auto mode, where rows restart one at a time, reports 5 throughout."""
     def lean(td):  # deterministic: episodes differ only through their start states
@@ -818,6 +819,8 @@ def test_a_natively_batched_env_is_reseeded_whenever_every_row_restarts_and_repo
         for k, seed in enumerate((5, 8, 11)):
             round_k = world.evaluate(3, seed=seed, reset_mode="wait", progress=False)
             assert round_k["episode_lengths"].tolist() == lengths[3 * k : 3 * k + 3]
+        # a last round with fewer episodes than rows restarts some rows only: they continue the stream
+        assert world.evaluate(7, seed=5, reset_mode="wait", progress=False)["seeds"].tolist() == [5] * 3 + [8] * 4
         auto = world.evaluate(9, seed=5, reset_mode="auto", progress=False)
         assert auto["seeds"].tolist() == [5] * 9
         assert auto["episode_lengths"].tolist()[:3] == lengths[:3]  # the same first reset as wait mode's

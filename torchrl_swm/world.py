@@ -1415,9 +1415,9 @@ class _Run:
         flags[list(seeds)] = True
         # one RNG for the batch (a natively batched env): seeding some rows would reseed every row's stream, with
         # an idle row's same seed again and again; it is seeded only when every row restarts (the run's first reset,
-        # each wait-mode round: the vector pool passes the first row's seed) and rows restarting alone continue the
-        # stream, as the pool's rollout does (their episodes' seeds are then the stream's, as it reports them), and
-        # a SAME_STEP one without a masked reset keeps the resets it made itself
+        # a wait-mode round with an episode for every row: the vector pool passes the first row's seed) and the other
+        # resets continue the stream, as the pool's rollout does (their episodes' seeds are then the stream's, as it
+        # reports them), and a SAME_STEP one without a masked reset keeps the resets it made itself
         seeded = self.pool is not None and (self.pool.per_env_seeds or flags.all() or td is None)
         if seeded:
             seed_array = np.zeros(n, dtype=np.int64)
