@@ -1520,13 +1520,9 @@ def test_a_negative_discrete_index_is_refused_where_actions_are_decoded_as_a_bat
         assert pool.step(td)["next", "reward"].view(-1).tolist() == [1.0, 2.0]  # the pool still steps
 
 
-class _ClipsItsActionInPlace(gym.Env):
+class _ClipsItsActionInPlace(_EchoMultiDiscrete):
     observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
     action_space = gym.spaces.Box(-1, 1, (2,), np.float32)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return np.zeros(2, np.float32), {}
 
     def step(self, action):
         np.clip(action, -1, 1, out=action)  # common in env code

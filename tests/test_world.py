@@ -802,11 +802,11 @@ def test_world_num_envs_is_not_truncated(num_envs):
 
 
 def test_a_natively_batched_env_is_reseeded_whenever_every_row_restarts_and_reports_that_seed():
-    """One RNG for the batch: World seeds it at a reset of every row (a run's first, each wait-mode round) with
-    the seed of that reset's first episode (``seed + j``), and reports the seed each episode's stream started from
-    (a wait-mode round that gives some rows an episode restarts those rows only: they continue the stream).
-    Between those resets rows continue the stream. So wait mode's second round (episodes 3-5, seed 5 + 3) replays
-    the first round of a run seeded 8, and auto mode, where rows restart one at a time, reports 5 throughout."""
+    """One RNG for the batch: World seeds it at a reset of every row (a run's first, a wait-mode round with an
+    episode for every row) with the seed of that reset's first episode (``seed + j``), and reports the seed each
+    episode's stream started from. Rows restarting without the others (a shorter last round, auto mode) continue
+    the stream. So wait mode's second round (episodes 3-5, seed 5 + 3) replays the first round of a run seeded 8,
+    and auto mode, where rows restart one at a time, reports 5 throughout."""
     def lean(td):  # deterministic: episodes differ only through their start states
         return td.set("action", (td["observation"][:, 2] > 0).long())
 
