@@ -726,6 +726,97 @@ def test_stats_read_success_from_root_keys_as_world_does(tmp_path):
     pool.close()
 
 
+class TerminalSuccessEnv(gym.Env):
+    """Success is reported in the step info of the step that ends the episode only (as PointMaze and Fetch do), and
+    only for episodes of an even seed; the reset info has no success key."""
+
+    observation_space = gym.spaces.Box(0, 10, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.wins = 0, seed is not None and seed % 2 == 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        done = self.t >= 3
+        return np.full(1, self.t, np.float32), 1.0, done, False, {"is_success": bool(done and self.wins)}
+
+
+def test_stats_read_a_success_reported_by_the_terminating_step_as_world_does(tmp_path):
+    # the flag of the step that ends an episode is stored under "next" only (never at the root of any row)
+    pool = EnvPool([TerminalSuccessEnv] * 2, seed=0)
+    world = World(pool, max_episode_steps=5)
+    evaluated = world.evaluate(4, seed=0, progress=False)["episode_successes"].tolist()
+    ds = world.collect(tmp_path / "ds", 4, seed=0, progress=False)
+    assert evaluated == [True, False, True, False]
+    assert not ds.td["info", "is_success"].any() and ds.td["next", "info", "is_success"].any()
+    assert ds.stats()["successes"].tolist() == evaluated
+    assert re.search(r"^  success +0\.500 \(2/4\)$", ds.summary(), re.M), ds.summary()
+    pool.close()
+
+
+def test_the_free_space_check_counts_every_byte_a_storage_row_takes_on_disk(collected):
+    # float, int, bool and uint8 pixel entries: an undercount would let a write go ahead that the disk cannot back
+    from torchrl_swm.data import _row_bytes
+
+    path, ds = collected
+    on_disk = sum(f.stat().st_size for f in (path / "storage").rglob("*.memmap"))
+    dtypes = {str(ds.td.get(k).dtype) for k in ds.td.keys(True, True)}
+    assert {"torch.float32", "torch.int64", "torch.bool", "torch.uint8"} <= dtypes, dtypes
+    assert _row_bytes(ds.metadata["keys"]) * ds.metadata["storage_rows"] == on_disk
+
+
+def test_replay_buffer_without_strict_length_samples_episodes_shorter_than_a_slice(tmp_path):
+    pool = EnvPool([functools.partial(counting, length=n) for n in (2, 5, 3)], seed=0)
+    ds = World(pool, max_episode_steps=10).collect(tmp_path / "d", 6, seed=0, progress=False)
+    lengths = dict(zip(ds.episode_ids.tolist(), ds.episode_lengths.tolist()))
+    assert sorted(lengths.values()) == [2, 2, 3, 3, 5, 5]
+    for strict in (True, False):
+        torch.manual_seed(0)
+        rb = ds.replay_buffer(num_slices=4, slice_len=5, strict_length=strict)
+        samples = [rb.sample() for _ in range(20)]
+        sampled = {int(e) for b in samples for e in b["episode"].view(-1)}
+        sizes = {b.batch_size[0] for b in samples}
+        if strict:  # only the 5-step episodes fill a slice
+            assert {lengths[e] for e in sampled} == {5} and sizes == {20}
+        else:
+            assert {lengths[e] for e in sampled} == {2, 3, 5} and min(sizes) < 20
+    pool.close()
+
+
+def test_a_second_ctrl_c_while_an_interrupted_collect_is_compacted_propagates(tmp_path, monkeypatch):
+    # close(complete=False) records a failed compaction of an interrupted dataset, unless the failure is itself
+    # an interrupt: the user's second Ctrl-C stops the program, and the uncompacted dataset stays loadable
+    import signal
+    import warnings
+
+    import torchrl.data
+
+    writer = DatasetWriter(tmp_path / "d", capacity=100)
+    for i in (1, 0):  # out of id order and fewer rows than the capacity: close compacts
+        writer.add(TensorDict({"episode": torch.full((5,), i), "observation": torch.randn(5, 3),
+                               "next": {"observation": torch.randn(5, 3)}}, [5]))
+    dumps = torchrl.data.ReplayBuffer.dumps
+
+    def interrupted_dumps(self, path):
+        if str(path).endswith(".compact"):
+            os.kill(os.getpid(), signal.SIGINT)
+        return dumps(self, path)
+
+    monkeypatch.setattr(torchrl.data.ReplayBuffer, "dumps", interrupted_dumps)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the interrupt is not turned into a "compaction failed" warning
+        with pytest.raises(KeyboardInterrupt):
+            writer.close(complete=False, interrupted="the first Ctrl-C")
+    monkeypatch.undo()
+    assert not {".compact", ".old"} & set(os.listdir(tmp_path / "d"))
+    ds = load_dataset(tmp_path / "d")
+    assert ds.metadata["complete"] is False and ds.metadata["compacted"] is False
+    assert sorted(ds.episode_ids.tolist()) == [0, 1] and ds.num_steps == 10
+
+
 # -- review fixes: argument errors before anything is written, excluded keys --------------------------------------
 
 
