@@ -424,3 +424,12 @@ class SlowExitEnv(CountingEnv):
         super().close()
         if self.fail_close:
             raise RuntimeError("the env's video was not written")
+
+
+class GcStateEnv(CountingEnv):
+    """Reports its process's garbage collector: whether objects are frozen, and whether this env is not."""
+
+    def gc_state(self):
+        import gc
+
+        return gc.get_freeze_count() > 0, any(obj is self for obj in gc.get_objects())

@@ -248,6 +248,28 @@ def test_raise_on_worker_failure_waits_for_slow_closes_and_reports_what_the_shut
             pass
 
 
+def test_a_plain_shutdown_of_collector_workers_over_process_pools_lets_them_exit_normally():
+    # each collector worker closes a process-backend pool, whose workers exit after their envs close: that took
+    # up to 8 s on a busy host (the interpreter's last collection over torch, torchrl and Ray, which a spawned
+    # worker imports again with the main module), and TorchRL's shutdown() terminated the collector workers
+    make = [EnvPool.factory([functools.partial(counting, max_length=7)] * 4, seed=w * 2**32, backend="process",
+                            num_workers=2) for w in range(2)]
+    collector = MultiSyncCollector(make, None, frames_per_batch=40, total_frames=80)
+    assert sum(batch.numel() for batch in collector) == 80
+    collector.shutdown()
+    assert [proc.exitcode for proc in collector.procs] == [0, 0]
+
+
+def test_a_process_pool_worker_freezes_what_it_imported_and_collects_its_envs_as_usual():
+    # what a spawned worker imported before its envs (the main module again) is frozen: never traversed by the
+    # collector again, nor at exit; the envs are not, so their garbage is collected as in any process
+    from envs import GcStateEnv
+
+    pool = EnvPool([GcStateEnv] * 2, backend="process", num_workers=2)
+    assert pool.call("gc_state") == [(True, True), (True, True)]
+    pool.close()
+
+
 @pytest.mark.parametrize("slow", [(True, True), (False, True, False)], ids=["two-slow", "three-one-slow"])
 def test_a_killed_worker_is_reported_as_failed_when_torchrl_races_a_worker_slow_to_exit(slow):
     # TorchRL's fault check terminates the surviving workers and closes each 0.1 s later; a worker still exiting
