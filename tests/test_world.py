@@ -697,6 +697,17 @@ def test_eval_result_mapping_summary_and_json():
     pool.close()
 
 
+def test_summaries_count_one_episode_env_and_step_in_the_singular(tmp_path):
+    pool = EnvPool([functools.partial(_limited_counting_env, 1, 3)], seed=0)
+    world = World(pool)
+    head = world.evaluate(1, seed=0, progress=False).summary().splitlines()[0]
+    assert head.startswith("World.evaluate: 1 episode on 1 env (reset_mode=auto, seed=0), 1 env-step in "), head
+    ds = world.collect(tmp_path / "d", 1, seed=0, progress=False)
+    assert "  1 episode, 1 step (complete; 1 requested)" in ds.summary().splitlines()
+    assert "World.evaluate: 2 episodes on 1 env (" in world.evaluate(2, seed=0, progress=False).summary()
+    pool.close()
+
+
 def _limited_counting_env(length, limit):
     return gym.wrappers.TimeLimit(CountingEnv(length=length), limit)
 

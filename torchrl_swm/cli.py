@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import error_text  # (the package's __init__ imports errors already)
+from .errors import counted, error_text  # (the package's __init__ imports errors already)
 
 __all__ = ["main", "register_command", "COMMANDS", "COMMAND_MODULES", "CLIError"]
 
@@ -349,7 +349,7 @@ def _collect(args) -> int:
                 return 130
             try:
                 partial = load_dataset(out)
-                print(f"interrupted: {out} holds {partial.num_episodes} complete episodes", file=sys.stderr)
+                print(f"interrupted: {out} holds {counted(partial.num_episodes, 'complete episode')}", file=sys.stderr)
             except Exception as err:  # not every failure means no episode: say which it was
                 print(f"interrupted: {out} cannot be opened ({error_text(err)})", file=sys.stderr)
             return 130

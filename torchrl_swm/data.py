@@ -56,7 +56,7 @@ import torch
 from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase, is_tensorclass
 
 from ._interrupts import interrupts_held
-from .errors import check_bool, check_int, describe, error_text, user_stacklevel
+from .errors import check_bool, check_int, counted, describe, error_text, user_stacklevel
 
 # pauses (s) between reads of a dataset that a collection may be writing (see WorldDataset.__init__)
 _LIVE_READ_PAUSES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4)
@@ -870,7 +870,7 @@ class WorldDataset:
         reason = m.get("interrupted") or "collection did not finish"
         state = "complete" if m.get("complete") else f"INCOMPLETE ({reason})"
         lines.append(
-            f"  {self.num_episodes} episodes, {self.num_steps} steps ({state}; "
+            f"  {counted(self.num_episodes, 'episode')}, {counted(self.num_steps, 'step')} ({state}; "
             f"{m.get('episodes_requested', '?')} requested)"
         )
         if m.get("env"):

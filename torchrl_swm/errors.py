@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-__all__ = ["EnvError", "EnvAttributeError", "SpecError", "add_note", "describe", "check_int", "check_indices"]
+__all__ = ["EnvError", "EnvAttributeError", "SpecError", "add_note", "counted", "describe", "check_int", "check_indices"]
 
 
 def add_note(err: BaseException, note: str) -> None:
@@ -28,6 +28,11 @@ def error_text(err: BaseException) -> str:
     """``"Type: message"``, or ``"Type"`` for an error without one (a Ctrl-C's ``KeyboardInterrupt``)."""
     text = str(err)
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def counted(n: int, noun: str) -> str:
+    """``"1 episode"``, ``"3 episodes"``: a count and its noun, for summaries and messages."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def describe(value) -> str:

@@ -62,7 +62,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from ._interrupts import through_interrupts
 from .data import unstorable_entry
-from .errors import EnvError, _integral, add_note, check_bool, check_int, describe, error_text
+from .errors import EnvError, _integral, add_note, check_bool, check_int, counted, describe, error_text
 from .introspect import bookkeeping_keys, step_counter_limit
 
 __all__ = ["World", "EvalResult", "RandomPolicy", "EpisodePlan", "RESET_MODES", "SUCCESS_KEYS"]
@@ -235,8 +235,9 @@ class EvalResult(Mapping):
         n = d["num_episodes"]
         rate = d["wall_time"] and d["env_steps"] / d["wall_time"]
         head = (
-            f"World.evaluate: {n} episodes on {d['num_envs']} envs (reset_mode={d['reset_mode']}, "
-            f"seed={d['seed']}), {d['env_steps']} env-steps in {d['wall_time']:.2f} s ({rate:,.0f}/s)"
+            f"World.evaluate: {counted(n, 'episode')} on {counted(d['num_envs'], 'env')} (reset_mode="
+            f"{d['reset_mode']}, seed={d['seed']}), {counted(d['env_steps'], 'env-step')} in {d['wall_time']:.2f} s "
+            f"({rate:,.0f}/s)"
         )
         if "episodes_idx" in d:
             head += f"\n  from dataset: goal_offset={d['goal_offset']}, eval_budget={d['eval_budget']}"
