@@ -50,6 +50,19 @@ def register_backend(name: str, factory: Callable, aliases: Iterable[str] = ()) 
     Raises:
         TypeError: ``factory`` is not callable, or the name or an alias is not a string.
         ValueError: the name is ``"auto"`` or empty, or an alias already names another backend.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> from torchrl_swm import EnvPool, list_backends, make_env
+        >>> def noisy_cartpole(target, num_envs=1, **kwargs):         # any callable returning a TorchRL env
+        ...     make = lambda: gym.wrappers.TransformObservation(gym.make(target), lambda o: o + 0.01, None)
+        ...     return EnvPool([make] * num_envs, **kwargs)
+        >>> register_backend("noisy", noisy_cartpole, aliases=["Noisy CartPole"])
+        >>> list_backends(), backend_aliases()["noisy"]
+        (['gym', 'noisy', 'world-model'], ['Noisy CartPole'])
+        >>> env = make_env("CartPole-v1", backend="noisy_cartpole", num_envs=3, seed=0)   # alias, normalized
+        >>> env.batch_size, env.close(), unregister_backend("noisy")
+        (torch.Size([3]), None, None)
     """
     if not callable(factory):
         raise TypeError(f"register_backend({name!r}): factory must be callable, got {type(factory).__name__}")
