@@ -420,6 +420,12 @@ def test_unwritable_json_path_fails_before_the_evaluation(tmp_path, capsys, monk
     assert cli.main(["eval", "CartPole-v1", "--no-progress", "--json", str(stray), "--env-kwargs",
                      '{"no_such_kwarg": 1}']) == 1
     assert not stray.exists()
+    # and an existing file (an earlier run's results) survives the check when the run then fails: it is only
+    # replaced by a run that ends
+    target.write_text('{"earlier": "results"}')
+    assert cli.main(["eval", "CartPole-v1", "--no-progress", "--json", str(target), "--env-kwargs",
+                     '{"no_such_kwarg": 1}']) == 1
+    assert target.read_text() == '{"earlier": "results"}'
 
 
 def test_policy_class_that_is_not_a_factory_is_refused(tmp_path, monkeypatch, capsys):
@@ -445,6 +451,18 @@ def test_policy_class_that_is_not_a_factory_is_refused(tmp_path, monkeypatch, ca
     assert cli.main(["eval", "torchrl_swm/PointMaze-v0", "--episodes", "2", "--num-envs", "2", "--no-progress",
                      "--policy", "torchrl_swm.envs:PointMazeExpert"]) == 2
     assert "PointMazeExpert is a class" in capsys.readouterr().err
+    # checked before the env is built (an env that cannot be built would otherwise fail first, exit 1), by both
+    # commands
+    gym.register("tests/PolicyBeforeEnv-v0", entry_point=_env_that_fails_to_build, max_episode_steps=5)
+    try:
+        for extra in (["eval"], ["collect", "--out", str(tmp_path / "never")]):
+            code = cli.main([extra[0], "tests/PolicyBeforeEnv-v0", "--episodes", "2", *extra[1:], "--no-progress",
+                             "--policy", "class_policies:Pusher"])
+            err = capsys.readouterr().err
+            assert code == 2 and "Pusher is a class" in err and "this env was built" not in err, (extra, err)
+    finally:
+        gym.registry.pop("tests/PolicyBeforeEnv-v0")
+    assert not (tmp_path / "never").exists()
     # an instance and a class taking env both work
     assert cli.main([*base, "class_policies:pusher"]) == 0
     assert cli.main([*base, "class_policies:PusherFactory"]) == 0
@@ -670,3 +688,65 @@ def test_an_error_raised_by_the_policy_names_the_policy(tmp_path):
     assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
     assert "; raised by the policy numpy_policies.act, called with the step's tensordict (a TorchRL policy reads " \
            "its observation keys and writes 'action') (run with --traceback for details)" in out.stderr
+
+
+def test_collect_mode_reaches_the_dataset(tmp_path, capsys):
+    # --mode wait is World.collect's reset_mode="wait" (recorded in the dataset); no --mode is "auto"
+    from torchrl_swm import load_dataset
+
+    for mode in ("wait", None):
+        out = tmp_path / str(mode)
+        argv = ["collect", "CartPole-v1", "--episodes", "3", "--num-envs", "2", "--max-steps", "10", "--out", str(out),
+                "--no-progress", *(["--mode", mode] if mode else [])]
+        assert cli.main(argv) == 0
+        assert load_dataset(out).metadata["reset_mode"] == (mode or "auto")
+
+
+def test_ctrl_c_during_eval_exits_130(tmp_path, monkeypatch, capsys):
+    # README: an interrupt ends with 130 (128 + SIGINT), as a shell reports a Ctrl-C, not 1 (an error). A Ctrl-C
+    # is a KeyboardInterrupt wherever the main thread is; here it comes from inside the policy
+    (tmp_path / "ctrlc_eval_policy.py").write_text("def policy(td):\n    raise KeyboardInterrupt\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = cli.main(["eval", "CartPole-v1", "--episodes", "4", "--num-envs", "2", "--no-progress",
+                     "--policy", "ctrlc_eval_policy:policy", "--json", str(tmp_path / "r.json")])
+    assert code == 130 and capsys.readouterr().err == "interrupted\n"
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith(("linux", "darwin")), reason="needs a pseudo-terminal (pty)")
+def test_progress_bar_goes_to_stderr_when_only_stderr_is_a_terminal(tmp_path):
+    # `torchrl-swm eval ... > result.txt` in a terminal: the bar is drawn on stderr (README: "a progress bar on
+    # stderr when it is a terminal"), whatever stdout is; stdout keeps the summary only
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    import time
+
+    command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "torchrl_swm.cli"]
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    with open(tmp_path / "result.txt", "w") as stdout:
+        proc = subprocess.Popen([*command, "eval", "CartPole-v1", "--episodes", "2", "--num-envs", "2"], stdout=stdout,
+                                stderr=slave, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    os.close(slave)
+    terminal = b""
+    deadline = time.monotonic() + 240
+    try:
+        while select.select([master], [], [], max(0.0, deadline - time.monotonic()))[0]:  # nothing by then: stop
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            terminal += chunk
+        assert proc.wait(timeout=240) == 0, terminal
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    assert b"evaluate:   0%" in terminal, terminal  # tqdm's bar (the summary says "World.evaluate: 2 episodes")
+    result = (tmp_path / "result.txt").read_text()
+    assert "2 episodes on 2 envs" in result and "evaluate:   0%" not in result and "%|" not in result

@@ -126,7 +126,14 @@ def test_unknown_backend_lists_the_available_ones():
         make_env("Ant-v4", backend="mujoco")
 
 
-@pytest.mark.parametrize("target", [3, object(), [1, 2]])
+class _PlainConfig:  # a class whose constructor takes no argument, not an env
+    pass
+
+
+# an empty list is no sequence of env factories (EnvPool's own error would not list the backends), and a plain
+# class is never read as one zero-argument env factory
+@pytest.mark.parametrize("target", [3, object(), [1, 2], [], _PlainConfig], ids=["int", "object", "list", "empty_list",
+                                                                               "plain_class"])
 def test_failed_auto_detection_lists_the_available_ones(target):
     with pytest.raises(ValueError, match=r"backend='auto' cannot tell.*available backends: gym"):
         make_env(target)
@@ -160,6 +167,15 @@ def test_auto_pools_a_gymnasium_env_class_as_env_pool_takes_it():
 def test_env_instances_are_refused_with_an_explanation():
     with pytest.raises(ValueError, match="environment instance"):
         make_env(gym.make("CartPole-v1"))
+    # a TorchRL env instance too (an EnvPool already built, a GymEnv): its step() must not read as a world model's
+    from torchrl.envs import GymEnv
+
+    for env in (EnvPool("CartPole-v1", 1), GymEnv("CartPole-v1")):
+        try:
+            with pytest.raises(ValueError, match=rf"got an environment instance \({type(env).__name__}\)"):
+                make_env(env)
+        finally:
+            env.close()
 
 
 def test_bug_underlying_errors_are_not_swallowed():
@@ -341,3 +357,46 @@ def test_auto_sends_callable_models_with_world_model_arguments_to_the_world_mode
 
     with pytest.raises(EnvError, match=r"env 0 \(make\): the factory raised TypeError"):
         make_env(Model())  # no world-model keyword: one env factory, as EnvPool(Model(), 1) reads it
+
+
+def test_a_registered_serial_or_process_backend_is_used(restore_registry):
+    # "serial" and "process" are EnvPool's backend= choice only while no backend of that name is registered
+    for name in ("serial", "process"):
+        register_backend(name, lambda target, name=name, **kwargs: (name, target, kwargs))
+        assert make_env("CartPole-v1", backend=name.upper(), num_envs=2) == (name, "CartPole-v1", {"num_envs": 2})
+        unregister_backend(name)
+    with make_env("CartPole-v1", backend="serial", num_envs=2) as pool:  # EnvPool's own choice again
+        assert isinstance(pool, EnvPool) and pool.batch_size == (2,)
+
+
+def test_a_new_backend_name_cannot_take_another_backends_alias(restore_registry):
+    # register_backend("gymnasium", f) would silently turn make_env(..., backend="gymnasium") away from gym
+    for name, owner in (("gymnasium", "gym"), ("WM", "world-model"), ("Model", "world-model")):
+        with pytest.raises(ValueError, match=rf"register_backend\({name!r}\): {name.lower()!r} already names backend "
+                                             rf"{owner!r}; available backends: gym"):
+            register_backend(name, lambda target, **kwargs: "hijacked")
+    assert backend_aliases() == {"gym": ["gymnasium"], "world-model": ["model", "wm"]}
+    with make_env("CartPole-v1", backend="gymnasium") as pool:
+        assert isinstance(pool, EnvPool)
+
+
+def test_register_backend_takes_one_alias_as_a_string_lists_aliases_stripped_and_refuses_auto(restore_registry):
+    def factory(target, **kwargs):
+        return ("mine", target)
+
+    # a string is one alias, not a sequence of one-letter aliases
+    register_backend("mine", factory, aliases="mb")
+    assert backend_aliases()["mine"] == ["mb"] and make_env(1, backend="MB") == ("mine", 1)
+    with pytest.raises(ValueError, match="unknown backend 'm'"):
+        make_env(1, backend="m")
+    # aliases are listed as registered, without the whitespace that matching ignores
+    register_backend("mine", factory, aliases=[" Fast Sim "])
+    assert backend_aliases()["mine"] == ["Fast Sim"] and make_env(2, backend="fast-sim") == ("mine", 2)
+    with pytest.raises(ValueError, match=r"available backends: gym \(aliases: gymnasium\); mine \(aliases: Fast Sim\); "
+                                         r"world-model"):
+        make_env(3, backend="nope")
+    # "auto" is make_env's detection, never a backend's alias (whatever its case or spacing)
+    for alias in ("auto", " Auto "):
+        with pytest.raises(ValueError, match=rf"register_backend\('mine'\): {alias!r} is not a valid alias \(reserved"):
+            register_backend("mine", factory, aliases=["ok", alias])
+    assert backend_aliases()["mine"] == ["Fast Sim"]  # a refused registration changes nothing
