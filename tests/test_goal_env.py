@@ -250,3 +250,127 @@ def test_flags_refuse_truthy_non_bools(flag):
     with pytest.raises(TypeError, match=rf"PointMaze: {flag}: expected True or False, got str 'false'"):
         gym.make("torchrl_swm/PointMaze-Open-v0", **{flag: "false"})
     assert getattr(PointMazeEnv(**{flag: np.False_}), flag) is False
+
+
+@pytest.mark.parametrize("layout, error, received", [
+    (None, TypeError, r"got NoneType None"),
+    (5, TypeError, r"got int 5"),
+    ([["#", "#", "#"], ["#", ".", "#"]], TypeError, r"got a list whose row 0 is list \['#', '#', '#'\]"),
+    ([], ValueError, r"got an empty list"),
+    (["#####", "#...#", "###"], ValueError, r"got rows of lengths \[5, 5, 3\]"),
+    ("nope", ValueError, r"got 'nope'"),
+])
+def test_a_layout_of_the_wrong_form_names_the_expected_form_and_what_it_got(layout, error, received):
+    # None and 5 raised a raw "'NoneType' object is not iterable"; a grid of characters was read through str(row)
+    # and refused for its characters: "must be '#' or '.', got [' ', "'", ',', '[', ']']"
+    expected = (r"PointMaze: layout: expected a layout name \(one of \['medium', 'open', 'u'\]\) or a non-empty "
+                r"list of equal-length strings of '#' and '.', ")
+    for make in (PointMazeEnv, PointMazeExpert):
+        with pytest.raises(error, match=expected + received):
+            make(layout)
+    rows = np.array(LAYOUTS["u"])  # an array of strings is a list of strings
+    assert np.array_equal(PointMazeEnv(rows).walls, PointMazeEnv("u").walls)
+
+
+def test_a_layout_with_a_single_free_cell_is_refused():
+    # start and target are drawn in two different free cells: one cell leaves no episode to draw
+    for layout in (["###", "#.#", "###"], ["###", "###", "###"]):
+        with pytest.raises(ValueError, match="PointMaze: a layout needs at least two free cells"):
+            PointMazeEnv(layout)
+    PointMazeEnv(["####", "#..#", "####"])  # two are enough
+
+
+@pytest.mark.parametrize("layout", [
+    ["#####", "#....", "#####"],  # right
+    ["#####", "....#", "#####"],  # left
+    ["##.##", "#...#", "#####"],  # top
+    ["#####", "#...#", "##.##"],  # bottom
+])
+def test_a_layout_open_on_any_border_is_refused(layout):
+    # an open border cell lets the agent's square leave the grid: each of the four borders is checked
+    with pytest.raises(ValueError, match=r"the layout must be enclosed by walls \('#' on every border cell\)"):
+        PointMazeEnv(layout)
+
+
+@pytest.mark.parametrize("option, value, what", [
+    ("state", [float("nan"), 1.5], "state position"),
+    ("state", [1.5, float("nan"), 0.0, 0.0], "state position"),
+    ("state", [float("inf"), 1.5], "state position"),
+    ("target", [1.5, float("nan")], "target"),
+])
+def test_a_non_finite_position_is_a_clear_error(option, value, what):
+    # a NaN reached the wall check: "cannot convert float NaN to integer"; an inf was "inside a wall"
+    env = PointMazeEnv("open")
+    with pytest.raises(ValueError, match=rf"PointMaze: {what} must be 2 finite numbers \[x, y\], got array"):
+        env.reset(seed=0, options={option: value})
+    with pytest.raises(ValueError, match=rf"PointMaze: {what} must be 2 finite numbers"):
+        if option == "state":
+            env.set_state(value)
+        else:
+            env.set_state([1.5, 1.5], target=value)
+
+
+def test_a_second_reset_with_a_new_target_renders_the_new_targets_goal_pixels():
+    # the goal image is cached per episode: a reset that moves the target must not show the previous episode's
+    env = PointMazeEnv("open", render_mode="rgb_array")
+    _, first = env.reset(seed=0, options={"target": [1.5, 1.5]})
+    _, info = env.reset(seed=0, options={"target": [3.5, 3.5]})
+    assert np.array_equal(info["goal_pixels"], env.goal_frame())
+    assert not np.array_equal(info["goal_pixels"], first["goal_pixels"])
+
+
+@settings(max_examples=30, deadline=None)
+@given(action=st.lists(st.floats(-10, 10), min_size=2, max_size=2), velocity=st.floats(-0.15, 0.15))
+def test_property_an_action_acts_as_its_clip_to_the_action_space(action, velocity):
+    # Box(-1, 1): a force of 2 pushes as hard as 1 (unclipped, the point mass accelerated past the declared range)
+    state = [2.5, 2.5, velocity, -velocity]
+    given_, clipped = PointMazeEnv("open"), PointMazeEnv("open")
+    given_.reset(seed=0, options={"state": state})
+    clipped.reset(seed=0, options={"state": state})
+    out = given_.step(np.array(action))[0]["state"]
+    assert np.array_equal(out, clipped.step(np.clip(action, -1, 1))[0]["state"])
+
+
+@pytest.mark.parametrize("layout, pos", [
+    (["#########", "#.......#", "#########"], [7.5, 1.5]),  # wide: 9 columns, 3 rows
+    (["###", "#.#", "#.#", "#.#", "#.#", "#.#", "#.#", "#.#", "###"], [1.5, 7.5]),  # tall
+])
+def test_a_non_square_maze_draws_the_agent_at_its_position(layout, pos):
+    # the frame is square and so are the cells: render_size / max(rows, cols) pixels per cell, the shorter side
+    # padded with wall
+    from torchrl_swm.envs.point_maze import _AGENT
+
+    env = PointMazeEnv(layout, render_mode="rgb_array", render_size=36)
+    env.reset(seed=0, options={"state": pos})
+    frame = env.render()
+    assert frame.shape == (36, 36, 3)
+    ys, xs = np.nonzero((frame == _AGENT).all(-1))
+    scale = 36 / 9
+    assert len(ys) > 0 and abs(ys.mean() + 0.5 - pos[1] * scale) < 0.6 and abs(xs.mean() + 0.5 - pos[0] * scale) < 0.6
+
+
+@pytest.mark.parametrize("render_size", [32, 64, 128])
+def test_the_agent_is_drawn_as_a_disk_of_a_quarter_cell(render_size):
+    # radius 0.25 cells: its pixel count is the disk's area, pi * (0.25 * pixels per cell) ** 2
+    from torchrl_swm.envs.point_maze import _AGENT
+
+    env = PointMazeEnv("open", render_mode="rgb_array", render_size=render_size)
+    env.reset(seed=0, options={"state": [2.5, 2.5]})
+    pixels = int((env.render() == _AGENT).all(-1).sum())
+    area = np.pi * (0.25 * render_size / 5) ** 2
+    assert abs(pixels - area) <= 0.25 * area + 4, (pixels, area)
+    # at the smallest frame a quarter cell is under a pixel: the disk is one pixel wide, still visible
+    tiny = PointMazeEnv("medium", render_mode="rgb_array", render_size=8)
+    tiny.reset(seed=0, options={"state": [3.5, 3.5]})
+    assert (tiny.render() == _AGENT).all(-1).any()
+
+
+def test_the_noisy_expert_stays_in_the_action_space():
+    # noise=0.5 on actions at +-1: the sum is clamped back to Box(-1, 1) (unclamped: |action| up to ~2)
+    from tensordict import TensorDict
+
+    torch.manual_seed(0)
+    td = TensorDict(state=torch.tensor([[1.5, 1.5, 0.0, 0.0]] * 64), target=torch.tensor([[3.5, 1.5]] * 64),
+                    batch_size=[64])
+    action = PointMazeExpert("u", noise=0.5)(td)["action"]
+    assert action.abs().max() <= 1 and action.std(0).min() > 0.1  # noisy, and inside the box

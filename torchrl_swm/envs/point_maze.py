@@ -45,7 +45,7 @@ from collections.abc import Mapping, Sequence
 import gymnasium as gym
 import numpy as np
 
-from ..errors import EnvError, check_bool, check_int, check_number
+from ..errors import EnvError, check_bool, check_int, check_number, describe
 
 __all__ = ["PointMazeEnv", "PointMazeExpert", "LAYOUTS", "expert_actions", "expert_policy"]
 
@@ -82,15 +82,35 @@ _AGENT = np.array([220, 50, 47], dtype=np.uint8)
 _TARGET = np.array([60, 170, 80], dtype=np.uint8)
 
 
+_LAYOUT_FORM = (f"a layout name (one of {sorted(LAYOUTS)}) or a non-empty list of equal-length strings of '#' "
+                "and '.'")
+
+
+def _layout_rows(layout) -> list[str]:
+    """The rows of ``layout`` (a name of :data:`LAYOUTS` or a sequence of strings), refusing any other form with an
+    error that names the expected form and what was received."""
+    if isinstance(layout, str):
+        if layout not in LAYOUTS:
+            raise ValueError(f"PointMaze: layout: expected {_LAYOUT_FORM}, got {layout!r} (no such layout name)")
+        return list(LAYOUTS[layout])
+    if not isinstance(layout, (Sequence, np.ndarray)) or isinstance(layout, (bytes, bytearray)) or (
+            isinstance(layout, np.ndarray) and layout.ndim != 1):
+        raise TypeError(f"PointMaze: layout: expected {_LAYOUT_FORM}, got {describe(layout)}")
+    kind = type(layout).__name__
+    for i, row in enumerate(layout):
+        if not isinstance(row, str):  # a grid of characters, a bytes row...: one string per row
+            raise TypeError(f"PointMaze: layout: expected {_LAYOUT_FORM}, got a {kind} whose row {i} is "
+                            f"{describe(row)}")
+    rows = [str(r) for r in layout]
+    if not rows:
+        raise ValueError(f"PointMaze: layout: expected {_LAYOUT_FORM}, got an empty {kind}")
+    if len({len(r) for r in rows}) != 1:
+        raise ValueError(f"PointMaze: layout: expected {_LAYOUT_FORM}, got rows of lengths {[len(r) for r in rows]}")
+    return rows
+
+
 def _parse_layout(layout) -> np.ndarray:
-    rows = LAYOUTS[layout] if isinstance(layout, str) and layout in LAYOUTS else layout
-    if isinstance(rows, str):
-        raise ValueError(
-            f"PointMaze: unknown layout {layout!r}; expected one of {sorted(LAYOUTS)} or a list of strings"
-        )
-    rows = [str(r) for r in rows]
-    if not rows or len({len(r) for r in rows}) != 1:
-        raise ValueError("PointMaze: a layout is a non-empty list of equal-length strings of '#' and '.'")
+    rows = _layout_rows(layout)
     walls = np.array([[ch == "#" for ch in r] for r in rows], dtype=bool)
     bad = {ch for r in rows for ch in r} - {"#", "."}
     if bad:
@@ -115,7 +135,7 @@ class PointMazeEnv(gym.Env):
 
     Args:
         layout: a name from :data:`LAYOUTS` (``"open"``, ``"u"``, ``"medium"``)
-            or a list of strings of ``#`` (wall) and ``.`` (free).
+            or a non-empty list of equal-length strings of ``#`` (wall) and ``.`` (free), one per row.
         render_mode: ``None`` or ``"rgb_array"``.
         render_size: side of the square rendered frame, in pixels.
         goal_image: add ``info["goal_pixels"]`` when rendering.
