@@ -291,3 +291,73 @@ def test_a_group_entry_keeps_a_history_of_each_leaf(padding):
     assert a["history", "info", "t"][:, :, 0].tolist() == [[2, 3, 4]] * 2
     grouped.close()
     single.close()
+
+
+class _BelowZero(gym.Env):
+    """Box(-2, -1) observations: zero padding lies above the observation's upper bound."""
+
+    observation_space = gym.spaces.Box(-2.0, -1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.full(2, -1.5, np.float32), {}
+
+    def step(self, action):
+        return np.full(2, -1.5, np.float32), 0.0, False, False, {}
+
+
+def test_zero_padding_of_an_all_negative_observation_raises_the_upper_bound_to_zero():
+    # the bounds stretch to 0 on either side: here the high (-1) goes up to 0, the low stays -2
+    env = TransformedEnv(EnvPool([_BelowZero] * 2, seed=0), History(["observation"], 3, padding="zeros"))
+    spec = env.observation_spec["history", "observation"]
+    td = env.reset()
+    assert td["history", "observation"][:, :2].eq(0).all() and spec.is_in(td["history", "observation"])
+    assert spec.space.high.max() == 0 and spec.space.low.min() == -2
+    check_env_specs(env)
+    env.close()
+
+
+def test_a_tuple_key_is_one_nested_key():
+    # ("info", "t") names one entry, as [("info", "t")] does: not the two keys "info" and "t"
+    factories = [functools.partial(counting, length=9)] * 2
+    tupled = TransformedEnv(EnvPool(factories, seed=0), History(("info", "t"), 3))
+    listed = TransformedEnv(EnvPool(factories, seed=0), History([("info", "t")], 3))
+    assert tupled.transform.in_keys == [("info", "t")] and tupled.transform.out_keys == [("history", "info", "t")]
+    a, b = step_mdp(tupled.step(act(tupled.reset(), 2))), step_mdp(listed.step(act(listed.reset(), 2)))
+    assert a["history", "info", "t"].shape == (2, 3, 1)
+    assert torch.equal(a["history", "info", "t"], b["history", "info", "t"])
+    tupled.close()
+    listed.close()
+
+
+def test_a_tuple_out_key_is_one_nested_out_key():
+    # out_keys=("ctx", "t") is where the one key's history goes, not two out keys for one key
+    env = TransformedEnv(EnvPool([functools.partial(counting, length=9)] * 2, seed=0),
+                         History([("info", "t")], 3, out_keys=("ctx", "t")))
+    assert env.transform.out_keys == [("ctx", "t")]
+    td = step_mdp(env.step(act(env.reset(), 2)))
+    assert td["ctx", "t"][..., 0].tolist() == [[0, 0, 1]] * 2 and ("history", "info", "t") not in td.keys(True)
+    env.close()
+
+
+@pytest.mark.parametrize("mask_shape", [(3, 1), (3,)])
+def test_a_direct_reset_call_with_a_partial_reset_keeps_the_other_rows_history(mask_shape):
+    # In a TransformedEnv (TorchRL 0.14.1) History._reset gets only the reset and state keys, no old history,
+    # and TorchRL puts the rows that were not reset back itself. Transform._reset(tensordict, tensordict_reset)
+    # is TorchRL's API though: a direct call with the old history and a partial "_reset" reaches History's own
+    # merge, which must refresh the reset rows only.
+    transform = History(["observation"], 3)
+    old = torch.arange(18.0).reshape(3, 3, 2) + 100
+    reset = torch.tensor([True, False, True]).reshape(mask_shape)
+    td = TensorDict({"_reset": reset, ("history", "observation"): old}, [3])
+    obs = torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+    out = transform._reset(td, TensorDict({"observation": obs.clone()}, [3]))["history", "observation"]
+    assert torch.equal(out[1], old[1])  # not reset: its history stays
+    assert torch.equal(out[[0, 2]], obs[[0, 2]].unsqueeze(1).expand(2, 3, 2))  # reset: the observation, repeated
+    # a full reset, or no old history to keep, gives every row a fresh history
+    for given in (TensorDict({"_reset": torch.ones(mask_shape, dtype=torch.bool), ("history", "observation"): old},
+                             [3]),
+                  TensorDict({"_reset": reset}, [3])):
+        out = transform._reset(given, TensorDict({"observation": obs.clone()}, [3]))["history", "observation"]
+        assert torch.equal(out, obs.unsqueeze(1).expand(3, 3, 2))
