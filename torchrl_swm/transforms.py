@@ -160,7 +160,9 @@ class History(Transform):
             obs = self._input(tensordict_reset, in_key)
             fresh = self._fresh(obs, nb)
             if reset is not None and tensordict is not None:
-                # rows that were not reset keep their history (when the caller passed it in)
+                # rows that were not reset keep their history (when the caller passed it in): a direct
+                # _reset(tensordict, tensordict_reset) call; a TransformedEnv (TorchRL 0.14.1) passes only the
+                # reset and state keys and restores the rows that were not reset itself
                 old = tensordict.get(out_key, None)
                 if old is not None and old.shape == fresh.shape:
                     fresh = self._where(reset, fresh, old)
