@@ -14,8 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from torchrl_swm import quickstart
 from torchrl_swm.quickstart import QuickstartConfig, _earlier_outputs, parse_args, run, standard_error
+from torchrl_swm.world import SEED_LIMIT
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_PLOT = importlib.util.find_spec("matplotlib") is not None
@@ -107,3 +111,90 @@ def test_parse_args():
     assert parse_args(["--progress"]).progress is True and parse_args(["--no-progress"]).progress is False
     with pytest.raises(SystemExit):
         parse_args(["--planner", "nope"])
+
+
+# the run's World seeds: seed (training set), seed + 1_000_000 (held-out set), seed + 2_000_000 (evaluation)
+LAST_SEED = SEED_LIMIT - 2_000_000 - 1
+
+
+@pytest.mark.parametrize("overrides, error, message", [
+    ({"top_k": 32}, ValueError, (r"^top_k: expected an int <= candidates \(16\), the candidates the planner keeps "
+                                 r"its best of, got 32$")),
+    ({"planner": "MPPI"}, ValueError, r"^planner: expected one of \['mppi', 'cem'\], got 'MPPI'$"),
+    ({"env_id": "CartPole-v1"}, ValueError, (r"^env_id: expected one of \[.*'torchrl_swm/PointMaze-Open-v0'.*\], "
+                                             r"got 'CartPole-v1'$")),
+    ({"seed": LAST_SEED + 1}, ValueError, (rf"^seed: expected an int in \[0, 2\*\*62 - 2000000\) \(the run's "
+                                           rf"evaluation uses the seeds from seed \+ 2000000\), got {LAST_SEED + 1}$")),
+    ({"seed": -1}, ValueError, r"^seed: expected an int in \[0, 2\*\*62 - 2000000\) .*got -1$"),
+    ({"seed": 1.5}, TypeError, r"^seed: expected an int, got float 1.5$"),
+    ({"num_envs": 0}, ValueError, r"^num_envs: expected an int >= 1, got 0$"),
+    ({"export_envs": 0}, ValueError, r"^export_envs: expected an int >= 1, got 0$"),
+    ({"eval_episodes": 2.5}, TypeError, r"^eval_episodes: expected an int, got float 2.5$"),
+    ({"threads": -1}, ValueError, r"^threads: expected 0 \(torch's default\) or an int >= 1, got -1$"),
+    ({"stickiness": 1.5}, ValueError, r"^stickiness: expected a probability in \[0, 1\], got 1.5$"),
+    ({"lr": 0.0}, ValueError, r"^lr: expected a finite number > 0, got 0.0$"),
+    ({"video": "no"}, TypeError, r"^video: expected True or False, got str 'no'$"),
+])
+def test_run_checks_its_config_before_any_work(tmp_path, monkeypatch, overrides, error, message):
+    # run() from Python checked only env_id: top_k > candidates failed in TorchRL's planner ("selected index k out
+    # of range") after the collection and the training, planner="MPPI" at stage 4, a seed near 2**62 after the
+    # training set's collection; the CLI checked some of these up front, with checks of its own
+    monkeypatch.setattr(quickstart, "_run", lambda cfg: pytest.fail("the run started"))
+    out = tmp_path / "qs"
+    with pytest.raises(error, match=message):
+        run(QuickstartConfig.tiny(out=str(out), **overrides))
+    assert not out.exists()
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ValueError, match=r"^out .*afile: exists and is not a directory"):
+        run(QuickstartConfig.tiny(out=str(tmp_path / "afile")))
+
+
+def test_cli_seed_past_the_runs_last_seed_is_a_usage_error_before_any_work(monkeypatch, capsys):
+    # --seed checked only >= 0: 2**62 - 1 collected the training set, then failed with a traceback naming
+    # seed + 1_000_000
+    monkeypatch.setattr(quickstart, "run", lambda cfg: pytest.fail("the run started"))
+    assert parse_args(["--tiny", "--seed", str(LAST_SEED)]).seed == LAST_SEED
+    for seed in (LAST_SEED + 1, SEED_LIMIT - 1, 2**64):
+        with pytest.raises(SystemExit) as info:
+            quickstart.main(["--tiny", "--seed", str(seed)])
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert f"error: --seed: expected an int in [0, 2**62 - 2000000) (the run's evaluation uses the seeds from " \
+               f"seed + 2000000), got {seed}" in err
+
+
+def test_cli_errors_are_runs_with_the_flags_for_the_fields(capsys):
+    # one check for both (they had checks of their own): the CLI's message is run()'s, naming flags
+    for argv, fields, cli, python in (
+        (["--top-k", "32", "--candidates", "16"], {"top_k": 32, "candidates": 16},
+         "--top-k: expected an int <= --candidates (16), the candidates the planner keeps its best of, got 32",
+         "top_k: expected an int <= candidates (16), the candidates the planner keeps its best of, got 32"),
+        (["--num-envs", "0"], {"num_envs": 0}, "--num-envs: expected an int >= 1, got 0",
+         "num_envs: expected an int >= 1, got 0"),
+        (["--threads", "-1"], {"threads": -1}, "--threads: expected 0 (torch's default) or an int >= 1, got -1",
+         "threads: expected 0 (torch's default) or an int >= 1, got -1"),
+    ):
+        with pytest.raises(SystemExit):
+            parse_args(["--tiny", *argv])
+        assert f"error: {cli}\n" in capsys.readouterr().err
+        with pytest.raises(ValueError) as from_python:
+            quickstart._check_config(QuickstartConfig.tiny(**fields))
+        assert str(from_python.value) == python
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.one_of(st.integers(-2**65, 2**65), st.integers(LAST_SEED - 3, LAST_SEED + 3)))
+def test_property_run_and_cli_accept_the_same_seeds(seed):
+    # every seed the run uses (up to seed + 2_000_000 + episodes) stays below World's 2**62
+    expected = 0 <= seed <= LAST_SEED
+    try:
+        quickstart._check_config(QuickstartConfig.tiny(seed=seed))
+        accepted = True
+    except ValueError:
+        accepted = False
+    try:
+        parse_args(["--tiny", "--seed", str(seed)])
+        parsed = True
+    except SystemExit:
+        parsed = False
+    assert accepted == parsed == expected

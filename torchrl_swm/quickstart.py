@@ -51,7 +51,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import gymnasium as gym
@@ -64,6 +64,11 @@ from torch import nn
 __all__ = ["QuickstartConfig", "DynamicsModel", "StickyRandomPolicy", "PlannerPolicy", "run", "main"]
 
 ENV_IDS = ("torchrl_swm/PointMaze-Open-v0", "torchrl_swm/PointMaze-v0", "torchrl_swm/PointMaze-Medium-v0")
+PLANNERS = ("mppi", "cem")
+# the run's World seeds: the training set's episodes from seed, the held-out set's from seed + HELDOUT_SEED_OFFSET,
+# the evaluation's (episodes no dataset has seen) from seed + EVAL_SEED_OFFSET
+HELDOUT_SEED_OFFSET = 1_000_000
+EVAL_SEED_OFFSET = 2_000_000
 TERMINAL_WEIGHT = 10.0  # terminations are ~0.2% of the steps: weight them up in the done loss
 
 
@@ -169,7 +174,7 @@ def collect_data(cfg: QuickstartConfig, out: Path):
     with World(env, policy) as world:
         train = world.collect(out / "data" / "train", cfg.train_episodes, seed=cfg.seed, overwrite=True,
                               progress=cfg.progress)
-        heldout = world.collect(out / "data" / "heldout", cfg.heldout_episodes, seed=cfg.seed + 1_000_000,
+        heldout = world.collect(out / "data" / "heldout", cfg.heldout_episodes, seed=cfg.seed + HELDOUT_SEED_OFFSET,
                                 overwrite=True, progress=cfg.progress)
     env.close()
     return train, heldout
@@ -416,7 +421,7 @@ def make_planner(cfg: QuickstartConfig, planning_env):
     if cfg.planner == "cem":
         return CEMPlanner(planning_env, planning_horizon=cfg.horizon, optim_steps=cfg.optim_steps,
                           num_candidates=cfg.candidates, top_k=cfg.top_k)
-    raise ValueError(f"planner: expected 'mppi' or 'cem', got {cfg.planner!r}")
+    raise ValueError(f"planner: expected one of {list(PLANNERS)}, got {cfg.planner!r}")
 
 
 class PlannerPolicy:
@@ -688,7 +693,7 @@ def stage_plan(cfg: QuickstartConfig, planning_env) -> PlannerPolicy:
 def stage_evaluate(cfg: QuickstartConfig, out: Path, model: DynamicsModel, starts: TensorDict, policy,
                    max_steps: int):
     _header(5, "Evaluate in the real EnvPool (World.evaluate) and in imagination")
-    seed = cfg.seed + 2_000_000  # episodes no dataset has seen
+    seed = cfg.seed + EVAL_SEED_OFFSET  # episodes no dataset has seen
     video = make_video_recorder(cfg, out)
     results = {
         "real": evaluate_real(cfg, policy, seed, video),
@@ -718,11 +723,67 @@ def stage_plot(cfg: QuickstartConfig, out: Path, curve: dict, results: dict) -> 
     return save_plot(out / "quickstart.png", curve, results, _planner_name(cfg))
 
 
-def run(config: QuickstartConfig | None = None, **overrides) -> dict:
-    """Run the seven stages and return the key figures (also written to ``OUT/results.json``)."""
-    cfg = dataclasses.replace(config or QuickstartConfig(), **overrides)
+#: the config's sizes: ints >= 1
+_SIZES = ("num_envs", "train_episodes", "heldout_episodes", "hidden", "train_steps", "batch_slices", "seq_len",
+          "horizon", "candidates", "top_k", "optim_steps", "eval_episodes", "export_envs", "export_steps")
+
+
+def _check_config(cfg: QuickstartConfig, name: Callable[[str], str] = str) -> None:
+    """Refuse a config the run would fail on (minutes in, after the collection or the training), naming what was
+    expected and what was received: the one check of :func:`run` and of the command line, which passes ``name``
+    to call each field by its flag.
+
+    Raises:
+        TypeError: a field of the wrong type (a float size, a string flag...).
+        ValueError: a value out of range.
+    """
+    from .cli import CLIError, _check_output_dir
+    from .errors import check_bool, check_int, check_number
+    from .world import SEED_LIMIT
+
     if cfg.env_id not in ENV_IDS:
-        raise ValueError(f"env_id: expected one of {ENV_IDS}, got {cfg.env_id!r}")
+        raise ValueError(f"{name('env_id')}: expected one of {list(ENV_IDS)}, got {cfg.env_id!r}")
+    if cfg.planner not in PLANNERS:
+        raise ValueError(f"{name('planner')}: expected one of {list(PLANNERS)}, got {cfg.planner!r}")
+    for field in _SIZES:
+        check_int(getattr(cfg, field), name(field), minimum=1)
+    if cfg.top_k > cfg.candidates:  # TorchRL's planner fails with "selected index k out of range"
+        raise ValueError(f"{name('top_k')}: expected an int <= {name('candidates')} ({cfg.candidates}), the "
+                         f"candidates the planner keeps its best of, got {cfg.top_k}")
+    seed = check_int(cfg.seed, name("seed"))
+    if not 0 <= seed < SEED_LIMIT - EVAL_SEED_OFFSET:  # World's seeds are below 2**62: the last ones used too
+        raise ValueError(f"{name('seed')}: expected an int in [0, 2**62 - {EVAL_SEED_OFFSET}) (the run's evaluation "
+                         f"uses the seeds from seed + {EVAL_SEED_OFFSET}), got {seed}")
+    if check_int(cfg.threads, name("threads")) < 0:
+        raise ValueError(f"{name('threads')}: expected 0 (torch's default) or an int >= 1, got {cfg.threads}")
+    if not 0 <= check_number(cfg.stickiness, name("stickiness")) <= 1:
+        raise ValueError(f"{name('stickiness')}: expected a probability in [0, 1], got {cfg.stickiness!r}")
+    for field in ("lr", "temperature"):
+        value = check_number(getattr(cfg, field), name(field))
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name(field)}: expected a finite number > 0, got {getattr(cfg, field)!r}")
+    for field in ("video", "plot", "progress", "smoke"):
+        check_bool(getattr(cfg, field), name(field))
+    if not isinstance(cfg.out, (str, os.PathLike)):
+        raise TypeError(f"{name('out')}: expected a path (str or os.PathLike), got {type(cfg.out).__name__}")
+    try:  # not a raw FileNotFoundError minutes in, after the training
+        _check_output_dir(cfg.out, name("out"))
+    except CLIError as err:
+        raise ValueError(str(err)) from None
+
+
+def _flag(field: str) -> str:
+    """The command-line flag of config field ``field``."""
+    return "--env" if field == "env_id" else "--" + field.replace("_", "-")
+
+
+def run(config: QuickstartConfig | None = None, **overrides) -> dict:
+    """Run the seven stages and return the key figures (also written to ``OUT/results.json``).
+
+    The config is checked first, as the command line checks its flags (``TypeError``/``ValueError`` before any
+    work: sizes, ``top_k <= candidates``, the planner, the seed, the output directory...)."""
+    cfg = dataclasses.replace(config or QuickstartConfig(), **overrides)
+    _check_config(cfg)  # before any work: a bad value would fail minutes in, after the collection and the training
     threads = torch.get_num_threads()
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
@@ -837,7 +898,7 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = "python -m torchrl
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bars on stderr (default: when stderr is a terminal)")
     p.add_argument("--env", dest="env_id", default=d.env_id, choices=ENV_IDS, help="default: %(default)s")
-    p.add_argument("--planner", choices=("mppi", "cem"), help=f"default: {d.planner}")
+    p.add_argument("--planner", choices=PLANNERS, help=f"default: {d.planner}")
     tiny = QuickstartConfig.tiny()
     for name in _SIZE_FLAGS:
         p.add_argument(f"--{name.replace('_', '-')}", type=int, metavar="N",
@@ -845,28 +906,15 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = "python -m torchrl
     p.add_argument("--threads", type=int, metavar="N",
                    help=f"torch intra-op threads, 0 for torch's default (default: {d.threads})")
     args = p.parse_args(argv)
-    for name in _SIZE_FLAGS:  # usage errors before any work (a bad size would fail minutes in)
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            p.error(f"--{name.replace('_', '-')}: expected a positive integer, got {value}")
-    if args.seed < 0:
-        p.error(f"--seed: expected a non-negative integer, got {args.seed}")
-    from .cli import CLIError, _check_output_dir
-
-    try:  # not a raw FileNotFoundError minutes in, after the training
-        _check_output_dir(args.out, "--out")
-    except CLIError as err:
-        p.error(str(err))
-    if args.threads is not None and args.threads < 0:
-        p.error(f"--threads: expected 0 (torch's default) or a positive integer, got {args.threads}")
     overrides = {k: v for k, v in vars(args).items()
                  if v is not None and k not in ("tiny", "no_video", "no_plot", "progress")}
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     overrides.update(video=not args.no_video, plot=not args.no_plot, progress=progress)
     cfg = QuickstartConfig.tiny(**overrides) if args.tiny else QuickstartConfig(**overrides)
-    if cfg.top_k > cfg.candidates:
-        p.error(f"--top-k {cfg.top_k}: the planner keeps top-k of its --candidates ({cfg.candidates}); "
-                "expected top-k <= candidates")
+    try:  # usage errors (exit 2) before any work: run()'s own check, naming the flags
+        _check_config(cfg, _flag)
+    except (TypeError, ValueError) as err:
+        p.error(str(err))
     return cfg
 
 
