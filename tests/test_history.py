@@ -357,7 +357,7 @@ def test_a_direct_reset_call_with_a_partial_reset_keeps_the_other_rows_history(m
     assert torch.equal(out[[0, 2]], obs[[0, 2]].unsqueeze(1).expand(2, 3, 2))  # reset: the observation, repeated
     # a full reset, or no old history to keep, gives every row a fresh history
     for old_td in (TensorDict({"_reset": torch.ones(mask_shape, dtype=torch.bool), ("history", "observation"): old},
-                             [3]),
-                  TensorDict({"_reset": reset}, [3])):
+                              [3]),
+                   TensorDict({"_reset": reset}, [3])):
         out = transform._reset(old_td, TensorDict({"observation": obs.clone()}, [3]))["history", "observation"]
         assert torch.equal(out, obs.unsqueeze(1).expand(3, 3, 2))
