@@ -12,7 +12,9 @@ import sys
 
 import numpy as np
 
-__all__ = ["EnvError", "EnvAttributeError", "SpecError", "add_note", "counted", "describe", "check_int", "check_indices"]
+__all__ = [
+    "EnvError", "EnvAttributeError", "SpecError", "add_note", "counted", "describe", "check_int", "check_indices",
+]
 
 
 def add_note(err: BaseException, note: str) -> None:
