@@ -185,7 +185,7 @@ def test_cli_errors_are_runs_with_the_flags_for_the_fields(capsys):
 @settings(max_examples=40, deadline=None)
 @given(seed=st.one_of(st.integers(-2**65, 2**65), st.integers(LAST_SEED - 3, LAST_SEED + 3)))
 def test_property_run_and_cli_accept_the_same_seeds(seed):
-    # every seed the run uses (up to seed + 2_000_000 + episodes) stays below World's 2**62
+    # the seed of each of the run's World calls (seed, seed + 1_000_000, seed + 2_000_000) is below World's 2**62
     expected = 0 <= seed <= LAST_SEED
     try:
         quickstart._check_config(QuickstartConfig.tiny(seed=seed))
