@@ -380,3 +380,159 @@ def test_the_parallel_env_of_sync_vector_env_workers_peer_runs_and_steps_every_e
         assert subject.td["observation"].shape == (2, 3, 4)
     finally:
         subject.close()
+
+
+def test_summary_reports_the_median_rate_and_the_spread_over_the_median():
+    """Three repeats of 10 batched steps of 4 envs lasting 1 s, 2 s and 4 s: rates 40, 20 and 10 env-steps/s.
+    The rate is their median (20, not the mean 23.3), the spread (max - min) / median = 30 / 20."""
+    from torchrl_swm.benchmarks.harness import _summary
+
+    s = _summary(10, 1, 4, [1.0, 2.0, 4.0], 0.5)
+    assert s["rate"] == 20.0
+    assert s["spread"] == 1.5
+    assert s["us_per_call"] == pytest.approx(2.0 / 10 * 1e6)
+    assert s["setup_s"] == 0.5
+
+
+def test_measure_credits_a_subject_with_the_transitions_it_returns(monkeypatch):
+    """measure() (the rows timed alone, as gym_async) credits a NEXT_STEP subject's returned transitions,
+    not every batched step: a unit costs 1 ms of a virtual clock and makes 3 transitions out of 4 envs."""
+    import types
+
+    from torchrl_swm.benchmarks import harness
+
+    clock = types.SimpleNamespace(now=0.0)
+    monkeypatch.setattr(harness, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+
+    class Steady:
+        def run(self, units):
+            clock.now += 1e-3 * units
+            return 3 * units
+
+        def close(self):
+            pass
+
+    result = harness.measure(Steady, envs_per_step=4, seconds=1.0)
+    assert result["rate"] == pytest.approx(3_000) and result["us_per_call"] == pytest.approx(1_000)
+
+
+def test_a_next_step_vector_env_credits_no_reset_only_call_after_a_truncation_or_across_runs():
+    """Under NEXT_STEP the call after an episode's end only resets that env: after a truncation too
+    (BusyEnv(0 ms, episode=2) truncates every 2nd step), and when the end was the previous run()'s last call."""
+    import functools
+
+    from torchrl_swm.benchmarks.pool import BusyEnv, GymVector, NoopEnv
+
+    ns = gym.vector.AutoresetMode.NEXT_STEP
+    n = 3
+    subject = GymVector(gym.vector.SyncVectorEnv([functools.partial(BusyEnv, 0.0, 2)] * n, autoreset_mode=ns), n)
+    assert subject.run(6) == 4 * n  # steps 3 and 6 only reset
+    subject.close()
+    subject = GymVector(gym.vector.SyncVectorEnv([functools.partial(NoopEnv, 2)] * n, autoreset_mode=ns), n)
+    # episodes end at calls 2 and 5: call 3 (the second run's only one) and call 6 only reset
+    assert [subject.run(2), subject.run(1), subject.run(3)] == [2 * n, 0, 2 * n]
+    subject.close()
+
+
+def test_step_next_step_counts_truncations_and_the_rows_left_waiting():
+    from torchrl_swm.benchmarks.harness import step_next_step
+
+    f, t = np.zeros(3, bool), np.array([True, False, True])
+    outcomes = iter([(f, t), (f, f), (t, f)])  # (terminated, truncated) per call
+
+    def step(action):
+        terminated, truncated = next(outcomes)
+        return None, None, terminated, truncated, {}
+
+    assert step_next_step(step, [0], 3, 1, 1) == (2, 2)  # one row waiting; two rows truncated
+    assert step_next_step(step, [0], 3, 2, 2) == (1 + 3, 2)
+
+
+def test_a_pool_row_ratio_is_its_rate_over_the_reference_rate():
+    from torchrl_swm.benchmarks.pool import _row
+
+    row = _row("cartpole", "k", "l", 4, {"rate": 200.0, "spread": 0.1, "us_per_call": 1.0}, 100.0, finishing=2)
+    assert (row.rate, row.spread, row.us_per_call, row.ratio, row.extra) == (200.0, 0.1, 1.0, 2.0, {"finishing": 2})
+    assert _row("cartpole", "k", "l", 4, {"rate": 200.0, "spread": 0.1, "us_per_call": 1.0}).ratio is None
+
+
+def test_export_rows_ratios_are_rates_over_the_reference_rate():
+    from torchrl_swm.benchmarks.export import _rows
+
+    def result(rate):
+        return {"rate": rate, "spread": 0.0, "us_per_call": 1.0, "setup_s": 0.0}
+
+    rows = _rows("export/pool", 4, [("pool", "p"), ("gym", "g"), ("sb3", "s")],
+                 {"pool": result(100.0), "gym": result(50.0), "sb3": result(400.0)}, "pool")
+    assert [r.ratio for r in rows] == [1.0, 0.5, 4.0]
+    assert all(r.extra["reference"] == "pool" for r in rows)
+
+
+def test_a_ceiling_rate_is_n_env_steps_per_its_time_per_batched_step():
+    """ceilings(): time per batched step = the plain loop's + (path - step loop) on the no-op pools;
+    rate = N / that time; ratio = plain time / that time."""
+    from torchrl_swm.benchmarks.pool import ceilings
+
+    def result(us):
+        return {"us_per_call": us, "spread": 0.1, "rate": 3 / us * 1e6}
+
+    res = {"plain": result(30.0), "noop_step": result(80.0), "noop_rollout": result(100.0),
+           "noop_collector": result(130.0)}
+    rows = {r.key: r for r in ceilings(3, res)}
+    rollout, collector = rows["ceiling_rollout"], rows["ceiling_collector"]
+    assert rollout.us_per_call == pytest.approx(50.0) and collector.us_per_call == pytest.approx(80.0)
+    assert rollout.rate == pytest.approx(3 / 50.0 * 1e6) and collector.rate == pytest.approx(3 / 80.0 * 1e6)
+    assert rollout.ratio == pytest.approx(30 / 50) and collector.ratio == pytest.approx(30 / 80)
+
+
+def test_the_table_prints_each_figure_under_its_header():
+    from torchrl_swm.benchmarks.__main__ import format_table
+    from torchrl_swm.benchmarks.harness import Row
+
+    lines = format_table([Row("cartpole", "k", "label", 4, 1000.0, 0.05, 12.5, 1.0)]).splitlines()
+
+    def cells(line):
+        return [c.strip() for c in line.strip("|").split("|")]
+
+    assert dict(zip(cells(lines[0]), cells(lines[-1]))) == {
+        "section": "cartpole", "N/B": "4", "row": "label", "env-steps/s (median)": "1,000", "spread": "5%",
+        "µs/batched step": "12.5", "ratio": "1.00"}
+
+
+def test_the_fixed_section_ratios_are_to_the_env_base_floor(monkeypatch):
+    """fixed(): every row's ratio is its rate over TorchRL's EnvBase floor's (measure() faked: no env runs)."""
+    from torchrl_swm.benchmarks import pool
+
+    rates = iter([1000.0, 500.0, 250.0, 125.0])
+    monkeypatch.setattr(pool, "measure", lambda make, **kw: {"rate": next(rates), "spread": 0.0, "us_per_call": 1.0,
+                                                             "setup_s": 0.0})
+    rows = {r.key: r for r in pool.fixed(n=2, seconds=0.0)}
+    assert list(rows) == ["floor", "pool_k0", "pool_k1", "pool_k2"]
+    assert [r.ratio for r in rows.values()] == [1.0, 0.5, 0.25, 0.125]
+    assert [rows[f"pool_k{k}"].extra["finishing"] for k in range(3)] == [0, 1, 2]
+
+
+def test_the_cartpole_ratios_are_to_the_plain_loop(monkeypatch):
+    """cartpole(): every measured row's ratio is its rate over the plain loop's (the [reference], 1.00), the
+    rows timed together and alone alike (measure_together and measure faked with distinct rates: no env runs)."""
+    from torchrl_swm.benchmarks import harness, pool
+
+    def result(rate):
+        return {"rate": rate, "spread": 0.0, "us_per_call": 2 / rate * 1e6, "setup_s": 0.0}
+
+    results = {}
+
+    def together(makers, **kw):
+        results.update({key: result(100.0 * (i + 1)) for i, key in enumerate(makers)})
+        results["noop_rollout"]["us_per_call"] = results["noop_step"]["us_per_call"] + 10  # a measurable ceiling
+        return dict(results)
+
+    monkeypatch.setattr(harness, "measure_together", together)
+    monkeypatch.setattr(pool, "measure", lambda make, **kw: result(7.0))
+    rows = {r.key: r for r in pool.cartpole(ns=(2,), seconds=0.0, include_slow=False)}
+    plain = results["plain"]["rate"]
+    assert rows["plain"].ratio == 1.0 and results["plain_seeded"]["rate"] != plain
+    measured = [key for key in rows if not key.startswith("ceiling_")]
+    assert {"plain_seeded", "pool_step", "floor", "gym_async"} <= set(measured)
+    for key in measured:
+        assert rows[key].ratio == rows[key].rate / plain, key

@@ -84,3 +84,31 @@ def test_every_world_model_row_is_credited_with_the_model_calls_it_makes():
         subject.run(3)
         subject.close()
         assert calls == [b] * (3 * steps_per_unit), (key, len(calls), steps_per_unit)
+
+
+def test_world_model_row_ratios_added_us_and_reset_fraction_against_the_raw_reference(monkeypatch):
+    """Each row's ratio is its rate over the raw forward's and ``added_us`` its µs over the raw's; env/reset
+    (unit: one masked reset, not a step) has neither, and its ``fraction_of_step`` is its µs over env/step's.
+    measure() is faked with distinct figures per row: no model runs."""
+    from torchrl_swm.benchmarks import world_model
+
+    us = {"raw": 10.0, "raw+reset": 12.0, "env/step": 20.0, "env/rollout": 16.0, "env/rollout-out": 15.0,
+          "env/transformed": 25.0, "torchrl/model_based": 30.0, "env/step-no-dones": 18.0, "env/reset": 4.0}
+    b = 4
+    subjects = world_model.world_model_subjects(None, b, torch.device("cpu"))
+    assert [key for key, *_ in subjects] == list(us)
+    figures = iter([{"rate": b / u * 1e6, "spread": 0.0, "us_per_call": u, "setup_s": 0.0} for u in us.values()])
+    monkeypatch.setattr(world_model, "measure", lambda make, **kw: next(figures))
+    rows = {r.key: r for r in world_model._rows_for(None, b, 0.0, torch.device("cpu"))}
+    raw = rows["raw"]
+    assert raw.ratio == 1.0 and raw.extra["added_us"] == 0.0
+    for key, r in rows.items():
+        if key == "env/reset":
+            continue
+        assert r.ratio == r.rate / raw.rate, key
+        assert r.extra["added_us"] == pytest.approx(us[key] - us["raw"]), key
+    assert rows["env/step"].ratio == pytest.approx(0.5) and rows["env/step"].extra["added_us"] == pytest.approx(10.0)
+    reset = rows["env/reset"]
+    assert reset.ratio is None and "added_us" not in reset.extra
+    assert reset.extra["fraction_of_step"] == pytest.approx(4.0 / 20.0)
+    assert reset.extra["in_loop_fraction"] == pytest.approx((20.0 - 18.0) / 18.0)
