@@ -433,3 +433,38 @@ class GcStateEnv(CountingEnv):
         import gc
 
         return gc.get_freeze_count() > 0, any(obj is self for obj in gc.get_objects())
+
+
+class LaterExitEnv(CountingEnv):
+    """A counting env that can make its process exit with code 0 (as a simulator quitting cleanly) while the
+    process is idle: ``exit_once(path)`` returns at once and exits the process when the file ``path`` appears."""
+
+    def exit_once(self, path):
+        import os
+        import threading
+        import time
+
+        def wait_then_exit():
+            while not os.path.exists(path):
+                time.sleep(0.005)
+            os._exit(0)
+
+        threading.Thread(target=wait_then_exit, daemon=True).start()
+
+
+class CloseRaisingEnv(CountingEnv):
+    """A counting env whose ``close()`` raises ``OSError("disk gone")``."""
+
+    def close(self):
+        raise OSError("disk gone")
+
+
+class StepAttributeErrorEnv(CountingEnv):
+    """A counting env whose ``step`` raises ``AttributeError`` (a bug inside the env, not a missing pool attribute)."""
+
+    def step(self, action):
+        raise AttributeError("'NoneType' object has no attribute 'sim'")
+
+
+def raising_factory(message="cannot build"):
+    raise RuntimeError(message)

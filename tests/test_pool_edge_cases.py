@@ -1647,3 +1647,16 @@ def test_a_pool_takes_a_gymnasium_env_spec_as_an_id():
         torch.testing.assert_close(*rollouts)
     with pytest.raises(ValueError, match=r"EnvPool\('CartPole-v1'\): expected num_envs >= 1, got None"):
         EnvPool(spec)
+
+
+def test_a_ctrl_c_held_under_the_default_sigint_action_still_ends_the_process():
+    # a script that set SIGINT to SIG_DFL (Ctrl-C kills at once) and pressed it while the pool held interrupts:
+    # released, the Ctrl-C is delivered again with that action (the process ends by SIGINT), never dropped
+    import subprocess
+
+    code = ("import os, signal\nfrom torchrl_swm._interrupts import interrupts_held\n"
+            "signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+            "with interrupts_held():\n    os.kill(os.getpid(), signal.SIGINT)\n    print('held', flush=True)\n"
+            "print('the Ctrl-C was dropped')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == -signal.SIGINT and out.stdout == "held\n", (out.returncode, out.stdout, out.stderr)

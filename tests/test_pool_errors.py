@@ -208,6 +208,32 @@ def test_factory_raising_is_named_and_earlier_envs_are_closed():
     assert closed == [True]
 
 
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_a_factorys_exception_is_chained_on_the_make_error(backend):
+    # README: "the original exception chained", on both backends (the process backend rebuilds it from the worker)
+    from envs import raising_factory
+
+    kwargs = {"num_workers": 2} if backend == "process" else {}
+    with pytest.raises(EnvError, match=r"env 1 \(make\): the factory raised RuntimeError: cannot build") as info:
+        EnvPool([counting, raising_factory], backend=backend, **kwargs)
+    assert type(info.value.__cause__) is RuntimeError and str(info.value.__cause__) == "cannot build"
+
+
+def test_a_close_error_after_a_failed_process_construction_is_a_note_on_the_construction_error():
+    # the spaces differ (the error to report); closing the envs built so far then raises: a note, never lost
+    from envs import CloseRaisingEnv
+
+    def other():
+        env = CountingEnv()
+        env.action_space = gym.spaces.Discrete(5)
+        return env
+
+    with pytest.raises(EnvError, match=r"env 1 \(make\): spaces .*Discrete\(5\) differ from env 0's") as info:
+        EnvPool([CloseRaisingEnv, other], backend="process", num_workers=2)
+    assert [note.splitlines()[0] for note in info.value.__notes__] == [
+        "closing the pool's other envs then failed too: env 0 (close): OSError: disk gone"]
+
+
 def test_spaces_must_match_and_first_differing_env_is_named():
     def other():
         env = CountingEnv()
@@ -1539,3 +1565,43 @@ def test_an_env_that_edits_its_action_in_place_leaves_the_recorded_action_alone(
     assert out["action"].tolist() == [[5.0, 5.0], [5.0, 5.0]]
     assert out["next", "observation"].tolist() == [[1.0, 1.0], [1.0, 1.0]]  # the env did clip its own copy
     pool.close()
+
+
+def test_a_worker_that_exited_with_code_0_while_idle_is_a_dead_worker_at_the_next_step(tmp_path):
+    # a simulator quitting cleanly (exit code 0) between commands is as dead as a killed one: the next step, even
+    # of envs not reset yet, says the worker died, never "reset these envs first" (a reset would then fail
+    # differently)
+    from envs import LaterExitEnv
+
+    pool = EnvPool([LaterExitEnv] * 2, backend="process", num_workers=2)
+    pool.call("exit_once", str(tmp_path / "now"), indices=[1])
+    (tmp_path / "now").touch()
+    worker = pool._backend._processes[1]
+    worker.join(timeout=60)
+    assert worker.exitcode == 0
+    action = TensorDict({"action": torch.zeros(2, dtype=torch.int64)}, batch_size=[2])
+    for call in (lambda: pool.step(action), pool.reset):
+        with pytest.raises(EnvError, match=r"worker 1 \(envs 1\.\.1, pid \d+\) died with exit code 0"):
+            call()
+    pool.close()
+
+
+def test_an_attribute_error_inside_an_env_step_is_the_same_error_on_both_backends():
+    # EnvAttributeError (an AttributeError) is for a missing attribute of get_attr/call; an env whose own step
+    # raises AttributeError gives an EnvError on both backends (the process backend raised EnvAttributeError, so
+    # `except AttributeError` caught it on one backend only)
+    from envs import StepAttributeErrorEnv
+
+    from torchrl_swm.errors import EnvAttributeError
+
+    for backend, kwargs in (("serial", {}), ("process", {"num_workers": 2})):
+        pool = EnvPool([StepAttributeErrorEnv] * 2, backend=backend, info_keys=[], **kwargs)
+        td = pool.reset()
+        td["action"] = torch.zeros(2, dtype=torch.int64)
+        with pytest.raises(EnvError, match=r"env 0 \(step\): AttributeError: 'NoneType' object has no") as info:
+            pool.step(td)
+        assert not isinstance(info.value, AttributeError), backend
+        assert type(info.value.__cause__) is AttributeError, backend
+        with pytest.raises(EnvAttributeError, match=r"env 0 \(.*\): .*no_such_attribute"):  # a missing one still is
+            pool.get_attr("no_such_attribute")
+        pool.close()

@@ -188,7 +188,7 @@ def _error_payload(err: BaseException) -> tuple:
         getattr(err, "phase", "worker"),
         err.message if isinstance(err, EnvError) else error_text(err),
         "".join(traceback.format_exception(err)),
-        isinstance(err, AttributeError) or isinstance(err.__cause__, AttributeError),  # a missing attribute
+        isinstance(err, AttributeError),  # a missing attribute (get_attr, call): EnvAttributeError, as serially
         _pickled_cause(err),
         isinstance(err, EnvError),  # else the pool's own check raised it (a factory returning no env)
         list(getattr(err, "__notes__", ())),  # e.g. the other envs' close errors
