@@ -704,19 +704,25 @@ class _TruncatesOnceModel:
         return {"state": nxt, "reward": torch.ones(len(state), 1), "truncated": nxt[:, :1] == 1}
 
 
+def _step_then_freeze(env, action, stepped):
+    """Reset ``env``, step every row with ``action``, then step only the rows where ``stepped`` is True (a
+    ``"_step"`` mask; the others wait); returns both steps' ``"next"`` tensordicts."""
+    td = env.reset()
+    td["action"] = action.clone()
+    first = env.step(td)["next"]
+    td = first.clone()
+    td["action"] = action.clone()
+    td["_step"] = torch.tensor(stepped).view(-1, 1)
+    return first, env.step(td)["next"]
+
+
 def test_rows_frozen_by_step_keep_their_truncated_and_done_flags():
     """A row frozen by "_step" keeps its flags from its last step (README "Frozen rows"): a model-reported
     truncation stays truncated (and done) while the row waits, not the model's value for the frozen row."""
     box = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
     env = WorldModelEnv(_TruncatesOnceModel(), box, ACT1, num_envs=3, initial_state=torch.zeros(1))
-    td = env.reset()
-    td["action"] = torch.zeros(3, 1)
-    out = env.step(td)["next"]
-    assert out["truncated"].view(-1).tolist() == [True, True, True]
-    td = out.clone()
-    td["action"] = torch.zeros(3, 1)
-    td["_step"] = torch.tensor([[False], [True], [False]])  # rows 0 and 2 wait
-    out = env.step(td)["next"]
+    first, out = _step_then_freeze(env, torch.zeros(3, 1), [False, True, False])  # rows 0 and 2 wait
+    assert first["truncated"].view(-1).tolist() == [True, True, True]
     assert out["observation"].view(-1).tolist() == [1.0, 2.0, 1.0]
     assert out["reward"].view(-1).tolist() == [0.0, 1.0, 0.0]
     assert out["truncated"].view(-1).tolist() == [True, False, True]  # the frozen rows keep theirs
@@ -729,14 +735,8 @@ def test_rows_frozen_by_step_keep_a_model_truncation_under_a_step_limit():
     box = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
     env = make_world_model_env(_TruncatesOnceModel(), box, ACT1, num_envs=3, initial_state=torch.zeros(1),
                                max_episode_steps=5)
-    td = env.reset()
-    td["action"] = torch.zeros(3, 1)
-    out = env.step(td)["next"]
-    assert out["truncated"].view(-1).tolist() == [True, True, True]  # the model's, at step 1 of 5
-    td = out.clone()
-    td["action"] = torch.zeros(3, 1)
-    td["_step"] = torch.tensor([[False], [True], [False]])  # rows 0 and 2 wait
-    out = env.step(td)["next"]
+    first, out = _step_then_freeze(env, torch.zeros(3, 1), [False, True, False])  # rows 0 and 2 wait
+    assert first["truncated"].view(-1).tolist() == [True, True, True]  # the model's, at step 1 of 5
     assert out["step_count"].view(-1).tolist() == [1, 2, 1]
     assert out["truncated"].view(-1).tolist() == [True, False, True]  # not the limit's False for 1 < 5
     assert out["done"].view(-1).tolist() == [True, False, True]
@@ -795,14 +795,8 @@ def test_rows_frozen_by_step_keep_a_model_termination_done_under_a_step_limit():
     # freezes it, keeps done=True next to its terminated=True: done stays terminated | truncated
     env = make_world_model_env(CountingModel(length=torch.tensor([1, 5, 5])), OBS3, ACT1, num_envs=3,
                                initial_state=torch.zeros(3), max_episode_steps=10)
-    td = env.reset()
-    td["action"] = torch.zeros(3, 1)
-    out = env.step(td)["next"]
-    assert out["terminated"].view(-1).tolist() == [True, False, False]
-    td = out.clone()
-    td["action"] = torch.zeros(3, 1)
-    td["_step"] = torch.tensor([[False], [True], [True]])  # the finished row 0 waits
-    out = env.step(td)["next"]
+    first, out = _step_then_freeze(env, torch.zeros(3, 1), [False, True, True])  # the finished row 0 waits
+    assert first["terminated"].view(-1).tolist() == [True, False, False]
     assert out["step_count"].view(-1).tolist() == [1, 2, 2]
     assert out["terminated"].view(-1).tolist() == [True, False, False]
     assert not out["truncated"].any()
@@ -1579,14 +1573,8 @@ def test_reward_and_terminal_adapters_leave_frozen_rows_as_the_base_env_does():
     env = make_world_model_env(object(), BOX2, BOX2, num_envs=3, initial_state=torch.zeros(2),
                                transition_fn=lambda s, a: {"state": s + a},
                                reward_fn=lambda s, o, a: torch.ones(s.shape[0]), terminal_fn=terminal_fn)
-    td = env.reset()
-    td["action"] = torch.ones(3, 2)
-    out = env.step(td)["next"]
-    assert out["terminated"].view(-1).tolist() == [False, True, False]
-    td = out.clone()
-    td["action"] = torch.ones(3, 2)
-    td["_step"] = torch.tensor([[True], [False], [False]])
-    out = env.step(td)["next"]
+    first, out = _step_then_freeze(env, torch.ones(3, 2), [True, False, False])
+    assert first["terminated"].view(-1).tolist() == [False, True, False]
     assert out["reward"].view(-1).tolist() == [1.0, 0.0, 0.0]
     assert out["terminated"].view(-1).tolist() == [True, True, False]  # frozen rows keep their previous flag
     assert out["done"].view(-1).tolist() == [True, True, False]
