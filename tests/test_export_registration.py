@@ -3,6 +3,7 @@
 import functools
 import pickle
 import uuid
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -106,6 +107,39 @@ def test_kwargs_reach_the_factory():
     env = gym.make(env_id, render_mode="rgb_array")
     env.reset(seed=0)
     assert env.render().shape[-1] == 3
+
+
+def test_a_render_mode_the_export_cannot_honour_warns_at_make():
+    # as gymnasium.make warns for a render mode the env does not list: never a silent render_mode=None
+    unbatched = _id("Unbatched")
+    register_gymnasium_env(unbatched, lambda render_mode=None: GymEnv("CartPole-v1", render_mode=render_mode))
+    with pytest.warns(UserWarning, match=r"render_mode='rgb_array'.*\(GymEnv\) is not an EnvPool.*render_mode=None"):
+        env = gym.make(unbatched, render_mode="rgb_array")
+    assert env.render_mode is None
+    env.close()
+
+    def ignoring(num_envs, render_mode=None):  # takes render_mode but does not pass it on
+        return EnvPool("CartPole-v1", num_envs=num_envs, seed_every_episode=False)
+
+    batched = _id("Ignoring")
+    register_gymnasium_env(batched, ignoring)
+    with pytest.warns(UserWarning, match=r"the EnvPool it built has render_mode=None.*EnvPool\(\.\.\., render_mode"):
+        gym.make(batched, render_mode="rgb_array").close()
+    with pytest.warns(UserWarning, match=r"the EnvPool it built has render_mode=None"):
+        gym.make_vec(batched, num_envs=2, render_mode="rgb_array").close()
+
+
+def test_a_render_mode_the_pool_takes_gives_no_warning():
+    env_id = _id("Pool")
+    register_gymnasium_env(env_id, pool_factory)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        envs = [gym.make(env_id, render_mode="rgb_array"), gym.make_vec(env_id, num_envs=2, render_mode="rgb_array")]
+        gym.make(env_id).close()  # no render mode asked, none given
+    assert [str(w.message) for w in caught if "render_mode" in str(w.message)] == []
+    for env in envs:
+        assert env.render_mode == "rgb_array"
+        env.close()
 
 
 def test_entry_points_pickle():

@@ -193,6 +193,37 @@ def test_an_unsigned_action_dtype_is_refused_with_an_action_wrapper_as_the_way_o
     pool.close()
 
 
+class _LongdoubleActionEnv(gym.Env):
+    observation_space = gym.spaces.Box(0, 9, (2,), np.float32)
+    action_space = gym.spaces.Box(0, 9, (2,), np.longdouble)
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        assert action.dtype == np.longdouble
+        return action.astype(np.float32), 0.0, False, False, {}
+
+
+@pytest.mark.skipif(np.dtype(np.longdouble).itemsize <= 8, reason="longdouble is float64 on this platform")
+def test_a_float128_action_dtype_is_refused_with_an_action_wrapper_as_the_way_out():
+    from torchrl_swm import EnvPool
+
+    # not DtypeObservation, which an observation needs: an action needs an action wrapper
+    with pytest.raises(SpecError, match=r"action_space: dtype float128 is not supported.*float64.*TransformAction"):
+        EnvPool([_LongdoubleActionEnv])
+
+    def wrapped():  # the message's way out
+        return gym.wrappers.TransformAction(_LongdoubleActionEnv(), lambda a: a.astype(np.longdouble),
+                                            gym.spaces.Box(0, 9, (2,), np.float64))
+
+    pool = EnvPool([wrapped] * 2)
+    td = pool.reset()
+    td["action"] = torch.tensor([[3, 4], [5, 6]], dtype=torch.float64)
+    assert pool.step(td)["next", "observation"].tolist() == [[3, 4], [5, 6]]
+    pool.close()
+
+
 _HALF_OPEN = [
     gym.spaces.Box(np.array([-np.inf, 0.0]), np.array([1.0, np.inf]), dtype=np.float32),
     gym.spaces.Box(np.array([-np.inf, -1.0]), np.array([np.inf, 1.0]), dtype=np.float64),

@@ -2,6 +2,7 @@
 
 import builtins
 import functools
+import re
 
 import numpy as np
 import pytest
@@ -240,12 +241,65 @@ def test_frames_that_are_not_uint8_rgb_are_refused_in_both_layouts(tmp_path, lay
     recorder = VideoRecorder(tmp_path / layout, layout=layout)
     recorder.bind(2, 10)
     frames = np.full((2, 8, 8, 3), 0.5, np.float32)  # float in [0, 1]: cast to uint8 it would be black
-    with pytest.raises(TypeError, match=r"expected uint8 RGB frames .*got ndarray\(dtype=float32"):
+    with pytest.raises(TypeError, match=r"expected frames of uint8 RGB .*got ndarray\(dtype=float32"):
         if layout == "grid":
             recorder.grid_frame(frames, np.ones(2, bool))
         else:
             recorder.start_episode(0, 0, frames[0])
     recorder.close()
+
+
+@pytest.mark.parametrize("layout", ["episodes", "grid"])
+@pytest.mark.parametrize("shape", [(0, 8, 3), (8, 0, 3), (0, 0, 3)])
+def test_frames_without_pixels_are_refused_and_no_video_is_listed(tmp_path, layout, shape):
+    # ffmpeg cannot write them: the recorder would list a file that was never written
+    recorder = VideoRecorder(tmp_path / layout, layout=layout)
+    recorder.bind(1, 10)
+    given = (1, *shape) if layout == "grid" else shape
+    with pytest.raises(TypeError, match=rf"every size >= 1, got ndarray\(dtype=uint8, shape={re.escape(str(given))}"):
+        if layout == "grid":
+            recorder.grid_frame(np.zeros((1, *shape), np.uint8), np.ones(1, bool))
+        else:
+            recorder.start_episode(0, 0, np.zeros(shape, np.uint8))
+    recorder.close()
+    assert recorder.files == [] and list((tmp_path / layout).iterdir()) == []
+
+
+def test_an_empty_grid_and_a_wrong_number_of_active_flags_are_refused(tmp_path):
+    import numpy as np
+
+    recorder = VideoRecorder(tmp_path, layout="grid")
+    recorder.bind(2, 10)
+    with pytest.raises(TypeError, match=r"every size >= 1, got ndarray\(dtype=uint8, shape=\(0, 8, 8, 3\)"):
+        recorder.grid_frame(np.zeros((0, 8, 8, 3), np.uint8), np.ones(0, bool))
+    with pytest.raises(ValueError, match="grid_frame got 2 frames but 1 active flags"):
+        recorder.grid_frame(np.zeros((2, 8, 8, 3), np.uint8), np.ones(1, bool))
+    recorder.close()
+    assert recorder.files == []
+
+
+@pytest.mark.parametrize(
+    "goal, error, match",
+    [
+        ("float", TypeError, r"expected a goal frame of uint8 RGB .*dtype=float32"),  # cast, it would be black
+        ("gray", TypeError, r"expected a goal frame of uint8 RGB .*shape=\(8, 8\)"),
+        ("short", ValueError, r"goal frame \(4, 8, 3\) is shown beside the env's frame \(8, 8, 3\).*same height"),
+    ],
+)
+def test_a_goal_frame_is_checked_like_the_env_frames(tmp_path, goal, error, match):
+    import numpy as np
+
+    goals = {
+        "float": np.full((8, 8, 3), 0.5, np.float32),
+        "gray": np.zeros((8, 8), np.uint8),
+        "short": np.zeros((4, 8, 3), np.uint8),
+    }
+    recorder = VideoRecorder(tmp_path)
+    recorder.bind(1, 10)
+    with pytest.raises(error, match=match):
+        recorder.start_episode(0, 0, np.zeros((8, 8, 3), np.uint8), goal=goals[goal])
+    recorder.close()
+    assert recorder.files == [] and list(tmp_path.iterdir()) == []
 
 
 class _FractionalFpsEnv:

@@ -105,6 +105,11 @@ def check_storable(dtype, what: str, info_key: str | None = None, action: bool =
         if info_key is not None:
             fix = (f"declare it float64 with info_spec={{{info_key}: np.float64(0)}} (values are rounded to "
                    "float64; one that overflows it is an error)")
+        elif action:
+            fix = (
+                "give the env an action space of dtype float64, e.g. gymnasium.wrappers.TransformAction(env, "
+                "lambda a: a.astype(np.longdouble), gymnasium.spaces.Box(low, high, shape, np.float64))"
+            )
         else:
             fix = "cast it to float64 (rounding), e.g. gymnasium.wrappers.DtypeObservation(env, np.float64)"
     else:

@@ -50,13 +50,20 @@ def require_imageio():
     return imageio
 
 
-def _check_frames(frames: np.ndarray, ndim: int) -> None:
-    """Frames are uint8 RGB: anything else would be cast (a float frame in [0, 1] turns black)."""
-    if not isinstance(frames, np.ndarray) or frames.dtype != np.uint8 or frames.ndim != ndim or frames.shape[-1] != 3:
+def _check_frames(frames: np.ndarray, ndim: int, what: str = "frames") -> None:
+    """Frames are uint8 RGB: anything else would be cast (a float frame in [0, 1] turns black); an empty one
+    (no pixels, or no frames) ffmpeg cannot write."""
+    if (
+        not isinstance(frames, np.ndarray)
+        or frames.dtype != np.uint8
+        or frames.ndim != ndim
+        or frames.shape[-1] != 3
+        or 0 in frames.shape
+    ):
         expected = "(H, W, 3)" if ndim == 3 else "(N, H, W, 3)"
         raise TypeError(
-            f"video: expected uint8 RGB frames {expected}, got {describe(frames)}; make the pixels uint8 (e.g. a "
-            "decoder returning (x * 255).to(torch.uint8))"
+            f"video: expected {what} of uint8 RGB {expected}, every size >= 1, got {describe(frames)}; make the "
+            "pixels uint8 (e.g. a decoder returning (x * 255).to(torch.uint8))"
         )
 
 
@@ -166,6 +173,8 @@ class VideoRecorder:
         if env in self._writers:
             self.end_episode(env)
         path = self.directory / f"{self.prefix}_{index:05d}.mp4"
+        if goal is not None:
+            _check_frames(goal, 3, "a goal frame")
         frame = _episode_frame(frame, goal)
         with interrupts_held():  # a Ctrl-C comes once the writer is recorded here, which close() finishes
             self._writers[env] = [self._open(path, frame), path, 1, goal]
@@ -196,6 +205,8 @@ class VideoRecorder:
             return
         _check_frames(frames, 4)
         n, h, w, _ = frames.shape
+        if len(active) != n:
+            raise ValueError(f"video: grid_frame got {n} frames but {len(active)} active flags; expected one per frame")
         cols = math.ceil(math.sqrt(n))
         rows = math.ceil(n / cols)
         canvas = np.zeros((rows * h, cols * w, 3), dtype=np.uint8)
@@ -239,6 +250,11 @@ class VideoRecorder:
 def _episode_frame(frame: np.ndarray, goal: np.ndarray | None) -> np.ndarray:
     """An episode video's frame: the env's ``(H, W, 3)`` frame, with the goal's frame beside it."""
     _check_frames(frame, 3)
+    if goal is not None and goal.shape[0] != frame.shape[0]:
+        raise ValueError(
+            f"video: the goal frame {tuple(goal.shape)} is shown beside the env's frame {tuple(frame.shape)}, so "
+            "it needs the same height; render the goal at the env's image size"
+        )
     if goal is not None:
         frame = np.concatenate([frame, goal], axis=1)
     return _even(np.ascontiguousarray(frame))

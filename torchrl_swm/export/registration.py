@@ -93,6 +93,26 @@ def _build_batched(factory, num_envs: int, kwargs: dict):
     return env
 
 
+def _check_render_mode(export, requested, factory):
+    """Warn, as ``gymnasium.make`` does for a render mode the env does not list, when the export cannot render
+    in the mode the factory was given (``render()`` reaches only an ``EnvPool``'s sub-envs); returns ``export``."""
+    if requested is not None and export.render_mode != requested:
+        if export.traits.pool is None:
+            why = (f"the env it built ({type(export.env).__name__}) is not an EnvPool, and render() reaches only "
+                   "an EnvPool's sub-envs")
+            fix = ("build an EnvPool in the factory (EnvPool(..., render_mode=render_mode)), or read the frames "
+                   "from the observations (e.g. TorchRL's from_pixels=True)")
+        else:
+            why = f"the EnvPool it built has render_mode={export.render_mode!r}"
+            fix = "pass the factory's render_mode on to EnvPool(..., render_mode=render_mode)"
+        warnings.warn(
+            f"register_gymnasium_env: gymnasium passed render_mode={requested!r} to the factory {factory!r}, but "
+            f"{why}, so the exported env has render_mode={export.render_mode!r}: {fix}",
+            stacklevel=3,
+        )
+    return export
+
+
 class _SingleEntryPoint:
     def __init__(self, factory, batched, export_kwargs):
         self.factory, self.batched, self.export_kwargs = factory, batched, export_kwargs
@@ -108,7 +128,8 @@ class _SingleEntryPoint:
             )
         if self.batched:
             env = _build_batched(self.factory, 1, kwargs)
-            return TorchRLGymEnv(env, squeeze_batch=True, **_single_kwargs(self.export_kwargs))
+            export = TorchRLGymEnv(env, squeeze_batch=True, **_single_kwargs(self.export_kwargs))
+            return _check_render_mode(export, kwargs.get("render_mode"), self.factory)
         env = self.factory(**kwargs)
         batch = tuple(getattr(env, "batch_size", ()))
         if batch:
@@ -119,7 +140,8 @@ class _SingleEntryPoint:
                 "env gymnasium.make asks for: register a factory that takes num_envs= (e.g. "
                 "functools.partial(EnvPool, 'CartPole-v1')), or one that builds an unbatched env"
             )
-        return TorchRLGymEnv(env, **_single_kwargs(self.export_kwargs))
+        export = TorchRLGymEnv(env, **_single_kwargs(self.export_kwargs))
+        return _check_render_mode(export, kwargs.get("render_mode"), self.factory)
 
 
 class _VectorEntryPoint:
@@ -138,7 +160,7 @@ class _VectorEntryPoint:
             from torchrl.envs import StepCounter, TransformedEnv
 
             env = TransformedEnv(env, StepCounter(max_steps=int(max_episode_steps)))
-        return TorchRLVectorEnv(env, **export_kwargs)
+        return _check_render_mode(TorchRLVectorEnv(env, **export_kwargs), kwargs.get("render_mode"), self.factory)
 
 
 def _single_kwargs(export_kwargs: dict) -> dict:
