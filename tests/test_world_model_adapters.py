@@ -169,6 +169,36 @@ def test_reward_fn_is_used_only_when_the_transition_has_no_reward():
     assert step_once(env)["reward"].view(-1).tolist() == [7.0, 7.0]
 
 
+def test_terminal_fn_is_used_only_when_the_transition_has_no_termination():
+    """As for rewards: the model's own termination is kept, and terminal_fn is never called."""
+    calls = []
+
+    def terminal_fn(state, obs, action):
+        calls.append(state)
+        return torch.ones(state.shape[0], dtype=torch.bool)
+
+    env = make_world_model_env(object(), BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2),
+                               transition_fn=lambda s, a: {"state": s + 1, "terminated": s[:, 0] + 1 >= 2},
+                               terminal_fn=terminal_fn)
+    rollout = env.rollout(4, break_when_any_done=False)
+    assert rollout["next", "terminated"][0, :, 0].tolist() == [False, True, False, True]
+    assert calls == []
+
+
+def test_terminal_fn_done_includes_the_models_own_truncation():
+    """TerminalAdapter sets done = terminated | truncated: a model's truncation is done without a time limit."""
+
+    def transition(state, action):  # t += 1; the model truncates at t == 3 and never terminates
+        return {"state": state + 1, "truncated": state[:, 0] + 1 >= 3}
+
+    env = make_world_model_env(object(), BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2),
+                               transition_fn=transition, terminal_fn=lambda s, o, a: o[:, 0] > 100)
+    rollout = env.rollout(5, break_when_any_done=False)
+    assert rollout["next", "truncated"][0, :, 0].tolist() == [False, False, True, False, False]
+    assert rollout["next", "done"][0, :, 0].tolist() == [False, False, True, False, False]
+    assert rollout["next", "observation"][0, :, 0].tolist() == [1.0, 2.0, 3.0, 1.0, 2.0]  # restarted once done
+
+
 def test_missing_reward_is_zero_and_missing_termination_is_false():
     env = WorldModelEnv(object(), BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2), transition_fn=lambda s, a: s)
     out = step_once(env)
@@ -446,6 +476,30 @@ def test_transition_generator_extra_is_the_env_generator():
     env = WorldModelEnv(object(), BOX2, BOX2, num_envs=1, initial_state=torch.zeros(2), transition_fn=transition)
     step_once(env)
     assert got == [env.generator]
+
+
+@pytest.mark.parametrize("role", ["action_transform_fn", "reward_fn", "terminal_fn"])
+def test_adapter_transforms_generator_extra_is_the_step_stream(role):
+    """Steps draw from env.generator, resets from env.reset_generator: a partial reset never moves a step's noise."""
+    got = []
+
+    def action_transform_fn(action, generator):
+        got.append(generator)
+        return action
+
+    def reward_fn(state, obs, action, generator):
+        got.append(generator)
+        return state[:, 0]
+
+    def terminal_fn(state, obs, action, generator):
+        got.append(generator)
+        return state[:, 0] > 100
+
+    fn = {"action_transform_fn": action_transform_fn, "reward_fn": reward_fn, "terminal_fn": terminal_fn}[role]
+    env = make_world_model_env(object(), BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2), seed=0,
+                               transition_fn=lambda s, a: s + a, **{role: fn})
+    step_once(env)
+    assert got[-1] is env.base_env.generator and got[-1] is not env.base_env.reset_generator
 
 
 def test_name_tie_breaks_and_var_positional():

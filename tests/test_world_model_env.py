@@ -16,6 +16,7 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 from torchrl.collectors import Collector
 from torchrl.data import (
+    Bounded,
     Composite,
     LazyTensorStorage,
     MultiOneHot,
@@ -24,14 +25,14 @@ from torchrl.data import (
     TensorDictReplayBuffer,
     Unbounded,
 )
-from torchrl.envs import EnvBase, RewardSum, StepCounter, TransformedEnv
+from torchrl.envs import Compose, EnvBase, RewardSum, StepCounter, TransformedEnv
 from torchrl.envs.utils import check_env_specs
 from torchrl.testing import rollout_consistency_assertion
 from wm_models import ACT1, OBS3, CountingModel, EncoderModel, NoisyModel, PointMass, RSSMLike, counting_env
 
 from torchrl_swm import WorldModelEnv, make_world_model_env, to_gymnasium
-from torchrl_swm.world_model import ActionAdapter, ObservationDecoder, RewardAdapter
 from torchrl_swm.errors import SpecError
+from torchrl_swm.world_model import ActionAdapter, ObservationDecoder, RewardAdapter, TerminalAdapter
 from torchrl_swm.world_model.adapters import AdapterError, ReturnFormError
 
 BOX2 = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
@@ -1162,6 +1163,25 @@ def test_adapter_transforms_report_bad_returns():
         TransformedEnv(_plain_env(), RewardAdapter(lambda s, o, a: s)).rollout(2)
 
 
+def test_an_action_transform_fn_returning_another_dtype_is_named_not_the_policys_action():
+    """ActionAdapter checks the dtype too: a float64 model action names action_transform_fn, not the policy."""
+    env = make_world_model_env(CountingModel(), OBS3, gym.spaces.Discrete(2), num_envs=2, initial_state=torch.zeros(3),
+                               action_transform_fn=lambda a: a.double().unsqueeze(-1), model_action_space=ACT1)
+    td = env.reset().set("action", torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(ReturnFormError, match=r"action_transform_fn .*float64.*expected the model's action: "
+                                              r"dtype torch\.float32, shape \(2, 1\)"):
+        env.step(td)
+
+
+def test_the_model_action_probe_refuses_an_action_transform_fn_that_drops_the_batch_dim():
+    """One model action for the whole batch is refused at construction, pointing at model_action_space=."""
+    moves = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
+    with pytest.raises(ReturnFormError, match=r"returned Tensor\(dtype=torch\.float32, shape=\(2,\)\) for a batch "
+                                              r"of 1 .*Pass model_action_space= to skip this probe"):
+        make_world_model_env(object(), BOX2, gym.spaces.Discrete(4), num_envs=3, initial_state=torch.zeros(2),
+                             transition_fn=lambda s, a: s + a, action_transform_fn=lambda a: moves[a[0]])
+
+
 def test_action_adapter_refuses_a_dict_model_action_space_clearly():
     dict_actions = gym.spaces.Dict({"a": BOX2, "b": ACT1})
     with pytest.raises(TypeError, match=r"model's action space must be a single \(non-Dict\) space, got Dict"):
@@ -1197,6 +1217,20 @@ def test_observation_decoder_standalone_with_spec():
     td["action"] = torch.ones(2, 1)
     out = env.step(td)["next"]
     assert torch.equal(out["decoded"], out["observation"] * 2)
+
+
+def test_a_probed_uint8_decoder_output_gets_a_bounded_0_255_spec():
+    """ObservationDecoder without spec=: uint8 pixels are declared Bounded(0, 255), as its docstring says."""
+
+    def decoder(obs):
+        return (obs[:, None, None, :1].expand(-1, 4, 4, 3) * 50 + 100).clamp(0, 255).to(torch.uint8)
+
+    env = make_world_model_env(object(), BOX2, FORCE, num_envs=3, initial_state=torch.zeros(2),
+                               transition_fn=lambda s, a: s + a, decoder=decoder)
+    spec = env.observation_spec["pixels"]
+    assert isinstance(spec, Bounded) and spec.dtype == torch.uint8 and spec.shape == (3, 4, 4, 3)
+    assert (spec.space.low == 0).all() and (spec.space.high == 255).all()
+    check_env_specs(env)
 
 
 def test_collector_drives_the_env():
@@ -1777,8 +1811,6 @@ def test_decoder_of_a_dict_observation_names_its_input_entry():
 
 
 def test_adapters_refuse_what_the_model_would_silently_lose():
-    from torchrl.data import Bounded
-
     from torchrl_swm.errors import SpecError
 
     box = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
@@ -2048,6 +2080,30 @@ def test_a_sampling_decoder_keeps_frozen_rows_for_dict_and_nan_inputs_and_their_
         weight.grad = None
         out["next", key][1].sum().backward()  # the frozen row's pixels, from the step before
         assert weight.grad is not None and weight.grad.abs().sum() > 0, key
+
+
+@pytest.mark.parametrize("edit", ["one entry", "below isclose's default tolerance"])
+def test_a_sampling_decoder_decodes_a_frozen_row_again_once_the_caller_edited_its_observation(edit, device):
+    """With state_key the env keeps a frozen row's observation as the caller gave it, maybe edited: its old pixels
+    are kept only when that observation is exactly the one they were decoded from, else it is decoded again."""
+
+    def decoder(obs, generator):  # pixels = [obs, noise]: their first entries show which input they came from
+        return torch.cat([obs, torch.rand(obs.shape[0], 1, generator=generator, device=obs.device)], -1)
+
+    env = make_world_model_env(object(), BOX2, FORCE, num_envs=3, initial_state=torch.full((2,), 1000.0),
+                               transition_fn=lambda s, a: s + a, state_key="observation", decoder=decoder, seed=0,
+                               device=device)
+    td = env.step(env.reset().set("action", torch.zeros(3, 2, device=device)))["next"].clone()
+    if edit == "one entry":
+        td["observation"][1, 0] += 5.0
+    else:  # 1000 -> 1000.005: equal under torch.isclose's default rtol=1e-5
+        td["observation"][1] += 0.005
+    td["action"] = torch.zeros(3, 2, device=device)
+    td["_step"] = torch.tensor([True, False, False], device=device)  # rows 1 and 2 frozen, row 1 edited
+    out = env.step(td)["next"]
+    assert torch.equal(out["observation"][1:], td["observation"][1:])
+    assert torch.equal(out["pixels"][1, :2], td["observation"][1])  # decoded again from the edited observation
+    assert torch.equal(out["pixels"][2], td["pixels"][2])  # the unedited frozen row keeps its pixels
 
 
 @pytest.mark.parametrize("state", ["tensor", "dict"])
@@ -3060,6 +3116,27 @@ def test_a_cloned_adapter_transform_binds_to_the_env_it_is_cloned_into():
     assert torch.equal(got["next", "reward"], expected["next", "reward"])
     assert torch.equal(got["next", "pixels"], expected["next", "pixels"])
     assert torch.equal(got["next", "pixels"], got["next", "observation"] * 10)
+
+
+def test_hand_built_adapter_transforms_pass_their_own_model_first():
+    """An adapter transform's model= is what its fn receives first (the base env's model is only the default)."""
+
+    class Model:
+        def __init__(self, scale):
+            self.scale = scale
+
+    base = WorldModelEnv(Model(1.0), BOX2, FORCE, num_envs=2, initial_state=torch.zeros(2),
+                         transition_fn=lambda s, a: s + a)
+    other = Model(10.0)
+    env = TransformedEnv(base, Compose(
+        ActionAdapter(lambda model, a: a * model.scale, FORCE, model=other),
+        RewardAdapter(lambda model, s, o, a: torch.full((s.shape[0],), model.scale), model=other),
+        TerminalAdapter(lambda model, s, o, a: torch.full((s.shape[0],), model.scale > 5), model=other),
+    ))
+    out = env.step(env.reset().set("action", torch.full((2, 2), 0.1)))["next"]
+    assert out["observation"].tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    assert out["reward"].view(-1).tolist() == [10.0, 10.0]
+    assert out["terminated"].view(-1).tolist() == [True, True]
 
 
 @pytest.mark.parametrize("batch", [(), (3,), (2, 3)])

@@ -198,6 +198,20 @@ def test_time_limit_keeps_a_model_truncation_of_a_frozen_row():
     assert nxt["done"].flatten().tolist() == [True, False]
 
 
+def test_time_limit_row_frozen_one_step_before_the_limit_is_not_done():
+    """TorchRL's StepCounter counts a frozen row to the limit and sets its done: RowStepCounter puts done back too."""
+    env = _limited_env(3)
+    td = env.reset()
+    for t in range(3):
+        td["action"] = torch.zeros(2, 1)
+        td["_step"] = _frozen([True, t < 2])  # row 1 frozen at what would be its third step
+        nxt = env.step(td)["next"]
+        td = nxt.clone()
+    assert nxt["step_count"].flatten().tolist() == [3, 2]
+    assert nxt["truncated"].flatten().tolist() == [True, False]
+    assert nxt["done"].flatten().tolist() == [True, False]
+
+
 # -- 4. transitions that declare mask= -----------------------------------------------------------------------------
 
 
