@@ -218,6 +218,48 @@ def test_explicit_seed_every_episode_is_kept_and_other_factories_warn():
         gym.make_vec(env_id, num_envs=2)
 
 
+def test_a_partial_that_binds_seed_every_episode_keeps_it_without_a_warning():
+    # a functools.partial setting seed_every_episode asked for it: neither overridden nor warned about
+    env_id = _id("Seeding")
+    register_gymnasium_env(env_id, functools.partial(EnvPool, "CartPole-v1", seed_every_episode=True))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*seed_every_episode")
+        env = gym.make(env_id)
+    env.reset(seed=0)  # the pool's own schedule: episode k of a one-env pool gets seed s + k
+    np.testing.assert_array_equal(env.reset()[0], gym.make("CartPole-v1").reset(seed=1)[0])
+    env.close()
+
+
+def test_info_keys_reach_the_env_of_make_as_well_as_make_vec():
+    # info_keys=[] empties the infos of gymnasium.make's single env too, not only those of make_vec's vector env
+    env_id = _id("Pool")
+    register_gymnasium_env(env_id, functools.partial(EnvPool, "CartPole-v1"), info_keys=[])
+    env = gym.make(env_id)
+    assert env.reset(seed=0)[1] == {} and env.step(0)[4] == {}
+    env.close()
+    envs = gym.make_vec(env_id, num_envs=2)
+    assert envs.reset(seed=0)[1] == {}
+    envs.close()
+
+
+def test_spec_fields_reach_the_registered_spec():
+    # reward_threshold and nondeterministic are gymnasium's EnvSpec fields: registration passes them through
+    env_id = _id("Pool")
+    spec = register_gymnasium_env(env_id, pool_factory, reward_threshold=475.0, nondeterministic=True)
+    assert gym.spec(env_id) is spec
+    assert spec.reward_threshold == 475.0 and spec.nondeterministic is True
+
+
+def test_other_register_arguments_reach_gymnasium_register():
+    # **register_kwargs (disable_env_checker, order_enforce) go to gymnasium.register: make() adds neither wrapper
+    env_id = _id("Pool")
+    spec = register_gymnasium_env(env_id, pool_factory, disable_env_checker=True, order_enforce=False)
+    assert spec.disable_env_checker is True and spec.order_enforce is False
+    env = gym.make(env_id)
+    assert env is env.unwrapped  # no PassiveEnvChecker, no OrderEnforcing
+    env.close()
+
+
 def test_make_of_a_pool_over_discrete_actions_with_a_start():
     env_id = _id("StartActions")
     register_gymnasium_env(env_id, lambda num_envs=1, **kw: EnvPool([StartActionEnv] * num_envs, **kw))

@@ -223,6 +223,14 @@ def test_inverted_bounds_are_a_spec_error_naming_the_leaf():
     env.close()
 
 
+def test_a_constant_leaf_with_low_equal_to_high_is_exported_not_refused_as_inverted():
+    # low == high is a valid Box (gymnasium builds Box(0.5, 0.5)); only low > high is inverted
+    spec = Bounded(low=torch.tensor([0.0, 1.0]), high=torch.tensor([0.0, 2.0]), shape=(2,), dtype=torch.float32)
+    assert spec_to_space(spec) == gym.spaces.Box(np.array([0, 1], np.float32), np.array([0, 2], np.float32))
+    constant = gym.spaces.Box(0.5, 0.5, (3,), np.float32)
+    assert spec_to_space(space_to_spec(constant)) == constant
+
+
 def test_one_hot_observations_decode_to_indices():
     """A OneHot observation leaf is exposed as Discrete and decoded on the device."""
     from torchrl_swm.export._core import Layout

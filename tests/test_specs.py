@@ -331,3 +331,14 @@ def test_a_collector_without_policy_sends_half_open_box_actions_inside_the_space
         pass
     collector.shutdown()
     assert len(received) >= 40 and all(space.contains(a) for a in received)
+
+
+def test_half_open_box_leaves_of_a_nested_dict_action_sample_inside_their_space():
+    # the action treatment reaches Dict leaves at any depth: TorchRL's Bounded.rand would draw NaN there
+    from torchrl_swm.specs import BoxBounded
+
+    space = gym.spaces.Dict({"a": _HALF_OPEN[0], "b": gym.spaces.Dict({"c": _HALF_OPEN[1]})})
+    spec = space_to_spec(space, action=True)
+    draws = spec.rand((100,))
+    assert all(space.contains({"a": d["a"].numpy(), "b": {"c": d["b", "c"].numpy()}}) for d in draws)
+    assert type(spec["a"]) is BoxBounded and type(spec["b", "c"]) is BoxBounded

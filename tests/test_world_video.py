@@ -367,6 +367,55 @@ def test_video_recorder_checks_fps_and_quality_up_front(tmp_path):
         assert recorder.fps == used
 
 
+def test_reusing_a_directory_warns_for_a_prefix_with_glob_characters(tmp_path):
+    # the prefix is matched literally: "run[1]" as a glob pattern would look for "run1_*.mp4" and find nothing
+    rec = VideoRecorder(tmp_path, prefix="run[1]")
+    rec.bind(1, None)
+    rec.start_episode(0, 0, np.zeros((8, 8, 3), np.uint8))
+    rec.end_episode(0)
+    with pytest.warns(UserWarning, match=r"already holds 1 video\(s\) \(run\[1\]_00000.mp4, ...\)"):
+        VideoRecorder(tmp_path, prefix="run[1]")
+
+
+def test_quality_reaches_the_encoder(tmp_path):
+    # quality= is ffmpeg's, not ignored: the same noisy clip takes more bytes at each higher quality
+    frame = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    sizes = []
+    for quality in (1, 5, 10):
+        rec = VideoRecorder(tmp_path / str(quality), quality=quality)
+        rec.bind(1, None)
+        rec.start_episode(0, 0, frame)
+        for _ in range(4):
+            rec.add_frame(0, frame)
+        rec.end_episode(0)
+        sizes.append(rec.files[0].stat().st_size)
+    assert sizes[0] < sizes[1] < sizes[2], sizes
+
+
+def test_a_ctrl_c_cutting_the_first_frame_leaves_no_file(tmp_path):
+    # a Ctrl-C as ffmpeg takes the first frame (its file exists by then): the unreadable file is removed, not left
+    recorder = VideoRecorder(tmp_path)
+    recorder.bind(1, 10)
+    real = recorder.imageio
+
+    class CtrlCAfterTheFirstFrame:  # the real imageio, with a Ctrl-C once a writer has written its first frame
+        def get_writer(self, *args, **kwargs):
+            writer = real.get_writer(*args, **kwargs)
+            append = writer.append_data
+
+            def append_then_ctrl_c(frame):
+                append(frame)
+                raise KeyboardInterrupt
+
+            writer.append_data = append_then_ctrl_c
+            return writer
+
+    recorder.imageio = CtrlCAfterTheFirstFrame()
+    with pytest.raises(KeyboardInterrupt):
+        recorder.start_episode(0, 0, np.zeros((8, 8, 3), np.uint8))
+    assert list(tmp_path.iterdir()) == [] and recorder.files == []
+
+
 def test_a_run_cut_by_ctrl_c_keeps_finished_videos_and_marks_the_cut_episodes(tmp_path):
     # every episode_<index>.mp4 is a whole episode; an episode the interrupt cut keeps its frames as .cut.mp4
     pool = pixel_pool([2, 30, 30])
