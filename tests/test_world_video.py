@@ -355,7 +355,9 @@ def test_video_recorder_checks_fps_and_quality_up_front(tmp_path):
         ({"fps": 1e-7}, ValueError, "fps must be a number from 0.001 to 10000.*got 1e-07"),
         ({"fps": 1e10}, ValueError, "fps must be a number from 0.001 to 10000.*got 10000000000.0"),  # ffmpeg: no file
         ({"fps": "10"}, TypeError, "fps must be a number, got str"),
-        ({"quality": 50}, ValueError, r"quality must be a number from 0 to 10 .*got 50"),
+        ({"quality": 50}, ValueError, r"quality must be a number from 1 to 10 .*got 50"),
+        ({"quality": 0}, ValueError, r"quality must be a number from 1 to 10 .*got 0"),  # imageio-ffmpeg's assert
+        ({"quality": 0.5}, ValueError, r"quality must be a number from 1 to 10 .*got 0.5"),
         ({"quality": None}, TypeError, "quality must be a number"),
     ):
         with pytest.raises(error, match=message):

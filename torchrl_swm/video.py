@@ -95,7 +95,7 @@ class VideoRecorder:
         layout: ``"episodes"`` (one file per episode) or ``"grid"`` (one file).
         fps: frames per second; default: the env's ``metadata["render_fps"]``, else 30.
         prefix: file name prefix for ``layout="episodes"``.
-        quality: imageio's ffmpeg quality (0-10).
+        quality: imageio-ffmpeg's quality, from 1 (smallest files) to 10 (best).
 
     Attributes:
         files: the paths written so far, in the order they were closed.
@@ -116,8 +116,9 @@ class VideoRecorder:
         if fps is not None and not _usable_fps(check_number(fps, "VideoRecorder: fps")):
             raise ValueError(f"VideoRecorder: fps must be a number from {_MIN_FPS} to {_MAX_FPS} (ffmpeg takes it "
                              f"as a fraction), got {fps!r}")
-        if not 0 <= check_number(quality, "VideoRecorder: quality") <= 10:
-            raise ValueError(f"VideoRecorder: quality must be a number from 0 to 10 (imageio's ffmpeg quality), "
+        # imageio-ffmpeg asserts 1 <= quality <= 10 at the first frame (imageio's docs say 0-10): checked here
+        if not 1 <= check_number(quality, "VideoRecorder: quality") <= 10:
+            raise ValueError(f"VideoRecorder: quality must be a number from 1 to 10 (imageio-ffmpeg's quality), "
                              f"got {quality!r}")
         self.imageio = require_imageio()
         self.directory = Path(directory)
