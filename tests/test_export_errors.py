@@ -123,9 +123,12 @@ def test_bad_seeds():
         envs.reset(seed=1.5)
     with pytest.raises(TypeError, match="seed must be an int"):
         envs.reset(seed=torch.tensor(1.5))
-    a, _ = envs.reset(seed=torch.tensor(3))  # a 0-d integer tensor is the int 3, as for the pool itself
+    with pytest.raises(TypeError, match="seeds must be integers"):
+        envs.reset(seed=[True, 1])  # a bool inside a list is refused as a bare bool is, not read as the seed 1
     b, _ = envs.reset(seed=3)
-    assert np.array_equal(a, b)
+    for seed in (torch.tensor(3), np.array(3)):  # a 0-d integer tensor or array is the int 3, as for the pool itself
+        a, _ = envs.reset(seed=seed)
+        assert np.array_equal(a, b)
 
 
 class _SpecEnv(EnvBase):

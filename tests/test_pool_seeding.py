@@ -178,6 +178,10 @@ def test_a_none_seed_entry_leaves_that_env_on_its_own_schedule(backend):
 @pytest.mark.parametrize("seed, error", [
     ([1, 2], ValueError), (np.arange(4), ValueError), (-1, ValueError), (1.5, TypeError), ([1, None, 2.5], TypeError),
     ([1, None, -3], ValueError),
+    # a bool inside a list is refused as a bare bool is, not read as the seed 1
+    ([True, 1, 2], TypeError), ((5, None, True), TypeError),
+    # a 0-d float or bool array/tensor is refused, not truncated to an int seed (3.7 -> 3, True -> 1)
+    (np.array(3.7), TypeError), (torch.tensor(3.7), TypeError), (np.array(True), TypeError),
 ])
 def test_bad_seeds(seed, error):
     pool = EnvPool([functools.partial(counting, length=2)] * 3)

@@ -500,6 +500,12 @@ def test_same_seed_same_rollout_model_randomness_included():
     assert (_rollout(env) == r1).all()
 
 
+def test_unseeded_envs_draw_different_model_noise():
+    # seed=None is fresh OS entropy for the model stream too, not torch's fixed default seed; same zero starts
+    ra, rb = _rollout(noisy_env(seed=None), 5), _rollout(noisy_env(seed=None), 5)
+    assert not torch.equal(ra["next", "observation"], rb["next", "observation"])
+
+
 def test_reset_seed_keyword_reseeds_and_models_may_use_the_env_generator():
     holder = {}
 
