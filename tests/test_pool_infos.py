@@ -204,6 +204,7 @@ def _check_episode_statistics(rollout, n):
     done = nxt["done"][..., 0]
     assert done.sum() >= 2 * n
     assert torch.equal(nxt["info_mask", "episode", "r"][..., 0], done)  # at every episode end, and only there
+    assert not rollout["info_mask", "episode", "r"].any()  # never again at the reset that follows
     for i in range(n):  # each episode's return and length, from the rewards (episodes start at the rollout's start)
         ends = done[i].nonzero().view(-1).tolist()
         for start, end in zip([0] + [e + 1 for e in ends[:-1]], ends):
@@ -221,6 +222,19 @@ def test_sub_env_statistics_wrappers_of_a_sync_vector_env_are_recorded(mode, see
     venv = gym.make_vec("CartPole-v1", 2, vectorization_mode="sync", wrappers=[gym.wrappers.RecordEpisodeStatistics],
                         vector_kwargs={"autoreset_mode": AutoresetMode(mode.title().replace("_", ""))})
     pool = EnvPool(venv, seed=0, seed_every_episode=seed_every_episode)
+    _check_episode_statistics(pool.rollout(100, break_when_any_done=False), 2)
+    pool.close()
+
+
+def test_statistics_of_both_sub_env_and_vector_wrappers_are_recorded_once():
+    """Sub-envs and the vector env both wrapped in RecordEpisodeStatistics (SAME_STEP: under NEXT_STEP gymnasium's
+    vector wrapper refuses a sub-env "episode"): the vector wrapper's top-level "episode" (the sub-envs' is in
+    final_info) was kept as reset info, so each episode's statistics were recorded a second time at the root of
+    the next episode's first step."""
+    from gymnasium.vector import AutoresetMode
+
+    venv = gym.vector.SyncVectorEnv([_recording_episode_statistics] * 2, autoreset_mode=AutoresetMode.SAME_STEP)
+    pool = EnvPool(gym.wrappers.vector.RecordEpisodeStatistics(venv), seed=0, seed_every_episode=False)
     _check_episode_statistics(pool.rollout(100, break_when_any_done=False), 2)
     pool.close()
 

@@ -290,7 +290,7 @@ class VectorBackend(InProcessBackend):
             # as step() reads them: a finished row's top-level info is its next episode's reset info, and its
             # last step's is in final_info (with the episode statistics of the wrappers in the vector env)
             final_info = step_info.get("final_info", {})
-            terminal = self._terminal_extras(step_info, final_info)
+            terminal = self._terminal_extras(step_info)
             next_reset = {k: v for k, v in step_info.items() if k not in terminal}
             phases = [("reset", reset_info, None), ("step", step_info, ~done), ("reset", next_reset, done),
                       ("step", {**terminal, **final_info}, done)]
@@ -552,7 +552,7 @@ class VectorBackend(InProcessBackend):
             # the vector env has already reset the done rows: keep their reset observation and
             # info for TorchRL's reset of those rows, and write their terminal ones
             final_info = info.get("final_info", {})
-            terminal = self._terminal_extras(info, final_info)
+            terminal = self._terminal_extras(info)
             self._stash_obs = obs
             self._stash_info = {k: v for k, v in info.items() if k not in terminal} if terminal else info
             self.stashed |= done
@@ -568,7 +568,7 @@ class VectorBackend(InProcessBackend):
             self.pending_done = done
         return None if self.frames is None else self._store_frames(None)
 
-    def _terminal_extras(self, info: Mapping, final_info: Mapping) -> dict:
+    def _terminal_extras(self, info: Mapping) -> dict:
         """SAME_STEP: top-level info entries that belong to the terminal step, not to the reset.
 
         Gymnasium puts a finished env's reset info at the top level and its last step's in
@@ -576,8 +576,10 @@ class VectorBackend(InProcessBackend):
         (``"episode"``) at the top level too. Those entries of the wrappers in the vector env's chain are
         recorded at the terminal step, as under NEXT_STEP, not at the reset that follows (nor lost to a
         seeded reset's own info). Every other top-level entry is reset info, even one the env's first
-        reset did not report (a reset may report a key from its second episode on)."""
-        names = [k for k in self._episode_stat_keys if k in info and k not in final_info]
+        reset did not report (a reset may report a key from its second episode on). Such an entry is taken
+        out of the reset info even when ``final_info`` has it too (sub-envs wrapped in
+        ``RecordEpisodeStatistics`` as well): left there, it would be recorded again at the reset."""
+        names = [k for k in self._episode_stat_keys if k in info]
         extras = {k: info[k] for k in names}
         extras.update((f"_{k}", info[f"_{k}"]) for k in names if f"_{k}" in info)
         return extras
