@@ -1406,18 +1406,22 @@ class _MaybeGoal(SlowEnv):
             self.goal = 3
 
 
-@pytest.mark.parametrize("backend", ["serial", "process"])
+@pytest.mark.parametrize("backend", ["serial", "process", "sync_vector"])
 def test_a_missing_attribute_is_an_attribute_error_naming_the_env_on_every_backend(backend):
     from torchrl_swm.errors import EnvAttributeError
 
     fns = [functools.partial(_MaybeGoal, i != 2) for i in range(4)]
-    pool = EnvPool(fns, backend=backend, num_workers=2, seed=0) if backend == "process" else EnvPool(fns, seed=0)
+    if backend == "sync_vector":  # its envs run here: the traceback says which one lacks it
+        pool = EnvPool(gym.vector.SyncVectorEnv(fns), seed=0)
+    else:
+        pool = EnvPool(fns, backend=backend, num_workers=2, seed=0) if backend == "process" else EnvPool(fns, seed=0)
     try:
         for call in (lambda: pool.get_attr("goal"), lambda: pool.call("goal")):
             with pytest.raises(AttributeError, match="has no attribute 'goal'") as caught:
                 call()
             assert isinstance(caught.value, EnvAttributeError) and caught.value.env_index == 2
-        assert pool.get_attr("goal", indices=[0, 3]) == [3, 3]
+        if backend != "sync_vector":  # a vector env's get_attr reaches every env
+            assert pool.get_attr("goal", indices=[0, 3]) == [3, 3]
     finally:
         pool.close()
 

@@ -1224,11 +1224,36 @@ def test_an_env_render_that_raises_is_an_env_error_of_phase_render(kind):
         with pytest.raises(EnvError, match=r"\(render\): ValueError: render failed") as err:
             pool.step(td)
         assert err.value.phase == "render" and isinstance(err.value.__cause__, ValueError)
-        assert err.value.env_index == (1 if kind == "serial" else None)  # a vector env does not say which
+        assert err.value.env_index == 1  # a SyncVectorEnv runs its envs here: the traceback says which
         with pytest.raises(EnvError, match=r"since a step of theirs raised"):
             pool.step(td)
     finally:
         pool.close()
+
+
+class _RaisesAfterItsEnvsStep(gym.vector.SyncVectorEnv):
+    """Its sub-envs step fine; then the vector env's own code raises."""
+
+    def step(self, actions):
+        super().step(actions)
+        raise ValueError("the vector env's own step failed")
+
+
+def test_a_sync_vector_env_error_names_the_sub_env_that_raised_and_no_env_for_its_own():
+    fns = [functools.partial(CountingEnv, length=50)] * 3 + [functools.partial(FailingEnv, fail_at=2)]
+    for venv, index, message in (
+        (gym.vector.SyncVectorEnv(fns), 3, r"env 3 \(step\): ValueError: boom at step 2"),
+        (_RaisesAfterItsEnvsStep(fns[:3]), None, r"pool \(step\): ValueError: the vector env's own step failed"),
+    ):
+        pool = EnvPool(venv, seed=0, info_keys=[])  # no construction probe: its step would raise
+        try:
+            td = pool.reset()
+            with pytest.raises(EnvError, match=message) as err:
+                for _ in range(2):
+                    td = pool.step(td.set("action", torch.zeros(pool.num_envs, dtype=torch.int64)))["next"]
+            assert err.value.env_index == index and isinstance(err.value.__cause__, ValueError)
+        finally:
+            pool.close()
 
 
 def test_a_step_without_an_action_says_what_it_expected():

@@ -333,17 +333,45 @@ class VectorBackend(InProcessBackend):
 
     def _env_failure(self, err: Exception, phase: str, rows) -> EnvError:
         """The vector env raised: name the env when it can be known (the AsyncVectorEnv worker gymnasium shut
-        down, or the only row being reset); otherwise list the rows the call reached."""
+        down, the SyncVectorEnv sub-env the traceback enters, or the only row being reset); otherwise list the
+        rows the call reached."""
         dead = self._shut_down_workers()
         text = error_text(err)
         if len(dead) == 1:
             return EnvError(dead[0], phase, f"{text} (its AsyncVectorEnv worker was shut down: build a new pool)")
+        raised = self._sub_env_that_raised(err)
+        if raised is not None:
+            return EnvError(raised, phase, text)
         if rows is not None and len(rows) == 1:
             return EnvError(int(rows[0]), phase, text)
         where = "" if rows is None else (
             f" while resetting envs {[int(r) for r in rows]} (the vector env does not say which)"
         )
         return EnvError(None, phase, f"{text}{where}")
+
+    def _sub_env_that_raised(self, err: Exception) -> int | None:
+        """The index of the sub-env whose call raised ``err``, for a vector env running its envs in this process
+        (``SyncVectorEnv``): the first of its ``envs`` whose method the traceback enters. ``None`` when the error
+        came from no sub-env (the vector env's own code, or envs in other processes)."""
+        envs = getattr(_innermost(self.venv), "envs", None)
+        if not isinstance(envs, (list, tuple)):
+            return None
+        index = {id(env): i for i, env in enumerate(envs)}
+        tb = err.__traceback__
+        while tb is not None:
+            i = index.get(id(tb.tb_frame.f_locals.get("self")))
+            if i is not None:
+                return i
+            tb = tb.tb_next
+        return None
+
+    def _attribute_errors(self, fn, phase: str, *args, **kwargs):
+        """``fn(*args, **kwargs)`` (the vector env's own call/get_attr), a missing attribute raised as the
+        backends' :class:`~torchrl_swm.errors.EnvAttributeError`, naming the env where the traceback says which."""
+        try:
+            return fn(*args, **kwargs)
+        except AttributeError as err:
+            raise EnvAttributeError(self._sub_env_that_raised(err), phase, error_text(err)) from err
 
     def check_ready(self, command: str) -> None:
         self._check_workers(command)
@@ -647,7 +675,7 @@ class VectorBackend(InProcessBackend):
                     "call it without indices"
                 )
             return call_envs(inner.envs, rows, name, args, kwargs)
-        values = _attribute_errors(call, f"call {name}", name, *args, **kwargs)
+        values = self._attribute_errors(call, f"call {name}", name, *args, **kwargs)
         return [values[j] for j in rows]
 
     def is_wrapped(self, rows, wrapper_class) -> list[bool]:
@@ -663,7 +691,7 @@ class VectorBackend(InProcessBackend):
 
     def get_attr(self, rows, name) -> list:
         self._check_workers("get_attr")
-        values = _attribute_errors(self._per_env("get_attr"), "get_attr", name)
+        values = self._attribute_errors(self._per_env("get_attr"), "get_attr", name)
         return [values[j] for j in rows]
 
     def set_attr(self, rows, name, values, outermost: bool = False) -> None:
@@ -689,7 +717,7 @@ class VectorBackend(InProcessBackend):
         else:
             # the vector env sets one value per env: the rows not set keep theirs (an attribute they lack is an
             # EnvAttributeError; gymnasium's AsyncVectorEnv then shuts its workers down)
-            current = list(_attribute_errors(self._per_env("get_attr"), "set_attr", name))
+            current = list(self._attribute_errors(self._per_env("get_attr"), "set_attr", name))
         for j, value in zip(rows, values):
             current[j] = value
         set_attr(name, current)
@@ -741,15 +769,6 @@ class VectorBackend(InProcessBackend):
                     raise
         if env_error is not None:
             raise env_error
-
-
-def _attribute_errors(fn, phase: str, *args, **kwargs):
-    """``fn(*args, **kwargs)`` (the vector env's own call/get_attr), a missing attribute raised as the
-    backends' :class:`~torchrl_swm.errors.EnvAttributeError` (the vector env does not say which env lacks it)."""
-    try:
-        return fn(*args, **kwargs)
-    except AttributeError as err:
-        raise EnvAttributeError(None, phase, error_text(err)) from err
 
 
 def _single_options(options):
