@@ -605,6 +605,19 @@ def test_next_step_vector_env_without_masked_reset_is_refused_clearly():
         EnvPool(Plain())
 
 
+def test_a_vector_env_whose_metadata_has_no_autoreset_mode_is_next_step():
+    # gymnasium's default autoreset mode is NEXT_STEP: such an env needs a masked reset, as a declared NEXT_STEP one
+    class Undeclared(gym.vector.VectorEnv):
+        def __init__(self):
+            self.num_envs = 2
+            self.single_observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+            self.single_action_space = gym.spaces.Discrete(2)
+
+    assert "autoreset_mode" not in Undeclared.metadata
+    with pytest.raises(SpecError, match="autoresets in NEXT_STEP mode"):
+        EnvPool(Undeclared())
+
+
 @pytest.mark.parametrize("declared", ["no", 1, [True]])
 def test_masked_reset_takes_a_bool_or_a_function_never_a_truthy_object(declared):
     """masked_reset="no" must not declare a masked reset (bool("no") is True)."""
@@ -666,6 +679,60 @@ def test_same_step_vector_env_without_masked_reset_refuses_to_reseed_rows_it_res
     # the env already reset row 0 itself, unseeded: an explicit seed cannot be honoured
     with pytest.raises(EnvError, match=r"env 0 \(reset\).*reset these rows itself, unseeded"):
         pool.reset(td.clone().set("_reset", td["done"].clone()), seed=[7, 8])
+    pool.close()
+
+
+def test_same_step_vector_env_without_masked_reset_takes_a_reset_mask_of_every_row_as_a_full_reset():
+    # only row 0 finished, but a mask of every row needs no masked reset: it is the vector env's own reset()
+    pool = EnvPool(SameStepCounter(), seed_every_episode=False)
+    td = pool.reset()
+    for _ in range(2):
+        td = pool.step(td.set("action", torch.zeros(2, dtype=torch.int64)))["next"]
+    assert td["done"].view(-1).tolist() == [True, False]
+    out = pool.reset(td.clone().set("_reset", torch.ones(2, 1, dtype=torch.bool)))
+    assert out["observation"].view(-1).tolist() == [0.0, 0.0]
+    pool.close()
+
+
+class _SeedRecordingSameStepCounter(SameStepCounter):
+    """SameStepCounter whose rows all last 2 steps, recording the seed of every reset() call."""
+
+    def __init__(self, n=2):
+        super().__init__(n)
+        self.length[:] = 2
+        self.seeds = []
+
+    def reset(self, *, seed=None, options=None):
+        self.seeds.append(seed)
+        return super().reset(seed=seed, options=options)
+
+
+def _finish_every_row(pool, td):
+    for _ in range(2):
+        td = pool.step(td.set("action", torch.zeros(2, dtype=torch.int64)))["next"]
+    assert td["done"].all()
+    return td
+
+
+def test_same_step_vector_env_without_masked_reset_reuses_its_own_resets_when_every_row_finished():
+    # the env already reset every row itself: a full unseeded reset takes those resets, it does not reset twice
+    venv = _SeedRecordingSameStepCounter()
+    pool = EnvPool(venv, seed_every_episode=False)
+    _finish_every_row(pool, pool.reset())
+    resets = len(venv.seeds)
+    assert pool.reset()["observation"].view(-1).tolist() == [0.0, 0.0]
+    assert len(venv.seeds) == resets
+    pool.close()
+
+
+def test_same_step_vector_env_without_masked_reset_reseeds_every_finished_row_by_a_full_reset():
+    # rows the env reset itself, unseeded, are reseeded by its own seeded reset(): no masked reset is needed
+    venv = _SeedRecordingSameStepCounter()
+    pool = EnvPool(venv, seed_every_episode=False)
+    _finish_every_row(pool, pool.reset())
+    td = pool.reset(seed=5)
+    assert venv.seeds[-1] == 5 and td["episode_seed"].view(-1).tolist() == [5, 5]
+    assert td["observation"].view(-1).tolist() == [0.0, 0.0]
     pool.close()
 
 
@@ -942,6 +1009,53 @@ def test_same_step_vector_pool_reset_mask_mixing_rows_the_env_reset_and_rows_it_
     assert episodes[1] == episodes_before[1] + also_reset_row_1
     assert out["observation"][:, 0].tolist() == [0.0, 0.0 if also_reset_row_1 else 1.0]  # t after the reset
     assert out["observation"][0, 1] == episodes[0]  # row 0 shows the episode the vector env started
+    pool.close()
+
+
+def _same_step_counting(cls=gym.vector.SyncVectorEnv, lengths=(1, 50, 50)):
+    return cls([functools.partial(CountingEnv, length=n) for n in lengths], autoreset_mode=AutoresetMode.SAME_STEP)
+
+
+def test_a_same_step_vector_env_refuses_to_step_a_row_it_finished_that_was_not_reset():
+    # it has already restarted the row: the step would go from the terminal obs into the next episode, a ghost
+    pool = EnvPool(_same_step_counting(lengths=(1, 50)), seed=0)
+    td = pool.step(pool.reset().set("action", torch.zeros(2, dtype=torch.int64)))["next"]
+    assert td["done"].view(-1).tolist() == [True, False]
+    with pytest.raises(EnvError, match=r"env 0 \(step\): rows \[0\] finished at the previous step and were not reset: "
+                                       r"the SAME_STEP VectorEnv has reset or would reset them itself"):
+        pool.step(td.set("action", torch.zeros(2, dtype=torch.int64)))
+    pool.close()
+
+
+@pytest.mark.parametrize("kwargs", [{"seed": 3}, {"options": {"length": 4}}])
+def test_a_same_step_full_reset_seeded_or_with_options_leaves_every_row_ready_to_step(kwargs):
+    # the full reset is the vector env's own reset(): it also resets the finished rows it had reset itself
+    pool = EnvPool(_same_step_counting(), seed=0)
+    td = pool.step(pool.reset().set("action", torch.zeros(3, dtype=torch.int64)))["next"]
+    assert td["done"].view(-1).tolist() == [True, False, False]
+    td = pool.reset(**kwargs)
+    nxt = pool.step(td.set("action", torch.zeros(3, dtype=torch.int64)))["next"]
+    assert nxt["observation"][:, 0].tolist() == [1.0] * 3
+    pool.close()
+
+
+class _SyncSubclass(gym.vector.SyncVectorEnv):  # not gymnasium's own class: its masked resets are checked
+    pass
+
+
+def test_a_checked_masked_reset_leaves_alone_the_rows_the_same_step_env_reset_itself():
+    # a finished row the vector env reset itself holds its reset obs there and its terminal obs in the pool:
+    # that difference is no sign that a masked reset of another row ignored the mask
+    venv = _same_step_counting(_SyncSubclass)
+    pool = EnvPool(venv, seed=0, seed_every_episode=False)
+    assert pool._backend._verify_masked_reset
+    td = pool.step(pool.reset().set("action", torch.zeros(3, dtype=torch.int64)))["next"]
+    assert td["done"].view(-1).tolist() == [True, False, False]
+    terminal = td["observation"][0].clone()
+    out = pool.reset(td.clone().set("_reset", torch.tensor([[False], [True], [False]])))
+    assert torch.equal(out["observation"][0], terminal) and out["observation"][:, 0].tolist() == [1.0, 0.0, 1.0]
+    out = pool.reset(out.set("_reset", torch.tensor([[True], [False], [False]])))  # the env's own reset, reused
+    assert out["observation"][0].tolist() == [0.0, venv.envs[0].episode, 0.0]
     pool.close()
 
 
@@ -1578,6 +1692,19 @@ def test_info_keys_of_a_probe_step_where_every_env_ends_are_inferred_in_every_au
             assert out["next", "info", "score"].view(-1).tolist() == [5.0 + t % 2, 6.0]
             assert out["next", "done"].all() and (td["info", "score"] == 0).all()  # the reset reports none
         p.close()
+
+
+def test_info_keys_of_a_same_step_probe_step_where_only_some_envs_end_are_inferred():
+    # the probe reads final_info whenever a row ended, not only when all did: "success" is reported at an end only
+    from envs import SparseInfoEnv
+
+    fns = [functools.partial(SparseInfoEnv, period=100, length=n) for n in (1, 5)]
+    pool = EnvPool(gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP), seed=0)
+    assert sorted(pool.observation_spec["info"].keys()) == ["success", "t"]
+    rollout = pool.rollout(12, break_when_any_done=False)
+    done = rollout["next", "done"][..., 0]
+    assert done[1].any() and rollout["next", "info", "success"][..., 0][done].all()
+    pool.close()
 
 
 def test_a_same_step_full_reset_seeding_some_rows_resets_each_unseeded_finished_row_once():

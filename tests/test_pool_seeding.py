@@ -316,6 +316,35 @@ def test_batch_rng_vector_env_records_the_seed_of_its_stream(every_episode):
     pool.close()
 
 
+def test_batch_rng_vector_env_is_seeded_by_the_first_seed_given_even_after_a_none():
+    # one RNG for the batch: reset(seed=[None, 7, ...]) seeds it with 7, not with nothing because row 0 has none
+    import gymnasium as gym
+
+    make = lambda: gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="vector_entry_point")  # noqa: E731
+    pool = EnvPool(make(), seed=5)
+    pool.reset()
+    td = pool.reset(seed=[None, 7, None, None])
+    assert seeds_of(td) == [7, 7, 7, 7]
+    ref = make()
+    obs, _ = ref.reset(seed=7)
+    ref.close()
+    assert np.allclose(obs, td["observation"].numpy())
+    pool.close()
+
+
+def test_a_wrapped_sync_vector_env_keeps_a_seed_per_env_and_per_episode():
+    # vector wrappers keep the SyncVectorEnv's one RNG per env: seeded as the bare one, s + i + k * N
+    import gymnasium as gym
+
+    venv = gym.wrappers.vector.RecordEpisodeStatistics(
+        gym.vector.SyncVectorEnv([functools.partial(CountingEnv, length=2)] * 3))
+    pool = EnvPool(venv, seed=3, info_keys=["t"])
+    assert pool.per_env_seeds and pool.seed_every_episode
+    rollout = pool.rollout(4, break_when_any_done=False)
+    assert [sorted(set(rollout["episode_seed"][i, :, 0].tolist())) for i in range(3)] == [[3, 6], [4, 7], [5, 8]]
+    pool.close()
+
+
 @pytest.mark.parametrize("override", [None, [40, 41, 42]])
 @pytest.mark.parametrize("partial", [False, True])
 def test_a_reset_that_raises_leaves_the_seed_schedule_as_it_was(override, partial):
