@@ -342,6 +342,30 @@ def test_reset_fn_mask_is_one_flag_per_env_on_both_reset_paths():
     assert masks[1].tolist() == [True, False, False] and masks[-1].tolist() == [False, True, False]
 
 
+def test_a_reset_fn_that_writes_to_its_mask_changes_neither_the_callers_mask_nor_the_flags():
+    """reset_fn's mask was a view of "_reset" (or, in step_and_maybe_reset, of the step's done), read again after
+    the call: a reset_fn using it as scratch space cleared the caller's mask and kept the restarted row done."""
+
+    def reset_fn(num_envs, mask):
+        mask.zero_()
+        return torch.full((num_envs, 2), 0.5)
+
+    def transition(state, action):
+        return {"state": state + action, "terminated": state[:, :1] + action[:, :1] > 1.0}
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, reset_fn=reset_fn, transition_fn=transition)
+    action = torch.tensor([[1.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    out, root = env.step_and_maybe_reset(env.reset().set("action", action))  # row 0 ends and restarts
+    assert out["next", "done"].view(-1).tolist() == [True, False, False]
+    assert root["done"].view(-1).tolist() == [False] * 3 and root["observation"][0].tolist() == [0.5, 0.5]
+    td = env.step_mdp(env.step(env.reset().set("action", action)))
+    mask = torch.tensor([[True], [False], [False]])
+    after = env.reset(td.set("_reset", mask))
+    assert mask.view(-1).tolist() == [True, False, False]
+    assert after["done"].view(-1).tolist() == [False] * 3 and after["observation"][0].tolist() == [0.5, 0.5]
+    assert after["observation"][1:].tolist() == td["observation"][1:].tolist()
+
+
 def _real_data(m=10):
     obs = torch.arange(m * 3, dtype=torch.float32).view(m, 3)
     return obs, TensorDict({"observation": obs, "other": torch.zeros(m)}, [m])

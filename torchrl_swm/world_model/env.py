@@ -1655,7 +1655,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         if "num_envs" in bound.extras:
             kwargs["num_envs"] = k
         if "mask" in bound.extras:
-            kwargs["mask"] = mask
+            kwargs["mask"] = mask.clone()  # the fn's own: a view of "_reset" or of done, read again after it
         # seed: reset(seed=)'s, else the env's seed (seed= / set_seed) once, at the first reset after it, as a
         # gymnasium env gets it; options: {} when none were given, as the seed design's reset (a fresh one: a
         # reset_fn may write to it); grad mode: the reset's (see _graph_free)
