@@ -1640,3 +1640,24 @@ def test_differentiable_refuses_a_truthy_non_bool():
         WorldModelEnv(CountingModel(), OBS3, ACT1, initial_state=torch.zeros(3), differentiable="no")
     with pytest.raises(TypeError, match=r"ObservationDecoder: differentiable: expected True or False, got str 'no'"):
         ObservationDecoder(lambda s: s, differentiable="no")
+
+
+def test_reward_from_model_follows_the_last_transition_so_reward_fn_fills_only_missing_rewards():
+    """The flags describe the last transition: a model that omits its reward once must not have it overwritten later."""
+    calls = []
+
+    def transition(state, action):
+        calls.append(1)
+        out = {"state": state + action}
+        if len(calls) > 1:  # the first step omits reward and terminated
+            out["reward"], out["terminated"] = state[:, 0] + action[:, 0], state[:, :1] > 100
+        return out
+
+    env = make_world_model_env(object(), BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2), transition_fn=transition,
+                               reward_fn=lambda s, o, a: torch.full((2,), -99.0))
+    td = env.reset().set("action", torch.ones(2, 2))
+    out = env.step(td)
+    assert out["next", "reward"].view(-1).tolist() == [-99.0, -99.0] and not env.base_env.reward_from_model
+    out = env.step(env.step_mdp(out).set("action", torch.ones(2, 2)))
+    assert out["next", "reward"].view(-1).tolist() == [2.0, 2.0]
+    assert env.base_env.reward_from_model and env.base_env.terminated_from_model

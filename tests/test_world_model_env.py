@@ -3422,3 +3422,153 @@ def test_a_model_in_another_dtype_than_the_spaces_fails_with_a_note_saying_so():
                       initial_observation=torch.zeros(2))
     assert any("the model's floating parameters are torch.float64, but its observation is torch.float32" in note
                for note in caught.value.__notes__)
+
+
+# -------------------------------------------------------------------------------------------------
+# wrong data and aliasing found by mutation testing (E2)
+# -------------------------------------------------------------------------------------------------
+
+
+def test_a_transition_that_writes_to_its_mask_changes_neither_the_callers_step_mask_nor_the_frozen_rows():
+    """The transition's mask= is the env's copy of "_step": a model using it as scratch must not unfreeze a row."""
+
+    def transition(state, action, mask):
+        nxt = state + action
+        mask.fill_(True)
+        return {"state": nxt, "observation": nxt, "reward": nxt[:, 0]}
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, initial_state=torch.zeros(2), transition_fn=transition)
+    td = env.reset().set("action", torch.ones(3, 2)).set("_step", torch.tensor([[True], [False], [True]]))
+    out = env.step(td)["next"]
+    assert td["_step"].view(-1).tolist() == [True, False, True]
+    assert out["reward"].view(-1).tolist() == [1.0, 0.0, 1.0] and out["observation"][1].tolist() == [0.0, 0.0]
+
+
+def test_a_partial_reset_with_an_encoder_shows_the_datas_observation_when_obs_and_state_are_one_tensor():
+    """A transition returning one tensor as obs and state must not make a restarted row's obs its encoding."""
+
+    def transition(state, action):
+        nxt = state + action
+        return nxt, nxt, nxt[:, 0], torch.zeros(nxt.shape[0], 1, dtype=torch.bool), False, {}
+
+    data = TensorDict({"observation": torch.ones(4, 2)}, [4])
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, start_states=data, encode_fn=lambda obs: obs * 10,
+                        transition_fn=transition)
+    nxt = env.step_mdp(env.step(env.reset().set("action", torch.zeros(3, 2))))
+    out = env.reset(nxt.set("_reset", torch.tensor([[True], [False], [False]])))
+    assert out["observation"][0].tolist() == [1.0, 1.0] and env.state[0].tolist() == [10.0, 10.0]
+
+
+def test_a_batch_unlocked_frozen_row_reports_reward_zero_even_with_a_reward_at_the_root():
+    """An unlocked env's frozen rows report reward 0, not the root "reward" of td = env.step(td)["next"]."""
+    env = _drift_env(None, False)
+    td = env.reset(TensorDict({}, [3])).set("action", torch.ones(3, 2))
+    td = env.step(td)["next"]  # the reward (2.0 per row) stays at the root
+    td["action"] = torch.ones(3, 2)
+    td["_step"] = torch.tensor([[True], [False], [True]])
+    out = env.step(td)["next"]
+    assert out["reward"].view(-1).tolist() == [4.0, 0.0, 4.0]
+
+
+def test_the_zero_reward_and_false_flags_of_one_step_are_not_shared_with_the_next_step():
+    """Placeholders for a model without reward/flags are new each step: writing one step's must not reach the next."""
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, initial_state=torch.zeros(2),
+                        transition_fn=lambda s, a: {"state": s + a, "observation": s + a})
+    out = env.step(env.reset().set("action", torch.ones(3, 2)))
+    second = env.step(env.step_mdp(out).set("action", torch.ones(3, 2)))["next"]
+    out["next", "truncated"][0] = True
+    out["next", "reward"][1] = 5.0
+    assert not second["truncated"].any() and second["reward"].view(-1).tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("length", [1, torch.tensor([1, 5, 5])], ids=["all_rows_restart", "some_rows_restart"])
+def test_the_fused_roots_flags_after_a_restart_are_separate_tensors(length):
+    """After step_and_maybe_reset restarts all or some rows, writing the root's done leaves terminated/truncated."""
+    env = counting_env(3, length=length)
+    _, root = env.step_and_maybe_reset(env.reset().set("action", torch.ones(3, 1)))
+    root["done"][1] = True
+    assert not root["terminated"].any() and not root["truncated"].any()
+
+
+def test_the_fused_root_copies_the_inputs_sub_tensordicts_as_step_mdp_does():
+    """A write into the next root's ("collector", ...) sub-td must not reach the step output returned before."""
+    env = counting_env(3, length=100)
+    td = env.reset().set("action", torch.ones(3, 1))
+    td["collector"] = TensorDict({"traj_ids": torch.arange(3)}, [3])
+    out, root = env.step_and_maybe_reset(td)
+    root["collector", "traj_ids"] = torch.tensor([7, 8, 9])
+    root["collector", "new"] = torch.zeros(3)
+    assert out["collector", "traj_ids"].tolist() == [0, 1, 2] and list(out["collector"].keys()) == ["traj_ids"]
+
+
+def test_a_batch_unlocked_reset_from_start_states_draws_from_the_reset_generator_only():
+    """README: resets draw from env.reset_generator, steps from env.generator: an unlocked reset too."""
+    data = TensorDict({"observation": torch.randn(20, 4, generator=torch.Generator().manual_seed(5))}, [20])
+    env = WorldModelEnv(NoisyModel(), BOX4, FORCE, num_envs=None, seed=3, state_key="observation",
+                        start_states=data, encode_fn=False)
+    step_state, reset_state = env.generator.get_state(), env.reset_generator.get_state()
+    env.reset(TensorDict({}, [4]))
+    assert torch.equal(env.generator.get_state(), step_state)
+    assert not torch.equal(env.reset_generator.get_state(), reset_state)
+
+
+def test_reset_with_the_same_seed_gives_the_same_start_states_starts_again():
+    """reset(seed=s) restarts the per-row start_states counters, so the same seed gives the same starts."""
+    data = TensorDict({"observation": torch.arange(40.0).view(20, 2)}, [20])
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, start_states=data, encode_fn=False,
+                        transition_fn=lambda s, a: (s + a, s + a))
+    assert torch.equal(env.reset(seed=3)["observation"], env.reset(seed=3)["observation"])
+
+
+def test_a_reset_whose_mask_selects_every_row_is_a_full_reset():
+    """An all-True "_reset" is reset(): a model stepping in float64 restarts in the start's float32 either way."""
+
+    def transition(state, action):
+        nxt = state.double() + action.double()
+        return {"state": nxt, "observation": nxt.float(), "reward": nxt[:, 0].float()}
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, initial_state=torch.zeros(2), transition_fn=transition)
+    nxt = env.step_mdp(env.step(env.reset().set("action", torch.ones(3, 2))))
+    assert env.state.dtype == torch.float64
+    env.reset(nxt.set("_reset", torch.ones(3, 1, dtype=torch.bool)))
+    assert env.state.dtype == torch.float32 and env.state.tolist() == [[0.0, 0.0]] * 3
+
+
+def test_a_reset_whose_mask_selects_no_row_calls_no_reset_fn_and_keeps_the_seed_pending():
+    """An all-False "_reset" restarts nothing: no reset_fn(num_envs=0) call, and the seed waits for a real reset."""
+    calls = []
+
+    def reset_fn(seed, num_envs):
+        calls.append((seed, num_envs))
+        return torch.zeros(num_envs, 2)
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, reset_fn=reset_fn, transition_fn=lambda s, a: (s + a, s + a))
+    td = env.reset()
+    calls.clear()
+    env.reset(td.set("_reset", torch.zeros(3, 1, dtype=torch.bool)), seed=7)
+    assert calls == []
+    env.reset()
+    assert calls == [(7, 3)]
+
+
+def test_the_fused_root_keeps_the_inputs_dim_names_as_step_mdp_does():
+    """step_and_maybe_reset's next root keeps the input's dim names, as TorchRL's generic path does."""
+    env = counting_env(3, length=100)
+    td = env.reset().set("action", torch.ones(3, 1))
+    td.refine_names("env")
+    assert env.step_and_maybe_reset(td)[1].names == ["env"]
+
+
+def test_the_reset_hook_reports_done_for_a_truncated_row_it_did_not_restart():
+    """env._reset (what transforms' _reset hooks see) gives done = terminated | truncated on the rows it kept."""
+
+    def transition(state, action):
+        nxt = state + action
+        return {"state": nxt, "reward": nxt[:, 0], "terminated": nxt[:, :1] > 5, "truncated": nxt[:, 1:2] > 0.5}
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, initial_state=torch.zeros(2), transition_fn=transition)
+    action = torch.tensor([[0.0, 1.0], [0.0, 1.0], [0.0, 0.0]])  # rows 0 and 1 truncate
+    nxt = env.step_mdp(env.step(env.reset().set("action", action)))
+    out = env._reset(nxt.set("_reset", torch.tensor([[True], [False], [False]])))
+    assert out["truncated"].view(-1).tolist() == [False, True, False]
+    assert out["done"].view(-1).tolist() == [False, True, False]
