@@ -32,6 +32,7 @@ class CountingEnv(gym.Env):
         self.frame_size = frame_size
         self.steps_called = 0
         self.resets_called = 0
+        self.renders_called = 0
         self.episode = -1
         self.t = 0
         self.last_action = 0
@@ -61,10 +62,27 @@ class CountingEnv(gym.Env):
         return self._obs(), float(action), terminated, truncated, {"t": self.t, "length": self.length, "name": "counting"}
 
     def render(self):
+        self.renders_called += 1
         frame = np.zeros((self.frame_size, self.frame_size + 4, 3), dtype=np.uint8)
         frame[..., 0] = min(self.t, 255)
         frame[..., 1] = min(self.episode, 255)
         return frame
+
+
+class KeepActionEnv(gym.Env):
+    """Box actions, each array kept as given (as an action-repeat wrapper or a recorder keeps it) in ``kept``."""
+
+    observation_space = gym.spaces.Box(-10, 10, (2,), np.float32)
+    action_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.kept = []
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.kept.append(action)
+        return np.zeros(2, np.float32), 0.0, False, False, {}
 
 
 class SparseInfoEnv(CountingEnv):

@@ -7,7 +7,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from envs import CountingEnv, counting
+from envs import CountingEnv, KeepActionEnv, counting
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
@@ -129,6 +129,38 @@ def test_partial_step_freezes_rows_and_does_not_call_step():
     assert out["reward"].view(-1).tolist() == [1.0, 0.0, 2.0, 0.0]
     assert torch.equal(out["info", "t"].view(-1), torch.tensor([2, 1, 2, 1]))
     pool.close()
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_partial_step_renders_only_the_stepped_rows(backend):
+    """pixels=True: frozen rows are left alone, render() included (a slow or stateful render must not run for them)."""
+    kwargs = {"backend": "process", "num_workers": 2} if backend == "process" else {}
+    pool = EnvPool([functools.partial(counting, length=50, render_mode="rgb_array")] * 3, seed=0, pixels=True,
+                   **kwargs)
+    try:
+        td = pool.reset()
+        before = pool.get_attr("renders_called")
+        td["action"] = torch.ones(3, dtype=torch.int64)
+        td["_step"] = torch.tensor([[True], [False], [True]])
+        pool.step(td)
+        assert [a - b for a, b in zip(pool.get_attr("renders_called"), before)] == [1, 0, 1]
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_an_env_keeps_the_action_arrays_it_was_given(backend):
+    """Each env gets its own copy of its action, as gymnasium's AsyncVectorEnv gives one: never a view of the
+    pool's (shared-memory) action buffer, which the next step overwrites."""
+    kwargs = {"backend": "process", "num_workers": 2} if backend == "process" else {}
+    pool = EnvPool([KeepActionEnv] * 3, seed=0, **kwargs)
+    try:
+        td = pool.reset()
+        for value in (0.25, 0.5):
+            pool.step(td.set("action", torch.full((3, 2), value)))
+        assert [a.tolist() for a in pool.get_attr("kept", indices=[2])[0]] == [[0.25, 0.25], [0.5, 0.5]]
+    finally:
+        pool.close()
 
 
 def test_frozen_done_row_keeps_reporting_done():
