@@ -82,6 +82,22 @@ def test_set_seed_then_reset_starts_the_seeded_episodes_without_a_warning():
     pool.close()
 
 
+def test_set_seed_mid_episode_after_a_partial_reset_says_nothing():
+    """A partial reset after a step leaves the other rows mid-episode: a set_seed() then is mid-episode too (the
+    pool counted the partial reset as a reset of every env, and warned at the next step)."""
+    import warnings
+
+    pool = EnvPool([functools.partial(counting, length=50)] * 3, seed=0)
+    td = pool.reset()
+    td = pool.step(td.set("action", pool.action_spec.zero()))["next"]
+    td = pool.reset(td.set("_reset", torch.tensor([[False], [True], [False]])))
+    pool.set_seed(200)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pool.step(td.set("action", pool.action_spec.zero()))
+    pool.close()
+
+
 @pytest.mark.parametrize(("reset_rows", "named"), [([], "every env"), ([1], r"envs \[0, 2\]")])
 def test_set_seed_then_a_reset_of_some_envs_still_warns_at_the_step(reset_rows, named):
     # the envs a partial reset leaves alone are still in the episodes they started before set_seed
