@@ -131,12 +131,11 @@ def test_partial_step_freezes_rows_and_does_not_call_step():
     pool.close()
 
 
-@pytest.mark.parametrize("backend", ["serial", "process"])
-def test_partial_step_renders_only_the_stepped_rows(backend):
+@pytest.mark.parametrize("backend_kwargs", [{}, {"backend": "process", "num_workers": 2}], ids=["serial", "process"])
+def test_partial_step_renders_only_the_stepped_rows(backend_kwargs):
     """pixels=True: frozen rows are left alone, render() included (a slow or stateful render must not run for them)."""
-    kwargs = {"backend": "process", "num_workers": 2} if backend == "process" else {}
     pool = EnvPool([functools.partial(counting, length=50, render_mode="rgb_array")] * 3, seed=0, pixels=True,
-                   **kwargs)
+                   **backend_kwargs)
     try:
         td = pool.reset()
         before = pool.get_attr("renders_called")
@@ -148,12 +147,11 @@ def test_partial_step_renders_only_the_stepped_rows(backend):
         pool.close()
 
 
-@pytest.mark.parametrize("backend", ["serial", "process"])
-def test_an_env_keeps_the_action_arrays_it_was_given(backend):
+@pytest.mark.parametrize("backend_kwargs", [{}, {"backend": "process", "num_workers": 2}], ids=["serial", "process"])
+def test_an_env_keeps_the_action_arrays_it_was_given(backend_kwargs):
     """Each env gets its own copy of its action, as gymnasium's AsyncVectorEnv gives one: never a view of the
     pool's (shared-memory) action buffer, which the next step overwrites."""
-    kwargs = {"backend": "process", "num_workers": 2} if backend == "process" else {}
-    pool = EnvPool([KeepActionEnv] * 3, seed=0, **kwargs)
+    pool = EnvPool([KeepActionEnv] * 3, seed=0, **backend_kwargs)
     try:
         td = pool.reset()
         for value in (0.25, 0.5):

@@ -83,8 +83,8 @@ def test_set_seed_then_reset_starts_the_seeded_episodes_without_a_warning():
 
 
 def test_set_seed_mid_episode_after_a_partial_reset_says_nothing():
-    """A partial reset after a step leaves the other rows mid-episode: a set_seed() then is mid-episode too (the
-    pool counted the partial reset as a reset of every env, and warned at the next step)."""
+    """A partial reset after a step leaves the other rows mid-episode: a set_seed() then is mid-episode too (a pool
+    counting the partial reset as a reset of every env would warn at the next step)."""
     import warnings
 
     pool = EnvPool([functools.partial(counting, length=50)] * 3, seed=0)

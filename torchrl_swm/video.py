@@ -251,12 +251,12 @@ class VideoRecorder:
 def _episode_frame(frame: np.ndarray, goal: np.ndarray | None) -> np.ndarray:
     """An episode video's frame: the env's ``(H, W, 3)`` frame, with the goal's frame beside it."""
     _check_frames(frame, 3)
-    if goal is not None and goal.shape[0] != frame.shape[0]:
-        raise ValueError(
-            f"video: the goal frame {tuple(goal.shape)} is shown beside the env's frame {tuple(frame.shape)}, so "
-            "it needs the same height; render the goal at the env's image size"
-        )
     if goal is not None:
+        if goal.shape[0] != frame.shape[0]:
+            raise ValueError(
+                f"video: the goal frame {tuple(goal.shape)} is shown beside the env's frame {tuple(frame.shape)}, "
+                "so it needs the same height; render the goal at the env's image size"
+            )
         frame = np.concatenate([frame, goal], axis=1)
     return _even(np.ascontiguousarray(frame))
 
