@@ -452,6 +452,17 @@ def test_vector_env_pool_in_auto_and_wait_mode_never_sends_a_step_mask():
     pool.close()
 
 
+def test_wait_mode_on_a_vector_env_pool_resets_each_env_once_per_planned_episode():
+    # at a round's end the rows that start the next round get its planned reset only, no idle-row reset before it
+    venv = gym.vector.SyncVectorEnv([functools.partial(counting, length=2)] * 3)
+    with World(EnvPool(venv, seed=0), ones(3)) as world:
+        before = [env.resets_called for env in venv.envs]
+        result = world.evaluate(9, seed=0, reset_mode="wait", progress=False)
+    assert result["episode_lengths"].tolist() == [2] * 9
+    assert [env.resets_called - k for env, k in zip(venv.envs, before)] == [3, 3, 3]  # 3 rounds
+    assert [env.last_seed for env in venv.envs] == [6, 7, 8]  # the last round's planned seeds
+
+
 def test_vector_env_pool_videos_show_only_the_episodes(tmp_path):
     pytest.importorskip("imageio")
     pytest.importorskip("imageio_ffmpeg")
@@ -722,6 +733,15 @@ def test_summary_counts_an_episode_both_terminated_and_truncated_once():
     pool.close()
 
 
+def test_summary_std_is_the_population_std_of_the_episodes():
+    # numpy's default (ddof=0), as in the README's example: returns and lengths 2 and 4 give mean 3 ± 1
+    pool = fixed_length_pool([2, 4])
+    text = World(pool, ones(2)).evaluate(2, seed=0, progress=False).summary()
+    assert "  return        mean 3.000 ± 1.000 (std), min 2.000, max 4.000" in text.splitlines()
+    assert "  length        mean 3.0 ± 1.0, min 2, max 4" in text.splitlines()
+    pool.close()
+
+
 class _SuccessOnlyInStepInfos(gym.Env):
     """Fetch-style: the reset info is empty, steps report ``is_success`` (1.0 from the first step)."""
 
@@ -767,6 +787,25 @@ def test_episode_flags_are_the_env_flags(length, limit, terminated, truncated):
     assert out["episode_lengths"].tolist() == [min(length, limit)] * 4
     assert out["episode_terminated"].tolist() == [terminated] * 4
     assert out["episode_truncated"].tolist() == [truncated] * 4
+
+
+class _BothFlagsEnv(CountingEnv):
+    """Sets terminated and truncated itself on its last step (no TimeLimit World could see)."""
+
+    def step(self, action):
+        obs, reward, terminated, _, info = super().step(action)
+        return obs, reward, terminated, terminated, info
+
+
+@pytest.mark.parametrize("mode", ["auto", "wait"])
+def test_an_env_setting_both_flags_itself_ends_episodes_terminated_and_truncated(mode):
+    pool = EnvPool([functools.partial(_BothFlagsEnv, length=3)] * 2, seed=0)
+    result = World(pool).evaluate(3, seed=0, reset_mode=mode, progress=False)
+    assert result["max_steps"] is None and result["episode_lengths"].tolist() == [3] * 3
+    assert result["episode_terminated"].tolist() == [True] * 3
+    assert result["episode_truncated"].tolist() == [True] * 3
+    assert "ended by      terminated 0, truncated 0, both 3" in result.summary()
+    pool.close()
 
 
 def test_video_must_be_a_directory_or_a_recorder():
@@ -859,3 +898,25 @@ def test_the_progress_bar_shows_the_final_success_count(monkeypatch):
     k = int(result["episode_successes"].sum())
     assert postfixes[-1] == (f"{k}/17", 16)  # set before the 17th update
     assert [n for _, n in postfixes] == [7, 15, 16]
+
+
+
+def test_the_progress_bar_counts_the_successes_of_the_episodes_finished_so_far(monkeypatch):
+    """Auto mode finishes episodes out of index order: env 0's one-step episodes (0, 3, ..., 15), the only
+    successful ones, finish first, so the 8th episode to finish is episode 15 and 6 of those 8 succeeded
+    (counting episodes 0-7 instead would say 3)."""
+    import tqdm.auto
+
+    postfixes = []
+
+    class RecordingTqdm(tqdm.auto.tqdm):
+        def set_postfix(self, *args, **kwargs):
+            postfixes.append((kwargs.get("success"), self.n))
+            return super().set_postfix(*args, **kwargs)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", RecordingTqdm)
+    pool = fixed_length_pool([1, 3, 3])
+    with World(pool, ones(3)) as world:
+        result = world.evaluate(17, seed=0, success_fn=lambda td: torch.tensor([True, False, False]), progress=True)
+    assert result["episode_successes"].nonzero()[0].tolist() == [0, 3, 6, 9, 12, 15]
+    assert postfixes == [("6/8", 7), ("6/16", 15), ("6/17", 16)]

@@ -216,6 +216,20 @@ def test_env_without_state_hook_gets_a_clear_error(tmp_path):
     pool.close()
 
 
+def test_a_dataset_without_seeds_resets_episode_j_of_the_evaluation_with_seed_plus_j(tmp_path):
+    # evaluate's docstring: with no recorded seeds, episode j resets with seed + j (j its evaluation index, not
+    # the position of its dataset episode: episodes_idx out of order tells them apart)
+    pool = EnvPool([functools.partial(counting, max_length=6)] * 2, seed=0)
+    world = World(pool, max_episode_steps=10)
+    ds = world.collect(tmp_path / "d", 3, seed=0, exclude_keys="episode_seed", progress=False)
+    assert ds.episode_seeds is None
+    result = world.evaluate(dataset=ds, episodes_idx=[2, 0, 1], seed=10, goal_offset=1, eval_budget=4,
+                            reset_options_fn=lambda start, goal: {"length": 2}, progress=False)
+    assert result["seeds"].tolist() == [10, 11, 12]
+    assert [env.last_seed for env in pool.envs] == [12, 11]  # env 0 ran episodes 0 and 2, env 1 episode 1
+    pool.close()
+
+
 class _UnpicklableHookEnv(gym.Wrapper):
     """A PointMaze whose state hook cannot leave a worker process: the env it is bound to holds a lock."""
 

@@ -834,9 +834,10 @@ class World:
         Keyword Args:
             seed: base seed (default: drawn from OS entropy and reported in the result).
                 With ``dataset=``, episodes reset with the dataset episodes' own seeds instead,
-                and ``seed`` only seeds torch's generator (below). The same seed gives the same
-                results. Torch's global generator
-                is forked and seeded with it during the run, so random and
+                and ``seed`` only seeds torch's generator (below), unless the dataset recorded no
+                seeds (collected with ``exclude_keys="episode_seed"``): then episode ``j`` of the
+                evaluation resets with ``seed + j``. The same seed gives the same results.
+                Torch's global generator is forked and seeded with it during the run, so random and
                 stochastic TorchRL policies are reproducible too.
             reset_mode: ``"auto"`` or ``"wait"`` (see the module docstring).
             max_steps: per-episode step limit (default: ``max_episode_steps``,
