@@ -518,7 +518,9 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
                 if self.numpy:
                     value = np.where(keep, value, np.zeros((), value.dtype))
                 else:
-                    value = value * torch.from_numpy(keep).to(value.device)
+                    # a select, not a product: an inf or NaN in a row not reported must read 0, as with numpy
+                    keep = torch.from_numpy(keep).to(value.device)
+                    value = torch.where(keep, value, torch.zeros((), dtype=value.dtype, device=value.device))
             if mask is not None:
                 mask = mask.cpu().numpy() if isinstance(mask, torch.Tensor) else mask
                 _put(infos, leaf.path, value, reported & mask)
