@@ -731,7 +731,7 @@ def split_reset(result, where: str, obs_keys: frozenset | None):
 
     ``obs_keys``: the observation's keys when the observation is a mapping (Dict space /
     Composite spec), else ``None``. It decides the 2-tuple: ``(obs, info)`` when the second
-    item is a mapping that is not an observation, else ``(state, obs)``; and a mapping with
+    item is ``None`` or a mapping that is not an observation, else ``(state, obs)``; and a mapping with
     exactly these keys is a bare observation, even when they are reserved names.
 
     Raises:
@@ -746,7 +746,9 @@ def split_reset(result, where: str, obs_keys: frozenset | None):
             return form, state, obs, _info(info, form, where)
         if n == 2:
             first, second = result
-            if _is_mapping(second) and not (obs_keys is not None and set(second.keys()) == obs_keys):
+            # a None second item is a missing info (as in a transition's return), never an observation
+            info_like = second is None or _is_mapping(second)
+            if info_like and not (obs_keys is not None and second is not None and set(second.keys()) == obs_keys):
                 form = f"a 2-{kind} read as (obs, info)"
                 return form, MISSING, first, _info(second, form, where)
             return f"a 2-{kind} read as (state, obs)", first, second, {}
