@@ -16,7 +16,7 @@ from tensordict import TensorDict
 from torchrl.data import Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase, RewardScaling, StepCounter, TransformedEnv
 
-from envs import CountingEnv, DictObsEnv, InfoEnv, counting, sparse_info
+from envs import CountingEnv, DictObsEnv, InfoEnv, StartActionEnv, counting, sparse_info
 from torchrl_swm import EnvError, EnvPool, SpecError, to_gymnasium
 from torchrl_swm.benchmarks.export import ACT, LAT, MLPWorldModelEnv, make_model, world_model_env
 from torchrl_swm.export import TorchRLVectorEnv
@@ -144,6 +144,27 @@ def test_transformed_pool_matches_sync_vector_env(mode):
     ref = sync_twin("CartPole-v1", n, ours.autoreset_mode, max_episode_steps=10)
     assert _compare_to_sync(ours, ref, 150, seed=8) > 60
 
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_transformed_pool_with_infos_that_come_and_go_matches_sync_vector_env(mode):
+    """A transformed pool (its frozen rows restored by the export) with "bonus"/"success" infos that come and
+    go: the step that restarts a finished env reports the reset's presence masks ("_success" False), not
+    the terminal step's, as on SyncVectorEnv. The restore covers the ("info_mask", key) leaves too."""
+    periods = (1, 2, 3, 4)
+    n = len(periods)
+    fns = [functools.partial(sparse_info, period=p, max_length=4) for p in periods]
+    pool = EnvPool(fns, seed=0, info_spec={"bonus": np.float64(0), "success": False})
+    env = TransformedEnv(pool, RewardScaling(loc=0.0, scale=1.0))
+    ours = to_gymnasium(env, autoreset_mode=mode, observation_keys="observation",
+                        info_keys=[("info", "t"), ("info", "bonus"), ("info", "success")])
+    assert not ours.traits.frozen_rows_exact
+    ref = gym.vector.SyncVectorEnv(
+        [lambda f=f: PoolSeedSchedule(probed(f()), n) for f in fns], autoreset_mode=ours.autoreset_mode
+    )
+    assert _compare_to_sync(ours, ref, 120, seed=5) > 40
+    ours.close()
+    ref.close()
 
 def test_info_keys_become_vector_infos_with_masks():
     n = 3
@@ -510,6 +531,38 @@ def test_numpy_false_same_step_final_obs_is_the_terminal_observation_as_sync_vec
     ref.close()
 
 
+
+def test_numpy_false_same_step_final_info_is_in_the_finished_envs_rows_as_sync_vector_env():
+    """SAME_STEP with numpy=False: infos["final_info"][key] holds each finished env's terminal info in that
+    env's own row (tensors), with the masks of gymnasium's SyncVectorEnv; env 1 (length 2) finishes alone."""
+    fns = [functools.partial(CountingEnv, length=k) for k in (5, 2, 4)]
+    ours = to_gymnasium(EnvPool(fns, seed_every_episode=False, info_keys=["t", "length"]),
+                        autoreset_mode="same_step", numpy=False)
+    ref = gym.vector.SyncVectorEnv([lambda f=f: probed(f()) for f in fns], autoreset_mode=AutoresetMode.SAME_STEP)
+    ours.reset(seed=0)
+    ref.reset(seed=0)
+    finals = []
+    for t in range(12):
+        action = np.array([1, 2, 0])
+        *_, infos = ours.step(torch.from_numpy(action))
+        *_, infos_ref = ref.step(action)
+        assert ("final_info" in infos) == ("final_info" in infos_ref), t
+        if "final_info" not in infos_ref:
+            continue
+        assert infos["_final_info"].tolist() == infos_ref["_final_info"].tolist(), t
+        for key in ("t", "length"):
+            value, value_ref = infos["final_info"][key], infos_ref["final_info"][key]
+            assert isinstance(value, torch.Tensor)
+            mask = infos["final_info"]["_" + key]
+            assert mask.tolist() == infos_ref["final_info"]["_" + key].tolist(), (t, key)
+            assert value.cpu().numpy()[mask].tolist() == value_ref[mask].tolist(), (t, key)
+            assert not value.cpu().numpy()[~mask].any(), (t, key)  # rows of envs that did not finish read 0
+        finals.append(infos["final_info"]["t"].tolist())
+    assert finals[0] == [0, 2, 0]  # env 1 finished alone, at t = 2
+    assert len(finals) > 3
+    ours.close()
+    ref.close()
+
 def test_numpy_false_next_step_reset_step_reward_is_zero_for_a_reward_shifting_transform():
     """NEXT_STEP over TransformedEnv(EnvPool, RewardScaling(loc=1)): the pool's frozen rows are not exact
     (the transform adds 1 to every row), so the export zeroes the reward of the step that restarts a
@@ -553,6 +606,42 @@ def test_outputs_are_fresh_arrays():
     obs2, *_ = envs.step(np.zeros(2, np.int64))
     assert np.abs(obs2).max() < 10
 
+
+
+def _masks(infos: dict, path=()) -> dict:
+    """Copies of every ``_key`` mask array of ``infos`` (final_info's too), by path."""
+    out = {}
+    for key, value in infos.items():
+        if isinstance(value, dict):
+            out.update(_masks(value, (*path, key)))
+        elif key.startswith("_"):
+            out[(*path, key)] = value
+    return out
+
+
+def test_info_masks_are_fresh_arrays():
+    """The "_final_obs", "_final_info" and "_key" masks a step returns are the caller's: later masked and
+    full resets and steps (which update the export's own done flags) leave them as they were."""
+    n = 4
+    fns = [functools.partial(sparse_info, period=2, max_length=5)] * n
+    envs = to_gymnasium(EnvPool(fns, seed=0, info_spec={"bonus": np.float64(0), "success": False}),
+                        autoreset_mode="same_step")
+    envs.reset(seed=0)
+    for action in action_stream(envs.action_space, 50, seed=0):
+        *_, term, trunc, infos = envs.step(action)
+        if "_final_obs" in infos and not infos["_final_obs"].all():
+            break
+    else:
+        pytest.fail("no step where some but not all envs finished")
+    masks = _masks(infos)
+    assert {("_final_obs",), ("_final_info",), ("final_info", "_success")} <= set(masks)
+    kept = {path: mask.copy() for path, mask in masks.items()}
+    envs.reset(options={"reset_mask": (term | trunc).copy()})
+    envs.step(np.zeros(n, np.int64))
+    envs.reset()
+    for path, mask in masks.items():
+        assert mask.tolist() == kept[path].tolist(), path
+    envs.close()
 
 def test_seeding_reproduces_and_lists_of_seeds():
     def run(seed):
@@ -865,6 +954,21 @@ def test_discrete_start_through_a_transform_and_numpy_false():
         assert obs.tolist() == obs_ref.tolist(), t
 
 
+
+@pytest.mark.parametrize("categorical", [True, False])
+def test_numpy_false_actions_on_the_envs_device_with_a_start_reach_the_env_in_its_range(categorical, device):
+    """A torch action on the env's device for Discrete(3, start=-1): the env gets the values sent (its
+    reward is the action it received, and it checks each one against its space). On an accelerator the
+    action is not range-checked on the host: the export shifts it by the start there, on the device."""
+    envs = to_gymnasium(EnvPool([StartActionEnv] * 3, seed=0, device=device, categorical_action_encoding=categorical),
+                        autoreset_mode="disabled", numpy=False)
+    envs.reset(seed=0)
+    for values in ([-1, 0, 1], [1, 1, -1], [0, -1, 0]):
+        _, rewards, *_ = envs.step(torch.tensor(values, device=device))
+        assert rewards.device.type == device.type
+        assert rewards.tolist() == values
+    envs.close()
+
 def sync_twin_of(env_cls, n, mode, max_episode_steps=None):
     def make():
         env = env_cls()
@@ -1107,6 +1211,33 @@ def test_info_env_masks_partial_reset():
     _, infos = envs.reset(options={"reset_mask": np.array([False, True, False])})
     assert infos["_r"].tolist() == [False, True, False] and infos["r"].tolist() == [0.0, 1.0, 0.0]
 
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_masked_reset_infos_of_envs_not_reset_read_zero_even_when_not_finite(value):
+    """An env a masked reset leaves alone reads 0 with "_d" False, whatever its last info value was (inf or
+    NaN too): numpy=False gives what numpy=True and SyncVectorEnv give, not a NaN from a product."""
+    def make():
+        return InfoEnv({"d": 1.0}, [{"d": value}])
+
+    mask = np.array([True, False])
+    ref = gym.vector.SyncVectorEnv([make, make], autoreset_mode=AutoresetMode.DISABLED)
+    ref.reset(seed=0)
+    ref.step(np.zeros(2, np.int64))
+    _, infos_ref = ref.reset(options={"reset_mask": mask.copy()})
+    assert infos_ref["d"].tolist() == [1.0, 0.0] and infos_ref["_d"].tolist() == [True, False]
+    for numpy in (True, False):
+        envs = to_gymnasium(EnvPool([make, make], seed_every_episode=False), autoreset_mode="disabled",
+                            numpy=numpy, info_keys=[("info", "d")])
+        envs.reset(seed=0)
+        *_, infos = envs.step(np.zeros(2, np.int64) if numpy else torch.zeros(2, dtype=torch.int64))
+        assert np.array_equal(np.asarray(infos["d"]), [value, value], equal_nan=True)
+        _, infos = envs.reset(options={"reset_mask": mask.copy()})
+        assert isinstance(infos["d"], np.ndarray if numpy else torch.Tensor)
+        assert infos["d"].tolist() == infos_ref["d"].tolist(), numpy
+        assert infos["_d"].tolist() == infos_ref["_d"].tolist(), numpy
+        envs.close()
+    ref.close()
 
 @pytest.mark.parametrize("mode", MODES)
 def test_packed_transfer_path(mode):
