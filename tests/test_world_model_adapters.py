@@ -23,6 +23,7 @@ from torchrl_swm import WorldModelEnv, make_world_model_env
 from torchrl_swm.world_model import ObservationDecoder
 from torchrl_swm.world_model.adapters import (
     MISSING,
+    MODEL_NAMES,
     AdapterError,
     ReturnFormError,
     bind,
@@ -669,6 +670,70 @@ def test_model_keeping_its_own_state_with_a_flag_steps_with_the_actions():
     assert torch.equal(td["observation"], torch.full((3, 2), 3.0))
 
 
+class _OwnStateWithMask:  # keeps its own state: step(action) with a keyword extra
+    def __init__(self):
+        self.pos, self.extras = torch.zeros(3, 2), []
+
+    def step(self, a, mask=None):
+        self.extras.append(mask)
+        self.pos = self.pos + a
+        return self.pos.clone()
+
+
+class _OwnStateWithGenerator(_OwnStateWithMask):
+    def step(self, a, generator=None):
+        self.extras.append(generator)
+        self.pos = self.pos + a
+        return self.pos.clone()
+
+
+@pytest.mark.parametrize("cls", [_OwnStateWithMask, _OwnStateWithGenerator], ids=["mask", "generator"])
+def test_a_discovered_method_s_keyword_extra_is_not_a_second_positional_parameter(cls):
+    """step(a, mask=None) / step(a, generator=None) is step(action) plus an extra by name, not step(state, action)."""
+    model = cls()
+    env = WorldModelEnv(model, BOX2, BOX2, num_envs=3, initial_state=torch.zeros(2))
+    assert env.transition.form == ("action",)
+    td = env.reset()
+    for _ in range(2):
+        td = env.step(td.set("action", torch.ones(3, 2)))["next"]
+    assert torch.equal(td["observation"], torch.full((3, 2), 2.0))
+    if cls is _OwnStateWithGenerator:
+        assert all(isinstance(g, torch.Generator) for g in model.extras)
+
+
+def test_discovery_skips_a_non_callable_attribute_named_like_a_method():
+    class Counted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.step = 0  # a training-step counter, not a transition
+
+        def predict(self, state, action):
+            return state + action
+
+    env = WorldModelEnv(Counted(), BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2))
+    assert torch.equal(step_once(env, torch.ones(2, 2))["observation"], torch.ones(2, 2))
+
+
+def test_model_reset_discovery_order_is_reset_env_then_reset_state_then_reset():
+    class Resets:
+        def reset_env(self, num_envs):
+            return torch.full((num_envs, 2), 1.0)
+
+        def reset_state(self, num_envs):
+            return torch.full((num_envs, 2), 2.0)
+
+        def reset(self, num_envs):
+            return torch.full((num_envs, 2), 3.0)
+
+        def step(self, state, action):
+            return state
+
+    for expected, name in ((1.0, "reset_env"), (2.0, "reset_state"), (3.0, "reset")):
+        assert torch.equal(WorldModelEnv(Resets(), BOX2, BOX2, num_envs=2).reset()["observation"],
+                           torch.full((2, 2), expected)), name
+        delattr(Resets, name)
+
+
 def test_model_parameter_that_is_not_first_is_an_adapter_error():
     with pytest.raises(AdapterError, match=r"parameter 'model' looks like the model but is not the first parameter.*"
                                            r"transition_fn\(model, state, action\); transition_fn\(state, action\)"):
@@ -680,6 +745,22 @@ def test_model_parameter_that_is_not_first_is_an_adapter_error():
     optional = bind(lambda state, action, model=None: None, "transition_fn", ("state", "action"))
     assert optional.form == ("state", "action")
     assert bind(lambda model, state, action: None, "transition_fn", ("state", "action")).form[0] == "model"
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_NAMES))
+def test_a_parameter_named_for_the_model_under_any_alias_never_receives_the_state(name):
+    """README: "a parameter named for one argument never receives another": fn(wm, action) bound as (state, action)."""
+    transition = eval(f"lambda {name}, action: action")
+    with pytest.raises(AdapterError, match=rf"parameter '{name}' would receive the state"):
+        WorldModelEnv(object(), BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2), transition_fn=transition)
+
+
+@pytest.mark.parametrize("transition, name", [(lambda state, model, action: state, "model"),
+                                              (lambda s, wm, a: s, "wm")], ids=["model", "wm"])
+def test_a_model_named_second_parameter_is_refused_as_not_first(transition, name):
+    with pytest.raises(AdapterError, match=rf"parameter '{name}' looks like the model but is not the first parameter; "
+                                           r"the model is passed first or not at all"):
+        WorldModelEnv(object(), BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2), transition_fn=transition)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -861,6 +942,45 @@ def test_namedtuple_and_tensordict_states_are_states():
     assert state is td_state and obs is td_state and reward is MISSING
 
 
+def test_a_none_entry_of_a_dict_state_reaches_the_model():
+    """_tree: a state may hold None; the start copied for the rows kept every key."""
+    seen = []
+
+    def transition(state, action):
+        seen.append(sorted(state))
+        h = state["h"] + action
+        return {"h": h, "aux": None}, h, h.sum(-1)
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, transition_fn=transition,
+                        initial_state={"h": torch.zeros(2), "aux": None}, initial_observation=torch.zeros(2))
+    env.rollout(2)
+    assert seen == [["aux", "h"], ["aux", "h"]]
+
+
+def test_a_nested_tensordict_state_without_a_batch_size_is_checked_by_its_leaves():
+    def transition(state, action):
+        h = state["z", "h"] + action
+        return TensorDict({"z": {"h": h}}, batch_size=[]), h, h.sum(-1)
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, transition_fn=transition,
+                        initial_state=TensorDict({"z": {"h": torch.zeros(2)}}, []), initial_observation=torch.zeros(2))
+    td = env.reset()
+    for _ in range(2):
+        td = env.step(td.set("action", torch.ones(3, 2)))["next"]
+    assert torch.equal(td["observation"], torch.full((3, 2), 2.0))
+
+
+def test_an_unbatched_tensordict_start_is_a_fresh_copy_per_row_for_a_model_stepping_in_place():
+    def transition(state, action):
+        state["h"].add_(action)  # an RNN-style in-place update
+        return state, state["h"].clone(), state["h"].sum(-1)
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=4, transition_fn=transition,
+                        reset_fn=lambda: (TensorDict({"h": torch.zeros(2)}, []), torch.zeros(2)))
+    out = step_once(env, torch.arange(4.0)[:, None].expand(4, 2))
+    assert out["observation"][:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
 def test_a_tuple_initial_state_needs_an_initial_observation():
     with pytest.raises(
         ReturnFormError, match=r"initial_state \(the observation too, since no initial_observation is given\)"
@@ -1010,6 +1130,23 @@ def test_a_state_stepped_in_another_dtype_merges_promoted_as_torch_where_does(sa
     assert out["next", "observation"][..., 0].tolist() == [
         [1.0, 1.0, 1.0, 1.0, 1.0], [1.0, 2.0, 1.0, 2.0, 1.0], [1.0, 2.0, 3.0, 1.0, 2.0], [1.0, 2.0, 3.0, 4.0, 1.0]
     ]
+
+
+def test_a_large_state_stepped_in_another_dtype_merges_under_a_step_mask():
+    """A state of >= 16384 elements merges rows by index_copy_, which needs one dtype: float32 start, float64 step."""
+    n, d = 64, 512
+
+    def transition(s, a):
+        nxt = s.double() + a[:, :1].double()
+        return nxt, nxt[:, :2].float(), nxt[:, 0].float()
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=n, transition_fn=transition,
+                        initial_state=torch.zeros(d), initial_observation=torch.zeros(2))
+    td = env.reset()
+    stepped = torch.arange(n) % 2 == 0
+    out = env.step(td.set("action", torch.ones(n, 2)).set("_step", stepped))["next", "observation"]
+    assert env.state.dtype == torch.float64
+    assert torch.equal(out, stepped[:, None].float().expand(n, 2))
 
 
 def test_a_float32_start_merged_into_a_bfloat16_state_keeps_its_exact_value():
@@ -1347,6 +1484,38 @@ def test_split_reset_two_tuple_with_dict_observation():
     assert state == "s" and got_obs is obs and info == {}
     form, state, got_obs, info = split_reset((obs, {"note": 1}), "r", keys)
     assert state is MISSING and got_obs is obs and info == {"note": 1}
+
+
+@pytest.mark.parametrize("seq", [tuple, list], ids=["tuple", "list"])
+@pytest.mark.parametrize("dict_obs", [False, True], ids=["Box", "Dict"])
+def test_a_reset_returning_obs_and_a_none_info_starts_the_rows_at_obs(seq, dict_obs):
+    """(obs, None) is (obs, info) with no info, as a transition's None info is; it was read as (state, obs) and
+    refused for a None observation."""
+    n = 3
+    if dict_obs:
+        space, obs = gym.spaces.Dict({"a": BOX2, "b": BOX2}), {"a": torch.full((n, 2), 2.0), "b": torch.ones(n, 2)}
+    else:
+        space, obs = BOX2, torch.full((n, 2), 2.0)
+    env = WorldModelEnv(object(), space, BOX2, num_envs=n, reset_fn=lambda: seq((obs, None)),
+                        transition_fn=lambda s, a: s)
+    td = env.reset()
+    for key, value in (obs.items() if dict_obs else [("observation", obs)]):
+        assert torch.equal(td[key], value)
+
+
+def test_a_mapping_return_with_some_of_the_dict_observation_keys_is_the_mapping_form():
+    """GoalEnv keys: {"observation": <the whole observation>} is the mapping form (its keys are not the
+    observation's keys), not a bare observation missing 'desired_goal'."""
+    space = gym.spaces.Dict({"observation": BOX2, "desired_goal": BOX2})
+
+    def transition(state, action):
+        return {"observation": {"observation": state["observation"] + action, "desired_goal": state["desired_goal"]}}
+
+    env = WorldModelEnv(object(), space, BOX2, num_envs=3, transition_fn=transition,
+                        initial_state={"observation": torch.zeros(2), "desired_goal": torch.ones(2)})
+    out = step_once(env, torch.full((3, 2), 0.5))
+    assert torch.equal(out["observation"], torch.full((3, 2), 0.5))
+    assert torch.equal(out["desired_goal"], torch.ones(3, 2))
 
 
 # ---------------------------------------------------------------------------------------------
