@@ -313,16 +313,22 @@ class StartActionEnv(gym.Env):
 
 
 class NarrowActionEnv(gym.Env):
-    """An action space of a narrow integer dtype (``Discrete(3, dtype=int8)`` or ``MultiDiscrete([3, 4],
-    dtype=int32)``), checked with ``contains`` on every step, as CartPole does: an int64 action fails it."""
+    """An action space of a non-default dtype (``Discrete(3, dtype=int8)``, ``MultiDiscrete([3, 4],
+    dtype=int32)``, ``MultiBinary(2)`` (int8) or ``Box(-3, 3, (2,), int16)``), checked with ``contains`` on
+    every step, as CartPole does (an int64 action fails it), and for the action's own dtype, which
+    ``MultiBinary.contains`` does not check."""
 
     observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
 
     def __init__(self, kind: str = "discrete"):
         if kind == "discrete":
             self.action_space = gym.spaces.Discrete(3, start=-1, dtype=np.int8)
-        else:
+        elif kind == "multidiscrete":
             self.action_space = gym.spaces.MultiDiscrete([3, 4], start=[0, -2], dtype=np.int32)
+        elif kind == "multibinary":
+            self.action_space = gym.spaces.MultiBinary(2)
+        else:
+            self.action_space = gym.spaces.Box(-3, 3, (2,), np.int16)
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -330,9 +336,28 @@ class NarrowActionEnv(gym.Env):
 
     def step(self, action):
         assert self.action_space.contains(action), (action, getattr(action, "dtype", type(action)))
+        assert action.dtype == self.action_space.dtype, (action, action.dtype)
         obs = np.zeros(2, np.float32)
         obs[: np.size(action)] = action
         return obs, 0.0, False, False, {}
+
+
+class DiscreteEchoEnv(gym.Env):
+    """``Discrete(n, start)`` actions, checked on every step; the observation is the action received (float64,
+    exact)."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float64)
+
+    def __init__(self, n: int = 5000, start: int = 3):
+        self.action_space = gym.spaces.Discrete(n, start=start)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), action
+        return np.array([action], np.float64), 0.0, False, False, {}
 
 
 CLOSED_ENVS: list[int] = []  # ids of ClosingEnv instances closed in this process

@@ -236,6 +236,32 @@ def test_discrete_actions_reach_envs_as_numpy_integers(backend):
     pool.close()
 
 
+@pytest.mark.parametrize("n", [10, 5000])  # 5000: past the 4096 actions whose numpy scalars are made once
+@pytest.mark.parametrize("backend", ["serial", "process", "vector"])
+def test_discrete_action_indices_reach_the_env_plus_the_space_start(backend, n):
+    # a Categorical action is an index: index k reaches a Discrete(n, start=3) env as 3 + k (what
+    # Discrete.sample() and contains() use), on the whole batch and on the "_step" rows alike
+    from envs import DiscreteEchoEnv
+
+    fns = [functools.partial(DiscreteEchoEnv, n, 3)] * 3
+    if backend == "vector":
+        pool = EnvPool(gym.vector.SyncVectorEnv(fns), seed=0)
+    else:
+        pool = EnvPool(fns, seed=0, backend=backend, num_workers=2)
+    with pool:
+        td = pool.reset()
+        td["action"] = torch.tensor([0, n - 1, 1])
+        td = pool.step(td)["next"]
+        assert td["observation"].view(-1).tolist() == [3, n + 2, 4]
+        if backend == "vector":  # (a VectorEnv steps all its rows: no "_step" mask)
+            td["action"] = torch.tensor([1, 0, n - 1])
+            assert pool.step(td)["next", "observation"].view(-1).tolist() == [4, 3, n + 2]
+            return
+        td["_step"] = torch.tensor([[False], [True], [True]])
+        td["action"] = torch.tensor([n - 1, 0, n - 1])
+        assert pool.step(td)["next", "observation"].view(-1).tolist() == [3, 3, n + 2]  # row 0 frozen
+
+
 def test_process_backend_dict_observations_and_collector_consistency():
     pool = EnvPool([DictObsEnv] * 4, backend="process", num_workers=2, seed=0)
     rollout = pool.rollout(50, break_when_any_done=False)
@@ -1059,9 +1085,10 @@ def test_a_checked_masked_reset_leaves_alone_the_rows_the_same_step_env_reset_it
     pool.close()
 
 
-@pytest.mark.parametrize("kind", ["discrete", "multidiscrete"])
+@pytest.mark.parametrize("kind", ["discrete", "multidiscrete", "multibinary", "box"])
 @pytest.mark.parametrize("backend", ["serial", "serial-one-hot", "process", "vector"])
 def test_actions_reach_the_env_in_the_action_space_dtype(kind, backend):
+    # the env checks the dtype too: MultiBinary.contains() takes an int64 array for its int8 space
     from envs import NarrowActionEnv
 
     fns = [functools.partial(NarrowActionEnv, kind)] * 2
@@ -1077,10 +1104,10 @@ def test_actions_reach_the_env_in_the_action_space_dtype(kind, backend):
             td["action"] = pool.action_spec.rand()
             out, td = pool.step_and_maybe_reset(td)  # the env asserts action_space.contains(action)
             index = out["action"].numpy()
-            if backend == "serial-one-hot":  # one-hot / multi-one-hot -> indices
+            if backend == "serial-one-hot" and kind in ("discrete", "multidiscrete"):  # (multi-)one-hot -> indices
                 parts = [index] if kind == "discrete" else np.split(index, [3], axis=-1)
                 index = np.stack([part.argmax(-1) for part in parts], -1)
-            start = np.array([-1]) if kind == "discrete" else np.array([0, -2])
+            start = {"discrete": np.array([-1]), "multidiscrete": np.array([0, -2])}.get(kind, np.zeros(2, int))
             seen = out["next", "observation"].numpy()[:, : len(start)]
             assert np.array_equal(seen, (index.reshape(2, -1) + start).astype(np.float32))
     finally:

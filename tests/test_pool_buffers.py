@@ -267,6 +267,27 @@ def test_int_observation_of_another_sign_is_range_checked(vector):
     pool.close()
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int16])
+@pytest.mark.parametrize("vector", [False, True])
+def test_int_observation_at_the_ends_of_the_box_dtype_range_is_stored_and_one_past_refused(vector, dtype):
+    # int64 values into a narrower Box: the dtype's min and max fit (as in numpy), min - 1 and max + 1 do not
+    lo, hi = int(np.iinfo(dtype).min), int(np.iinfo(dtype).max)
+    pool = _int_obs_pool([lo, hi], vector=vector, space_dtype=dtype)
+    td = pool.reset()
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    assert pool.step(td)["next", "observation"].view(-1).tolist() == [lo, hi]
+    assert pool.reset(options={"obs": "value"})["observation"].view(-1).tolist() == [lo, hi]  # the reset path
+    pool.close()
+    for values, bad in (([lo, hi + 1], hi + 1), ([lo - 1, hi], lo - 1)):
+        pool = _int_obs_pool(values, vector=vector, space_dtype=dtype)
+        td = pool.reset()
+        td["action"] = torch.zeros(2, dtype=torch.int64)
+        with pytest.raises(EnvError, match=rf"env {values.index(bad)} \(step\).*value {bad} is out of the range of "
+                                           rf"{np.dtype(dtype)} \[{lo}, {hi}\]"):
+            pool.step(td)
+        pool.close()
+
+
 _INT_DTYPES = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.int64, np.uint64]
 
 

@@ -1554,8 +1554,9 @@ def test_actions_outside_their_space_are_refused_naming_the_env(make, kwargs, ba
     pool.close()
 
 
+@pytest.mark.parametrize("bad", [-1, 3])  # below 0, and n itself (off by one: it would reach the env as n + start)
 @pytest.mark.parametrize("backend", ["vector", "process"])
-def test_a_negative_discrete_index_is_refused_where_actions_are_decoded_as_a_batch(backend):
+def test_a_discrete_index_out_of_range_is_refused_where_actions_are_decoded_as_a_batch(backend, bad):
     # a VectorEnv pool and the process backend decode a batch of Discrete actions at once (one reduction checks
     # both bounds), not env by env
     if backend == "vector":
@@ -1564,8 +1565,8 @@ def test_a_negative_discrete_index_is_refused_where_actions_are_decoded_as_a_bat
         pool = EnvPool([functools.partial(counting, length=10)] * 2, seed=0, backend="process", num_workers=2)
     with pool:
         td = fresh(pool)
-        td["action"] = torch.tensor([1, -1])
-        with pytest.raises(ValueError, match=r"action for env 1: expected an index in \[0, 3\), got -1"):
+        td["action"] = torch.tensor([1, bad])
+        with pytest.raises(ValueError, match=rf"action for env 1: expected an index in \[0, 3\), got {bad}"):
             pool.step(td)
         td["action"] = torch.tensor([1, 2])
         assert pool.step(td)["next", "reward"].view(-1).tolist() == [1.0, 2.0]  # the pool still steps

@@ -472,6 +472,26 @@ def test_numpy_int_of_another_width_is_range_checked_never_wrapped(vector):
     pool.close()
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("vector", [False, True])
+def test_numpy_int_at_the_ends_of_an_info_key_dtype_range_is_stored_and_one_past_refused(vector, dtype):
+    # np.int64 values into a key of a narrower dtype: its min and max fit (as in numpy), min - 1 and max + 1 do not
+    make = vector_info_pool if vector else info_pool
+    lo, hi = int(np.iinfo(dtype).min), int(np.iinfo(dtype).max)
+    for bad in (hi + 1, lo - 1):
+        fine = [{"k": dtype(0)}, {"k": np.int64(lo)}, {"k": np.int64(hi)}]  # the first: the construction probe's
+        pool = make([{"k": dtype(0)}] * 2, [fine + [{"k": np.int64(hi)}], fine + [{"k": np.int64(bad)}]])
+        assert pool.observation_spec["info", "k"].dtype == torch.from_numpy(np.zeros(0, dtype)).dtype
+        td = step(pool)
+        td = step(pool, td.clone())
+        assert td["info", "k"].view(-1).tolist() == [lo, lo]
+        td = step(pool, td.clone())
+        assert td["info", "k"].view(-1).tolist() == [hi, hi]
+        with pytest.raises(EnvError, match=rf"env 1 \(step\).*'k'.*{np.dtype(dtype)}.*value {bad} is out of the range"):
+            step(pool, td.clone())
+        pool.close()
+
+
 # -- a key that is a value in one info and a dict in another ----------------------------------
 
 
