@@ -737,11 +737,10 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                 if skey[0] in _RESERVED_KEYS:
                     raise SpecError(f"state_key={state_key!r} collides with a reserved TorchRL key")
                 if state_spec is None:
-                    if initial_state is None:
+                    if initial_state is None or start_states is not None:  # start_states: no initial_state (below)
                         raise SpecError(
-                            f"state_key={state_key!r}: pass state_spec= (the unbatched spec of the state) or "
-                            "initial_state= "
-                            "(to infer it)"
+                            f"state_key={state_key!r}: pass state_spec= (the unbatched spec of the state)"
+                            + ("" if start_states is not None else " or initial_state= (to infer it)")
                         )
                     state_spec = _spec_of_state(_to_device(initial_state, device), device, "initial_state")
                 elif isinstance(state_spec, Mapping):
@@ -828,6 +827,14 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         if start_states is not None:
             if reset_fn is not None:
                 raise TypeError("WorldModelEnv: pass reset_fn= or start_states=, not both")
+            given = [name for name, value in (("initial_state", initial_state),
+                                              ("initial_observation", initial_observation)) if value is not None]
+            if given:  # each start is a sampled observation, encoded: a constant start would never be used
+                raise TypeError(
+                    f"WorldModelEnv: pass {' / '.join(given)}= or start_states=, not both: with start_states= every "
+                    "episode starts from a sampled observation, encoded by model.encode / encode_fn (or taken as the "
+                    "state), so the constant start would be ignored"
+                )
             self._start_kind = "data"
             self._start_data = self._check_start_data(start_states)
             if self._obs_is_state and self._encode is not None:
@@ -942,9 +949,9 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                 raise ValueError(f"start_states: the dataset at {str(data.path)!r} holds no episodes")
             data = data.td
         if isinstance(data, TensorDictBase):
-            if data.batch_dims < 1 or data.batch_size[0] < 1:
+            if data.batch_dims < 1 or data.batch_size.numel() < 1:  # [B, 0] too: no entry to start from
                 raise ValueError(
-                    "start_states: expected a TensorDict with a leading batch dim of entries, "
+                    "start_states: expected a TensorDict with a leading batch dim of entries (at least one), "
                     f"got batch {data.batch_size}"
                 )
             if data.batch_dims > 1:  # a collector batch [num_envs, T]: every (env, t) entry is a start
