@@ -529,6 +529,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             with ``generator=`` draws from :attr:`reset_generator` for all the rows reset together,
             so its draws, unlike the choice of start, depend on which rows reset when: encode
             deterministically (e.g. the posterior mean) where rows must not influence each other.
+            Not with ``reset_fn``, ``initial_state`` or ``initial_observation``, which it replaces.
         encode_fn: ``encode_fn([model,] obs)`` -> state for real observations (``start_states``,
             ``initial_observation``). Default: ``model.encode`` when it exists, else identity.
             ``False`` forces identity.
