@@ -4,6 +4,7 @@ the fast step_and_maybe_reset path, transforms, collectors and planners."""
 from __future__ import annotations
 
 import functools
+import re
 
 import gymnasium as gym
 import numpy as np
@@ -3572,3 +3573,180 @@ def test_the_reset_hook_reports_done_for_a_truncated_row_it_did_not_restart():
     out = env._reset(nxt.set("_reset", torch.tensor([[True], [False], [False]])))
     assert out["truncated"].view(-1).tolist() == [False, True, False]
     assert out["done"].view(-1).tolist() == [False, True, False]
+
+
+# -- start_states= refuses what it would ignore (G2's findings 1 and 2) ------------------------------------------
+
+
+@pytest.mark.parametrize("constant", ["initial_state", "initial_observation"])
+def test_start_states_refuse_a_constant_start_that_they_would_ignore(constant):
+    """As reset_fn= with start_states=: every start is a sampled entry, so a constant start is refused, not dropped."""
+    data = TensorDict({"observation": torch.arange(10.0).view(5, 2)}, [5])
+    with pytest.raises(TypeError, match=rf"pass {constant}= or start_states=, not both"):
+        WorldModelEnv(object(), BOX2, BOX2, num_envs=2, start_states=data, transition_fn=_add,
+                      **{constant: torch.full((2,), 7.0)})
+
+
+def test_start_states_with_a_state_key_of_their_own_ask_for_state_spec_not_initial_state():
+    data = TensorDict({"observation": torch.arange(10.0).view(5, 2)}, [5])
+    kwargs = dict(num_envs=2, state_key="latent", start_states=data, encode_fn=lambda obs: obs * 2, transition_fn=_add)
+    for extra in ({}, {"initial_state": torch.zeros(2)}):  # initial_state= would be refused next to start_states=
+        with pytest.raises(SpecError, match=r"state_key='latent': pass state_spec=") as err:
+            WorldModelEnv(object(), BOX2, BOX2, **kwargs, **extra)
+        assert "initial_state" not in str(err.value)
+    td = WorldModelEnv(object(), BOX2, BOX2, **kwargs, state_spec=BOX2, seed=0).reset()
+    assert torch.equal(td["latent"], td["observation"] * 2)
+
+
+@pytest.mark.parametrize("batch", [[0], [2, 0]])
+def test_start_states_without_any_entry_are_refused_naming_start_states(batch):
+    data = TensorDict({"observation": torch.zeros(*batch, 2)}, batch)
+    match = r"start_states: .*\(at least one\), got batch " + re.escape(f"torch.Size({batch})")
+    with pytest.raises(ValueError, match=match):
+        WorldModelEnv(object(), BOX2, BOX2, num_envs=2, start_states=data, transition_fn=_add)
+
+
+# -- behaviour pinned against G2's surviving mutants ---------------------------------------------------------------
+
+
+def test_a_differentiable_partial_step_keeps_the_graph_of_the_stepped_rows(device):
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, initial_state=torch.zeros(2), transition_fn=_drift_transition,
+                        differentiable=True, device=device)
+    td = env.reset()
+    action = torch.ones(3, 2, device=device, requires_grad=True)
+    td["action"] = action
+    td["_step"] = torch.tensor([[True], [False], [True]], device=device)
+    out = env.step(td)["next"]
+    assert out["reward"].requires_grad and out["observation"].requires_grad
+    out["reward"].sum().backward()
+    assert action.grad.tolist() == [[1.0, 1.0], [0.0, 0.0], [1.0, 1.0]]  # frozen row: reward 0, no gradient
+
+
+@pytest.mark.parametrize("entries", [2, 3])
+def test_a_batch_locked_env_samples_every_start_states_entry_the_last_included(entries, device):
+    data = TensorDict({"observation": torch.arange(float(entries))[:, None].expand(entries, 2).clone()}, [entries])
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=64, start_states=data, transition_fn=_add, seed=0,
+                        device=device)
+    assert sorted(set(env.reset()["observation"][:, 0].tolist())) == list(range(entries))
+
+
+def test_a_batch_unlocked_env_samples_start_states_entries_with_replacement():
+    data = TensorDict({"observation": torch.arange(6.0).view(3, 2)}, [3])
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=None, state_key="observation", start_states=data,
+                        encode_fn=False, transition_fn=_add, seed=0)
+    starts = env.reset(TensorDict({}, [8]))["observation"]  # more rows than entries
+    assert starts.shape == (8, 2) and set(starts[:, 0].tolist()) <= {0.0, 2.0, 4.0}
+    repeated = 0
+    for seed in range(5):
+        env.set_seed(seed)
+        repeated += len(set(env.reset(TensorDict({}, [3]))["observation"][:, 0].tolist())) < 3
+    assert repeated > 0, "a batch of the data's size never repeated an entry: sampled without replacement"
+
+
+def _sampling_encode(obs, generator=None):
+    return obs + 0.1 * torch.randn(obs.shape, generator=generator, dtype=obs.dtype, device=obs.device)
+
+
+class _SamplingEncoderNoisyModel(NoisyModel):
+    def encode(self, obs, generator=None):
+        return _sampling_encode(obs, generator)
+
+
+@pytest.mark.parametrize("encoder", ["encode_fn", "model.encode"])
+def test_a_sampling_start_states_encoder_leaves_the_other_rows_model_noise_alone(encoder, device):
+    """README: resets draw from env.reset_generator, steps from env.generator, so a partial reset never changes
+    another row's model noise: a start_states encoder given as encode_fn= as well as model.encode."""
+    data = TensorDict({"observation": torch.rand(50, 4, generator=torch.Generator().manual_seed(0)) * 2 - 1}, [50])
+
+    def make():
+        if encoder == "encode_fn":
+            model, kwargs = NoisyModel(done_bias=-5.0), {"encode_fn": _sampling_encode}
+        else:
+            model, kwargs = _SamplingEncoderNoisyModel(done_bias=-5.0), {}
+        return WorldModelEnv(model.to(device), BOX4, FORCE, num_envs=6, start_states=data, seed=3, device=device,
+                             **kwargs)
+
+    a, b = make(), make()
+    ta, tb = a.reset(), b.reset()
+    action = torch.full((6, 2), 0.5, device=device)
+    for t in range(5):
+        ta, tb = a.step_mdp(a.step(ta.set("action", action))), b.step_mdp(b.step(tb.set("action", action)))
+        if t == 1:
+            ta = a.reset(ta.set("_reset", reset_td(6, [0])["_reset"].to(device)))
+    assert not torch.equal(ta["observation"][0], tb["observation"][0])
+    assert torch.equal(ta["observation"][1:], tb["observation"][1:])
+
+
+def test_detach_state_also_cuts_the_kept_observation_so_truncated_bptt_goes_on_after_a_partial_reset():
+    # the observation is not the state: a partial reset takes the other rows' observation from what the env kept
+    net = nn.Linear(2, 2)
+
+    def step(state, action):
+        nxt = torch.tanh(state + action)
+        return {"state": nxt, "observation": 2 * nxt, "reward": nxt.sum(-1)}
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, initial_state=torch.zeros(2), transition_fn=step,
+                        differentiable=True, seed=0)
+    td = env.reset()
+    for chunk in range(2):
+        loss = 0
+        for t in range(3):
+            td = env.step(td.set("action", torch.tanh(net(td["observation"]))))
+            loss = loss + td["next", "reward"].sum()
+            td = env.step_mdp(td)
+        loss.backward()
+        env.detach_state()
+        td = env.reset(td.detach().set("_reset", torch.tensor([[True], [False], [False]])))
+        assert not td["observation"].requires_grad
+    assert net.weight.grad.abs().sum() > 0
+
+
+def test_a_state_spec_inferred_from_initial_state_keeps_each_leafs_dtype():
+    def step(state, action):
+        nxt = {"h": state["h"] + action, "count": state["count"] + 1}
+        return {"state": nxt, "observation": nxt["h"]}
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=2, state_key="latent", transition_fn=step, seed=0,
+                        initial_state={"h": torch.zeros(2), "count": torch.zeros(1, dtype=torch.int64)},
+                        initial_observation=torch.zeros(2))
+    assert env.state_spec["latent", "count"].dtype == torch.int64
+    assert env.state_spec["latent", "h"].dtype == torch.float32
+    check_env_specs(env, seed=0)
+    assert env.rollout(3)["next", "latent", "count"][0].view(-1).tolist() == [1, 2, 3]
+
+
+@pytest.mark.parametrize("declared, dtype, shape", [
+    (torch.zeros((), dtype=torch.int64), torch.int64, ()),
+    (gym.spaces.Box(0, 10, (), np.int64), torch.int64, ()),
+    (BOX2, torch.float32, (2,)),
+], ids=["int example tensor", "int space", "vector space"])
+def test_a_declared_info_key_keeps_the_dtype_and_shape_it_was_declared_with(declared, dtype, shape):
+    def step(state, action):
+        row = torch.arange(len(state)).to(dtype).view(-1, *(1,) * len(shape)).expand(-1, *shape)
+        return {"state": state + action, "info": {"k": row}}
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, initial_state=torch.zeros(2), transition_fn=step,
+                        info_spec={"k": declared}, seed=0)
+    spec = env.observation_spec["info", "k"]
+    assert (spec.dtype, tuple(spec.shape)) == (dtype, (3, 1, *shape))
+    check_env_specs(env, seed=0)
+    info = env.rollout(2)["next", "info", "k"]
+    assert info.dtype == dtype and tuple(info.shape) == (3, 2, 1, *shape)
+    assert info[:, 1].reshape(3, -1)[:, 0].tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("batch", [(), (3,), (2, 3)])
+def test_a_batch_unlocked_transition_gets_one_mask_flag_per_model_row(batch):
+    seen = {}
+
+    def step(state, action, mask=None):
+        seen["mask"] = mask.clone()
+        return torch.where(mask[:, None], state + action, state)  # a model that keeps the rows its mask leaves out
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=None, state_key="observation", initial_state=torch.zeros(2),
+                        transition_fn=step, seed=0)
+    td = env.reset(TensorDict({}, batch)).set("action", torch.ones(*batch, 2))
+    out = env.step(td)["next", "observation"]
+    rows = int(np.prod(batch))  # the model gets (N, ...) rows whatever the batch
+    assert tuple(seen["mask"].shape) == (rows,) and seen["mask"].all()
+    assert tuple(out.shape) == (*batch, 2) and bool((out == 1).all())
