@@ -478,6 +478,25 @@ class GcStateEnv(CountingEnv):
         return gc.get_freeze_count() > 0, any(obj is self for obj in gc.get_objects())
 
 
+class SlowFirstRowEnv(CountingEnv):
+    """A counting env that knows its row: env 0's ``who()`` and ``slow_row`` take ``delay`` s, the others' none,
+    so that the worker holding env 0 replies last. Both return the row."""
+
+    def __init__(self, row: int = 0, delay: float = 0.3, **kwargs):
+        super().__init__(**kwargs)
+        self.row, self.delay = row, delay
+
+    def who(self) -> int:
+        import time
+
+        time.sleep(self.delay if self.row == 0 else 0.0)
+        return self.row
+
+    @property
+    def slow_row(self) -> int:
+        return self.who()
+
+
 class LaterExitEnv(CountingEnv):
     """A counting env that can make its process exit with code 0 (as a simulator quitting cleanly) while the
     process is idle: ``exit_once(path)`` returns at once and exits the process when the file ``path`` appears."""

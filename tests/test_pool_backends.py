@@ -9,7 +9,16 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from envs import ActionRecordingEnv, CountingEnv, DictObsEnv, FailingEnv, StubbornFailingEnv, counting, sparse_info
+from envs import (
+    ActionRecordingEnv,
+    CountingEnv,
+    DictObsEnv,
+    FailingEnv,
+    SlowFirstRowEnv,
+    StubbornFailingEnv,
+    counting,
+    sparse_info,
+)
 from gymnasium.envs.classic_control import CartPoleEnv
 from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict
@@ -202,6 +211,18 @@ def test_process_backend_matches_serial_row_for_row():
     check_env_specs(proc)
     serial.close()
     proc.close()
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_call_and_get_attr_answer_in_row_order_when_env_0s_worker_replies_last(backend):
+    # env 0's who() sleeps 0.3 s: worker 1 (envs 3, 4) replies first; the results still follow the rows asked for
+    kwargs = {"num_workers": 2} if backend == "process" else {}
+    pool = EnvPool([functools.partial(SlowFirstRowEnv, row=i) for i in range(5)], seed=0, backend=backend, **kwargs)
+    assert pool.call("who") == [0, 1, 2, 3, 4]
+    assert pool.get_attr("slow_row") == [0, 1, 2, 3, 4]
+    assert pool.call("who", indices=[4, 0]) == [4, 0]
+    assert pool.get_attr("slow_row", indices=[3, 0, 4, 1]) == [3, 0, 4, 1]
+    pool.close()
 
 
 def test_process_backend_matches_serial_info_masks():

@@ -68,6 +68,24 @@ def test_key_seen_only_at_step_is_recorded_with_a_mask():
     pool.close()
 
 
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_a_key_and_a_wider_dtype_only_a_later_workers_envs_report_are_inferred(backend):
+    # 5 envs on 2 workers: envs 3 and 4, worker 1's, report "extra" and a float "w" (the others an int "w");
+    # the spec comes from the probe infos of every env, not of worker 0's only
+    early, late = {"t": 0, "w": 1}, {"t": 0, "w": 0.5, "extra": 0.75}
+    kwargs = {"num_workers": 2} if backend == "process" else {}
+    pool = info_pool([early] * 3 + [late] * 2, [[early]] * 3 + [[late]] * 2, backend=backend, **kwargs)
+    spec = pool.observation_spec
+    assert {key: spec["info", key].dtype for key in spec["info"].keys()} == {
+        "t": torch.int64, "w": torch.float64, "extra": torch.float64}
+    assert set(spec["info_mask"].keys()) == {"extra"}
+    for out in (pool.reset(), step(pool)):
+        assert out["info", "extra"].view(-1).tolist() == [0.0, 0.0, 0.0, 0.75, 0.75]
+        assert out["info_mask", "extra"].view(-1).tolist() == [False, False, False, True, True]
+        assert out["info", "w"].view(-1).tolist() == [1.0, 1.0, 1.0, 0.5, 0.5]
+    pool.close()
+
+
 def test_keys_every_env_always_reported_have_no_mask():
     pool = info_pool([{"a": 1, "b": 2.0}] * 2, [[{"a": 1, "b": 2.0}]] * 2)
     assert "info_mask" not in pool.observation_spec.keys()

@@ -279,6 +279,33 @@ def test_a_partial_reset_without_per_episode_seeds_records_each_rows_stream_seed
     pool.close()
 
 
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_full_resets_without_per_episode_seeds_record_each_rows_stream_seed_and_match_serial(backend):
+    # seed_every_episode=False: a second full reset() continues every env's stream (reset unseeded) and records
+    # the seed that stream started from; reset(seed=[7, None, 9]) restarts rows 0 and 2 only. The process
+    # backend sends each worker the seeds to reset with and the episode seeds to record: they differ here
+    def run(pool):
+        out = []
+        for seed in (None, None, [7, None, 9], None):
+            td = pool.reset(seed=seed)
+            out.append(td.clone())
+            td["action"] = torch.tensor([1, 2, 0])
+            out.append(pool.step(td).clone())
+        pool.close()
+        return out
+
+    fns = [functools.partial(counting, max_length=9)] * 3
+    kwargs = {"num_workers": 2} if backend == "process" else {}
+    ours = run(EnvPool(fns, seed=10, seed_every_episode=False, backend=backend, **kwargs))
+    assert [seeds_of(td) for td in ours[::2]] == [[10, 11, 12], [10, 11, 12], [7, 11, 9], [7, 11, 9]]
+    assert [td["next", "episode_seed"].view(-1).tolist() for td in ours[1::2]] == [seeds_of(td) for td in ours[::2]]
+    serial = run(EnvPool(fns, seed=10, seed_every_episode=False))
+    for t, (a, b) in enumerate(zip(ours, serial)):
+        assert set(a.keys(True, True)) == set(b.keys(True, True)), t
+        for key in a.keys(True, True):
+            assert torch.equal(a[key], b[key]), (t, key)  # the streams continued as serial's did: same lengths
+
+
 def test_seed_every_episode_false_follows_gymnasium_convention():
     """Only the first reset after a seed passes it; later episodes continue each env's stream."""
     pool = EnvPool([functools.partial(counting, length=2)] * 3, seed=10, seed_every_episode=False)
