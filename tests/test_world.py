@@ -877,20 +877,26 @@ def test_a_natively_batched_env_is_reseeded_whenever_every_row_restarts_and_repo
         assert auto["episode_lengths"].tolist()[3:] != lengths[3:]  # later ones continue the stream
 
 
-def test_the_progress_bar_shows_the_final_success_count(monkeypatch):
-    """The bar's postfix is refreshed every 8 episodes and at the last one, before the bar's last update: with
-    17 episodes the final frame reads the 17th episode's count, not the 16th's. (A tqdm that records what the
-    run sets on it; everything else is tqdm's own.)"""
+@pytest.fixture
+def postfixes(monkeypatch):
+    """The ``(success, n)`` pairs a run's progress bar shows, in order: a tqdm that records what the run sets on
+    it (everything else is tqdm's own)."""
     import tqdm.auto
 
-    postfixes = []
+    shown = []
 
     class RecordingTqdm(tqdm.auto.tqdm):
         def set_postfix(self, *args, **kwargs):
-            postfixes.append((kwargs.get("success"), self.n))
+            shown.append((kwargs.get("success"), self.n))
             return super().set_postfix(*args, **kwargs)
 
     monkeypatch.setattr(tqdm.auto, "tqdm", RecordingTqdm)
+    return shown
+
+
+def test_the_progress_bar_shows_the_final_success_count(postfixes):
+    """The bar's postfix is refreshed every 8 episodes and at the last one, before the bar's last update: with
+    17 episodes the final frame reads the 17th episode's count, not the 16th's."""
     pool = EnvPool([functools.partial(counting, max_length=9)] * 3, seed=0)
     with World(pool, ones(3)) as world:
         result = world.evaluate(17, seed=5, success_fn=lambda td: td["next", "observation"][:, 0] >= 4,
@@ -900,21 +906,10 @@ def test_the_progress_bar_shows_the_final_success_count(monkeypatch):
     assert [n for _, n in postfixes] == [7, 15, 16]
 
 
-
-def test_the_progress_bar_counts_the_successes_of_the_episodes_finished_so_far(monkeypatch):
+def test_the_progress_bar_counts_the_successes_of_the_episodes_finished_so_far(postfixes):
     """Auto mode finishes episodes out of index order: env 0's one-step episodes (0, 3, ..., 15), the only
     successful ones, finish first, so the 8th episode to finish is episode 15 and 6 of those 8 succeeded
     (counting episodes 0-7 instead would say 3)."""
-    import tqdm.auto
-
-    postfixes = []
-
-    class RecordingTqdm(tqdm.auto.tqdm):
-        def set_postfix(self, *args, **kwargs):
-            postfixes.append((kwargs.get("success"), self.n))
-            return super().set_postfix(*args, **kwargs)
-
-    monkeypatch.setattr(tqdm.auto, "tqdm", RecordingTqdm)
     pool = fixed_length_pool([1, 3, 3])
     with World(pool, ones(3)) as world:
         result = world.evaluate(17, seed=0, success_fn=lambda td: torch.tensor([True, False, False]), progress=True)
