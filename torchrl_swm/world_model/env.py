@@ -828,11 +828,11 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         if start_states is not None:
             if reset_fn is not None:
                 raise TypeError("WorldModelEnv: pass reset_fn= or start_states=, not both")
-            given = [name for name, value in (("initial_state", initial_state),
-                                              ("initial_observation", initial_observation)) if value is not None]
+            given = " and ".join(f"{name}=" for name, value in (("initial_state", initial_state),
+                                 ("initial_observation", initial_observation)) if value is not None)
             if given:  # each start is a sampled observation, encoded: a constant start would never be used
                 raise TypeError(
-                    f"WorldModelEnv: pass {' / '.join(given)}= or start_states=, not both: with start_states= every "
+                    f"WorldModelEnv: pass {given} or start_states=, not both: with start_states= every "
                     "episode starts from a sampled observation, encoded by model.encode / encode_fn (or taken as the "
                     "state), so the constant start would be ignored"
                 )
