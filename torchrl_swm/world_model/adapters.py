@@ -747,8 +747,9 @@ def split_reset(result, where: str, obs_keys: frozenset | None):
         if n == 2:
             first, second = result
             # a None second item is a missing info (as in a transition's return), never an observation
-            info_like = second is None or _is_mapping(second)
-            if info_like and not (obs_keys is not None and second is not None and set(second.keys()) == obs_keys):
+            if second is None or (
+                _is_mapping(second) and not (obs_keys is not None and set(second.keys()) == obs_keys)
+            ):
                 form = f"a 2-{kind} read as (obs, info)"
                 return form, MISSING, first, _info(second, form, where)
             return f"a 2-{kind} read as (state, obs)", first, second, {}
