@@ -10,6 +10,7 @@ import torch
 from gymnasium.utils.env_checker import check_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tensordict import TensorDict
 
 import torchrl_swm.envs  # noqa: F401
 from torchrl_swm import EnvPool, World
@@ -218,6 +219,18 @@ def test_pool_outputs_and_expert_actions():
     with pytest.raises(TypeError, match="PointMaze"):
         expert_policy(EnvPool("CartPole-v1", num_envs=1))
     pool.close()
+
+
+@pytest.mark.parametrize("batch_shape", [(), (3, 2)])
+def test_expert_acts_on_any_batch_shape(batch_shape):
+    # an unbatched td (a single exported env) or a [T, N] one: each row gets the action of its own state
+    states = torch.tensor([[1.5, 1.5, 0.0, 0.0], [3.5, 1.5, 0.0, 0.0], [3.5, 3.5, 0.1, 0.0]])
+    index = torch.arange(int(np.prod(batch_shape, dtype=int))).reshape(batch_shape) % 3
+    td = TensorDict({"state": states[index], "target": torch.tensor([1.5, 3.5]).expand(*batch_shape, 2)}, batch_shape)
+    action = PointMazeExpert("u")(td)["action"]
+    assert action.shape == (*batch_shape, 2)
+    expected = expert_actions(PointMazeExpert("u").walls, states.numpy(), np.array([[1.5, 3.5]] * 3))
+    assert torch.equal(action, torch.as_tensor(expected, dtype=torch.float32)[index])
 
 
 def test_expert_policy_on_a_process_pool():

@@ -432,7 +432,7 @@ def expert_actions(walls: np.ndarray, state: np.ndarray, target: np.ndarray, gai
 class PointMazeExpert:
     """A scripted TorchRL policy for :class:`PointMazeEnv`: ``td -> td`` writing ``"action"``.
 
-    It reads ``"state"`` and ``"target"`` (batch ``[N]``), follows a shortest
+    It reads ``"state"`` and ``"target"`` (any batch shape), follows a shortest
     path over the maze cells, and adds Gaussian noise of scale ``noise`` so that
     collected data is diverse. The noise comes from torch's global generator,
     which :class:`torchrl_swm.World` forks and seeds for each run, so runs with
@@ -449,7 +449,8 @@ class PointMazeExpert:
 
         state = td.get("state")
         action = expert_actions(self.walls, state.detach().cpu().numpy(), td.get("target").detach().cpu().numpy())
-        action = torch.as_tensor(action, dtype=torch.float32)
+        # any batch shape, [] included: expert_actions works on a flat batch
+        action = torch.as_tensor(action, dtype=torch.float32).reshape(*state.shape[:-1], 2)
         if self.noise:
             action = (action + self.noise * torch.randn(action.shape)).clamp_(-1.0, 1.0)
         td.set("action", action.to(state.device))
