@@ -231,6 +231,14 @@ def test_world_model_vec_env():
     assert obs.shape == (8, 64)
     venv.seed(0)  # VecEnv.seed(s) seeds an env without sub-envs as a whole: the same start again
     assert np.array_equal(venv.reset(), obs)
+    for seed in (0, 5):  # ... with s itself, as env.set_seed(s) does (not s + N - 1, the seed list's last)
+        torch.manual_seed(123)
+        direct = MLPWorldModelEnv(batch_size=4)
+        torch.manual_seed(123)
+        exported = to_sb3_vec_env(MLPWorldModelEnv(batch_size=4))
+        direct.set_seed(seed)
+        assert exported.seed(seed) == [seed, seed + 1, seed + 2, seed + 3]
+        assert np.array_equal(exported.reset(), direct.reset()["observation"].numpy())
     obs, rewards, dones, infos = venv.step(np.zeros((8, 6), np.float32))
     assert rewards.shape == (8,) and len(infos) == 8
 
@@ -479,6 +487,17 @@ def test_sb3_step_errors_name_the_sb3_export_and_a_closed_pool_is_not_offered_a_
     with pytest.raises(RuntimeError, match=r"^TorchRLSB3VecEnv\.reset\(\) with set_options\(\{'reset_mask': \.\.\.\}\) "
                                            r"after close\(\): the EnvPool it wraps is closed"):
         venv.reset()
+
+
+def test_step_wait_without_step_async_is_refused_not_a_repeat_of_the_last_actions():
+    venv = to_sb3_vec_env(EnvPool([functools.partial(CountingEnv, length=5)] * 2, seed=0))
+    venv.reset()
+    venv.step_async(np.zeros(2, np.int64))
+    venv.step_wait()
+    refusal = r"^TorchRLSB3VecEnv\.step_wait\(\) was called without step_async\(actions\): each step_wait\(\) needs"
+    with pytest.raises(RuntimeError, match=refusal):
+        venv.step_wait()
+    venv.close()
 
 
 def test_sb3_masked_reset_after_close_of_a_reopenable_env_gives_advice_that_works():

@@ -149,7 +149,10 @@ def _sb3_class():
 
         def step_wait(self):
             if self._actions is None:
-                raise RuntimeError("step_wait() was called without step_async(actions)")
+                raise RuntimeError(
+                    "TorchRLSB3VecEnv.step_wait() was called without step_async(actions): each step_wait() needs "
+                    "its own step_async(actions) first (or call step(actions), which does both)"
+                )
             actions, self._actions = self._actions, None
             obs, rewards, terminated, truncated, infos = self.venv.step(actions)
             dones = terminated | truncated
