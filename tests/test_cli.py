@@ -59,19 +59,32 @@ def test_collect_info_eval_round_trip(tmp_path, capsys):
     result_file = tmp_path / "result.json"
     ev = run("eval", "CartPole-v1", "--episodes", 6, "--num-envs", 3, "--json", result_file)
     assert ev.returncode == 0, ev.stderr
-    assert "6 episodes on 3 envs" in ev.stdout
+    assert "6 episodes on 3 envs (reset_mode=auto" in ev.stdout  # no --mode, no --dataset: "auto"
     assert "success rate  n/a" in ev.stdout  # random CartPole: no success signal, not 100%
     result = json.loads(result_file.read_text())
     assert len(result["episode_returns"]) == 6 and result["success_rate"] is None
-    assert result["seeds"] == [0, 1, 2, 3, 4, 5]
+    assert result["seeds"] == [0, 1, 2, 3, 4, 5] and result["reset_mode"] == "auto"
+    # --seed S: episode j starts from seed S + j (in-process: the same code, one interpreter less)
+    assert cli.main(["eval", "CartPole-v1", "--episodes", "3", "--num-envs", "2", "--seed", "7", "--no-progress",
+                     "--json", str(result_file)]) == 0
+    assert json.loads(result_file.read_text())["seeds"] == [7, 8, 9]
 
 
-def test_goal_env_with_policy_factory_dataset_eval_and_video(tmp_path):
+def test_goal_env_with_policy_factory_dataset_eval_and_video(tmp_path, capsys):
+    from torchrl_swm import load_dataset
+
     data = tmp_path / "maze"
-    out = run("collect", "torchrl_swm/PointMaze-v0", "--episodes", 6, "--out", data, "--image-shape", 32, 32,
+    # --image-shape H W, not square: H rows by W columns, in the dataset and in eval's frames and goals alike
+    out = run("collect", "torchrl_swm/PointMaze-v0", "--episodes", 6, "--out", data, "--image-shape", 24, 32,
               "--policy", "torchrl_swm.envs:expert_policy", "--no-progress")
     assert out.returncode == 0, out.stderr
     assert "success    1.000" in out.stdout and "pixels" in out.stdout
+    assert tuple(load_dataset(data).td.get("pixels").shape[1:]) == (24, 32, 3)
+    # no --num-envs: collect's default, the one its --help states
+    assert json.loads((data / "dataset.json").read_text())["num_envs"] == 4
+    with pytest.raises(SystemExit):
+        cli.main(["collect", "--help"])
+    assert "parallel envs (default 4)" in " ".join(capsys.readouterr().out.split())
     ev = run("eval", "torchrl_swm/PointMaze-v0", "--dataset", data, "--goal-offset", 3, "--eval-budget", 12,
              "--num-envs", 2, "--policy", "torchrl_swm.envs:expert_policy", "--video", tmp_path / "vid",
              "--no-progress")
@@ -80,7 +93,7 @@ def test_goal_env_with_policy_factory_dataset_eval_and_video(tmp_path):
     assert len(list((tmp_path / "vid").glob("episode_*.mp4"))) == 6
 
 
-def test_warnings_are_one_line_on_stderr_like_errors(tmp_path, capsys):
+def test_warnings_are_one_line_on_stderr_like_errors(tmp_path, capsys, monkeypatch):
     # the default display showed a source line of the package's ("cli.py:444: UserWarning: ...\n  result = ...")
     import warnings
 
@@ -94,6 +107,27 @@ def test_warnings_are_one_line_on_stderr_like_errors(tmp_path, capsys):
     assert "torchrl-swm eval: warning: VideoRecorder: " in err and "already holds 1 video(s)" in err
     assert "UserWarning" not in err and ".py:" not in err
     assert warnings.showwarning is default  # the test process's display is its own again
+    # a category other than UserWarning is named on the line
+    (tmp_path / "warn_policies.py").write_text(
+        "import torch, warnings\n"
+        "def policy(td):\n"
+        "    warnings.warn('policy saturated', RuntimeWarning)\n"
+        "    return td.set('action', torch.zeros(td.batch_size[0], dtype=torch.int64))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cli.main(["eval", "CartPole-v1", "--episodes", "1", "--num-envs", "1", "--no-progress",
+                     "--policy", "warn_policies:policy"]) == 0
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == "torchrl-swm eval: warning: RuntimeWarning: policy saturated", err
+
+
+def test_video_grid_writes_one_grid_video(tmp_path, capsys):
+    # --video DIR --video-grid: one grid.mp4 of all episodes instead of an episode_*.mp4 each
+    pytest.importorskip("imageio_ffmpeg")
+    assert cli.main(["eval", "CartPole-v1", "--episodes", "3", "--num-envs", "2", "--max-steps", "10",
+                     "--image-shape", "16", "16", "--video", str(tmp_path / "v"), "--video-grid",
+                     "--no-progress"]) == 0
+    assert sorted(os.listdir(tmp_path / "v")) == ["grid.mp4"]
 
 
 def test_policy_object_from_a_module(tmp_path, monkeypatch, capsys):
@@ -102,6 +136,10 @@ def test_policy_object_from_a_module(tmp_path, monkeypatch, capsys):
         "def push_right(td):\n"
         "    return td.set('action', torch.ones(td.batch_size[0], dtype=torch.int64))\n"
         "not_callable = 3\n"
+        "class Holder:\n"
+        "    @staticmethod\n"
+        "    def push(td):\n"
+        "        return td.set('action', torch.ones(td.batch_size[0], dtype=torch.int64))\n"
     )
     ok = run("eval", "CartPole-v1", "--episodes", 2, "--policy", "my_policies:push_right", extra_path=tmp_path)
     assert ok.returncode == 0, ok.stderr
@@ -114,6 +152,13 @@ def test_policy_object_from_a_module(tmp_path, monkeypatch, capsys):
     assert "expected a policy" in capsys.readouterr().err
     assert cli.main(["eval", "CartPole-v1", "--no-progress", "--policy", "no_such_module_xyz:p"]) == 2
     assert "cannot import module" in capsys.readouterr().err
+    # a missing parent package is the same usage error, not the ModuleNotFoundError of an import inside a module
+    assert cli.main(["eval", "CartPole-v1", "--no-progress", "--policy", "nosuchpkg_xyz.sub:p"]) == 2
+    assert "cannot import module 'nosuchpkg_xyz.sub'" in capsys.readouterr().err
+    # the attribute may be dotted (module:Class.method), as in an entry point
+    assert cli.main(["eval", "CartPole-v1", "--episodes", "2", "--num-envs", "2", "--no-progress", "--policy",
+                     "my_policies:Holder.push"]) == 0
+    assert "2 episodes on 2 envs" in capsys.readouterr().out
     assert cli.main(["eval", "CartPole-v1", "--no-progress", "--policy", "no_colon"]) == 2
     assert "module:attribute" in capsys.readouterr().err
 

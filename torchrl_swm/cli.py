@@ -265,7 +265,8 @@ def _add_env_arguments(p: argparse.ArgumentParser, default_envs: int, mode_help:
                    help="record pixels, at the env's render size unless --image-shape is given")
     p.add_argument("--env-kwargs", default=None, help="JSON object of gym.make keyword arguments")
     p.add_argument("--policy", default=None,
-                   help="module:attr of a policy object, or of a function/class taking env (default: random)")
+                   help="module:attr of a policy object, or of a function/class taking env; attr may be dotted "
+                        "(module:Class.method) (default: random)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="a progress bar on stderr (default: when stderr is a terminal)")
 
