@@ -73,6 +73,16 @@ def test_batched_factory_make_builds_one_env():
     assert truncated and t == 20  # gymnasium's TimeLimit from the spec
 
 
+def test_make_with_num_envs_other_than_one_points_to_make_vec():
+    env_id = _id("Pool")
+    register_gymnasium_env(env_id, functools.partial(EnvPool, "CartPole-v1"))
+    with pytest.raises(TypeError, match=r"gymnasium.make builds one env, got num_envs=4; use gymnasium.make_vec"):
+        gym.make(env_id, num_envs=4)
+    env = gym.make(env_id, num_envs=1)  # the one env make builds anyway
+    assert env.unwrapped.env.num_envs == 1 and env.reset(seed=0)[0].shape == (4,)
+    env.close()
+
+
 def test_make_vec_applies_max_episode_steps_as_step_counter():
     env_id = _id("WorldModel")
     register_gymnasium_env(env_id, lambda num_envs: MLPWorldModelEnv(batch_size=num_envs), max_episode_steps=5,

@@ -361,3 +361,27 @@ def test_a_direct_reset_call_with_a_partial_reset_keeps_the_other_rows_history(m
                    TensorDict({"_reset": reset}, [3])):
         out = transform._reset(old_td, TensorDict({"observation": obs.clone()}, [3]))["history", "observation"]
         assert torch.equal(out, obs.unsqueeze(1).expand(3, 3, 2))
+
+
+class _GroupAwayFromZero(gym.Env):
+    """A nested Dict observation whose leaf is Box(1, 2, int8): zero padding lies outside the leaf's bounds."""
+
+    observation_space = gym.spaces.Dict({"a": gym.spaces.Dict({"x": gym.spaces.Box(1, 2, (2,), np.int8)})})
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return {"a": {"x": np.ones(2, np.int8)}}, {}
+
+    def step(self, action):
+        return {"a": {"x": np.full(2, 2, np.int8)}}, 0.0, False, False, {}
+
+
+def test_zero_padding_of_a_group_entry_widens_the_spec_of_each_leaf():
+    env = TransformedEnv(EnvPool([_GroupAwayFromZero] * 2, seed=0), History([("a",)], 3, padding="zeros"))
+    spec = env.observation_spec["history", "a", "x"]
+    td = env.reset()
+    assert td["history", "a", "x"][:, :2].eq(0).all() and spec.is_in(td["history", "a", "x"])
+    assert spec.space.low.min() == 0 and spec.space.high.max() == 2
+    check_env_specs(env)
+    env.close()

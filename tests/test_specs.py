@@ -323,3 +323,72 @@ def test_half_open_box_leaves_of_a_nested_dict_action_sample_inside_their_space(
     draws = spec.rand((100,))
     assert all(space.contains({"a": d["a"].numpy(), "b": {"c": d["b", "c"].numpy()}}) for d in draws)
     assert type(spec["a"]) is BoxBounded and type(spec["b", "c"]) is BoxBounded
+
+
+def test_a_half_open_action_box_samples_low_plus_an_exponential_as_gymnasium_does():
+    # Box(5, inf).sample() is 5 + Exp(1) (mean 6, std 1): never a draw clamped onto the bound
+    spec = space_to_spec(gym.spaces.Box(5.0, np.inf, (10000,), np.float32), action=True)
+    torch.manual_seed(0)
+    draws = spec.rand()
+    assert (draws >= 5).all() and 5.8 < draws.mean() < 6.2 and 0.8 < draws.std() < 1.2
+    assert (draws == 5).float().mean() < 0.01
+
+
+def test_a_float64_action_box_with_constant_dims_samples_exactly_the_constant():
+    # low * (1 - u) + high * u is not always 2.9 in float64 for low == high == 2.9: the draw is clamped into the Box
+    box = gym.spaces.Box(np.array([2.9, 0.0]), np.array([2.9, np.inf]), dtype=np.float64)
+    spec = space_to_spec(box, action=True)
+    torch.manual_seed(0)
+    draws = spec.rand((100,))
+    assert draws[:, 0].eq(2.9).all() and spec.is_in(draws) and all(box.contains(d) for d in draws.numpy())
+
+
+def test_an_n_d_multi_binary_keeps_its_shape_in_the_spec_and_the_pool():
+    from torchrl.envs.utils import check_env_specs
+
+    from torchrl_swm import EnvPool
+
+    space, value = gym.spaces.MultiBinary([2, 3]), np.array([[0, 1, 0], [1, 1, 0]], np.int8)
+    assert space_to_spec(space).shape == (2, 3) and spec_to_space(space_to_spec(space)) == space
+
+    class Grid(gym.Env):
+        observation_space, action_space = space, gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return value, {}
+
+        def step(self, action):
+            return value, 0.0, False, False, {}
+
+    pool = EnvPool([Grid] * 2, seed=0)
+    assert pool.observation_spec["observation"].shape == (2, 2, 3)
+    assert pool.reset()["observation"][1].tolist() == value.tolist()
+    check_env_specs(pool)
+    pool.close()
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_as_spec_puts_a_space_and_a_torchrl_spec_alike_on_the_device(device):
+    # "meta" is the CPU stand-in for an accelerator: a spec built on the CPU must move there as a space's spec does
+    from torchrl_swm.specs import as_spec
+
+    spec = Bounded(0.0, 1.0, shape=(2,), device="cpu")
+    assert as_spec(spec, device=device).device == torch.device(device)
+    assert as_spec(gym.spaces.Box(0, 1, (2,)), device=device).device == torch.device(device)
+    assert as_spec(spec) is spec  # no device: the spec as given
+
+
+def test_a_float_box_a_little_inside_its_dtype_extremes_keeps_its_bounds():
+    # only bounds within 1e-6 of finfo.max read as "unbounded": 0.9995 * max is a real (if huge) bound
+    m = np.float32(np.finfo(np.float32).max * 0.9995)
+    spec = space_to_spec(gym.spaces.Box(-m, m, (2,), np.float32))
+    assert isinstance(spec, Bounded) and spec.space.high.tolist() == [m, m] and spec.space.low.tolist() == [-m, -m]
+
+
+def test_the_spec_of_a_dict_space_keeps_the_space_key_order():
+    # not sorted, not reversed: the space's own order, at every depth (a Dict from pairs keeps their order)
+    inner = gym.spaces.Dict([("y", gym.spaces.Discrete(2)), ("x", gym.spaces.Discrete(3))])
+    space = gym.spaces.Dict([("z", gym.spaces.Box(0, 1, (2,))), ("a", inner), ("m", gym.spaces.MultiBinary(3))])
+    spec = space_to_spec(space)
+    assert list(spec.keys()) == ["z", "a", "m"] and list(spec["a"].keys()) == ["y", "x"]

@@ -1204,6 +1204,36 @@ def test_an_action_transform_fn_returning_another_dtype_is_named_not_the_policys
         env.step(td)
 
 
+@pytest.mark.parametrize("adapter", [False, True])
+def test_a_half_open_action_box_gives_finite_random_actions_inside_it(adapter):
+    """rand() and a rollout without a policy draw as gymnasium's Box.sample, not Bounded.rand's NaN/inf: on the env's
+    own action spec, and on the outside one of an ActionAdapter (action_transform_fn)."""
+    box = gym.spaces.Box(np.array([-np.inf, 5], np.float32), np.array([1, np.inf], np.float32))
+    kwargs = {"action_transform_fn": lambda a: a.clamp(-1, 1), "model_action_space": FORCE} if adapter else {}
+    env = make_world_model_env(object(), BOX2, box, num_envs=4, initial_state=torch.zeros(2),
+                               transition_fn=lambda s, a: s + 0.01 * a, **kwargs)
+    torch.manual_seed(0)
+    actions = torch.cat([env.full_action_spec["action"].rand(), env.rollout(3)["action"].flatten(0, 1)])
+    assert torch.isfinite(actions).all() and all(box.contains(a) for a in actions.numpy())
+    assert torch.isfinite(env.rollout(3)["next", "observation"]).all()
+
+
+def test_the_model_action_probe_keeps_the_dtype_the_action_transform_fn_returns():
+    """Without model_action_space=, the probed model action spec has the transform's dtype (int64 here)."""
+    seen = []
+
+    def transition(state, action):
+        seen.append(action)
+        return state + action.float()
+
+    env = make_world_model_env(object(), BOX2, gym.spaces.Discrete(3), num_envs=2, initial_state=torch.zeros(2),
+                               transition_fn=transition, action_transform_fn=lambda a: torch.stack([a, -a], -1))
+    assert env.base_env.full_action_spec["action"].dtype == torch.int64
+    td = env.reset().set("action", torch.tensor([1, 2]))
+    assert env.step(td)["next", "observation"].tolist() == [[1.0, -1.0], [2.0, -2.0]]
+    assert seen[-1].dtype == torch.int64
+
+
 def test_the_model_action_probe_refuses_an_action_transform_fn_that_drops_the_batch_dim():
     """One model action for the whole batch is refused at construction, pointing at model_action_space=."""
     moves = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
