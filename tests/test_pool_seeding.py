@@ -113,6 +113,25 @@ def test_set_seed_then_a_reset_of_some_envs_still_warns_at_the_step(reset_rows, 
     pool.close()
 
 
+@pytest.mark.parametrize("second_reset", ["all-True mask", "partial mask"])
+def test_set_seed_after_every_env_was_reset_warns_at_the_step(second_reset):
+    # every env reset and none stepped since, then set_seed: the episodes in progress keep their old seeds. An
+    # all-True "_reset" (TorchRL's maybe_reset when every env is done) resets every env as reset() does; a partial
+    # reset right after a full one leaves every env in a not-yet-stepped episode
+    pool = EnvPool([functools.partial(counting, length=50)] * 3, seed=0)
+    td = pool.reset()
+    td = pool.step(td.set("action", pool.action_spec.zero()))["next"]  # stepped: not fresh
+    if second_reset == "partial mask":
+        td = pool.reset()
+    rows = [0, 1, 2] if second_reset == "all-True mask" else [0]
+    td["_reset"] = torch.tensor([[i in rows] for i in range(3)])
+    td = pool.reset(td).exclude("_reset")
+    pool.set_seed(100)
+    with pytest.warns(UserWarning, match=r"set_seed\(\) came after the last reset of every env and before"):
+        pool.step(td.set("action", pool.action_spec.zero()))
+    pool.close()
+
+
 def test_set_seed_then_every_env_reset_in_parts_starts_the_seeded_episodes_without_a_warning():
     import warnings
 

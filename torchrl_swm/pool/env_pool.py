@@ -423,7 +423,8 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             if rows is not None:
                 options = [options[j] for j in rows]
             self._reset_rows(rows, override, options)
-            self._step_state.fresh = rows is None or self._step_state.fresh
+            # every row reset now (no mask, or an all-True one) or, with a partial mask, still none stepped
+            self._step_state.fresh = rows is None or rows.size == self.num_envs or self._step_state.fresh
         else:
             self._backend.settle()  # nothing to reset, but the snapshot must not race an interrupted step
         return self._host.snapshot(self._reset_keys, self.batch_size)
