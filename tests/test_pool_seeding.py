@@ -113,13 +113,21 @@ def test_set_seed_then_a_reset_of_some_envs_still_warns_at_the_step(reset_rows, 
     pool.close()
 
 
-@pytest.mark.parametrize("second_reset", ["all-True mask", "partial mask"])
+@pytest.mark.parametrize("second_reset", ["all-True mask", "partial mask", "every env done in step_and_maybe_reset"])
 def test_set_seed_after_every_env_was_reset_warns_at_the_step(second_reset):
     # every env reset and none stepped since, then set_seed: the episodes in progress keep their old seeds. An
     # all-True "_reset" (TorchRL's maybe_reset when every env is done) resets every env as reset() does; a partial
     # reset right after a full one leaves every env in a not-yet-stepped episode
-    pool = EnvPool([functools.partial(counting, length=50)] * 3, seed=0)
+    pool = EnvPool([functools.partial(counting, length=2)] * 3, seed=0)
     td = pool.reset()
+    if second_reset == "every env done in step_and_maybe_reset":  # the pool's own fast path, not TorchRL's
+        for _ in range(2):
+            _, td = pool.step_and_maybe_reset(td.set("action", pool.action_spec.zero()))
+        assert td["observation"][:, 0].eq(0).all()  # every env restarted
+        pool.set_seed(100)
+        with pytest.warns(UserWarning, match=r"set_seed\(\) came after the last reset of every env and before"):
+            pool.step(td.set("action", pool.action_spec.zero()))
+        return pool.close()
     td = pool.step(td.set("action", pool.action_spec.zero()))["next"]  # stepped: not fresh
     if second_reset == "partial mask":
         td = pool.reset()

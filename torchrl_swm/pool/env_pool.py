@@ -551,6 +551,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         partial = done_rows.size < self.num_envs
         carried = self._carried(tensordict, self._done_mask() if partial else None)
         self._reset_rows(done_rows)
+        self._step_state.fresh = not partial  # every env restarted, as by an all-True "_reset" on the generic path
         return tensordict, self._next_root(carried, self._host.snapshot(self._reset_keys, self.batch_size), device,
                                            tensordict)
 
