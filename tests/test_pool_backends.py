@@ -620,8 +620,10 @@ def test_same_step_vector_env_bad_final_obs_names_the_env():
     pool.close()
 
 
-def test_vector_env_refuses_step_masks_and_unreset_done_rows():
-    pool = EnvPool(_vector(AutoresetMode.NEXT_STEP, 3), seed=0)
+@pytest.mark.parametrize("limit", [None, 3])  # 3: the rows end truncated by the time limit, not terminated
+def test_vector_env_refuses_step_masks_and_unreset_done_rows(limit):
+    pool = EnvPool(gym.make_vec("CartPole-v1", 3, vectorization_mode="sync", max_episode_steps=limit,
+                                vector_kwargs={"autoreset_mode": AutoresetMode.NEXT_STEP}), seed=0)
     td = pool.reset()
     td["action"] = torch.zeros(3, dtype=torch.int64)
     td["_step"] = torch.tensor([[True], [False], [True]])
@@ -633,8 +635,10 @@ def test_vector_env_refuses_step_masks_and_unreset_done_rows():
         td = pool.step(td)["next"].clone()
         if td["done"].any():
             break
+    assert td["truncated" if limit else "terminated"].any()
+    rows = torch.nonzero(td["done"].view(-1)).view(-1).tolist()
     td["action"] = torch.zeros(3, dtype=torch.int64)
-    with pytest.raises(EnvError, match="ghost transition"):
+    with pytest.raises(EnvError, match=rf"rows \[{', '.join(map(str, rows))}\] finished .*ghost transition"):
         pool.step(td)
     pool.close()
 
@@ -1065,12 +1069,21 @@ def _same_step_counting(cls=gym.vector.SyncVectorEnv, lengths=(1, 50, 50)):
 
 def test_a_same_step_vector_env_refuses_to_step_a_row_it_finished_that_was_not_reset():
     # it has already restarted the row: the step would go from the terminal obs into the next episode, a ghost
-    pool = EnvPool(_same_step_counting(lengths=(1, 50)), seed=0)
-    td = pool.step(pool.reset().set("action", torch.zeros(2, dtype=torch.int64)))["next"]
-    assert td["done"].view(-1).tolist() == [True, False]
-    with pytest.raises(EnvError, match=r"env 0 \(step\): rows \[0\] finished at the previous step and were not reset: "
-                                       r"the SAME_STEP VectorEnv has reset or would reset them itself"):
-        pool.step(td.set("action", torch.zeros(2, dtype=torch.int64)))
+    venv = _same_step_counting(lengths=(1, 1, 50))
+    pool = EnvPool(venv, seed=0)
+    td = pool.step(pool.reset().set("action", torch.zeros(3, dtype=torch.int64)))["next"]
+    assert td["done"].view(-1).tolist() == [True, True, False]
+    with pytest.raises(EnvError, match=r"env 0 \(step\): rows \[0, 1\] finished at the previous step and were not "
+                                       r"reset: the SAME_STEP VectorEnv has reset or would reset them itself"):
+        pool.step(td.set("action", torch.zeros(3, dtype=torch.int64)))
+    # resetting row 0 alone leaves row 1 refused, and its later reset is still the env's own (no second reset)
+    td = pool.step(pool.reset().set("action", torch.zeros(3, dtype=torch.int64)))["next"]
+    td = pool.reset(td.clone().set("_reset", torch.tensor([[True], [False], [False]])))
+    with pytest.raises(EnvError, match=r"env 1 \(step\): rows \[1\] finished at the previous step and were not reset"):
+        pool.step(td.set("action", torch.zeros(3, dtype=torch.int64)))
+    resets = venv.envs[1].resets_called
+    td = pool.reset(td.set("_reset", torch.tensor([[False], [True], [False]])))
+    assert venv.envs[1].resets_called == resets and td["observation"][1, :2].tolist() == [0.0, venv.envs[1].episode]
     pool.close()
 
 
@@ -1208,17 +1221,37 @@ class _SyncIgnoringTheMask(gym.vector.SyncVectorEnv):
         return super().reset(seed=seed)
 
 
-@pytest.mark.parametrize("kind", ["wrapper", "subclass"])
+class _SyncWithARegisteredAdapter(gym.vector.SyncVectorEnv):
+    pass
+
+
+def _reset_every_row(venv, mask, seed, options):  # a masked-reset adapter that ignores the mask
+    return gym.vector.SyncVectorEnv.reset(venv, options=options)
+
+
+@pytest.mark.parametrize("kind", ["wrapper", "subclass", "registered"])
 def test_a_wrapped_or_subclassed_sync_vector_env_that_drops_the_mask_is_caught(kind):
-    # only gymnasium's own vector envs, used as they are, are trusted to honour options["reset_mask"]
+    # only gymnasium's own vector envs, used as they are, are trusted to honour options["reset_mask"]; so is
+    # no adapter registered with register_masked_reset but the package's own (here: one that resets every row)
+    from torchrl_swm.pool import vector
+
     fns = [functools.partial(CountingEnv, length=3), functools.partial(CountingEnv, length=10)]
-    venv = _DropsResetOptions(gym.vector.SyncVectorEnv(fns)) if kind == "wrapper" else _SyncIgnoringTheMask(fns)
-    pool = EnvPool(venv, seed=0)
-    name = type(venv).__name__
-    with pytest.raises(EnvError, match=rf"env 1 \(reset\): {name}'s masked reset \(rows \[0\]\) changed the "
-                                       r"observation of env 1"):
-        pool.rollout(8, break_when_any_done=False)
-    pool.close()
+    if kind == "wrapper":
+        venv = _DropsResetOptions(gym.vector.SyncVectorEnv(fns))
+    else:
+        venv = (_SyncIgnoringTheMask if kind == "subclass" else _SyncWithARegisteredAdapter)(fns)
+    registry = dict(vector._MASKED_RESETS)
+    vector.register_masked_reset(_SyncWithARegisteredAdapter, _reset_every_row)
+    try:
+        pool = EnvPool(venv, seed=0)
+        name = type(venv).__name__
+        with pytest.raises(EnvError, match=rf"env 1 \(reset\): {name}'s masked reset \(rows \[0\]\) changed the "
+                                           r"observation of env 1"):
+            pool.rollout(8, break_when_any_done=False)
+        pool.close()
+    finally:
+        vector._MASKED_RESETS.clear()
+        vector._MASKED_RESETS.update(registry)
 
 
 class NanCounter(MaskedCounter):
@@ -1541,11 +1574,26 @@ def test_cartpole_vector_adapter_keeps_the_bounds_of_the_last_reset_as_its_autor
     # a masked reset given bounds takes them as the vector env's reset(options=) does: a missing one is the
     # default (0.05), not the last reset's
     td = out[:, -1]["next"].clone()
-    td["_reset"] = torch.zeros(n, 1, dtype=torch.bool)
+    td["_reset"] = td["done"].clone()
     td["_reset"][:4] = True
-    reset = pool.reset(td, options={"low": 0.02})["observation"][:4]
-    assert reset.min() >= 0.02 and reset.max() <= 0.05
+    td = pool.reset(td, options={"low": 0.02})
+    assert td["observation"][:4].min() >= 0.02 and td["observation"][:4].max() <= 0.05
+    # and later resets keep them, as gymnasium's autoreset keeps those of its last reset(options=)
+    out = pool.rollout(300, lambda td: td.set("action", torch.zeros(n, dtype=torch.int64)),
+                       break_when_any_done=False, auto_reset=False, tensordict=td)
+    starts = out["observation"][:, 1:][out["next", "done"][:, :-1, 0]]
+    assert len(starts) > 50 and starts.min() >= 0.02 and starts.max() <= 0.05
     pool.close()
+    venv = gym.make_vec("CartPole-v1", n, vectorization_mode="vector_entry_point")
+    venv.reset(seed=0, options={"low": -0.2, "high": 0.2})
+    obs, done, starts = venv.reset(options={"low": 0.02})[0], np.zeros(n, bool), []
+    for _ in range(100):
+        obs, _, terminated, truncated, _ = venv.step(np.zeros(n, np.int64))
+        starts.append(obs[done])
+        done = terminated | truncated
+    starts = np.concatenate(starts)
+    assert len(starts) > 10 and starts.min() >= 0.02 and starts.max() <= 0.05
+    venv.close()
 
 
 def test_cartpole_vector_adapter_restarts_the_step_count_of_the_rows_it_resets():
