@@ -26,6 +26,7 @@ from torchrl.envs.utils import check_env_specs
 from torchrl.testing import rollout_consistency_assertion
 
 from torchrl_swm import EnvError, EnvPool, SpecError, World
+from torchrl_swm.errors import StepRefusedError
 
 
 def drive(pool, steps, seed=0, step_masks=None, reset_at=None):
@@ -627,8 +628,10 @@ def test_vector_env_refuses_step_masks_and_unreset_done_rows(limit):
     td = pool.reset()
     td["action"] = torch.zeros(3, dtype=torch.int64)
     td["_step"] = torch.tensor([[True], [False], [True]])
-    with pytest.raises(EnvError, match="cannot freeze rows"):
+    with pytest.raises(StepRefusedError, match="cannot freeze rows"):
         pool.step(td)
+    del td["_step"]
+    pool.step(td)  # a refused step moved no env: none has to be reset for it
     td = pool.reset()
     for _ in range(200):
         td["action"] = torch.zeros(3, dtype=torch.int64)
@@ -638,8 +641,12 @@ def test_vector_env_refuses_step_masks_and_unreset_done_rows(limit):
     assert td["truncated" if limit else "terminated"].any()
     rows = torch.nonzero(td["done"].view(-1)).view(-1).tolist()
     td["action"] = torch.zeros(3, dtype=torch.int64)
-    with pytest.raises(EnvError, match=rf"rows \[{', '.join(map(str, rows))}\] finished .*ghost transition"):
+    with pytest.raises(StepRefusedError, match=rf"rows \[{', '.join(map(str, rows))}\] finished .*ghost transition"):
         pool.step(td)
+    td["_reset"] = td["done"].clone()  # the finished rows only: the others go on from where they were
+    td = pool.reset(td).exclude("_reset")
+    td["action"] = torch.zeros(3, dtype=torch.int64)
+    assert not pool.step(td)["next", "done"].all()
     pool.close()
 
 

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 
 __all__ = [
-    "EnvError", "EnvAttributeError", "SpecError", "add_note", "counted", "describe", "check_int", "check_indices",
+    "EnvError", "EnvAttributeError", "StepRefusedError", "SpecError", "add_note", "counted", "describe", "check_int", "check_indices",
 ]
 
 
@@ -218,6 +218,12 @@ class EnvError(RuntimeError):
         if self.phase is None:  # rebuilt from one preformatted message
             return (type(self), (self.message,))
         return (type(self), (self.env_index, self.phase, self.message))
+
+
+class StepRefusedError(EnvError):
+    """A step the pool refused before any env moved (a VectorEnv asked to freeze rows, or to step rows that
+    finished and were not reset). Unlike a step that raised, it leaves every env where it was, so no env has
+    to be reset because of it."""
 
 
 class EnvAttributeError(EnvError, AttributeError):

@@ -31,7 +31,7 @@ from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
 from .._meta import NoAutoResetMeta
-from ..errors import EnvError, check_bool, check_indices, check_int, error_text
+from ..errors import EnvError, StepRefusedError, check_bool, check_indices, check_int, error_text
 from ..masks import mask_rows, row_mask, row_view, zero_rewards
 from ..specs import batch_spec, space_to_spec
 from .buffers import BufferLayout, HostBuffers
@@ -481,6 +481,8 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             self._host.arrays[("reward",)].fill(0.0)  # frozen rows report reward 0
         try:
             odd_frames = self._backend.step(actions, rows)
+        except StepRefusedError:
+            raise  # no env moved: none has to be reset for it
         except BaseException:
             self._must_reset(rows, _STEP_RAISED)
             # its rows are refused already, and no earlier step's transition is lost

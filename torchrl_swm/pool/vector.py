@@ -45,7 +45,16 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.wrappers.vector import RecordEpisodeStatistics
 
-from ..errors import EnvAttributeError, EnvError, SpecError, add_as_notes, add_note, describe, error_text
+from ..errors import (
+    EnvAttributeError,
+    EnvError,
+    SpecError,
+    StepRefusedError,
+    add_as_notes,
+    add_note,
+    describe,
+    error_text,
+)
 from .infos import batch_wide_error, check_vector_mask, flatten_vector_info, numeric_info_value
 from .rows import RowWriter
 from .serial import (
@@ -546,7 +555,7 @@ class VectorBackend(InProcessBackend):
     def step(self, actions: np.ndarray, rows) -> dict | None:
         """Step every row with the batched ``actions``; returns the frames of another size (``SerialBackend.step``)."""
         if rows is not None:
-            raise EnvError(
+            raise StepRefusedError(
                 None, "step",
                 "a VectorEnv steps all its sub-envs at once, so a '_step' mask cannot freeze rows "
                 f"(frozen: {np.setdiff1d(np.arange(self.num_envs), rows).tolist()}). Use EnvPool over single-env "
@@ -556,7 +565,7 @@ class VectorBackend(InProcessBackend):
         if unreset.any():
             why = ("refuses to step them before they are reset" if self.mode is AutoresetMode.DISABLED else
                    "has reset or would reset them itself, so this step would record a ghost transition")
-            raise EnvError(
+            raise StepRefusedError(
                 int(np.flatnonzero(unreset)[0]), "step",
                 f"rows {np.flatnonzero(unreset).tolist()} finished at the previous step and were not reset: the "
                 f"{self.mode.name} VectorEnv {why}. Reset them first (a '_reset' mask), or drive the pool with "
