@@ -117,8 +117,9 @@ def test_reset_mask_before_any_reset():
 
 def test_bad_seeds():
     envs = to_gymnasium(EnvPool("CartPole-v1", num_envs=2))
-    with pytest.raises(ValueError, match="2 seeds"):
-        envs.reset(seed=[1, 2, 3])
+    for seeds in ([1, 2, 3], [1], [], [None]):  # too long or too short, as gymnasium's SyncVectorEnv refuses them
+        with pytest.raises(ValueError, match=rf"expected an int or 2 seeds, got {len(seeds)}$"):
+            envs.reset(seed=seeds)
     with pytest.raises(TypeError, match="seed"):
         envs.reset(seed=1.5)
     with pytest.raises(TypeError, match="seed must be an int"):

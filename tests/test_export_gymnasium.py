@@ -45,6 +45,8 @@ def test_check_env_on_a_one_env_pool():
     _check_env_without_warnings(env, skip_render_check=True)
     obs, info = env.reset(seed=3)
     assert obs.shape == (6,) and info == {"episode_seed": 3}
+    # the sub-env's render modes and fps, which RecordVideo and SB3's VecVideoRecorder read
+    assert env.metadata == {"render_modes": ["human", "rgb_array"], "render_fps": 15}
 
 
 def test_single_env_infos_that_come_and_go():

@@ -1,6 +1,7 @@
 """to_sb3_vec_env: an SB3 VecEnv, checked against SB3's own DummyVecEnv and by training PPO."""
 
 import functools
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -218,8 +219,11 @@ def test_set_options_refuses_bad_options_and_keeps_the_previous_ones(options):
 
 
 def test_world_model_vec_env():
-    venv = to_sb3_vec_env(MLPWorldModelEnv(batch_size=8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # SB3 warns when get_attr("render_mode") raises
+        venv = to_sb3_vec_env(MLPWorldModelEnv(batch_size=8))
     assert venv.render_mode is None and venv.num_envs == 8
+    assert venv.get_attr("render_mode") == [None] * 8  # an env without sub-envs renders as a whole, if at all
     with pytest.raises(AttributeError, match="EnvPool"):
         venv.get_attr("gravity")
     with pytest.raises(AttributeError, match="EnvPool"):
