@@ -25,8 +25,7 @@ from tensordict import TensorDict
 from torchrl.envs.utils import check_env_specs
 from torchrl.testing import rollout_consistency_assertion
 
-from torchrl_swm import EnvError, EnvPool, SpecError, World
-from torchrl_swm.errors import StepRefusedError
+from torchrl_swm import EnvError, EnvPool, SpecError, StepRefusedError, World
 
 
 def drive(pool, steps, seed=0, step_masks=None, reset_at=None):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 
-from .errors import EnvAttributeError, EnvError, SpecError
+from .errors import EnvAttributeError, EnvError, SpecError, StepRefusedError
 
 _LAZY = {
     "EnvPool": "torchrl_swm.pool",
@@ -34,7 +34,7 @@ _LAZY = {
     "raise_on_worker_failure": "torchrl_swm.collectors",
 }
 
-__all__ = ["EnvError", "EnvAttributeError", "SpecError", *_LAZY]
+__all__ = ["EnvError", "EnvAttributeError", "StepRefusedError", "SpecError", *_LAZY]
 
 
 def __getattr__(name: str):

@@ -13,7 +13,8 @@ import sys
 import numpy as np
 
 __all__ = [
-    "EnvError", "EnvAttributeError", "StepRefusedError", "SpecError", "add_note", "counted", "describe", "check_int", "check_indices",
+    "EnvError", "EnvAttributeError", "StepRefusedError", "SpecError", "add_note", "counted", "describe", "check_int",
+    "check_indices",
 ]
 
 
