@@ -860,6 +860,9 @@ FAST_CASES = {
     "state-key": lambda: noisy_env(5, seed=1, state_key="latent", initial_observation=torch.zeros(4)),
     "info": ENVS["info"],
     "all-done": lambda: counting_env(3, length=2),
+    # rows the model truncates (done = terminated | truncated): TorchRL's maybe_reset restarts them too
+    "truncating": lambda: WorldModelEnv(CountingModel(torch.tensor([1, 2, 3, 4]), truncate=True), OBS3, ACT1,
+                                        num_envs=4, initial_state=torch.zeros(3)),
     "td-state-dict-start": lambda: WorldModelEnv(
         object(), BOX2, BOX2, num_envs=4, state_key="s", initial_observation=torch.zeros(2),
         initial_state={"x": torch.zeros(2)},  # nested dicts here, a TensorDict from the model
@@ -3488,6 +3491,24 @@ def test_a_partial_reset_with_an_encoder_shows_the_datas_observation_when_obs_an
     nxt = env.step_mdp(env.step(env.reset().set("action", torch.zeros(3, 2))))
     out = env.reset(nxt.set("_reset", torch.tensor([[True], [False], [False]])))
     assert out["observation"][0].tolist() == [1.0, 1.0] and env.state[0].tolist() == [10.0, 10.0]
+
+
+def test_a_row_frozen_by_step_keeps_the_encoders_observation_when_obs_and_state_are_one_tensor():
+    """A transition returning one tensor as obs and state must not make a frozen row's obs its encoded state."""
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=2, initial_observation=torch.tensor([1.0, 2.0]),
+                        encode_fn=lambda obs: obs * 10, transition_fn=lambda s, a: s + a)
+    td = env.reset().set("action", torch.ones(2, 2)).set("_step", torch.tensor([[True], [False]]))
+    out = env.step(td)["next"]
+    assert out["observation"].tolist() == [[11.0, 21.0], [1.0, 2.0]] and env.state[1].tolist() == [10.0, 20.0]
+
+
+def test_a_partial_reset_from_a_constant_start_shows_initial_observation_when_obs_and_state_are_one_tensor():
+    """Given initial_state= and initial_observation=, a restarted row shows initial_observation, as a full reset."""
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=2, initial_state=torch.tensor([10.0, 20.0]),
+                        initial_observation=torch.tensor([1.0, 2.0]), transition_fn=lambda s, a: s + a)
+    nxt = env.step_mdp(env.step(env.reset().set("action", torch.ones(2, 2))))
+    out = env.reset(nxt.set("_reset", torch.tensor([[True], [False]])))
+    assert out["observation"].tolist() == [[1.0, 2.0], [11.0, 21.0]] and env.state[0].tolist() == [10.0, 20.0]
 
 
 def test_a_batch_unlocked_frozen_row_reports_reward_zero_even_with_a_reward_at_the_root():
