@@ -323,6 +323,66 @@ def test_a_non_finite_position_is_a_clear_error(option, value, what):
             env.set_state([1.5, 1.5], target=value)
 
 
+def test_a_refused_reset_or_set_state_leaves_the_env_unchanged():
+    # J4 finding 2: reset(options={"state": ..., "target": <a wall>}) raised, but had already put the agent at the
+    # state (with the old target) and re-seeded the RNG; set_state(state, target=<a wall>) had moved the agent too
+    env = PointMazeEnv("u")
+    env.reset(seed=0)
+    state, target, rng = env.get_state(), env._target.copy(), env.np_random.bit_generator.state
+    for refused in (lambda: env.reset(seed=1, options={"state": [3.5, 3.5, 0.1, 0.0], "target": [1.5, 2.5]}),
+                    lambda: env.set_state([3.5, 3.5, 0.1, 0.0], target=[1.5, 2.5])):  # row 2, col 1: a wall
+        with pytest.raises(ValueError, match=r"^PointMaze: target \[1.5, 2.5\] is inside a wall"):
+            refused()
+        assert env.get_state().tolist() == state.tolist()
+        assert env._target.tolist() == target.tolist()
+        assert env.np_random.bit_generator.state == rng
+
+
+def test_a_position_refused_for_its_distance_to_a_wall_says_so():
+    # J4 finding 3a: [1.1, 1.5] is in free cell (1, 1) of the U maze, 0.1 from a wall, and was refused as "inside a
+    # wall or outside the maze"; the agent's square (half-width agent_radius) would overlap the wall there
+    env = PointMazeEnv("u")
+    for option, pos, what in (("target", [1.1, 1.5], "target"), ("state", [1.5, 1.9], "state position")):
+        with pytest.raises(ValueError, match=(rf"^PointMaze: {what} \[{pos[0]}, {pos[1]}\] is within agent_radius=0.15 "
+                                              r"of a wall \(the agent, a square of half-width agent_radius around its "
+                                              r"position, would overlap the wall\)$")):
+            env.reset(seed=0, options={option: pos})
+    with pytest.raises(ValueError, match=r"^PointMaze: target \[1.5, 2.5\] is inside a wall \(cell \(2, 1\) "
+                                         r"\(row, column\)\)$"):
+        env.reset(seed=0, options={"target": [1.5, 2.5]})
+    with pytest.raises(ValueError, match=r"^PointMaze: state position \[-0.5, 1.5\] is outside the maze "
+                                         r"\(x in \[0, 5\), y in \[0, 5\)\)$"):
+        env.reset(seed=0, options={"state": [-0.5, 1.5]})
+    thin = PointMazeEnv("u", agent_radius=0.05)  # a smaller agent fits there
+    obs, _ = thin.reset(seed=0, options={"target": [1.1, 1.5], "state": [1.5, 1.9]})
+    assert obs["target"].tolist() == pytest.approx([1.1, 1.5])
+    assert obs["state"][:2].tolist() == pytest.approx([1.5, 1.9])
+
+
+_STATE_FORM = r"\[x, y\] or \[x, y, vx, vy\]"
+_TARGET_FORM = r"2 finite numbers \[x, y\]"
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("state", "abc", rf"^PointMaze: state must be {_STATE_FORM}, got str 'abc'$"),
+    ("state", {"x": 1.5, "y": 1.5}, rf"^PointMaze: state must be {_STATE_FORM}, got dict \{{'x': 1.5, 'y': 1.5\}}$"),
+    ("state", None, rf"^PointMaze: state must be {_STATE_FORM}, got NoneType None$"),
+    ("state", ["1.5", "1.5"], rf"^PointMaze: state must be {_STATE_FORM}, got list \['1.5', '1.5'\]$"),
+    ("target", None, rf"^PointMaze: target must be {_TARGET_FORM}, got NoneType None$"),
+    ("target", "abc", rf"^PointMaze: target must be {_TARGET_FORM}, got str 'abc'$"),
+    ("target", [{"x": 1}, 2], rf"^PointMaze: target must be {_TARGET_FORM}, got list \[\{{'x': 1\}}, 2\]$"),
+])
+def test_a_non_numeric_state_or_target_names_pointmaze_the_option_and_what_it_got(option, value, message):
+    # J4 finding 3b: "abc" gave numpy's bare "could not convert string to float: 'abc'", a dict "float() argument must
+    # be a string or a real number", None "got shape (1,)" (the NaN array it became): none named PointMaze or the option
+    env = PointMazeEnv("open")
+    with pytest.raises(TypeError, match=message):
+        env.reset(seed=0, options={option: value})
+    if value is not None or option == "state":  # set_state(state, target=None) keeps the target
+        with pytest.raises(TypeError, match=message):
+            env.set_state(value) if option == "state" else env.set_state([1.5, 1.5], target=value)
+
+
 def test_a_second_reset_with_a_new_target_renders_the_new_targets_goal_pixels():
     # the goal image is cached per episode: a reset that moves the target must not show the previous episode's
     env = PointMazeEnv("open", render_mode="rgb_array")

@@ -149,6 +149,22 @@ def test_run_checks_its_config_before_any_work(tmp_path, monkeypatch, overrides,
         run(QuickstartConfig.tiny(out=str(tmp_path / "afile")))
 
 
+@pytest.mark.parametrize("env_id, limit", [
+    ("torchrl_swm/PointMaze-Open-v0", 60), ("torchrl_swm/PointMaze-v0", 100), ("torchrl_swm/PointMaze-Medium-v0", 150),
+])
+def test_run_refuses_a_seq_len_longer_than_the_envs_episodes_before_any_work(tmp_path, monkeypatch, env_id, limit):
+    # J4 finding 1: seq_len=61 on PointMaze-Open (60-step episodes) passed the check, collected both datasets, then
+    # failed in TorchRL's SliceSampler: "Did not find a single trajectory with sufficient length" (no seq_len named)
+    monkeypatch.setattr(quickstart, "_run", lambda cfg: pytest.fail("the run started"))
+    out = tmp_path / "qs"
+    with pytest.raises(ValueError, match=(rf"^seq_len: expected an int <= {limit}, the most steps an episode of "
+                                          rf"{env_id} has \(its max_episode_steps\): every sequence is seq_len steps "
+                                          rf"of one episode, got {limit + 1}$")):
+        run(QuickstartConfig.tiny(out=str(out), env_id=env_id, seq_len=limit + 1))
+    assert not out.exists()
+    quickstart._check_config(QuickstartConfig.tiny(out=str(out), env_id=env_id, seq_len=limit))  # the limit: fine
+
+
 def test_cli_seed_past_the_runs_last_seed_is_a_usage_error_before_any_work(monkeypatch, capsys):
     # --seed checked only >= 0: 2**62 - 1 collected the training set, then failed with a traceback naming
     # seed + 1_000_000

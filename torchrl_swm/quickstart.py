@@ -728,6 +728,13 @@ _SIZES = ("num_envs", "train_episodes", "heldout_episodes", "hidden", "train_ste
           "horizon", "candidates", "top_k", "optim_steps", "eval_episodes", "export_envs", "export_steps")
 
 
+def _max_episode_steps(env_id: str) -> int:
+    """The time limit of ``env_id``'s episodes, which the run's envs use (real, imagined and exported)."""
+    import torchrl_swm.envs  # noqa: F401  (registers the PointMaze ids)
+
+    return gym.spec(env_id).max_episode_steps
+
+
 def _check_config(cfg: QuickstartConfig, name: Callable[[str], str] = str) -> None:
     """Refuse a config the run would fail on (minutes in, after the collection or the training), naming what was
     expected and what was received: the one check of :func:`run` and of the command line, which passes ``name``
@@ -747,6 +754,12 @@ def _check_config(cfg: QuickstartConfig, name: Callable[[str], str] = str) -> No
         raise ValueError(f"{name('planner')}: expected one of {list(PLANNERS)}, got {cfg.planner!r}")
     for field in _SIZES:
         check_int(getattr(cfg, field), name(field), minimum=1)
+    limit = _max_episode_steps(cfg.env_id)
+    if cfg.seq_len > limit:  # the SliceSampler (strict_length) fails after the collection: "Did not find a single
+        # trajectory with sufficient length"
+        raise ValueError(f"{name('seq_len')}: expected an int <= {limit}, the most steps an episode of {cfg.env_id} "
+                         f"has (its max_episode_steps): every sequence is {name('seq_len')} steps of one episode, got "
+                         f"{cfg.seq_len}")
     if cfg.top_k > cfg.candidates:  # TorchRL's planner fails with "selected index k out of range"
         raise ValueError(f"{name('top_k')}: expected an int <= {name('candidates')} ({cfg.candidates}), the "
                          f"candidates the planner keeps its best of, got {cfg.top_k}")
@@ -781,7 +794,8 @@ def run(config: QuickstartConfig | None = None, **overrides) -> dict:
     """Run the seven stages and return the key figures (also written to ``OUT/results.json``).
 
     The config is checked first, as the command line checks its flags (``TypeError``/``ValueError`` before any
-    work: sizes, ``top_k <= candidates``, the planner, the seed, the output directory...)."""
+    work: sizes, ``top_k <= candidates``, ``seq_len`` at most the env's episode limit, the planner, the seed, the
+    output directory...)."""
     cfg = dataclasses.replace(config or QuickstartConfig(), **overrides)
     _check_config(cfg)  # before any work: a bad value would fail minutes in, after the collection and the training
     threads = torch.get_num_threads()
@@ -806,7 +820,7 @@ def _run(cfg: QuickstartConfig) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    max_steps = gym.spec(cfg.env_id).max_episode_steps
+    max_steps = _max_episode_steps(cfg.env_id)
     timer = _Timer()
     if cfg.smoke:
         print("--tiny: a smoke run with tiny sizes; its numbers mean nothing")

@@ -31,7 +31,9 @@ uint8 with ``S = render_size``.
 
 Reset options (all optional): ``state`` (``[x, y, vx, vy]`` or ``[x, y]``) and
 ``target`` (``[x, y]``) start the episode from that state / with that target;
-both are validated (inside the maze, not in a wall). With ``target`` alone the start is
+both are validated before anything changes (numbers, inside the maze, and the agent's square of half-width
+``agent_radius`` clear of the walls: a position in a free cell but within ``agent_radius`` of a wall is refused); a
+refused reset leaves the env as it was. With ``target`` alone the start is
 drawn as without options, in another cell than the target's. The state hook used by
 :meth:`torchrl_swm.World.evaluate` with ``dataset=`` is
 :meth:`PointMazeEnv.reset_options_from_dataset`.
@@ -107,6 +109,22 @@ def _layout_rows(layout) -> list[str]:
     if len({len(r) for r in rows}) != 1:
         raise ValueError(f"PointMaze: layout: expected {_LAYOUT_FORM}, got rows of lengths {[len(r) for r in rows]}")
     return rows
+
+
+def _as_numbers(value, what: str, form: str) -> np.ndarray:
+    """``value`` as a flat float64 array, refusing what is not numbers (``None``, a string, a dict...) with a
+    ``TypeError`` naming PointMaze, the option and what was received: numpy's own error names neither, and ``None``
+    would pass as ``nan``, a string of digits as a number."""
+    array = None
+    if value is not None and not isinstance(value, (str, bytes, Mapping)):
+        try:
+            array = np.asarray(value)
+            array = array.astype(np.float64) if array.dtype.kind in "iufO" else None
+        except (TypeError, ValueError):  # a dict inside a list, a ragged list...
+            array = None
+    if array is None:
+        raise TypeError(f"PointMaze: {what} must be {form}, got {describe(value)}")
+    return array.reshape(-1)
 
 
 def _parse_layout(layout) -> np.ndarray:
@@ -236,11 +254,19 @@ class PointMazeEnv(gym.Env):
         return np.array([cell[1] + offset[0], cell[0] + offset[1]], dtype=np.float64)
 
     def _check_position(self, pos, what: str) -> np.ndarray:
-        pos = np.asarray(pos, dtype=np.float64).reshape(-1)
+        pos = _as_numbers(pos, what, "2 finite numbers [x, y]")
         if pos.shape != (2,) or not np.isfinite(pos).all():
             raise ValueError(f"PointMaze: {what} must be 2 finite numbers [x, y], got {pos!r}")
         if self._blocked(pos):
-            raise ValueError(f"PointMaze: {what} {pos.tolist()} is inside a wall or outside the maze")
+            rows, cols = self.walls.shape
+            if not (0 <= pos[0] < cols and 0 <= pos[1] < rows):
+                why = f"is outside the maze (x in [0, {cols}), y in [0, {rows}))"
+            elif self.walls[self.cell_of(pos)]:
+                why = f"is inside a wall (cell {self.cell_of(pos)} (row, column))"
+            else:  # in a free cell, but the agent's square there overlaps a wall
+                why = (f"is within agent_radius={self.agent_radius:g} of a wall (the agent, a square of half-width "
+                       f"agent_radius around its position, would overlap the wall)")
+            raise ValueError(f"PointMaze: {what} {pos.tolist()} {why}")
         return pos
 
     @staticmethod
@@ -253,18 +279,25 @@ class PointMazeEnv(gym.Env):
         """``[x, y, vx, vy]`` as float32 (the ``"state"`` observation)."""
         return np.concatenate([self._pos, self._vel]).astype(np.float32)
 
-    def set_state(self, state, target=None) -> None:
-        """Place the agent at ``state`` (``[x, y, vx, vy]`` or ``[x, y]``) and
-        optionally move the target. Validated: raises ``ValueError`` on walls."""
-        state = np.asarray(state, dtype=np.float64).reshape(-1)
+    def _check_state(self, state) -> tuple[np.ndarray, np.ndarray]:
+        """The position and velocity of ``state`` (``[x, y, vx, vy]`` or ``[x, y]``), validated; changes nothing."""
+        state = _as_numbers(state, "state", "[x, y] or [x, y, vx, vy]")
         if state.shape not in ((2,), (4,)):
             raise ValueError(f"PointMaze: state must be [x, y] or [x, y, vx, vy], got shape {state.shape}")
         if not np.isfinite(state[2:]).all():
             raise ValueError(f"PointMaze: state velocity must be 2 finite numbers [vx, vy], got {state[2:]!r}")
-        self._pos = self._check_position(state[:2], "state position")
-        self._vel = np.clip(state[2:], -self.max_speed, self.max_speed) if state.shape == (4,) else np.zeros(2)
+        pos = self._check_position(state[:2], "state position")
+        vel = np.clip(state[2:], -self.max_speed, self.max_speed) if state.shape == (4,) else np.zeros(2)
+        return pos, vel
+
+    def set_state(self, state, target=None) -> None:
+        """Place the agent at ``state`` (``[x, y, vx, vy]`` or ``[x, y]``) and
+        optionally move the target. Validated (both before either is applied): raises ``ValueError`` on walls."""
+        pos, vel = self._check_state(state)
+        target = None if target is None else self._check_position(target, "target")
+        self._pos, self._vel = pos, vel
         if target is not None:
-            self._target = self._check_position(target, "target")
+            self._target = target
             self._goal_frame = None
 
     def reset_options_from_dataset(self, start: Mapping, goal: Mapping) -> dict:
@@ -285,28 +318,28 @@ class PointMazeEnv(gym.Env):
 
     # -- gymnasium API --------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict | None = None):
-        super().reset(seed=seed)
         options = dict(options or {})
         unknown = set(options) - {"state", "target"}
         if unknown:
             raise ValueError(f"PointMaze.reset: unknown options {sorted(unknown)}; expected 'state' and/or 'target'")
         state_given, target_given = "state" in options, "target" in options
-        if state_given:
-            self.set_state(options["state"])  # validated first: a bad state is named before its cell is used
+        # every option is validated before anything changes (the seed included): a refused reset leaves the env as it
+        # was, not at the given state with the old target. The state first: a bad state is named before the target.
+        state = self._check_state(options["state"]) if state_given else None
         target = self._check_position(options["target"], "target") if target_given else None
+        super().reset(seed=seed)
         k = len(self.free_cells)
         start_cell, target_cell = self.np_random.choice(k, size=2, replace=False)
         # One of the two given: the other is drawn away from it, in another cell, as when both are drawn: if the
         # drawn cell is the given one's, it takes the other drawn cell (distinct from it), uniform over the rest.
         if target_given and not state_given and (self.free_cells[start_cell] == self.cell_of(target)).all():
             start_cell = target_cell
-        elif state_given and not target_given and (self.free_cells[target_cell] == self.cell_of(self._pos)).all():
+        elif state_given and not target_given and (self.free_cells[target_cell] == self.cell_of(state[0])).all():
             target_cell = start_cell
         # both positions are drawn whatever is given: a seed's draws stay the same with and without options
         start = self._sample_position(self.free_cells[start_cell])
         drawn_target = self._sample_position(self.free_cells[target_cell])
-        if not state_given:
-            self._pos, self._vel = start, np.zeros(2)
+        self._pos, self._vel = state if state_given else (start, np.zeros(2))
         self._target = drawn_target if target is None else target
         self._goal_frame = None
         return self._obs(), self._info(self._distance())
