@@ -447,3 +447,113 @@ def test_the_noisy_expert_stays_in_the_action_space():
                     batch_size=[64])
     action = PointMazeExpert("u", noise=0.5)(td)["action"]
     assert action.abs().max() <= 1 and action.std(0).min() > 0.1  # noisy, and inside the box
+
+
+# -- behaviours of the module docstring that J4's surviving mutants broke unnoticed ---------------------------------
+def test_a_step_damps_the_velocity_then_adds_the_force():
+    # v <- damping * v + force_scale * a: 0.7 * 0.1 + 0.05 * 1 = 0.12 (J4 mutant M05, damping * (v + force_scale * a),
+    # gave 0.105), then the point moves by v
+    env = PointMazeEnv("open")
+    env.reset(seed=0, options={"state": [2.5, 2.5, 0.1, 0.0]})
+    state = env.step(np.array([1.0, 0.0], np.float32))[0]["state"]
+    np.testing.assert_allclose(state, [2.62, 2.5, 0.12, 0.0], atol=1e-6)
+
+
+def test_an_axis_move_into_a_wall_is_cancelled_and_zeroes_that_velocity():
+    # x 1.2 - 0.105 puts the agent's square (half-width 0.15) into the wall column 0: x stays and vx is zeroed (J4
+    # mutant M03 kept vx = -0.105)
+    env = PointMazeEnv("open")
+    env.reset(seed=0, options={"state": [1.2, 2.5, -0.15, 0.0]})
+    state = env.step(np.zeros(2, np.float32))[0]["state"]
+    np.testing.assert_allclose(state, [1.2, 2.5, 0.0, 0.0], atol=1e-6)
+
+
+def test_a_steps_reward_and_success_describe_the_position_it_moved_to():
+    # from 0.3 away the agent moves 0.15 towards the target: 0.15 < goal_radius 0.2 after the move (J4 mutant M23
+    # measured before the move: not terminated, reward -0.3)
+    env = PointMazeEnv("open")
+    env.reset(seed=0, options={"state": [1.5, 1.5, 0.15, 0.0], "target": [1.8, 1.5]})
+    obs, reward, terminated, _, info = env.step(np.array([1.0, 0.0], np.float32))
+    np.testing.assert_allclose(obs["state"][:2], [1.65, 1.5], atol=1e-6)
+    assert terminated and info["is_success"]
+    assert info["distance"] == pytest.approx(0.15) and reward == pytest.approx(-0.15)
+
+
+def test_the_distance_and_dense_reward_are_euclidean():
+    # (1.5, 1.5) to (2.5, 2.5): sqrt(2), not the L1 2.0 (J4 mutant M34)
+    env = PointMazeEnv("open")
+    _, info = env.reset(seed=0, options={"state": [1.5, 1.5], "target": [2.5, 2.5]})
+    reward, _, _, info2 = env.step(np.zeros(2, np.float32))[1:]
+    assert info["distance"] == pytest.approx(2**0.5) and info2["distance"] == pytest.approx(2**0.5)
+    assert reward == pytest.approx(-(2**0.5))
+
+
+def test_the_sparse_reward_is_0_until_success_then_1():
+    # "1.0 on success": 0.0 elsewhere (J4 mutant M07 gave 1.0 on every step)
+    env = PointMazeEnv("open", reward_type="sparse")
+    env.reset(seed=0, options={"state": [1.5, 1.5], "target": [3.5, 3.5]})
+    assert env.step(np.zeros(2, np.float32))[1] == 0.0
+    env.reset(seed=0, options={"state": [1.5, 1.5], "target": [1.6, 1.5]})
+    assert env.step(np.zeros(2, np.float32))[1] == 1.0
+
+
+def test_success_is_a_distance_strictly_below_goal_radius():
+    # "Success: distance below goal_radius": exactly goal_radius away is no success, in info (reset and step) and for
+    # terminated and the sparse reward (J4 mutants M06, <= in step, and M25, <= in info)
+    for reward_type in ("dense", "sparse"):
+        env = PointMazeEnv("open", goal_radius=0.25, reward_type=reward_type)
+        _, info = env.reset(seed=0, options={"state": [1.5, 1.5], "target": [1.75, 1.5]})
+        assert info["distance"] == 0.25 and not info["is_success"]
+        _, reward, terminated, _, info = env.step(np.zeros(2, np.float32))
+        assert info["distance"] == 0.25 and not info["is_success"] and not terminated
+        assert reward == (0.0 if reward_type == "sparse" else -0.25)
+
+
+def test_a_non_square_mazes_spaces_are_x_by_columns_and_y_by_rows():
+    # every other test maze is square: spaces with rows and columns swapped (J4 mutants M21, M22) went unnoticed
+    layout = ["#########", "#.......#", "#########"]  # 3 rows, 9 columns
+    env = PointMazeEnv(layout)
+    assert env.observation_space["state"].high[:2].tolist() == [9, 3]
+    assert env.observation_space["target"].high.tolist() == [9, 3]
+    obs, _ = env.reset(seed=0, options={"state": [7.5, 1.5], "target": [6.5, 1.5]})
+    assert env.observation_space.contains(obs)
+    for seed in range(20):
+        assert env.observation_space.contains(env.reset(seed=seed)[0]), seed
+
+
+@pytest.mark.parametrize("layout", ["u", "medium", ("#########", "#.......#", "#.##.##.#", "#########")])
+def test_the_rendered_walls_match_the_layout(layout):
+    # the pixel at each cell's centre is a wall pixel exactly where the layout has a wall (J4 mutant M12b drew the
+    # walls transposed); a non-square maze is padded with wall below
+    from torchrl_swm.envs.point_maze import _FLOOR, _WALL
+
+    env = PointMazeEnv(layout, render_mode="rgb_array", render_size=90)
+    env.reset(seed=0)
+    frame = env.render()
+    rows, cols = env.walls.shape
+    scale = 90 / max(rows, cols)
+    agent = env.cell_of(env.get_state())
+    for r in range(max(rows, cols)):
+        for c in range(max(rows, cols)):
+            if (r, c) == agent:
+                continue
+            wall = r >= rows or c >= cols or env.walls[r, c]
+            pixel = frame[int((r + 0.5) * scale), int((c + 0.5) * scale)]
+            assert pixel.tolist() == (_WALL if wall else _FLOOR).tolist(), (r, c)
+
+
+def test_show_target_draws_the_target_disk_at_the_target():
+    # show_target=True: a green disk centred on the target (J4 mutant M19 drew it at the agent, M20 never drew it);
+    # off by default
+    from torchrl_swm.envs.point_maze import _TARGET
+
+    options = {"state": [1.5, 1.5], "target": [3.5, 3.5]}
+    env = PointMazeEnv("open", render_mode="rgb_array", render_size=50, show_target=True)
+    env.reset(seed=0, options=options)
+    ys, xs = np.nonzero((env.render() == _TARGET).all(-1))
+    assert len(ys) > 0
+    centre = [(xs.mean() + 0.5) / 10, (ys.mean() + 0.5) / 10]  # 10 pixels per cell
+    assert centre == pytest.approx([3.5, 3.5], abs=0.1)
+    off = PointMazeEnv("open", render_mode="rgb_array", render_size=50)
+    off.reset(seed=0, options=options)
+    assert not (off.render() == _TARGET).all(-1).any()
