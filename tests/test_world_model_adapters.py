@@ -293,6 +293,42 @@ def test_reset_fn_keyword_extras_num_envs_mask_generator():
     assert got["num_envs"] == 2 and got["mask"].tolist() == [False, True, False, True, False]
 
 
+
+@pytest.mark.parametrize("form", ["args", "x_args", "num_envs_args", "model_num_envs_args", "mask_args"])
+def test_reset_fn_taking_star_args_gets_the_full_convention_and_extras_before_it_by_name(form):
+    """reset_fn(x, *args) gets the seed's full convention (model, seed, options), as reset_fn(*args) does; a keyword
+    extra declared before *args (README: extras "go by name wherever they are declared") binds by name, with no role
+    arguments after it."""
+    model = object()
+    calls = []
+    fns = {
+        "args": lambda *args: calls.append(args) or torch.ones(2),
+        "x_args": lambda x, *args: calls.append((x, *args)) or torch.ones(2),
+        "num_envs_args": lambda num_envs, *args: calls.append((num_envs, *args)) or torch.ones(num_envs, 2),
+        "model_num_envs_args": lambda model, num_envs, *args: calls.append((model, num_envs, *args))
+        or torch.ones(num_envs, 2),
+        "mask_args": lambda mask, *args: calls.append((mask.tolist(), *args)) or torch.ones(int(mask.sum()), 2),
+    }
+    env = WorldModelEnv(model, BOX2, BOX2, num_envs=3, reset_fn=fns[form], transition_fn=lambda s, a: s)
+    td = env.reset(seed=5, options={"k": 1})
+    assert torch.equal(td["observation"], torch.ones(3, 2))
+    expected = {
+        "args": (model, 5, {"k": 1}),
+        "x_args": (model, 5, {"k": 1}),
+        "num_envs_args": (3,),
+        "model_num_envs_args": (model, 3),
+        "mask_args": ([True, True, True],),
+    }[form]
+    assert calls[-1] == expected
+    env._reset(TensorDict({"_reset": torch.tensor([[False], [True], [False]])}, [3]))
+    expected = {
+        "num_envs_args": (1,),
+        "model_num_envs_args": (model, 1),
+        "mask_args": ([False, True, False],),
+    }.get(form, (model, None, {}))
+    assert calls[-1] == expected
+
+
 def _extras_first_reset_fn(num_envs, seed):
     return torch.full((num_envs, 2), -1.0 if seed is None else float(seed))
 
@@ -538,6 +574,27 @@ def test_bad_signatures_raise_adapter_error_naming_the_signature():
         bind(3, "transition_fn", ("state", "action"))
 
 
+
+def test_torchscript_functions_parameters_with_defaults_stay_optional():
+    """A TorchScript function's defaulted parameter is optional, as inspect.signature says of the Python function:
+    a scripted reward_fn(state, obs, action, scale=2.0) binds as reward_fn(state, obs, action), not with the model."""
+
+    def reward(state: torch.Tensor, obs: torch.Tensor, action: torch.Tensor, scale: float = 2.0) -> torch.Tensor:
+        return obs.sum(-1) * scale
+
+    def transition(state: torch.Tensor, action: torch.Tensor, noise: float = 0.0) -> torch.Tensor:
+        return state + action + noise  # a bare state: reward_fn fills the reward in
+
+    reward, transition = torch.jit.script(reward), torch.jit.script(transition)
+    assert bind(reward, "reward_fn", ("state", "obs", "action"), model=object()).form == ("state", "obs", "action")
+    assert bind(transition, "transition_fn", ("state", "action"), model=object()).form == ("state", "action")
+    env = make_world_model_env(object(), BOX2, BOX2, num_envs=2, initial_state=torch.full((2,), 0.5),
+                               transition_fn=transition, reward_fn=reward)
+    out = step_once(env, torch.full((2, 2), 0.25))
+    assert torch.equal(out["observation"], torch.full((2, 2), 0.75))
+    assert out["reward"].view(-1).tolist() == [3.0, 3.0]
+
+
 # ---------------------------------------------------------------------------------------------
 # model method discovery
 # ---------------------------------------------------------------------------------------------
@@ -618,6 +675,35 @@ def test_discovered_methods_count_parameters_with_defaults_as_the_seed_does():
     bound = discover_transition(FlagAfterAction())
     assert bound.form == ("action",)
     assert bound("s", "a") == ("a", False)
+
+
+
+class _StepTakingArgs:
+    def __init__(self):
+        self.calls = []
+
+    def step(self, *args):  # the seed's full convention: (state, action)
+        self.calls.append(args)
+        state, action = args if len(args) == 2 else (torch.zeros_like(args[0]), args[0])
+        return state + action
+
+
+class _StepWithoutASignature:
+    step = staticmethod(torch.add)  # a C builtin: its signature cannot be read; step(state, action) = state + action
+
+
+@pytest.mark.parametrize("cls", [_StepTakingArgs, _StepWithoutASignature], ids=["*args", "unreadable"])
+def test_a_discovered_method_taking_args_or_without_a_readable_signature_gets_state_and_action(cls):
+    """_accepts_two: a method taking *args, or one whose signature cannot be read, is called as method(state, action)
+    (the seed's convention); only a readable signature with at most one positional parameter is method(action)."""
+    model = cls()
+    assert discover_transition(model).form == ("state", "action")
+    env = WorldModelEnv(model, BOX2, BOX2, num_envs=2, initial_state=torch.full((2,), 0.5))
+    out = step_once(env, torch.full((2, 2), 0.25))
+    assert torch.equal(out["observation"], torch.full((2, 2), 0.75))
+    if cls is _StepTakingArgs:
+        state, action = model.calls[-1]
+        assert torch.equal(state, torch.full((2, 2), 0.5)) and torch.equal(action, torch.full((2, 2), 0.25))
 
 
 def test_discovered_method_whose_names_contradict_its_arguments_is_an_adapter_error():
@@ -1501,6 +1587,24 @@ def test_a_reset_returning_obs_and_a_none_info_starts_the_rows_at_obs(seq, dict_
     td = env.reset()
     for key, value in (obs.items() if dict_obs else [("observation", obs)]):
         assert torch.equal(td[key], value)
+
+
+
+@pytest.mark.parametrize("info", [{}, {"a": 3.0}, {"note": 1}], ids=["empty", "an-observation-key", "other-key"])
+def test_a_reset_returning_obs_and_an_info_mapping_in_a_dict_observation_env_starts_the_rows_at_obs(info):
+    """gymnasium's own reset form (obs, {}): the 2-tuple is (state, obs) only when the second item has exactly the
+    Dict observation's keys; an empty info or one holding only some observation keys is (obs, info)."""
+    n = 3
+    keys = frozenset({"a", "b"})
+    obs = {"a": torch.full((n, 2), 2.0), "b": torch.ones(n, 2)}
+    form, state, got_obs, got_info = split_reset((obs, info), "r", keys)
+    assert state is MISSING and got_obs is obs and got_info == info
+    space = gym.spaces.Dict({"a": BOX2, "b": BOX2})
+    env = WorldModelEnv(object(), space, BOX2, num_envs=n, reset_fn=lambda: (obs, info), transition_fn=lambda s, a: s)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the undeclared info keys are not recorded
+        td = env.reset()
+    assert torch.equal(td["a"], obs["a"]) and torch.equal(td["b"], obs["b"])
 
 
 def test_a_mapping_return_with_some_of_the_dict_observation_keys_is_the_mapping_form():
