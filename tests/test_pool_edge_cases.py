@@ -711,16 +711,17 @@ class FrameEnv(SlowEnv):
         return np.zeros((self.size, self.size, 3), np.uint8)
 
 
-def test_process_backend_frame_shape_mismatch_names_the_first_env_of_the_worker_as_serial():
-    fns = [FrameEnv, FrameEnv] + [functools.partial(FrameEnv, 5)] * 2
+@pytest.mark.parametrize("odd", [2, 3])  # the first env of worker 1 (between workers), or a later one (inside it)
+def test_process_backend_frame_shape_mismatch_names_the_env_as_serial(odd):
+    fns = [FrameEnv] * odd + [functools.partial(FrameEnv, 5)] * (4 - odd)
     errors = {}
     for backend in ("serial", "process"):
         with pytest.raises(EnvError) as err:
             EnvPool(fns, backend=backend, num_workers=2, pixels=True)
         errors[backend] = (err.value.env_index, str(err.value).splitlines()[0])
     assert errors["process"] == errors["serial"] == (
-        2, "env 2 (render): frame shape (5, 5, 3) differs from env 0's (4, 4, 3); frames must keep one size, unless "
-        "image_shape=(H, W) is given (it resizes every frame)"
+        odd, f"env {odd} (render): frame shape (5, 5, 3) differs from env 0's (4, 4, 3); frames must keep one size, "
+        "unless image_shape=(H, W) is given (it resizes every frame)"
     )
 
 

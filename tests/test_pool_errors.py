@@ -645,6 +645,11 @@ def test_process_backend_unpicklable_options_name_the_env_and_leave_the_pool_con
         assert err.value.env_index == 2 and isinstance(err.value.__cause__, TypeError)
         # nothing was sent: every worker answers the next command with its own reply
         assert pool.get_attr("length") == [5] * 4
+        # a masked reset names the env too, not its position among the rows reset
+        options = [{"length": 7}, {"length": 7}, {"length": 8}, {"length": 8, "lock": threading.Lock()}]
+        with pytest.raises(EnvError, match=r"env 3 \(reset\): the reset options cannot be pickled .*worker 1") as err:
+            pool.reset(TensorDict({"_reset": torch.tensor([[False], [False], [True], [True]])}, [4]), options=options)
+        assert err.value.env_index == 3 and pool.get_attr("length") == [5] * 4
         assert pool.get_attr("length", indices=[1, 3]) == [5, 5]
         with pytest.raises(EnvError, match=r"env 3 \(set_attr\): the values of set_attr\('length', \.\.\.\)"):
             pool.set_attr("length", [6, 6, 6, threading.Lock()])
