@@ -324,7 +324,7 @@ def test_a_non_finite_position_is_a_clear_error(option, value, what):
 
 
 def test_a_refused_reset_or_set_state_leaves_the_env_unchanged():
-    # J4 finding 2: reset(options={"state": ..., "target": <a wall>}) raised, but had already put the agent at the
+    # reset(options={"state": ..., "target": <a wall>}) raised, but had already put the agent at the
     # state (with the old target) and re-seeded the RNG; set_state(state, target=<a wall>) had moved the agent too
     env = PointMazeEnv("u")
     env.reset(seed=0)
@@ -339,7 +339,7 @@ def test_a_refused_reset_or_set_state_leaves_the_env_unchanged():
 
 
 def test_a_position_refused_for_its_distance_to_a_wall_says_so():
-    # J4 finding 3a: [1.1, 1.5] is in free cell (1, 1) of the U maze, 0.1 from a wall, and was refused as "inside a
+    # [1.1, 1.5] is in free cell (1, 1) of the U maze, 0.1 from a wall, and was refused as "inside a
     # wall or outside the maze"; the agent's square (half-width agent_radius) would overlap the wall there
     env = PointMazeEnv("u")
     for option, pos, what in (("target", [1.1, 1.5], "target"), ("state", [1.5, 1.9], "state position")):
@@ -373,7 +373,7 @@ _TARGET_FORM = r"2 finite numbers \[x, y\]"
     ("target", [{"x": 1}, 2], rf"^PointMaze: target must be {_TARGET_FORM}, got list \[\{{'x': 1\}}, 2\]$"),
 ])
 def test_a_non_numeric_state_or_target_names_pointmaze_the_option_and_what_it_got(option, value, message):
-    # J4 finding 3b: "abc" gave numpy's bare "could not convert string to float: 'abc'", a dict "float() argument must
+    # "abc" gave numpy's bare "could not convert string to float: 'abc'", a dict "float() argument must
     # be a string or a real number", None "got shape (1,)" (the NaN array it became): none named PointMaze or the option
     env = PointMazeEnv("open")
     with pytest.raises(TypeError, match=message):
@@ -449,10 +449,10 @@ def test_the_noisy_expert_stays_in_the_action_space():
     assert action.abs().max() <= 1 and action.std(0).min() > 0.1  # noisy, and inside the box
 
 
-# -- behaviours of the module docstring that J4's surviving mutants broke unnoticed ---------------------------------
+# -- behaviours the module docstring states ------------------------------------------------------------------------
 def test_a_step_damps_the_velocity_then_adds_the_force():
-    # v <- damping * v + force_scale * a: 0.7 * 0.1 + 0.05 * 1 = 0.12 (J4 mutant M05, damping * (v + force_scale * a),
-    # gave 0.105), then the point moves by v
+    # v <- damping * v + force_scale * a: 0.7 * 0.1 + 0.05 * 1 = 0.12 (not damping * (v + force_scale * a) = 0.105),
+    # then the point moves by v
     env = PointMazeEnv("open")
     env.reset(seed=0, options={"state": [2.5, 2.5, 0.1, 0.0]})
     state = env.step(np.array([1.0, 0.0], np.float32))[0]["state"]
@@ -460,8 +460,7 @@ def test_a_step_damps_the_velocity_then_adds_the_force():
 
 
 def test_an_axis_move_into_a_wall_is_cancelled_and_zeroes_that_velocity():
-    # x 1.2 - 0.105 puts the agent's square (half-width 0.15) into the wall column 0: x stays and vx is zeroed (J4
-    # mutant M03 kept vx = -0.105)
+    # x 1.2 - 0.105 puts the agent's square (half-width 0.15) into the wall column 0: x stays and vx is zeroed
     env = PointMazeEnv("open")
     env.reset(seed=0, options={"state": [1.2, 2.5, -0.15, 0.0]})
     state = env.step(np.zeros(2, np.float32))[0]["state"]
@@ -469,8 +468,8 @@ def test_an_axis_move_into_a_wall_is_cancelled_and_zeroes_that_velocity():
 
 
 def test_a_steps_reward_and_success_describe_the_position_it_moved_to():
-    # from 0.3 away the agent moves 0.15 towards the target: 0.15 < goal_radius 0.2 after the move (J4 mutant M23
-    # measured before the move: not terminated, reward -0.3)
+    # from 0.3 away the agent moves 0.15 towards the target: 0.15 < goal_radius 0.2 after the move (measured before
+    # it: not terminated, reward -0.3)
     env = PointMazeEnv("open")
     env.reset(seed=0, options={"state": [1.5, 1.5, 0.15, 0.0], "target": [1.8, 1.5]})
     obs, reward, terminated, _, info = env.step(np.array([1.0, 0.0], np.float32))
@@ -480,7 +479,7 @@ def test_a_steps_reward_and_success_describe_the_position_it_moved_to():
 
 
 def test_the_distance_and_dense_reward_are_euclidean():
-    # (1.5, 1.5) to (2.5, 2.5): sqrt(2), not the L1 2.0 (J4 mutant M34)
+    # (1.5, 1.5) to (2.5, 2.5): sqrt(2), not the L1 2.0
     env = PointMazeEnv("open")
     _, info = env.reset(seed=0, options={"state": [1.5, 1.5], "target": [2.5, 2.5]})
     reward, _, _, info2 = env.step(np.zeros(2, np.float32))[1:]
@@ -489,7 +488,7 @@ def test_the_distance_and_dense_reward_are_euclidean():
 
 
 def test_the_sparse_reward_is_0_until_success_then_1():
-    # "1.0 on success": 0.0 elsewhere (J4 mutant M07 gave 1.0 on every step)
+    # "1.0 on success": 0.0 elsewhere
     env = PointMazeEnv("open", reward_type="sparse")
     env.reset(seed=0, options={"state": [1.5, 1.5], "target": [3.5, 3.5]})
     assert env.step(np.zeros(2, np.float32))[1] == 0.0
@@ -499,7 +498,7 @@ def test_the_sparse_reward_is_0_until_success_then_1():
 
 def test_success_is_a_distance_strictly_below_goal_radius():
     # "Success: distance below goal_radius": exactly goal_radius away is no success, in info (reset and step) and for
-    # terminated and the sparse reward (J4 mutants M06, <= in step, and M25, <= in info)
+    # terminated and the sparse reward
     for reward_type in ("dense", "sparse"):
         env = PointMazeEnv("open", goal_radius=0.25, reward_type=reward_type)
         _, info = env.reset(seed=0, options={"state": [1.5, 1.5], "target": [1.75, 1.5]})
@@ -510,7 +509,7 @@ def test_success_is_a_distance_strictly_below_goal_radius():
 
 
 def test_a_non_square_mazes_spaces_are_x_by_columns_and_y_by_rows():
-    # every other test maze is square: spaces with rows and columns swapped (J4 mutants M21, M22) went unnoticed
+    # every other test maze is square: spaces with rows and columns swapped went unnoticed
     layout = ["#########", "#.......#", "#########"]  # 3 rows, 9 columns
     env = PointMazeEnv(layout)
     assert env.observation_space["state"].high[:2].tolist() == [9, 3]
@@ -523,8 +522,8 @@ def test_a_non_square_mazes_spaces_are_x_by_columns_and_y_by_rows():
 
 @pytest.mark.parametrize("layout", ["u", "medium", ("#########", "#.......#", "#.##.##.#", "#########")])
 def test_the_rendered_walls_match_the_layout(layout):
-    # the pixel at each cell's centre is a wall pixel exactly where the layout has a wall (J4 mutant M12b drew the
-    # walls transposed); a non-square maze is padded with wall below
+    # the pixel at each cell's centre is a wall pixel exactly where the layout has a wall (not transposed); a
+    # non-square maze is padded with wall below
     from torchrl_swm.envs.point_maze import _FLOOR, _WALL
 
     env = PointMazeEnv(layout, render_mode="rgb_array", render_size=90)
@@ -543,8 +542,7 @@ def test_the_rendered_walls_match_the_layout(layout):
 
 
 def test_show_target_draws_the_target_disk_at_the_target():
-    # show_target=True: a green disk centred on the target (J4 mutant M19 drew it at the agent, M20 never drew it);
-    # off by default
+    # show_target=True: a green disk centred on the target; off by default
     from torchrl_swm.envs.point_maze import _TARGET
 
     options = {"state": [1.5, 1.5], "target": [3.5, 3.5]}

@@ -124,16 +124,13 @@ def test_set_seed_after_every_env_was_reset_warns_at_the_step(second_reset):
         for _ in range(2):
             _, td = pool.step_and_maybe_reset(td.set("action", pool.action_spec.zero()))
         assert td["observation"][:, 0].eq(0).all()  # every env restarted
-        pool.set_seed(100)
-        with pytest.warns(UserWarning, match=r"set_seed\(\) came after the last reset of every env and before"):
-            pool.step(td.set("action", pool.action_spec.zero()))
-        return pool.close()
-    td = pool.step(td.set("action", pool.action_spec.zero()))["next"]  # stepped: not fresh
-    if second_reset == "partial mask":
-        td = pool.reset()
-    rows = [0, 1, 2] if second_reset == "all-True mask" else [0]
-    td["_reset"] = torch.tensor([[i in rows] for i in range(3)])
-    td = pool.reset(td).exclude("_reset")
+    else:
+        td = pool.step(td.set("action", pool.action_spec.zero()))["next"]  # stepped: not fresh
+        if second_reset == "partial mask":
+            td = pool.reset()
+        rows = [0, 1, 2] if second_reset == "all-True mask" else [0]
+        td["_reset"] = torch.tensor([[i in rows] for i in range(3)])
+        td = pool.reset(td).exclude("_reset")
     pool.set_seed(100)
     with pytest.warns(UserWarning, match=r"set_seed\(\) came after the last reset of every env and before"):
         pool.step(td.set("action", pool.action_spec.zero()))
