@@ -500,22 +500,50 @@ def test_the_table_prints_each_figure_under_its_header():
 
 
 def test_the_fixed_section_ratios_are_to_the_env_base_floor(monkeypatch):
-    """fixed(): every row's ratio is its rate over TorchRL's EnvBase floor's (measure() faked: no env runs)."""
+    """fixed(): every row's ratio is its rate over TorchRL's EnvBase floor's, all timed in one interleaved call
+    (measure_together() faked: no env runs)."""
     from torchrl_swm.benchmarks import pool
 
     rates = iter([1000.0, 500.0, 250.0, 125.0])
-    monkeypatch.setattr(pool, "measure", lambda make, **kw: {"rate": next(rates), "spread": 0.0, "us_per_call": 1.0,
-                                                             "setup_s": 0.0})
+    monkeypatch.setattr(pool, "measure", None)  # no row timed alone
+    monkeypatch.setattr(pool, "measure_together", lambda makers, **kw: {
+        key: {"rate": next(rates), "spread": 0.0, "us_per_call": 1.0, "setup_s": 0.0} for key in makers})
     rows = {r.key: r for r in pool.fixed(n=2, seconds=0.0)}
     assert list(rows) == ["floor", "pool_k0", "pool_k1", "pool_k2"]
     assert [r.ratio for r in rows.values()] == [1.0, 0.5, 0.25, 0.125]
     assert [rows[f"pool_k{k}"].extra["finishing"] for k in range(3)] == [0, 1, 2]
 
 
+@pytest.mark.parametrize("section, kwargs, keys", [
+    ("vector", {"ns": (2,)}, ["raw", "pool"]),
+    ("expensive", {"n": 2, "workers": 1, "ms": 0.0}, ["serial", "process", "process_oversubscribed",
+                                                       "torchrl_parallel"]),
+])
+def test_the_vector_and_expensive_sections_time_their_rows_together_against_their_reference(monkeypatch, section,
+                                                                                           kwargs, keys):
+    """vector() and expensive(): every row timed in one interleaved call (a drifting host shifts them alike), each
+    row's ratio its rate over the section's reference row (the first) (measure_together() faked: no env runs)."""
+    from torchrl_swm.benchmarks import pool
+
+    calls = []
+
+    def together(makers, **kw):
+        calls.append(list(makers))
+        return {key: {"rate": 100.0 * (i + 1), "spread": 0.0, "us_per_call": 1.0, "setup_s": 0.0}
+                for i, key in enumerate(makers)}
+
+    monkeypatch.setattr(pool, "measure", None)  # no row timed alone
+    monkeypatch.setattr(pool, "measure_together", together)
+    rows = getattr(pool, section)(seconds=0.0, **kwargs)
+    assert calls == [keys] and [r.key for r in rows] == keys
+    assert [r.ratio for r in rows] == [float(i + 1) for i in range(len(keys))]
+    assert "reference" in rows[0].label
+
+
 def test_the_cartpole_ratios_are_to_the_plain_loop(monkeypatch):
     """cartpole(): every measured row's ratio is its rate over the plain loop's (the [reference], 1.00), the
     rows timed together and alone alike (measure_together and measure faked with distinct rates: no env runs)."""
-    from torchrl_swm.benchmarks import harness, pool
+    from torchrl_swm.benchmarks import pool
 
     def result(rate):
         return {"rate": rate, "spread": 0.0, "us_per_call": 2 / rate * 1e6, "setup_s": 0.0}
@@ -527,7 +555,7 @@ def test_the_cartpole_ratios_are_to_the_plain_loop(monkeypatch):
         results["noop_rollout"]["us_per_call"] = results["noop_step"]["us_per_call"] + 10  # a measurable ceiling
         return dict(results)
 
-    monkeypatch.setattr(harness, "measure_together", together)
+    monkeypatch.setattr(pool, "measure_together", together)
     monkeypatch.setattr(pool, "measure", lambda make, **kw: result(7.0))
     rows = {r.key: r for r in pool.cartpole(ns=(2,), seconds=0.0, include_slow=False)}
     plain = results["plain"]["rate"]

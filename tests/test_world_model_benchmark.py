@@ -89,7 +89,7 @@ def test_every_world_model_row_is_credited_with_the_model_calls_it_makes():
 def test_world_model_row_ratios_added_us_and_reset_fraction_against_the_raw_reference(monkeypatch):
     """Each row's ratio is its rate over the raw forward's and ``added_us`` its µs over the raw's; env/reset
     (unit: one masked reset, not a step) has neither, and its ``fraction_of_step`` is its µs over env/step's.
-    measure() is faked with distinct figures per row: no model runs."""
+    measure_together() is faked with distinct figures per row: no model runs."""
     from torchrl_swm.benchmarks import world_model
 
     us = {"raw": 10.0, "raw+reset": 12.0, "env/step": 20.0, "env/rollout": 16.0, "env/rollout-out": 15.0,
@@ -97,8 +97,13 @@ def test_world_model_row_ratios_added_us_and_reset_fraction_against_the_raw_refe
     b = 4
     subjects = world_model.world_model_subjects(None, b, torch.device("cpu"))
     assert [key for key, *_ in subjects] == list(us)
-    figures = iter([{"rate": b / u * 1e6, "spread": 0.0, "us_per_call": u, "setup_s": 0.0} for u in us.values()])
-    monkeypatch.setattr(world_model, "measure", lambda make, **kw: next(figures))
+    figures = {key: {"rate": b / u * 1e6, "spread": 0.0, "us_per_call": u, "setup_s": 0.0} for key, u in us.items()}
+
+    def together(makers, **kw):  # every row timed in one interleaved call (drift shifts them alike)
+        assert list(makers) == list(us)
+        return {key: figures[key] for key in makers}
+
+    monkeypatch.setattr(world_model, "measure_together", together)
     rows = {r.key: r for r in world_model._rows_for(None, b, 0.0, torch.device("cpu"))}
     raw = rows["raw"]
     assert raw.ratio == 1.0 and raw.extra["added_us"] == 0.0

@@ -117,7 +117,7 @@ def save_plot(rows, path) -> None:
     for ax, ((section, n), items) in zip(axes[:, 0], groups.items()):
         labels = [textwrap.shorten(r.label, 55, placeholder="...") for r in items]
         values = [r.ratio for r in items]
-        ours = [r.label.startswith(_OURS) for r in items]
+        ours = [r.label.startswith(_OURS) and "reference" not in r.label for r in items]  # a reference: grey
         ax.barh(range(len(items)), [v - left for v in values], left=left,
                 color=["tab:blue" if o else "tab:gray" for o in ours])
         for y, v in enumerate(values):

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..errors import error_text
-from .harness import Row, is_next_step, measure, step_next_step
+from .harness import Row, is_next_step, measure, measure_together, step_next_step
 
 __all__ = ["run", "SECTIONS", "BusyEnv", "NoopEnv", "RandomLengthNoopEnv", "cartpole_subjects"]
 
@@ -330,8 +330,6 @@ def cartpole(ns=(16, 256), seconds=2.0, include_slow=True) -> list[Row]:
     one at a time, so their workers never compete with the others' rounds."""
     from torchrl.envs import GymEnv, ParallelEnv, SerialEnv
 
-    from .harness import measure_together
-
     rows = []
     for n in ns:
         together = cartpole_subjects(n, include_slow=include_slow)
@@ -421,6 +419,8 @@ def ceilings(n, results) -> list[Row]:
 
 
 def vector(ns=(16, 256), seconds=2.0) -> list[Row]:
+    """The pool over gymnasium's natively batched ``CartPoleVectorEnv`` against that env's own step, timed
+    together (interleaved, as every section's rows: a host whose speed drifts shifts both alike)."""
     from ..pool import EnvPool
 
     def make_vec(n):
@@ -428,52 +428,60 @@ def vector(ns=(16, 256), seconds=2.0) -> list[Row]:
 
     rows = []
     for n in ns:
-        ref = measure(lambda: GymVector(make_vec(n), n), envs_per_step=n, seconds=seconds)
-        rows.append(_row("vector", "raw", "CartPoleVectorEnv raw step [reference]", n, ref, ref["rate"]))
-        res = measure(lambda: StepLoop(EnvPool(make_vec(n), seed=0)), envs_per_step=n, seconds=seconds)
-        rows.append(_row("vector", "pool", "EnvPool(CartPoleVectorEnv), step_and_maybe_reset", n, res, ref["rate"]))
+        makers = {
+            "raw": lambda: GymVector(make_vec(n), n),
+            "pool": lambda: StepLoop(EnvPool(make_vec(n), seed=0)),
+        }
+        res = measure_together(makers, envs_per_step=n, seconds=seconds * len(makers))
+        ref = res["raw"]["rate"]
+        rows.append(_row("vector", "raw", "CartPoleVectorEnv raw step [reference]", n, res["raw"], ref))
+        rows.append(_row("vector", "pool", "EnvPool(CartPoleVectorEnv), step_and_maybe_reset", n, res["pool"], ref))
     return rows
 
 
 def fixed(n=16, seconds=2.0) -> list[Row]:
-    """Fixed cost per batched step: NoopEnv never ends, or k envs end every step."""
+    """Fixed cost per batched step: NoopEnv never ends, or k envs end every step; timed together with
+    TorchRL's EnvBase floor."""
     from ..pool import EnvPool
 
-    rows = []
-    floor = measure(lambda: StepLoop(_floor_env(n)), envs_per_step=n, seconds=seconds)
-    rows.append(_row("fixed", "floor", "TorchRL EnvBase floor (no env work, no resets)", n, floor, floor["rate"]))
+    makers = {"floor": lambda: StepLoop(_floor_env(n))}
+    finishing = {}
     for k in sorted({min(k, n) for k in (0, 1, 4)}):  # at most the n envs there are
         # k envs with period 1 end every step; the others never end
         fns = [functools.partial(NoopEnv, 1 if i < k else 0) for i in range(n)]
-        res = measure(lambda: StepLoop(EnvPool(fns, seed=0)), envs_per_step=n, seconds=seconds)
-        rows.append(_row("fixed", f"pool_k{k}", f"EnvPool on NoopEnv, {k} envs finishing per step", n, res,
-                         floor["rate"], finishing=k))
+        makers[f"pool_k{k}"] = functools.partial(lambda fns: StepLoop(EnvPool(fns, seed=0)), fns)
+        finishing[f"pool_k{k}"] = k
+    res = measure_together(makers, envs_per_step=n, seconds=seconds * len(makers))
+    floor = res["floor"]["rate"]
+    rows = [_row("fixed", "floor", "TorchRL EnvBase floor (no env work, no resets)", n, res["floor"], floor)]
+    for key, k in finishing.items():
+        rows.append(_row("fixed", key, f"EnvPool on NoopEnv, {k} envs finishing per step", n, res[key], floor,
+                         finishing=k))
     return rows
 
 
 def expensive(n=8, workers=2, ms=1.0, seconds=3.0) -> list[Row]:
+    """Envs whose step burns ``ms`` of CPU: the process backend against the serial one and TorchRL's
+    ``ParallelEnv``, timed together (the idle subjects' workers block and use no CPU meanwhile)."""
     from torchrl.envs import ParallelEnv
 
     from ..pool import EnvPool
 
     busy = functools.partial(BusyEnv, ms)
-    rows = []
-    serial = measure(lambda: StepLoop(EnvPool([busy] * n, seed=0)), envs_per_step=n, seconds=seconds)
-    rows.append(_row("expensive", "serial", f"EnvPool serial, {n} envs x {ms:g} ms/step [reference]", n, serial,
-                     serial["rate"]))
-    res = measure(lambda: StepLoop(EnvPool([busy] * n, backend="process", num_workers=workers, seed=0)),
-                  envs_per_step=n, seconds=seconds)
-    rows.append(_row("expensive", "process", f"EnvPool process backend, {workers} workers", n, res, serial["rate"]))
     more = 2 * workers
-    res = measure(lambda: StepLoop(EnvPool([busy] * n, backend="process", num_workers=more, seed=0)),
-                  envs_per_step=n, seconds=seconds)
-    rows.append(_row("expensive", "process_oversubscribed", f"EnvPool process backend, {more} workers", n, res,
-                     serial["rate"]))
-    res = measure(lambda: StepLoop(ParallelEnv(workers, functools.partial(
-        _torchrl_sync_busy, n // workers, ms))), envs_per_step=n, seconds=seconds)
-    rows.append(_row("expensive", "torchrl_parallel", f"TorchRL ParallelEnv({workers} x GymWrapper(SyncVectorEnv))",
-                     n, res, serial["rate"]))
-    return rows
+    subjects = [
+        ("serial", f"EnvPool serial, {n} envs x {ms:g} ms/step [reference]",
+         lambda: StepLoop(EnvPool([busy] * n, seed=0))),
+        ("process", f"EnvPool process backend, {workers} workers",
+         lambda: StepLoop(EnvPool([busy] * n, backend="process", num_workers=workers, seed=0))),
+        ("process_oversubscribed", f"EnvPool process backend, {more} workers",
+         lambda: StepLoop(EnvPool([busy] * n, backend="process", num_workers=more, seed=0))),
+        ("torchrl_parallel", f"TorchRL ParallelEnv({workers} x GymWrapper(SyncVectorEnv))",
+         lambda: StepLoop(ParallelEnv(workers, functools.partial(_torchrl_sync_busy, n // workers, ms)))),
+    ]
+    res = measure_together({key: make for key, _, make in subjects}, envs_per_step=n, seconds=seconds * len(subjects))
+    serial = res["serial"]["rate"]
+    return [_row("expensive", key, label, n, res[key], serial) for key, label, _ in subjects]
 
 
 def _torchrl_sync_busy(n, ms):

@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .harness import Row, measure
+from .harness import Row, measure_together
 
 __all__ = ["run", "RefWorldModel", "make_ref_model", "world_model_subjects", "LAT", "ACT", "HID"]
 
@@ -190,6 +190,11 @@ class _Rollout:
         pass
 
 
+def _reset_rows(b: int, rate: float = 0.03) -> int:
+    """The rows ``env/reset`` restarts per call: ~3 % of ``b``, at least one (so 100 % at B=1)."""
+    return max(1, round(rate * b))
+
+
 class _ResetOnly:
     """The fast path's maybe_reset alone: the done count (host sync) and the restart of ~3 % random rows."""
 
@@ -200,7 +205,7 @@ class _ResetOnly:
         nxt = env.step(td)["next"]
         self.root = {"action": td["action"], **{k: v for k, v in nxt.items() if k != "reward"}}
         gen = torch.Generator().manual_seed(4)
-        k = max(1, round(rate * b))
+        k = _reset_rows(b, rate)
         self.dones = []
         for _ in range(16):
             mask = torch.zeros(b, 1, dtype=torch.bool)
@@ -324,15 +329,20 @@ def world_model_subjects(model, b: int, device) -> list[tuple]:
          lambda: _Rollout(_model_based_env(model, b, device), b, device), ROLL),
         ("env/step-no-dones", "WorldModelEnv step loop, termination never true (no resets)",
          lambda: _StepLoop(_make_env(model, b, device, _transition_no_done), b, device), 1),
-        ("env/reset", f"masked reset of {max(1, round(0.03 * b))} of {b} rows (~3 %, fast path), per call",
+        ("env/reset", f"masked reset of {_reset_rows(b)} of {b} rows ({100 * _reset_rows(b) / b:.3g} %, fast path), "
+         "per call",
          lambda: _ResetOnly(_make_env(model, b, device), b, device), 1),
     ]
 
 
 def _rows_for(model, b: int, seconds: float, device) -> list[Row]:
+    subjects = world_model_subjects(model, b, device)
+    # interleaved rounds (as every section): a host whose speed drifts shifts every row alike
+    results = measure_together({key: make for key, _, make, _ in subjects}, envs_per_step=b,
+                               seconds=seconds * len(subjects), steps_per_unit={key: s for key, _, _, s in subjects})
     rows: list[Row] = []
-    for key, label, make, steps_per_unit in world_model_subjects(model, b, device):
-        result = measure(make, steps_per_unit=steps_per_unit, envs_per_step=b, seconds=seconds)
+    for key, label, _, _ in subjects:
+        result = results[key]
         rows.append(Row(SECTION, key, label, b, result["rate"], result["spread"], result["us_per_call"],
                         extra={"setup_s": result["setup_s"]}))
     by_key = {r.key: r for r in rows}
