@@ -3568,6 +3568,19 @@ def test_a_batch_unlocked_reset_from_start_states_draws_from_the_reset_generator
     assert not torch.equal(env.reset_generator.get_state(), reset_state)
 
 
+@pytest.mark.parametrize("seed", [0, 1000, 2**31 + 5])
+def test_a_seeds_reset_stream_is_not_the_model_stream_of_a_seed_a_fixed_offset_away(seed):
+    """A CPU generator keeps 32 bits of its seed: a reset generator seeded at a fixed offset from the model
+    generator's seed would draw what the model generator of the seed that offset away draws (two collector workers
+    seeded that far apart would share a stream)."""
+    env, again = (WorldModelEnv(NoisyModel(), BOX4, FORCE, num_envs=2, seed=seed, initial_state=torch.zeros(4))
+                  for _ in range(2))
+    assert torch.equal(env.reset_generator.get_state(), again.reset_generator.get_state())  # one stream per seed
+    twin = torch.Generator().manual_seed((seed + 0x9E3779B97F4A7C15) % 2**32)
+    torch.randint(-(2**63), 2**63 - 1, (), generator=twin)  # the draw seeding makes from the reset stream
+    assert not torch.equal(torch.rand(16, generator=env.reset_generator), torch.rand(16, generator=twin))
+
+
 def test_reset_with_the_same_seed_gives_the_same_start_states_starts_again():
     """reset(seed=s) restarts the per-row start_states counters, so the same seed gives the same starts."""
     data = TensorDict({"observation": torch.arange(40.0).view(20, 2)}, [20])

@@ -76,7 +76,7 @@ _UNSUPPORTED_KWARGS = {
 }
 
 
-#: offset of the reset generator's seed from the model generator's (any fixed odd 64-bit constant)
+#: added to the model generator's seed, then hashed (see :func:`_generator_seed`), for the reset generator's
 _RESET_STREAM = 0x9E3779B97F4A7C15
 
 
@@ -1994,7 +1994,9 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         else:
             seed = _generator_seed(self._reset_fn_seed)  # checked before any generator changes
             self._generator.manual_seed(seed)
-            self._reset_generator.manual_seed((seed + _RESET_STREAM) % 2**64)  # a stream of its own
+            # a stream of its own, hashed (seed + _RESET_STREAM >= 2**32): a CPU generator keeps 32 bits of its seed, so
+            # a plain offset would make seed s's reset stream the model stream of seed s + 0x7F4A7C15
+            self._reset_generator.manual_seed(_generator_seed(seed + _RESET_STREAM))
         # start_states entries: per-row counters from a key drawn from the reset stream (see _start_indices)
         device = self._reset_generator.device
         self._start_key = torch.randint(-(2**63), 2**63 - 1, (), generator=self._reset_generator, device=device)
