@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import re
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -1332,6 +1333,21 @@ def test_multisync_collector_with_spawned_workers():
     assert torch.equal(nt, t + 1)
 
 
+def test_a_first_reset_given_a_partial_reset_mask_restarts_every_row():
+    # before any reset no row has a state to keep: a partial "_reset" at the first reset restarts every row
+    start = torch.tensor([0.0, 7.0, 0.0])
+    env = counting_env(3, initial_state=start)
+    out = env._reset(reset_td(3, [1]))
+    assert out["observation"].tolist() == [start.tolist()] * 3  # every row gets the start observation
+    assert env.state.tolist() == [start.tolist()] * 3
+    env = counting_env(3, initial_state=start)
+    out = env.reset(reset_td(3, [1]))  # through TorchRL: the masked row shows it, the others are padded
+    assert out["observation"][1].tolist() == start.tolist() and not out["done"].any()
+    assert env.state.tolist() == [start.tolist()] * 3
+    nxt = env.step(out.set("action", torch.ones(3, 1)))["next"]
+    assert nxt["observation"].tolist() == [[1.0, 7.0, 1.0]] * 3  # every row steps from the start
+
+
 def test_collector_partial_reset_by_index():
     env = counting_env(3, length=100)
     collector = Collector(env, None, frames_per_batch=15, total_frames=30)
@@ -1547,6 +1563,39 @@ def test_constant_start_with_declared_info_zeroes_the_info_of_reset_rows_only():
     assert step["next", "done"].all() and step["next", "info", "score"].view(-1).tolist() == [30.0, 30.0, 30.0]
     assert td["observation"][:, 0].tolist() == [0.0, 0.0, 0.0]
     assert td["info", "score"].view(-1).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_a_five_tuple_info_model_state_is_the_state_channel_and_never_warned_about_as_unrecorded():
+    # info["model_state"] of the tuple forms is the next state, not an info key: with an info_spec declaring
+    # other keys it raises no "not recorded" warning; a really undeclared key is named alone
+    def step(state, action):
+        nxt = state + action
+        n = state.shape[0]
+        info = {"model_state": nxt, "x": nxt[:, 0]}
+        return nxt * 10, torch.ones(n, 1), torch.zeros(n, 1, dtype=torch.bool), torch.zeros(n, 1, dtype=torch.bool), info
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, initial_state=torch.zeros(2), transition_fn=step,
+                        info_spec={"x": torch.zeros(())}, seed=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        td = env.reset().set("action", torch.ones(3, 2))
+        out = env.step(td)["next"]
+        _, td = env.step_and_maybe_reset(td)
+        env.rollout(2)
+    assert not [w for w in caught if "not recorded" in str(w.message)]
+    assert out["observation"].tolist() == [[10.0, 10.0]] * 3  # the observation is the first entry...
+    assert out["info", "x"].view(-1).tolist() == [1.0] * 3
+    env.step(env.reset().set("action", torch.ones(3, 2)))
+    assert env.state.tolist() == [[1.0, 1.0]] * 3  # ...and the state is info["model_state"]
+
+    def noisy_info(state, action):
+        *rest, info = step(state, action)
+        return (*rest, {**info, "debug": 1.0})
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, initial_state=torch.zeros(2), transition_fn=noisy_info,
+                        info_spec={"x": torch.zeros(())}, seed=0)
+    with pytest.warns(UserWarning, match=r"info keys \['debug'\] that are not recorded"):
+        env.step(env.reset().set("action", torch.ones(3, 2)))
 
 
 def test_a_tensordict_info_is_read_like_a_dict():
@@ -2391,6 +2440,40 @@ def test_seeds_that_differ_only_above_32_bits_give_different_streams():
     c = WorldModelEnv(NoisyModel(), gym.spaces.Box(-1, 1, (4,)), gym.spaces.Box(-1, 1, (2,)), num_envs=4,
                       initial_state=torch.zeros(4), seed=5)
     assert torch.equal(c.rollout(3, zero)["next", "observation"], ra["next", "observation"])
+
+
+@pytest.mark.parametrize("low", [0, 1, 5, 2**32 - 1])
+def test_seed_2_to_the_32_and_its_multiples_do_not_collide_with_the_low_32_bit_seed(low):
+    # the boundary itself: seed 2**32 (and s + k * 2**32, the pool's worker seeds) is not the env of its low bits
+    def rollout(seed):
+        env = WorldModelEnv(NoisyModel(), gym.spaces.Box(-1, 1, (4,)), gym.spaces.Box(-1, 1, (2,)), num_envs=3,
+                            initial_state=torch.zeros(4), seed=seed)
+        return env.rollout(3, lambda td: td.set("action", torch.zeros(3, 2)))["next", "observation"]
+
+    base = rollout(low)
+    for k in (1, 2, 3):
+        assert not torch.equal(rollout(low + k * 2**32), base), (low, k)
+    assert torch.equal(rollout(low), base)  # the same seed is still the same env
+
+
+def test_frozen_rows_invalid_multi_one_hot_actions_reach_the_model_as_one_hot_in_every_block():
+    # a frozen row's invalid MultiOneHot action is swapped for a placeholder that is itself valid: exactly one 1
+    # in each block, so the model (which gets the whole batch) never sees an invalid action
+    model = _Recorder()
+    nvec = [2, 3, 4]
+    env = WorldModelEnv(model, _BOX2, MultiOneHot(nvec), num_envs=3, initial_state=torch.zeros(2), seed=0)
+    td = env.reset()
+    stepped = [0, 1, 0, 0, 1, 0, 0, 0, 1]
+    action = torch.tensor([stepped, [0] * 9, [1, 1, 0, 0, 0, 0, 0, 0, 0]], dtype=env.action_spec.dtype)
+    td.set("action", action).set("_step", torch.tensor([True, False, False]))
+    env.step(td)
+    seen = model.seen[-1]
+    assert seen[0].int().tolist() == stepped  # the stepped row's own action
+    for row in (1, 2):  # the frozen rows: a valid placeholder
+        blocks = seen[row].int().split(nvec)
+        assert [int(b.sum()) for b in blocks] == [1, 1, 1], seen[row].tolist()
+    assert env.action_spec.is_in(seen)
+    assert torch.equal(td["action"], action)  # the caller's tensordict is untouched
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
