@@ -1953,8 +1953,13 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             return self._graph_free(self._reset_unlocked, bs, seed, options)
         n = self.batch_size[0]
         rows = None if mask is None else row_mask(mask, n, "_reset")
-        if rows is not None and (not self._rt.has_state or bool(rows.all())):
-            rows = None  # a first reset restarts every row
+        if rows is not None and not self._rt.has_state and not bool(rows.all()):
+            # a first reset restarts every row; TorchRL's reset() then merges this output into the caller's
+            # tensordict on the rows its "_reset" names (it pops it next), so every row must be named
+            tensordict.set("_reset", torch.ones_like(mask))
+            rows = None
+        elif rows is not None and bool(rows.all()):
+            rows = None
         if rows is None or bool(rows.any()):
             obs, state, info = self._reset_state(rows, seed, options)
         else:
