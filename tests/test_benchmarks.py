@@ -5,6 +5,7 @@ import math
 import subprocess
 import sys
 import time
+from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -564,3 +565,180 @@ def test_the_cartpole_ratios_are_to_the_plain_loop(monkeypatch):
     assert {"plain_seeded", "pool_step", "floor", "gym_async"} <= set(measured)
     for key in measured:
         assert rows[key].ratio == rows[key].rate / plain, key
+
+
+class _LastStepEnv(gym.Env):
+    """Observation [env id, step count, episode]; reward = the step count; env 0 terminates and env 1
+    truncates every 3rd step, env 2 never ends. Keeps what it last returned (a reset's observation
+    after an episode's end)."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+    made: ClassVar[list] = []
+
+    def __init__(self):
+        self.id, self.t, self.episode = len(_LastStepEnv.made), 0, 0
+        _LastStepEnv.made.append(self)
+
+    def _obs(self):
+        self.last_obs = np.array([self.id, self.t, self.episode], np.float32)
+        return self.last_obs
+
+    def reset(self, *, seed=None, options=None):
+        self.t, self.episode = 0, self.episode + 1
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        ends = self.t % 3 == 0 and self.id in (0, 1)
+        self.last = (float(self.t), ends and self.id == 0, ends and self.id == 1)
+        return self._obs(), *self.last, {}
+
+
+@pytest.mark.parametrize("numpy_actions, seed_every_episode", [(False, False), (True, False), (True, True)])
+def test_the_plain_loop_writes_every_step_into_its_buffers(numpy_actions, seed_every_episode):
+    # the reference row must do the work a pool does per step: store observation (the reset's after an
+    # episode's end), reward, terminated and truncated of every env in its numpy buffers, not drop them
+    from torchrl_swm.benchmarks.pool import PlainLoop
+
+    _LastStepEnv.made = []
+    subject = PlainLoop(3, _LastStepEnv, numpy_actions=numpy_actions, seed_every_episode=seed_every_episode)
+    envs = _LastStepEnv.made
+    for units in (1, 2, 3):  # ends at steps 3 and 6 (the last): the buffers then hold the reset's observation
+        subject.run(units)
+        assert np.array_equal(subject.obs, np.stack([env.last_obs for env in envs])), subject.obs
+        assert subject.rew.tolist() == [env.last[0] for env in envs]
+        assert subject.term.tolist() == [env.last[1] for env in envs]
+        assert subject.trunc.tolist() == [env.last[2] for env in envs]
+    assert [env.episode for env in envs] == [3, 3, 1] and subject.obs[0].tolist() == [0, 0, 3]
+    subject.close()
+
+
+class _ActionTypeCartPole(CartPoleEnv):
+    """CartPole recording the type of every action it is stepped with."""
+
+    types: ClassVar[list] = []
+
+    def step(self, action):
+        _ActionTypeCartPole.types.append(type(action))
+        return super().step(action)
+
+
+def test_the_plain_loop_rows_pass_the_action_type_their_labels_say():
+    # "plain" steps its envs with Python ints; the rows labelled with numpy integer actions (the type
+    # Discrete.sample() and gymnasium's vector envs pass, faster through Discrete.contains) with numpy integers
+    from torchrl_swm.benchmarks.pool import cartpole_subjects
+
+    env_id = "TorchrlSwmTestActionTypeCartPole-v0"
+    gym.register(env_id, entry_point=_ActionTypeCartPole, max_episode_steps=500)
+    try:
+        subjects = {key: make for key, _, make, _ in cartpole_subjects(2, env_id, include_slow=False)}
+        for key, expected in (("plain", int), ("plain_numpy_actions", np.int64), ("plain_seeded", np.int64)):
+            subject = subjects[key]()
+            _ActionTypeCartPole.types = []
+            subject.run(40)
+            subject.close()
+            assert len(_ActionTypeCartPole.types) == 80 and set(_ActionTypeCartPole.types) == {expected}, (
+                key, set(_ActionTypeCartPole.types))
+    finally:
+        gym.registry.pop(env_id)
+
+
+def test_the_fixed_section_pools_have_exactly_k_envs_finishing_per_step(monkeypatch):
+    """The "k envs finishing per step" rows: stepping the pool each row's maker builds ends exactly k
+    episodes at every step (k + 1 would be timed under the label of k). measure_together() is faked to
+    hand back the makers: the pools are built and stepped here, not timed."""
+    from torchrl_swm.benchmarks import pool
+
+    built = {}
+
+    def together(makers, **kw):
+        built.update(makers)
+        return {key: {"rate": 1.0, "spread": 0.0, "us_per_call": 1.0, "setup_s": 0.0} for key in makers}
+
+    monkeypatch.setattr(pool, "measure_together", together)
+    n = 6
+    rows = pool.fixed(n=n, seconds=0.0)
+    finishing = {r.key: r.extra["finishing"] for r in rows if r.key != "floor"}
+    assert finishing == {"pool_k0": 0, "pool_k1": 1, "pool_k4": 4}
+    for key, k in finishing.items():
+        subject = built[key]()
+        env, td = subject.env, subject.td
+        try:
+            for s in range(5):
+                td["action"] = subject.acts[s]
+                out, td = env.step_and_maybe_reset(td)
+                assert int(out["next", "done"].sum()) == k, (key, s, int(out["next", "done"].sum()))
+        finally:
+            subject.close()
+
+
+def test_each_export_group_is_rated_against_the_row_its_label_calls_the_reference(monkeypatch):
+    """export/pool and export/world_model: the row labelled "reference" has ratio 1.0 and is every row's
+    ``extra["reference"]``; every other row's ratio is its rate over that row's rate (measure_together()
+    faked with distinct rates per row: nothing runs)."""
+    from torchrl_swm.benchmarks import export
+
+    rates = {}
+
+    def together(makers, **kw):
+        out = {}
+        for i, key in enumerate(makers):
+            rates[key] = 100.0 * (i + 2)  # distinct, none 1.0
+            out[key] = {"rate": rates[key], "spread": 0.0, "us_per_call": 1.0, "setup_s": 0.0}
+        return out
+
+    monkeypatch.setattr(export, "measure_together", together)
+    for group in (export._pool_rows, export._world_model_rows):
+        rates.clear()
+        rows = group((2,), 0.0)
+        references = [r for r in rows if "reference" in r.label]
+        assert len(references) == 1, [r.label for r in rows]
+        ref = references[0]
+        assert ref.ratio == 1.0 and len(rows) >= 4
+        for r in rows:
+            assert r.extra["reference"] == ref.key, (r.key, r.extra["reference"])
+            assert r.ratio == rates[r.key] / rates[ref.key], r.key
+        assert ref.key == {export._pool_rows: "pool", export._world_model_rows: "raw"}[group]
+
+
+def test_measure_times_each_repeat_for_about_its_share_of_the_seconds(monkeypatch):
+    """measure(seconds=1.5, repeats=3): each timed run lasts about 0.5 s, not the whole 1.5 s (a row timed
+    alone would take three times its budget). Virtual clock: a unit costs 1 ms."""
+    import types
+
+    from torchrl_swm.benchmarks import harness
+
+    clock = types.SimpleNamespace(now=0.0)
+    monkeypatch.setattr(harness, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+    durations = []
+
+    class Steady:
+        def run(self, units):
+            clock.now += 1e-3 * units
+            durations.append(1e-3 * units)
+
+        def close(self):
+            pass
+
+    harness.measure(Steady, envs_per_step=2, seconds=1.5, repeats=3)
+    timed = durations[-3:]  # warm-up and calibration first, then the three timed runs
+    assert timed == [timed[0]] * 3 and timed[0] == pytest.approx(0.5, rel=0.05), durations
+
+
+def test_an_unmeasurable_ratio_prints_as_an_empty_cell_not_nan():
+    from torchrl_swm.benchmarks.__main__ import format_table
+    from torchrl_swm.benchmarks.harness import Row
+    from torchrl_swm.benchmarks.pool import ceilings
+
+    def cells(line):
+        return [c.strip() for c in line.strip("|").split("|")]
+
+    row = Row("cartpole", "k", "a ratio of no meaning", 4, 1000.0, 0.05, 12.5, float("nan"))
+    assert cells(format_table([row]).splitlines()[-1])[-1] == ""
+    # a ceiling drowned in noise (NaN ratio): no "nan" anywhere in its line
+    timing = {"us_per_call": 80.0, "spread": 0.1, "rate": 1.0}
+    rollout, _ = ceilings(3, {"plain": timing, "noop_step": timing, "noop_rollout": dict(timing, us_per_call=46.0),
+                              "noop_collector": dict(timing, us_per_call=130.0)})
+    line = format_table([rollout]).splitlines()[-1]
+    assert cells(line)[-1] == "" and "nan" not in line.lower(), line

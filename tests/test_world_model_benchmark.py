@@ -117,3 +117,63 @@ def test_world_model_row_ratios_added_us_and_reset_fraction_against_the_raw_refe
     assert reset.ratio is None and "added_us" not in reset.extra
     assert reset.extra["fraction_of_step"] == pytest.approx(4.0 / 20.0)
     assert reset.extra["in_loop_fraction"] == pytest.approx((20.0 - 18.0) / 18.0)
+
+
+@pytest.mark.parametrize("b", [1, 2, 8, 40])
+def test_the_reset_row_restarts_its_share_of_rows_and_at_least_one_at_every_batch_size(b):
+    # env/reset times masked resets: every call must restart _reset_rows(b) rows (~3 %, at least one), or at
+    # small B it times a done count and nothing else
+    from torchrl_swm.benchmarks.world_model import _reset_rows, world_model_subjects
+
+    k = _reset_rows(b)
+    assert k >= 1 and k == max(1, round(0.03 * b))
+    make = {key: make for key, _, make, _ in world_model_subjects(make_ref_model(0), b, "cpu")}["env/reset"]
+    subject = make()
+    env, restarted = subject.env, []
+    original = env._reset_rows_into
+
+    def counting(root, rows, n_rows, *args, **kwargs):
+        restarted.append((int(rows.count_nonzero()), n_rows))
+        return original(root, rows, n_rows, *args, **kwargs)
+
+    env._reset_rows_into = counting
+    subject.run(20)
+    subject.close()
+    assert restarted == [(k, k)] * 20, restarted
+
+
+@pytest.mark.parametrize("b", [3, 8])
+def test_the_raw_reference_with_resets_restarts_done_rows_from_the_start_latent(b):
+    # raw+reset: after each step, the rows whose done logit is positive hold the start latent and the
+    # others the model's next latent (hand computation over the same start and actions, step by step)
+    from torchrl_swm.benchmarks.world_model import _start_latent
+
+    model, cpu = make_ref_model(0, "cpu"), torch.device("cpu")
+    raw = _Raw(model, b, cpu, True)
+    z0 = _start_latent()
+    z, partial = z0.expand(b, -1).clone(), 0
+    with torch.no_grad():
+        for i in range(1, 300):
+            raw.run(1)
+            z, _, d = model(z, raw.acts[i % len(raw.acts)])
+            done = d > 0
+            partial += bool(done.any()) and not bool(done.all())
+            z = torch.where(done, z0, z)
+            assert torch.equal(raw.z, z), i
+    assert partial > 0  # steps where some rows, not all, ended: the masked reset was exercised
+
+
+def test_the_reference_model_ends_2_to_4_percent_of_random_action_steps_from_the_start_latent():
+    # the done head's calibration (make_ref_model's docstring): ~2-4 % of steps end an episode when the
+    # benchmark's raw+reset loop runs from the start latent with random actions (seed 0: the benchmark's
+    # model; seed 1: another draw)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for seed in (0, 1):
+            counting = _CountingDones(make_ref_model(seed))
+            _Raw(counting, 256, torch.device("cpu"), True).run(100)
+            rate = counting.dones / (256 * 100)
+            assert 0.02 <= rate <= 0.04, (seed, rate)
+    finally:
+        torch.set_num_threads(previous)
