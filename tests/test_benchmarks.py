@@ -272,7 +272,7 @@ def test_a_failed_row_prints_no_figures_in_the_table():
     from torchrl_swm.benchmarks.pool import _failed_row
 
     table = format_table([_failed_row("cartpole", "peer", "a peer", 16, OSError("spawn failed"))])
-    assert table.splitlines()[-1] == "| cartpole | 16 | a peer (failed: OSError: spawn failed) | failed |  |  |  |"
+    assert table.splitlines()[-1] == "| cartpole | 16 | a peer (failed: OSError: spawn failed) | n/a |  |  |  |"
 
 
 class _CountingCartPole(CartPoleEnv):
@@ -742,3 +742,4 @@ def test_an_unmeasurable_ratio_prints_as_an_empty_cell_not_nan():
                               "noop_collector": dict(timing, us_per_call=130.0)})
     line = format_table([rollout]).splitlines()[-1]
     assert cells(line)[-1] == "" and "nan" not in line.lower(), line
+    assert cells(line)[3] == "n/a", line  # nothing failed: no "failed" in the rate column either

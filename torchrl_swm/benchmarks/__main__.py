@@ -75,8 +75,8 @@ def format_table(rows) -> str:
              "|---|---:|---|---:|---:|---:|---:|"]
     for r in rows:
         ratio = "" if r.ratio is None or math.isnan(r.ratio) else f"{r.ratio:.2f}"
-        # a failed row has no figures: its label says why
-        rate = "failed" if math.isnan(r.rate) else f"{r.rate:,.0f}"
+        # a row with no figures (a peer that failed, a ceiling noise swamped): its label says why
+        rate = "n/a" if math.isnan(r.rate) else f"{r.rate:,.0f}"
         spread = "" if math.isnan(r.spread) else f"{r.spread:.0%}"
         us = "" if math.isnan(r.us_per_call) else f"{r.us_per_call:,.1f}"
         lines.append(f"| {r.section} | {r.n} | {r.label} | {rate} | {spread} | {us} | {ratio} |")
