@@ -1888,3 +1888,27 @@ def test_a_closed_pool_export_says_the_pool_cannot_be_reopened_on_step_and_maske
         export.step(np.zeros(2, np.int64))
     with pytest.raises(RuntimeError, match=r"^TorchRLVectorEnv\.reset\(options=\{'reset_mask': \.\.\.\}\)" + advice):
         export.reset(options={"reset_mask": np.array([True, False])})
+
+
+@pytest.mark.parametrize("layout", ["big-endian", "negative-strides"])
+def test_a_float_action_array_in_any_numpy_layout_steps_as_its_native_contiguous_copy(layout):
+    """numpy arrays gymnasium's vector envs accept: a big-endian dtype (read from a file, say) or a view with negative
+    strides (a flipped array) reach the env with the same values as a native, contiguous copy of them."""
+    def make():
+        return to_gymnasium(EnvPool([lambda: gym.make("Pendulum-v1")] * 3, seed=0), autoreset_mode="same_step")
+
+    ours, twin = make(), make()
+    ours.reset(seed=4)
+    twin.reset(seed=4)
+    gen = np.random.default_rng(0)
+    for _ in range(5):
+        native = gen.uniform(-2, 2, (3, 1)).astype(np.float32)
+        if layout == "big-endian":
+            given = native.astype(">f4")
+        else:
+            given = native[::-1].copy()[::-1]
+            assert given.strides[0] < 0
+        got, want = ours.step(given), twin.step(native)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    ours.close()
+    twin.close()

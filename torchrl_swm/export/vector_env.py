@@ -290,6 +290,7 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
             if mask is None or not self._done.any():
                 self._pending = None
             elif self._pending is not None:
+                # on the CPU _pending shares _done's memory, cleared above; on an accelerator it is a copy
                 self._pending = self._pending & ~torch.as_tensor(rows, device=self._device)
             values = to_host(values, self._packed()) if self.numpy else torch_copies(values)
         n_obs = len(layout.obs_leaves)
