@@ -12,6 +12,9 @@ import pytest
 import torch
 from export_helpers import PoolSeedSchedule, action_stream, assert_same, probed, sync_twin, without
 from gymnasium.vector import AutoresetMode
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from space_strategies import wide_boxes, wide_discretes, wide_multi_discretes
 from tensordict import TensorDict
 from torchrl.data import Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase, RewardScaling, StepCounter, TransformedEnv
@@ -1912,3 +1915,58 @@ def test_a_float_action_array_in_any_numpy_layout_steps_as_its_native_contiguous
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
     ours.close()
     twin.close()
+
+
+# -- actions over any supported action space reach the envs as gymnasium's SyncVectorEnv passes them ---------------
+class _ReceivingEnv(gym.Env):
+    """Keeps a copy of every action it gets."""
+
+    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+
+    def __init__(self, action_space):
+        self.action_space = action_space
+        self.received = []
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.received.append(np.array(action, copy=True))
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(space=st.one_of(wide_boxes(), wide_discretes, wide_multi_discretes(),
+                       st.integers(1, 4).map(gym.spaces.MultiBinary)),
+       n=st.integers(1, 3), categorical=st.booleans(), numpy=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_sampled_actions_of_any_supported_space_reach_the_envs_as_sync_vector_env_passes_them(
+        space, n, categorical, numpy, seed):
+    """The exported action space is the env's own (Discrete/MultiDiscrete ``start`` included), and an action
+    sampled from it, given as numpy or torch, with a categorical or one-hot pool, reaches every sub-env with the
+    same value, dtype and shape as gymnasium's SyncVectorEnv gives it."""
+    if isinstance(space, gym.spaces.MultiDiscrete) and space.nvec.ndim > 1:
+        categorical = True  # TorchRL has no one-hot spec for an n-d nvec
+
+    def make():
+        return _ReceivingEnv(space)
+
+    envs = to_gymnasium(EnvPool([make] * n, seed=0, categorical_action_encoding=categorical), numpy=numpy,
+                        info_keys=[])
+    ref = gym.vector.SyncVectorEnv([make] * n)
+    try:
+        assert envs.single_action_space == space
+        envs.reset(seed=0)
+        ref.reset(seed=0)
+        envs.action_space.seed(seed)
+        for _ in range(3):
+            action = envs.action_space.sample()
+            envs.step(action if numpy else torch.as_tensor(action))
+            ref.step(action)
+        # the pool probes each env once when it is built: compare the last three actions
+        for got, want in zip(envs.get_attr("received"), ref.get_attr("received"), strict=True):
+            for a, b in zip(got[-3:], want[-3:], strict=True):
+                assert a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b), (a, b, space)
+    finally:
+        envs.close()
+        ref.close()

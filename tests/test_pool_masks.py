@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from envs import CountingEnv, KeepActionEnv, counting
+from gymnasium.vector import AutoresetMode
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
@@ -157,6 +158,35 @@ def test_an_env_keeps_the_action_arrays_it_was_given(backend_kwargs):
         for value in (0.25, 0.5):
             pool.step(td.set("action", torch.full((3, 2), value)))
         assert [a.tolist() for a in pool.get_attr("kept", indices=[2])[0]] == [[0.25, 0.25], [0.5, 0.5]]
+    finally:
+        pool.close()
+
+
+def test_an_action_tensor_reused_in_place_does_not_change_the_actions_an_env_kept():
+    """A policy that writes each action into one preallocated tensor: the env keeps what it got at each step, so a
+    float Box action of the env's own dtype must reach the env as a copy, never a view of the caller's tensor."""
+    pool = EnvPool([KeepActionEnv] * 2, seed=0)
+    try:
+        td = pool.reset()
+        action = torch.full((2, 2), 0.25)
+        pool.step(td.set("action", action))
+        action.fill_(0.5)
+        pool.step(td.set("action", action))
+        assert [a.tolist() for a in pool.get_attr("kept", indices=[1])[0]] == [[0.25, 0.25], [0.5, 0.5]]
+    finally:
+        pool.close()
+
+
+def test_a_one_env_vector_pool_steps_under_an_all_true_step_mask():
+    """An all-True "_step" (World's wait mode, a user's loop) is a plain step, also when the pool holds one env:
+    a vector-backed pool must not read it as a partial step and refuse it."""
+    pool = EnvPool(gym.vector.SyncVectorEnv([functools.partial(counting, max_length=9)]), seed=0)
+    try:
+        td = pool.reset()
+        td["action"] = torch.zeros(1, dtype=torch.int64)
+        td["_step"] = torch.ones(1, 1, dtype=torch.bool)
+        out = pool.step(td)
+        assert out["next", "observation"][0, 0].item() == 1.0 and out["next", "reward"][0].item() == 0.0
     finally:
         pool.close()
 
@@ -419,5 +449,72 @@ def test_any_sequence_of_masks_on_the_process_backend_matches_plain_envs(data, s
                    backend="process", num_workers=2)
     try:
         _run_against_reference(pool, _Reference(seed, truncate), plan)
+    finally:
+        pool.close()
+
+
+def _vector_plan(draw, n, steps):
+    """``steps`` entries ``(reset, how, actions)``; a reset as in ``_plan``, ``how`` "step" or "smr"
+    (``step_and_maybe_reset``)."""
+    rows = st.lists(st.booleans(), min_size=n, max_size=n)
+    masks = st.one_of(rows, st.just([True] * n), st.just([False] * n))
+    actions = st.lists(st.integers(0, 2), min_size=n, max_size=n)
+    entry = st.tuples(st.one_of(st.none(), st.just("full"), masks), st.sampled_from(["step", "smr"]), actions)
+    return draw(st.lists(entry, min_size=steps // 2, max_size=steps))
+
+
+def _run_vector_against_reference(pool, ref, plan):
+    n = ref.n
+    td = pool.reset()
+    for i in range(n):
+        ref.reset(i)
+    episode0 = [obs[1] for obs in td["observation"].tolist()]
+    ref.assert_matches(td, episode0, "first reset", with_reward=False)
+    for t, (reset, how, actions) in enumerate(plan):
+        if reset == "full":
+            td = pool.reset()
+            reset = [True] * n
+        elif reset is not None or any(ref.done(i) for i in range(n)):
+            reset = [bool(r) or ref.done(i) for i, r in enumerate(reset or [False] * n)]
+            td["_reset"] = torch.tensor(reset).unsqueeze(-1)
+            td = pool.reset(td)
+        if reset is not None:
+            for i in np.flatnonzero(reset):
+                ref.reset(int(i))
+            ref.assert_matches(td, episode0, f"reset at {t}", with_reward=False)
+        td["action"] = torch.tensor(actions)
+        if how == "step":
+            out = pool.step(td)
+        else:
+            out, root = pool.step_and_maybe_reset(td)
+        for i in range(n):
+            ref.step(i, actions[i])
+        ref.assert_matches(out["next"], episode0, f"{how} at {t}")
+        if how == "step":
+            td = out["next"].exclude("reward")
+        else:
+            for i in range(n):
+                if ref.done(i):
+                    ref.reset(i)
+            ref.assert_matches(root, episode0, f"smr root at {t}", with_reward=False)
+            td = root
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), n=st.integers(1, 5), seed=st.integers(0, 2**40),
+       mode=st.sampled_from(list(AutoresetMode)), every_episode=st.sampled_from([None, True, False]))
+def test_any_sequence_of_reset_masks_on_the_vector_backend_matches_plain_envs(data, n, seed, mode, every_episode):
+    """A pool over a SyncVectorEnv in each autoreset mode, driven by any mix of "_reset" masks, full resets,
+    step and step_and_maybe_reset: every output (obs, flags, reward, infos, episode_seed; the terminal obs of a
+    done row and the reset obs that follows it) equals plain envs stepped one by one with the pool's seeds."""
+    if mode is AutoresetMode.SAME_STEP and every_episode:
+        every_episode = False  # documented: a seed of its own costs a SAME_STEP episode a second reset
+    truncate = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    plan = data.draw(st.composite(lambda draw: _vector_plan(draw, n, 24))())
+    venv = gym.vector.SyncVectorEnv([functools.partial(counting, max_length=4, truncate=t) for t in truncate],
+                                    autoreset_mode=mode)
+    pool = EnvPool(venv, seed=seed, seed_every_episode=every_episode)
+    try:
+        _run_vector_against_reference(pool, _Reference(seed, truncate, pool.seed_every_episode), plan)
     finally:
         pool.close()

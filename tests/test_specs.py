@@ -7,12 +7,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from space_strategies import index_space, to_index, wide_spaces
 from torchrl.data import Binary, Bounded, Categorical, Composite, MultiCategorical, MultiOneHot, OneHot, Unbounded
 
 from torchrl_swm import SpecError
-from torchrl_swm.specs import batch_spec, space_to_spec, spec_to_space
+from torchrl_swm.specs import batch_spec, space_to_spec, spec_to_space, unbatch_spec
 
 
 def test_box_bounded_and_unbounded():
@@ -392,3 +393,19 @@ def test_the_spec_of_a_dict_space_keeps_the_space_key_order():
     space = gym.spaces.Dict([("z", gym.spaces.Box(0, 1, (2,))), ("a", inner), ("m", gym.spaces.MultiBinary(3))])
     spec = space_to_spec(space)
     assert list(spec.keys()) == ["z", "a", "m"] and list(spec["a"].keys()) == ["y", "x"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(space=wide_spaces, n=st.integers(1, 4), seed=st.integers(0, 2**31 - 1))
+def test_any_supported_space_round_trips_and_its_samples_lie_in_its_spec(space, n, seed):
+    """space -> spec -> space gives the space back (discrete values as indices from 0), unbatched and through a
+    batch of ``n``, keeping every Box dtype (float16 included), shape (``()`` included), per-element and half-open
+    bounds, and a 2-d MultiBinary's shape; and every sample of the space, as indices, lies in the spec."""
+    spec = space_to_spec(space)
+    assert spec_to_space(spec) == index_space(space)
+    assert spec_to_space(unbatch_spec(batch_spec(spec, (n,)), 1)) == index_space(space)
+    space.seed(seed)
+    for _ in range(5):
+        for path, value in to_index(space, space.sample()).items():
+            leaf = spec[path] if path else spec
+            assert leaf.is_in(torch.as_tensor(value).to(leaf.dtype)), (space, path, value, leaf)

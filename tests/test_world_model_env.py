@@ -2995,6 +2995,93 @@ def test_row_selects_match_torch_where_and_masked_fill(n, row, done_shape, dtype
     assert zeroed.data_ptr() != old.data_ptr()
 
 
+class _CountingRows:
+    """A per-row loop of ``CountingModel``: state ``[t, 0, last action]``, reward = action, the episode ends at
+    ``t == length[i]`` (terminated, or truncated); a row left out of "_step" keeps its obs and flags and reports
+    reward 0; a reset row restarts at ``[0, 0, 0]`` with its flags False."""
+
+    def __init__(self, lengths, truncate):
+        self.lengths, self.truncate = lengths, truncate
+        self.rows = [None] * len(lengths)
+        for i in range(len(lengths)):
+            self.reset(i)
+
+    def reset(self, i):
+        self.rows[i] = {"t": 0, "a": 0.0, "r": 0.0, "term": False, "trunc": False}
+
+    def step(self, i, a):
+        t = self.rows[i]["t"] + 1
+        end = t >= self.lengths[i]
+        self.rows[i] = {"t": t, "a": a, "r": a, "term": end and not self.truncate, "trunc": end and self.truncate}
+
+    def freeze(self, i):
+        self.rows[i] = {**self.rows[i], "r": 0.0}
+
+    def done(self, i):
+        return self.rows[i]["term"] or self.rows[i]["trunc"]
+
+    def assert_matches(self, td, where, with_reward=True):
+        for i, row in enumerate(self.rows):
+            obs = td["observation"][i].tolist()
+            assert obs == [row["t"], 0.0, row["a"]], (where, i, obs, row)
+            flags = [bool(td[key][i].item()) for key in ("terminated", "truncated", "done")]
+            assert flags == [row["term"], row["trunc"], self.done(i)], (where, i, flags, row)
+            if with_reward:
+                assert td["reward"][i].item() == row["r"], (where, i, td["reward"][i].item(), row)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), n=st.integers(1, 5), truncate=st.booleans())
+def test_any_sequence_of_reset_and_step_masks_matches_a_per_row_loop(data, n, truncate):
+    """Any mix of "_reset" masks, full resets, "_step" masks, step and step_and_maybe_reset over rows of
+    different episode lengths: every output equals the per-row loop (a frozen row keeps its obs and flags and
+    reports reward 0; only the rows a reset selects restart from the initial state)."""
+    lengths = data.draw(st.lists(st.integers(1, 4), min_size=n, max_size=n))
+    env = WorldModelEnv(CountingModel(torch.tensor(lengths, dtype=torch.float32), truncate=truncate), OBS3, ACT1,
+                        num_envs=n, initial_state=torch.zeros(3))
+    ref = _CountingRows(lengths, truncate)
+    masks = st.one_of(st.lists(st.booleans(), min_size=n, max_size=n), st.just([True] * n), st.just([False] * n))
+    actions = st.lists(st.sampled_from([-1.0, -0.5, 0.0, 0.5, 1.0]), min_size=n, max_size=n)
+    plan = data.draw(st.lists(st.tuples(st.one_of(st.none(), st.just("full"), masks), st.one_of(st.none(), masks),
+                                        st.sampled_from(["step", "smr"]), actions), min_size=5, max_size=20))
+    td = env.reset()
+    ref.assert_matches(td, "first reset", with_reward=False)
+    for t, (reset, step_rows, how, action) in enumerate(plan):
+        stepped = [True] * n if step_rows is None else step_rows
+        if reset == "full":
+            td = env.reset()
+            reset = [True] * n
+        elif reset is not None or any(ref.done(i) and stepped[i] for i in range(n)):
+            # a row that ended must be reset before it steps again
+            reset = [bool(r) or (ref.done(i) and stepped[i]) for i, r in enumerate(reset or [False] * n)]
+            td["_reset"] = torch.tensor(reset).unsqueeze(-1)
+            td = env.reset(td)
+        if reset is not None:
+            for i in np.flatnonzero(reset):
+                ref.reset(int(i))
+            ref.assert_matches(td, f"reset at {t}", with_reward=False)
+        td["action"] = torch.tensor(action).unsqueeze(-1)
+        if step_rows is not None:
+            td["_step"] = torch.tensor(step_rows).unsqueeze(-1)
+        else:
+            td.pop("_step", None)
+        if how == "step":
+            out = env.step(td)
+        else:
+            out, root = env.step_and_maybe_reset(td)
+        for i in range(n):
+            ref.step(i, action[i]) if stepped[i] else ref.freeze(i)
+        ref.assert_matches(out["next"], f"{how} at {t} (step mask {step_rows})")
+        if how == "step":
+            td = out["next"].exclude("reward")
+        else:
+            for i in range(n):
+                if ref.done(i):
+                    ref.reset(i)
+            ref.assert_matches(root, f"smr root at {t}", with_reward=False)
+            td = root
+
+
 def test_row_selects_keep_the_graph_of_a_differentiable_state():
     from torchrl_swm.world_model import _tree
 
