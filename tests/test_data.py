@@ -849,6 +849,21 @@ def test_a_collect_failing_at_its_first_step_leaves_the_path_and_an_old_dataset_
     assert kept.num_episodes == 2 and kept.num_steps == steps and kept.metadata["complete"]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bfloat16: stored, but numpy has no view of it
+def test_a_key_of_any_storable_dtype_left_out_after_the_first_step_is_an_error(tmp_path, dtype):
+    def drops_it(td):  # "aux" written at the first step, then removed
+        td["action"] = torch.zeros(td.batch_size, dtype=torch.int64)
+        if not hasattr(drops_it, "done"):
+            drops_it.done = True
+            td["aux"] = torch.full((*td.batch_size, 1), 7.0, dtype=dtype)
+        elif "aux" in td.keys():
+            del td["aux"]
+        return td
+
+    with pytest.raises(ValueError, match=r"'aux' was written at the first step but not at this one"):
+        World(counting_pool(2)).collect(tmp_path / "d", 2, seed=0, max_steps=10, policy=drops_it, progress=False)
+
+
 def test_a_key_written_at_some_steps_only_is_an_error_never_uninitialised_memory(tmp_path):
     def first_step_only(td):  # "extra" only on the first step of the collection
         td["action"] = torch.zeros(td.batch_size, dtype=torch.int64)

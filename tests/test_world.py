@@ -676,6 +676,39 @@ def test_reset_options_per_episode():
     pool.close()
 
 
+class _PopsItsOptions(CountingEnv):
+    """Takes its options apart (``pop``), as some envs do: each episode must still get the options it was given."""
+
+    def reset(self, *, seed=None, options=None):
+        length = options.pop("length") if options else None
+        return super().reset(seed=seed, options=None if length is None else {"length": length})
+
+
+def test_one_options_dict_reaches_every_episode_whole_even_when_an_env_pops_from_it():
+    given = {"length": 3}
+    pool = EnvPool([functools.partial(_PopsItsOptions, length=9)] * 2, seed=0)
+    result = World(pool, ones(2)).evaluate(6, seed=0, options=given, progress=False)
+    assert result["episode_lengths"].tolist() == [3] * 6 and given == {"length": 3}
+    pool.close()
+
+
+def test_evaluate_acts_deterministically_by_default():
+    from tensordict.nn import TensorDictModule
+    from torch.distributions import Categorical as Dist
+    from torchrl.modules import ProbabilisticActor
+
+    class Logits(torch.nn.Module):  # action 1 is the mode; a sample is any of the three
+        def forward(self, observation):
+            return torch.tensor([0.0, 0.1, 0.0]).expand(observation.shape[0], 3)
+
+    actor = ProbabilisticActor(TensorDictModule(Logits(), ["observation"], ["logits"]), in_keys=["logits"],
+                               distribution_class=Dist)
+    pool = EnvPool([functools.partial(counting, length=5)] * 2, seed=0)
+    result = World(pool, actor).evaluate(4, seed=0, progress=False)
+    assert result["episode_returns"].tolist() == [5.0] * 4  # reward = action: always the mode, 1
+    pool.close()
+
+
 @pytest.mark.parametrize("options, match", [
     ("ab", r"options: expected a dict \(or None\) of reset options, got str"),
     (5, r"options: expected a dict \(or None\) of reset options, got int"),

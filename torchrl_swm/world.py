@@ -517,7 +517,8 @@ class _EpisodeBuffer:
             self._allocate(self.buf, min(self.max_len, max(2 * self._rows, int(t.max()) + 1)))
         leaves = list(td.items(True, True))
         views = self._views
-        fast = len(leaves) == len(views)  # the first step's keys, all viewed by numpy
+        # the first step's keys, all viewed by numpy (a bfloat16 leaf has no view: then _dtypes holds more keys)
+        fast = len(leaves) == len(views) == len(self._dtypes)
         for key, leaf in leaves:
             dtype = self._dtypes.get(key)
             if dtype is not None and isinstance(leaf, torch.Tensor) and leaf.dtype != dtype:
