@@ -2,8 +2,8 @@
 
 The model is perf.md's reference world model (``shared/bench/peers_worldmodel.py``): a 64-d
 latent, a 6-d action, a 2x256 MLP with reward and done heads, its done head calibrated so that
-~3 % of random-action steps end an episode. Rows, per batch size ``B`` (all in one process run;
-``ratio`` = rate / rate of row ``raw`` at the same ``B``):
+~3 % of random-action steps end an episode. Rows, per batch size ``B`` (all in one process run,
+interleaved; ``ratio`` = rate / rate of row ``raw`` at the same ``B``):
 
 * ``raw``: the model's forward in a ``torch.no_grad()`` loop (the compute limit, reference).
 * ``raw+reset``: the same plus the done mask and a masked reset (``torch.where``).
@@ -19,7 +19,8 @@ latent, a 6-d action, a 2x256 MLP with reward and done heads, its done head cali
 * ``torchrl/model_based``: TorchRL's ``ModelBasedEnvBase`` with the model as a ``TensorDictModule``,
   ``rollout(100)`` (what TorchRL offers; its ``_reset`` resets every row).
 * ``env/step-no-dones``: ``env/step`` with a termination that is never true (same ops, no resets).
-* ``env/reset``: the masked reset alone (``B`` x 3 % rows, fast path), per call;
+* ``env/reset``: the masked reset alone (``B`` x 3 % rows, at least one: every row at B=1), fast path,
+  per call;
   ``extra["fraction_of_step"]`` is its cost over the ``env/step`` time per step. Target <= 0.05 at
   B=1024. ``extra["in_loop_fraction"]`` is the same measured inside the loop: (``env/step`` minus
   ``env/step-no-dones``) over ``env/step-no-dones``, where ``env/step-no-dones`` is the same loop with a
