@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from space_strategies import index_space
 from tensordict import TensorDict
 from torchrl.data import (
     Binary,
@@ -79,17 +80,6 @@ def _has_nd_nvec(space: gym.Space) -> bool:
     return isinstance(space, gym.spaces.MultiDiscrete) and space.nvec.ndim > 1
 
 
-def _index_space(space: gym.Space) -> gym.Space:
-    """What the export exposes for ``space``: discrete values as indices from 0."""
-    if isinstance(space, gym.spaces.Discrete):
-        return gym.spaces.Discrete(space.n)
-    if isinstance(space, gym.spaces.MultiDiscrete):
-        return gym.spaces.MultiDiscrete(space.nvec)
-    if isinstance(space, gym.spaces.Dict):
-        return gym.spaces.Dict({k: _index_space(v) for k, v in space.spaces.items()})
-    return space
-
-
 # -- spec -> space ------------------------------------------------------------------------------
 @settings(max_examples=60, deadline=None)
 @given(space=spaces, n=st.integers(1, 5), categorical=st.booleans())
@@ -102,7 +92,7 @@ def test_batched_spec_round_trip(space, n, categorical):
     spec = batch_spec(space_to_spec(space, categorical=categorical), (n,))
     assert spec.shape[:1] == (n,)
     back = spec_to_space(unbatch_spec(spec, 1))
-    assert back == _index_space(space)
+    assert back == index_space(space)  # what the export exposes: discrete values as indices from 0
     batched = gym.vector.utils.batch_space(back, n)
     assert batched.sample() in batched
 
