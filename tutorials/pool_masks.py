@@ -26,14 +26,16 @@ print("episode seeds:", td["episode_seed"].view(-1).tolist())
 # The pool never auto-resets inside a step. step_and_maybe_reset returns the true
 # terminal observation under ("next", "observation") and the reset observation at the
 # root of the next step: what TorchRL collectors and rollouts expect.
+actions = torch.Generator().manual_seed(0)  # seeded: the same episode ends every run
 for t in range(500):
-    td["action"] = torch.randint(0, 2, (4,))
+    td["action"] = torch.randint(0, 2, (4,), generator=actions)
     transition, td = pool.step_and_maybe_reset(td)
     done = transition["next", "done"].view(-1)
     if done.any():
         i = int(done.nonzero()[0])
-        terminal = transition["next", "observation"][i]
-        print(f"step {t}: env {i} ended; pole angle {terminal[2]:+.3f} rad (past the 0.209 limit),"
+        cart, angle = transition["next", "observation"][i, [0, 2]].tolist()
+        why = "the pole fell past 0.209 rad" if abs(angle) > 0.2095 else "the cart left the track (|x| > 2.4)"
+        print(f"step {t}: env {i} ended, {why}: terminal cart {cart:+.2f}, angle {angle:+.3f} rad;"
               f" next obs starts over at angle {td['observation'][i, 2]:+.3f}")
         break
 
