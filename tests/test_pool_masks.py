@@ -386,13 +386,15 @@ class _Reference:
                 assert td["reward"][i].item() == row["reward"], (where, i)
 
 
-def _plan(draw, n, steps):
-    """``steps`` entries ``(reset, step mask, actions)``; a reset is None (none), "full" (``reset()``
-    with no mask) or a ``"_reset"`` mask; a step mask None (no ``"_step"``) or a mask."""
+def _plan(draw, n, steps, step_masks=True, smr=False):
+    """``steps`` entries ``(reset, step mask, how, actions)``; a reset is None (none), "full" (``reset()``
+    with no mask) or a ``"_reset"`` mask; a step mask None (no ``"_step"``) or, with ``step_masks``, a mask;
+    ``how`` "step" or, with ``smr``, also "smr" (``step_and_maybe_reset``)."""
     rows = st.lists(st.booleans(), min_size=n, max_size=n)
     masks = st.one_of(rows, st.just([True] * n), st.just([False] * n))
     actions = st.lists(st.integers(0, 2), min_size=n, max_size=n)
-    entry = st.tuples(st.one_of(st.none(), st.just("full"), masks), st.one_of(st.none(), masks), actions)
+    entry = st.tuples(st.one_of(st.none(), st.just("full"), masks), st.one_of(st.none(), masks) if step_masks
+                      else st.none(), st.sampled_from(["step", "smr"]) if smr else st.just("step"), actions)
     return draw(st.lists(entry, min_size=steps // 2, max_size=steps))
 
 
@@ -403,7 +405,7 @@ def _run_against_reference(pool, ref, plan):
         ref.reset(i)
     episode0 = [obs[1] for obs in td["observation"].tolist()]  # the pool may probe its envs once: count from here
     ref.assert_matches(td, episode0, "first reset", with_reward=False)
-    for t, (reset, step_rows, actions) in enumerate(plan):
+    for t, (reset, step_rows, how, actions) in enumerate(plan):
         stepped = [True] * n if step_rows is None else step_rows
         if reset == "full":
             td = pool.reset()
@@ -420,11 +422,21 @@ def _run_against_reference(pool, ref, plan):
         td["action"] = torch.tensor(actions)
         if step_rows is not None:
             td["_step"] = torch.tensor(step_rows).unsqueeze(-1)
-        out = pool.step(td)
+        if how == "step":
+            out = pool.step(td)
+        else:
+            out, root = pool.step_and_maybe_reset(td)
         for i in range(n):
             ref.step(i, actions[i]) if stepped[i] else ref.freeze(i)
-        ref.assert_matches(out["next"], episode0, f"step {t} (step mask {step_rows})")
-        td = out["next"].exclude("reward")
+        ref.assert_matches(out["next"], episode0, f"{how} at {t} (step mask {step_rows})")
+        if how == "step":
+            td = out["next"].exclude("reward")
+        else:
+            for i in range(n):
+                if ref.done(i):
+                    ref.reset(i)
+            ref.assert_matches(root, episode0, f"smr root at {t}", with_reward=False)
+            td = root
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -453,53 +465,6 @@ def test_any_sequence_of_masks_on_the_process_backend_matches_plain_envs(data, s
         pool.close()
 
 
-def _vector_plan(draw, n, steps):
-    """``steps`` entries ``(reset, how, actions)``; a reset as in ``_plan``, ``how`` "step" or "smr"
-    (``step_and_maybe_reset``)."""
-    rows = st.lists(st.booleans(), min_size=n, max_size=n)
-    masks = st.one_of(rows, st.just([True] * n), st.just([False] * n))
-    actions = st.lists(st.integers(0, 2), min_size=n, max_size=n)
-    entry = st.tuples(st.one_of(st.none(), st.just("full"), masks), st.sampled_from(["step", "smr"]), actions)
-    return draw(st.lists(entry, min_size=steps // 2, max_size=steps))
-
-
-def _run_vector_against_reference(pool, ref, plan):
-    n = ref.n
-    td = pool.reset()
-    for i in range(n):
-        ref.reset(i)
-    episode0 = [obs[1] for obs in td["observation"].tolist()]
-    ref.assert_matches(td, episode0, "first reset", with_reward=False)
-    for t, (reset, how, actions) in enumerate(plan):
-        if reset == "full":
-            td = pool.reset()
-            reset = [True] * n
-        elif reset is not None or any(ref.done(i) for i in range(n)):
-            reset = [bool(r) or ref.done(i) for i, r in enumerate(reset or [False] * n)]
-            td["_reset"] = torch.tensor(reset).unsqueeze(-1)
-            td = pool.reset(td)
-        if reset is not None:
-            for i in np.flatnonzero(reset):
-                ref.reset(int(i))
-            ref.assert_matches(td, episode0, f"reset at {t}", with_reward=False)
-        td["action"] = torch.tensor(actions)
-        if how == "step":
-            out = pool.step(td)
-        else:
-            out, root = pool.step_and_maybe_reset(td)
-        for i in range(n):
-            ref.step(i, actions[i])
-        ref.assert_matches(out["next"], episode0, f"{how} at {t}")
-        if how == "step":
-            td = out["next"].exclude("reward")
-        else:
-            for i in range(n):
-                if ref.done(i):
-                    ref.reset(i)
-            ref.assert_matches(root, episode0, f"smr root at {t}", with_reward=False)
-            td = root
-
-
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), n=st.integers(1, 5), seed=st.integers(0, 2**40),
        mode=st.sampled_from(list(AutoresetMode)), every_episode=st.sampled_from([None, True, False]))
@@ -510,11 +475,11 @@ def test_any_sequence_of_reset_masks_on_the_vector_backend_matches_plain_envs(da
     if mode is AutoresetMode.SAME_STEP and every_episode:
         every_episode = False  # documented: a seed of its own costs a SAME_STEP episode a second reset
     truncate = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
-    plan = data.draw(st.composite(lambda draw: _vector_plan(draw, n, 24))())
+    plan = data.draw(st.composite(lambda draw: _plan(draw, n, 24, step_masks=False, smr=True))())
     venv = gym.vector.SyncVectorEnv([functools.partial(counting, max_length=4, truncate=t) for t in truncate],
                                     autoreset_mode=mode)
     pool = EnvPool(venv, seed=seed, seed_every_episode=every_episode)
     try:
-        _run_vector_against_reference(pool, _Reference(seed, truncate, pool.seed_every_episode), plan)
+        _run_against_reference(pool, _Reference(seed, truncate, pool.seed_every_episode), plan)
     finally:
         pool.close()
