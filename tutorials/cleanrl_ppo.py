@@ -7,7 +7,8 @@ a gymnasium vector env through ``envs.single_observation_space``,
 ``envs.step(action.cpu().numpy())``. Three things differ from CleanRL: episode
 statistics are read from gymnasium 1.x's ``infos["episode"]`` / ``infos["_episode"]``
 (CleanRL's ppo.py reads the pre-1.0 ``infos["final_info"]``), the agent gains a Gaussian
-head for ``--env-id world-model``, and the line that builds ``envs``: instead of
+head for ``--env-id world-model``, and the line that builds ``envs`` (plus one torch thread, set
+with the seeds: small MLPs only contend for more on a CPU): instead of
 ``gym.vector.SyncVectorEnv([...])`` it is
 
     envs = to_gymnasium(EnvPool("CartPole-v1", num_envs=args.num_envs, seed=args.seed),
@@ -48,7 +49,6 @@ from torchrl_swm import EnvPool, to_gymnasium
 
 def parse_args():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--exp-name", type=str, default="cleanrl_ppo")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--torch-deterministic", type=int, default=1)
     parser.add_argument("--cuda", type=int, default=0, help="use CUDA for the agent when available")
@@ -76,17 +76,36 @@ def parse_args():
     return args
 
 
+def world_model_env(args):
+    """A learned world model as a batched env. Here the model is a small MLP ``(latent, action) -> (next latent,
+    reward, done logit)`` with random weights; put yours in its place, and say how it steps and how an episode
+    starts: ``transition_fn`` returns a mapping (or any of the tuple forms), ``reset_fn`` each episode's
+    first state."""
+    from torchrl_swm import WorldModelEnv
+    from torchrl_swm.benchmarks.export import ACT, LAT, make_model
+
+    def transition(model, state, action):
+        latent, reward, done_logit = model(state, action)
+        return {"state": latent, "observation": latent, "reward": reward, "terminated": done_logit > 0}
+
+    def reset(model, seed, options, num_envs, generator):  # the env's generator: seeded episodes
+        return torch.tanh(torch.randn(num_envs, LAT, generator=generator)) * 0.1
+
+    return WorldModelEnv(
+        make_model(seed=args.seed),
+        observation_space=gym.spaces.Box(-1.0, 1.0, (LAT,), np.float32),
+        action_space=gym.spaces.Box(-1.0, 1.0, (ACT,), np.float32),
+        num_envs=args.num_envs, transition_fn=transition, reset_fn=reset, seed=args.seed,
+    )
+
+
 def make_envs(args):
     """The one line that differs from CleanRL: a TorchRL env exported to gymnasium."""
     if args.env_id == "world-model":
-        from torchrl_swm.benchmarks.export import MLPWorldModelEnv, make_model, world_model_env
-
-        env = world_model_env(make_model(seed=args.seed), num_envs=args.num_envs, seed=args.seed)
-        if env is None:  # torchrl_swm.world_model not available: the hand-written stand-in
-            env = MLPWorldModelEnv(make_model(seed=args.seed), args.num_envs, seed=args.seed)
-        envs = to_gymnasium(env, autoreset_mode="same_step")
+        env = world_model_env(args)
     else:
-        envs = to_gymnasium(EnvPool(args.env_id, num_envs=args.num_envs, seed=args.seed), autoreset_mode="same_step")
+        env = EnvPool(args.env_id, num_envs=args.num_envs, seed=args.seed)
+    envs = to_gymnasium(env, autoreset_mode="same_step")
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)
 
 
@@ -133,13 +152,14 @@ class Agent(nn.Module):
 
 if __name__ == "__main__":
     args = parse_args()
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = bool(args.torch_deterministic)
+    # small MLPs on a CPU: one intra-op thread (several only contend, ~8x slower on a busy 2-core machine)
+    torch.set_num_threads(1)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     # env setup

@@ -55,7 +55,9 @@ def make_collector(kind, policy):
     common = dict(frames_per_batch=args.frames_per_batch, total_frames=args.total_frames)
     if kind == "single":  # one process, one pool holding every env
         make = EnvPool.factory("CartPole-v1", num_envs=args.workers * args.envs_per_worker, seed=args.seed)
-        return Collector(make, policy, **common)
+        # the MLP policy keeps no recurrent state, so it needs no InitTracker (TorchRL 0.14 warns for any
+        # module policy on an env without an is_init entry unless told not to look)
+        return Collector(make, policy, auto_register_policy_transforms=False, **common)
     if kind == "multisync":  # one pool per worker process; batches are gathered in lock-step
         return MultiSyncCollector(pool_factories(args.workers), policy, **common)
     import ray

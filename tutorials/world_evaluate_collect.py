@@ -2,8 +2,8 @@
 
 The whole loop of a world-model project on a real goal-conditioned task,
 ``torchrl_swm/PointMaze-v0`` (a point mass in a maze, numpy only: pixels, a
-goal image, ``is_success`` and a state hook), in one file that runs in about a
-minute on two CPU cores:
+goal image, ``is_success`` and a state hook), in one file that runs in seconds
+on two CPU cores:
 
 1. collect a dataset with a noisy scripted expert (TorchRL storage on disk);
 2. read it back lazily and sample ``(batch, time)`` sequences with a SliceSampler;

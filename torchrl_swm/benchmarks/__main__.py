@@ -22,7 +22,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--ns", default="16,256", help="pool sizes N for the pool sections")
     parser.add_argument("--bs", default="1,64,1024", help="batch sizes B for the world-model sections")
     parser.add_argument("--seconds", type=float, default=2.0,
-                        help="timed seconds per row (split over 3 repeats; 5 in the export section)")
+                        help="timed seconds per row (split over 3 repeats in the cartpole section, 5 in the "
+                             "others)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
     parser.add_argument("--json", type=os.path.expanduser, help="save the rows to this JSON file")
     parser.add_argument("--plot", type=os.path.expanduser, help="save a bar chart of the ratios to this PNG file")

@@ -13,8 +13,8 @@ Rows (each measured in this process, ratios against a reference row of the same 
   (``raw+reset``), :class:`MLPWorldModelEnv` (a minimal batched TorchRL env over
   that model) stepped with ``step_and_maybe_reset`` (``torchrl``: the floor of
   any export that goes through TorchRL), and that env exported with
-  ``to_gymnasium`` (NEXT_STEP and SAME_STEP). When :mod:`torchrl_swm.world_model`
-  is importable, its ``WorldModelEnv`` over the same model is added.
+  ``to_gymnasium`` (NEXT_STEP and SAME_STEP); then the package's ``WorldModelEnv`` over the
+  same model, stepped and exported the same way.
   Target (perf.md W5): export >= 0.85x the raw forward at B >= 64.
 
 The rows of one group (one N or one B) are measured together, interleaved round by
@@ -231,14 +231,11 @@ def _mlp_reset(model, seed, options, num_envs, generator):
 
 
 def world_model_env(model: nn.Module | None = None, num_envs: int = 64, device="cpu", seed: int = 0):
-    """The package's ``WorldModelEnv`` over the reference MLP, or ``None`` when
-    :mod:`torchrl_swm.world_model` is not importable. Same dynamics as :class:`MLPWorldModelEnv`."""
-    try:
-        import gymnasium as gym
+    """The package's ``WorldModelEnv`` over the reference MLP: the same dynamics as :class:`MLPWorldModelEnv`."""
+    import gymnasium as gym
 
-        from ..world_model import WorldModelEnv
-    except Exception:  # not available in this tree: callers skip it
-        return None
+    from ..world_model import WorldModelEnv
+
     model = (model if model is not None else make_model()).to(device)
     return WorldModelEnv(
         model,
@@ -291,7 +288,6 @@ def _world_model_rows(bs, seconds) -> list[Row]:
 
     model = make_model()
     rows = []
-    has_wm = world_model_env(model, 1) is not None
     for b in bs:
         actions = (np.random.default_rng(0).random((_K_ACT, b, ACT)) * 2 - 1).astype(np.float32)
         makers = {
@@ -307,14 +303,13 @@ def _world_model_rows(bs, seconds) -> list[Row]:
                 lambda mode: _GymLoop(to_gymnasium(MLPWorldModelEnv(model, b), autoreset_mode=mode), actions), mode
             )
             labels.append((f"gym-{mode}", f"to_gymnasium(MLPWorldModelEnv), {mode}"))
-        if has_wm:
-            makers["wm-torchrl"] = lambda: _TorchRLLoop(world_model_env(model, b), b)
-            labels.append(("wm-torchrl", "WorldModelEnv, step_and_maybe_reset"))
-            for mode in ("next_step", "same_step"):
-                makers[f"wm-gym-{mode}"] = functools.partial(
-                    lambda mode: _GymLoop(to_gymnasium(world_model_env(model, b), autoreset_mode=mode), actions), mode
-                )
-                labels.append((f"wm-gym-{mode}", f"to_gymnasium(WorldModelEnv), {mode}"))
+        makers["wm-torchrl"] = lambda: _TorchRLLoop(world_model_env(model, b), b)
+        labels.append(("wm-torchrl", "WorldModelEnv, step_and_maybe_reset"))
+        for mode in ("next_step", "same_step"):
+            makers[f"wm-gym-{mode}"] = functools.partial(
+                lambda mode: _GymLoop(to_gymnasium(world_model_env(model, b), autoreset_mode=mode), actions), mode
+            )
+            labels.append((f"wm-gym-{mode}", f"to_gymnasium(WorldModelEnv), {mode}"))
         results = measure_together(makers, envs_per_step=b, seconds=seconds * len(makers))
         rows += _rows("export/world_model", b, labels, results, "raw")
     return rows
