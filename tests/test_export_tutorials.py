@@ -1,11 +1,13 @@
 """The export's tutorials run as scripts (tiny), CleanRL's PPO learns, and the benchmark section runs."""
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +41,28 @@ def test_cleanrl_ppo_runs_on_a_world_model():
     assert "final mean_return_last_20=" in out
 
 
+def _load_tutorial(script: str):
+    """A tutorial as a module: its main code runs under ``if __name__ == "__main__"`` only."""
+    spec = importlib.util.spec_from_file_location(Path(script).stem, TUTORIALS / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "world-model"])
+def test_cleanrl_ppo_envs_reset_in_the_step_that_ends_an_episode(monkeypatch, env_id):
+    """CleanRL's loop was written for pre-1.0 vector envs: under gymnasium 1.x's NEXT_STEP autoreset it would store
+    the reset step after each episode end as a transition and train on it, so both envs it builds are SAME_STEP."""
+    tutorial = _load_tutorial("cleanrl_ppo.py")
+    monkeypatch.setattr(sys, "argv", ["cleanrl_ppo.py", "--env-id", env_id, "--num-envs", "4"])
+    envs = tutorial.make_envs(tutorial.parse_args())
+    try:
+        assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP
+        assert isinstance(envs, gym.wrappers.vector.RecordEpisodeStatistics)
+    finally:
+        envs.close()
+
+
 def test_cleanrl_ppo_learns_cartpole():
     """CleanRL's PPO through to_gymnasium(EnvPool(...)) clearly beats a random policy (~22).
 
@@ -52,6 +76,11 @@ def test_sb3_tutorial_runs_tiny():
     pytest.importorskip("stable_baselines3")
     out = _run("sb3_export.py", "--total-timesteps", "2048")
     assert "evaluation: mean return" in out
+    # VecEnv.seed(seed) seeds the next reset of env i with seed + i, as SB3's DummyVecEnv does
+    assert "seeds of the next reset: [0, 1, 2, 3, 4, 5, 6, 7]" in out
+    # SB3's VecMonitor records the training episodes (2048 CartPole steps end dozens of them)
+    match = re.search(r"mean training episode return \(last (\d+) episodes\): ([\d.]+)", out)
+    assert match and int(match.group(1)) > 0 and float(match.group(2)) > 0, out
 
 
 def test_benchmark_section_runs_tiny():
