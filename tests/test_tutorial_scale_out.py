@@ -1,10 +1,12 @@
 """The scale-out tutorial runs unchanged with each collector (tiny sizes)."""
 
+import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,3 +28,36 @@ def test_scale_out_tutorial(collector):
 
     lengths = [float(m) for m in re.findall(r"mean length of the episodes that ended +([\d.]+)", proc.stdout)]
     assert len(lengths) == 2 and all(8 <= n <= 64 * 2 for n in lengths), proc.stdout
+
+
+def _load_scale_out():
+    """The tutorial as a module: it parses its flags and runs only in main()."""
+    spec = importlib.util.spec_from_file_location("scale_out", os.path.join(ROOT, "tutorials", "scale_out.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_scale_out_counts_episode_lengths_across_batches():
+    ended_lengths = _load_scale_out().ended_lengths
+    running = torch.zeros(2, dtype=torch.long)
+    # env 0 ends after 2 steps, then after 3 more; env 1 runs through the batch
+    done = torch.tensor([[False, True, False, False, True], [False, False, False, False, False]])
+    assert ended_lengths(done, running) == [2, 3] and running.tolist() == [0, 5]
+    # the next batch: env 1's episode started in the previous one (5 + 2 steps), env 0 starts afresh
+    done = torch.tensor([[False, False, False], [False, True, False]])
+    assert ended_lengths(done, running) == [7] and running.tolist() == [3, 1]
+
+
+def test_scale_out_workers_seed_their_pools_2_to_the_32_apart():
+    # a pool seeded s plays its episodes from the seeds s, s+1, ...: workers seeded close together would replay
+    # each other's episodes
+    tutorial = _load_scale_out()
+    tutorial.args = tutorial.parser.parse_args(["--envs-per-worker", "3", "--seed", "5"])
+    for w, make in enumerate(tutorial.pool_factories(2)):
+        pool = make()
+        try:
+            seeds = pool.reset()["episode_seed"].reshape(-1).tolist()
+        finally:
+            pool.close()
+        assert seeds == [5 + w * 2**32 + i for i in range(3)], (w, seeds)

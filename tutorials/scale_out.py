@@ -82,6 +82,18 @@ def make_ppo():
     return actor, loss, GAE(gamma=0.99, lmbda=0.95, value_network=critic), torch.optim.Adam(loss.parameters(), lr=3e-4)
 
 
+# --- Episode lengths, counted across batches: an env's episode may start in one batch and end in another
+def ended_lengths(done, running):
+    """The lengths of the episodes that end in a batch, ``done`` (envs, time); ``running`` holds each env's
+    steps in its current episode, and is updated in place for the next batch."""
+    ended = []
+    for t in range(done.shape[1]):
+        running += 1
+        ended += running[done[:, t]].tolist()
+        running[done[:, t]] = 0
+    return ended
+
+
 # --- The training loop: identical for every collector ------------------------------------------
 def main():
     global args
@@ -111,14 +123,9 @@ def main():
                     total.backward()
                     optimizer.step()
             collector.update_policy_weights_()
-            # episode lengths, counted across batches: an env's episode may start in one batch and end in another
             done = batch["next", "done"].squeeze(-1)  # (envs, time)
             running = torch.zeros(done.shape[0], dtype=torch.long) if running is None else running
-            ended = []
-            for t in range(done.shape[1]):
-                running += 1
-                ended += running[done[:, t]].tolist()
-                running[done[:, t]] = 0
+            ended = ended_lengths(done, running)
             mean_length = f"{sum(ended) / len(ended):6.1f}" if ended else "   n/a"
             print(f"iter {it:3d} | frames {frames:7d} | mean length of the episodes that ended {mean_length} | "
                   f"collection {frames / collect_time:8,.0f} frames/s")
