@@ -14,8 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tensordict import TensorDict
 
 from torchrl_swm import quickstart
 from torchrl_swm.quickstart import QuickstartConfig, _earlier_outputs, parse_args, run, standard_error
@@ -42,8 +44,10 @@ def test_quickstart_command_tiny(tmp_path):
     # the held-out error table, the evaluation table, the export loop, the output paths
     assert "held-out prediction error" in stdout and "(no change)" in stdout and "done accuracy" in stdout
     assert "success (95% CI)" in stdout
-    for row in ("random        real", "MPPI planner  real", "random        imagined", "MPPI planner  imagined"):
+    rows = ("random        real", "MPPI planner  real", "random        imagined", "MPPI planner  imagined")
+    for row in rows:
         assert row in stdout, f"table row {row!r} missing:\n{stdout}"
+    assert [stdout.index(row) for row in rows] == sorted(stdout.index(row) for row in rows), stdout  # README's order
     assert "check_env_specs: passed" in stdout
     assert "single_observation_space Box(" in stdout and "envs.step(numpy actions)" in stdout
     assert f"results  {out / 'results.json'}" in stdout
@@ -99,6 +103,68 @@ def test_run_returns_key_figures(tmp_path):
     assert figures["files"]["plot"] is None and figures["files"]["video"] is None
     assert Path(figures["files"]["results"]).exists()
     assert set(figures["timings"]) == {"collect", "train", "wrap", "planner", "evaluate", "export", "outputs"}
+
+
+def test_a_model_that_predicts_no_change_scores_exactly_the_baselines():
+    # the held-out table's baselines: "no change" after 1 step and after the whole sequence (from its first
+    # observation), the mean reward, "never done"; a DynamicsModel with zero output layers predicts exactly those
+    model = quickstart.DynamicsModel(obs_dim=6, action_dim=2, hidden=8)
+    for p in model.parameters():
+        torch.nn.init.zeros_(p)
+    g = torch.Generator().manual_seed(0)
+    seqs = TensorDict({"observation": torch.randn(5, 4, 6, generator=g), "action": torch.rand(5, 4, 2, generator=g),
+                       "next": {"observation": torch.randn(5, 4, 6, generator=g)}}, batch_size=[5, 4])
+    terminated = torch.zeros(20, 1, dtype=torch.bool)
+    terminated[[3, 11, 17]] = True
+    data = TensorDict({"observation": torch.randn(20, 6, generator=g), "action": torch.rand(20, 2, generator=g),
+                       "next": {"observation": torch.randn(20, 6, generator=g), "reward": torch.randn(20, 1, generator=g),
+                                "terminated": terminated}}, batch_size=[20])
+    m = quickstart.heldout_metrics(model, seqs, data)
+    one_step = (data["observation"] - data["next", "observation"]).pow(2).mean().item()
+    whole_sequence = (seqs["observation"][:, 0] - seqs["next", "observation"][:, -1]).pow(2).mean().item()
+    assert m["next_obs_mse"] == pytest.approx(one_step) and m["next_obs_mse_baseline"] == pytest.approx(one_step)
+    assert m["multi_step"] == 4
+    assert m["multi_step_mse"] == pytest.approx(whole_sequence)
+    assert m["multi_step_mse_baseline"] == pytest.approx(whole_sequence)
+    assert m["reward_mse"] == pytest.approx(m["reward_mse_baseline"])
+    assert m["done_accuracy"] == pytest.approx(17 / 20) and m["done_accuracy_baseline"] == pytest.approx(17 / 20)
+    assert (m["terminations"], m["terminations_caught"], m["false_terminations"]) == (3, 0, 0)
+
+
+def test_model_table_says_how_many_times_lower_the_models_error_is(capsys):
+    quickstart.print_model_table({
+        "transitions": 100, "next_obs_mse": 1e-4, "next_obs_mse_baseline": 2e-2, "multi_step": 8,
+        "multi_step_mse": 0.5, "multi_step_mse_baseline": 1.0, "reward_mse": 0.3, "reward_mse_baseline": 0.3,
+        "done_accuracy": 0.99, "done_accuracy_baseline": 0.97, "terminations": 3, "terminations_caught": 2,
+        "false_terminations": 1,
+    })
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("  next-observation MSE, 1 step") and lines[2].endswith("(no change)     200x lower")
+    assert lines[3].startswith("  next-observation MSE, 8 steps") and lines[3].endswith("(no change)     2.0x lower")
+    assert lines[4].startswith("  reward MSE") and lines[4].rstrip().endswith("(mean reward)")  # no better: nothing
+    assert "99.00%" in lines[5] and "97.00%" in lines[5] and "terminations caught 2/3, false alarms 1" in lines[5]
+
+
+def test_imagined_success_is_a_predicted_termination_not_a_time_out():
+    td = TensorDict({"next": {"terminated": torch.tensor([[True], [False], [False]]),
+                              "truncated": torch.tensor([[False], [True], [False]]),
+                              "done": torch.tensor([[True], [True], [False]])}}, batch_size=[3])
+    assert quickstart.imagined_success(td).tolist() == [True, False, False]
+
+
+def test_random_and_the_planner_play_the_same_real_episodes():
+    # evaluate_real runs the random policy on the episodes seeded seed, seed + 1, ...: the policy it compares
+    # to plays those same episodes
+    seen = []
+
+    def still(td):
+        seen.append(td["episode_seed"].reshape(-1).tolist())
+        return td.set("action", torch.zeros(td.shape[0], 2))
+
+    cfg = QuickstartConfig.tiny(env_id="torchrl_swm/PointMaze-Open-v0", eval_episodes=4, progress=False)
+    results = quickstart.evaluate_real(cfg, still, seed=7)
+    assert seen[0] == [7, 8, 9, 10]
+    assert results["random"]["episodes"] == results["planner"]["episodes"] == 4
 
 
 def test_parse_args():
