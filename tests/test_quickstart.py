@@ -117,8 +117,9 @@ def test_a_model_that_predicts_no_change_scores_exactly_the_baselines():
     terminated = torch.zeros(20, 1, dtype=torch.bool)
     terminated[[3, 11, 17]] = True
     data = TensorDict({"observation": torch.randn(20, 6, generator=g), "action": torch.rand(20, 2, generator=g),
-                       "next": {"observation": torch.randn(20, 6, generator=g), "reward": torch.randn(20, 1, generator=g),
-                                "terminated": terminated}}, batch_size=[20])
+                       "next": {"observation": torch.randn(20, 6, generator=g),
+                                "reward": torch.randn(20, 1, generator=g), "terminated": terminated}},
+                      batch_size=[20])
     m = quickstart.heldout_metrics(model, seqs, data)
     one_step = (data["observation"] - data["next", "observation"]).pow(2).mean().item()
     whole_sequence = (seqs["observation"][:, 0] - seqs["next", "observation"][:, -1]).pow(2).mean().item()

@@ -76,8 +76,9 @@ wait = world.evaluate(32, seed=100, reset_mode="wait")
 print(auto)
 # Same episodes, same seeds: a deterministic policy gets identical per-episode results in both modes.
 assert np.array_equal(auto["episode_lengths"], wait["episode_lengths"])
-print(f"{wait['reset_mode']} mode: identical per-episode results, {wait['env_steps']} env-steps in {wait['wall_time']:.2f} s "
-      f"(auto: {auto['wall_time']:.2f} s); first lengths {auto['episode_lengths'][:8].tolist()}")
+print(f"{wait['reset_mode']} mode: identical per-episode results, {wait['env_steps']} env-steps in "
+      f"{wait['wall_time']:.2f} s (auto: {auto['wall_time']:.2f} s); "
+      f"first lengths {auto['episode_lengths'][:8].tolist()}")
 
 
 # --- 4. Evaluate from the dataset --------------------------------------------------------------------------------
