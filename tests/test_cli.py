@@ -411,13 +411,13 @@ def test_dataset_flags_that_contradict_are_usage_errors(maze_data, capsys):
     # --max-steps would silently cut episodes (it becomes the env's TimeLimit) while eval-budget is reported
     code, err = error(*base, "--goal-offset", 2, "--eval-budget", 10, "--max-steps", 2)
     assert code == 2 and "--max-steps 2 cannot be combined with --dataset" in err and "--eval-budget" in err
-    code, err = error(*base, "--goal-offset", 2, "--eval-budget", 10, "--episodes", 9)
-    assert code == 2 and "--episodes 9: the dataset" in err and "holds only 4 episodes" in err
+    code, err = error(*base, "--goal-offset", 2, "--eval-budget", 10, "--episodes", 5)  # one more than it holds
+    assert code == 2 and "--episodes 5: the dataset" in err and "holds only 4 episodes" in err
     code, err = error(*base, "--goal-offset", -1, "--eval-budget", 10)
     assert code == 2 and "--goal-offset must be >= 0" in err
     code, err = error(*base, "--goal-offset", 1, "--eval-budget", 0)
     assert code == 2 and "--eval-budget must be >= 1" in err
-    code, err = error(*base, "--goal-offset", 1, "--eval-budget", 3, "--start-step", -2)
+    code, err = error(*base, "--goal-offset", 1, "--eval-budget", 3, "--start-step", -1)
     assert code == 2 and "--start-step must be >= 0" in err
     code, err = error(*base, "--goal-offset", 1, "--eval-budget", 3, "--start-step", 1000)
     assert code == 2 and "past the end of 4 of the 4 dataset episodes" in err

@@ -2,6 +2,8 @@
 
 import functools
 import json
+import math
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -738,6 +740,23 @@ def test_eval_result_mapping_summary_and_json():
     assert "EvalResult(num_episodes=4" in repr(result)
     empty = World(pool).evaluate(0, seed=0, progress=False)
     assert empty["num_episodes"] == 0 and "0 episodes" in empty.summary()
+    pool.close()
+
+
+def test_a_return_of_minus_inf_is_strict_json_null_and_summarised_without_warnings():
+    """A reward of -inf (a log-likelihood reward, an overflow) makes the episode's return -inf: JSON has no
+    token for it, so to_dict gives None, as for NaN, and the summary prints it without numpy warnings."""
+    def make():
+        return gym.wrappers.TransformReward(_limited_counting_env(3, 3), lambda r: -math.inf)
+
+    pool = EnvPool([make] * 2, seed=0)
+    result = World(pool).evaluate(2, seed=0, progress=False)
+    assert np.isneginf(result["episode_returns"]).all()
+    data = json.loads(json.dumps(result.to_dict(), allow_nan=False))
+    assert data["episode_returns"] == [None, None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert "return        mean -inf" in result.summary()
     pool.close()
 
 

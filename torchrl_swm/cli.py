@@ -459,7 +459,7 @@ def _eval(args) -> int:
         world.close()
     if args.json:  # first: the results are kept even if printing fails (stdout piped into `head`)
         with open(args.json, "w") as f:
-            json.dump(result.to_dict(), f, indent=1)
+            json.dump(result.to_dict(), f, indent=1, allow_nan=False)  # strict JSON: to_dict has no NaN/inf
     print(result.summary())
     return 0
 

@@ -215,14 +215,15 @@ class EvalResult(Mapping):
             raise AttributeError(name) from None
 
     def to_dict(self) -> dict:
-        """A JSON-serialisable copy (arrays as lists, NaN as ``None``)."""
+        """A JSON-serialisable copy: arrays as lists, NaN and +-inf (e.g. a return of -inf) as ``None``, since
+        JSON has neither (``json.dump`` would write tokens that other readers refuse)."""
 
         def conv(v):
             if isinstance(v, np.ndarray):
                 return [conv(x) for x in v.tolist()]
             if isinstance(v, (list, tuple)):
                 return [conv(x) for x in v]
-            if isinstance(v, float) and math.isnan(v):
+            if isinstance(v, float) and not math.isfinite(v):
                 return None
             if isinstance(v, np.generic):
                 return conv(v.item())
@@ -259,9 +260,10 @@ class EvalResult(Mapping):
                 solved = int(np.sum(d["start_successes"]))
                 lines.append(f"  WARNING       {solved} episodes were already successful at reset")
         r, L = d["episode_returns"], d["episode_lengths"]
-        lines.append(
-            f"  return        mean {r.mean():.3f} ± {r.std():.3f} (std), min {r.min():.3f}, max {r.max():.3f}"
-        )
+        with np.errstate(invalid="ignore"):  # a return of +-inf: its mean is inf, its std nan, with no warning
+            lines.append(
+                f"  return        mean {r.mean():.3f} ± {r.std():.3f} (std), min {r.min():.3f}, max {r.max():.3f}"
+            )
         lines.append(f"  length        mean {L.mean():.1f} ± {L.std():.1f}, min {L.min()}, max {L.max()}")
         term, trunc = np.asarray(d["episode_terminated"], bool), np.asarray(d["episode_truncated"], bool)
         both = int((term & trunc).sum())  # terminated on the step limit's step: gymnasium sets both flags
