@@ -26,7 +26,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from multiprocessing import connection
+from multiprocessing import connection, resource_tracker
 from multiprocessing.reduction import ForkingPickler
 from multiprocessing.shared_memory import SharedMemory
 
@@ -135,6 +135,10 @@ def _shutdown(processes, conns, shm, owed: dict, slices) -> None:
             _end(proc)
     for conn in conns:
         conn.close()
+    for proc in processes:
+        # its sentinel pipe now: a dead worker's error can keep the pool in a reference cycle, and the pipe
+        # would stay open until the next cyclic garbage collection
+        proc.close()
     if shm is not None:
         shm.close()
         try:
@@ -191,11 +195,14 @@ class ProcessBackend:
         self._action_buf = None
         ctx = mp.get_context(start_method)
         self._start_method, self._started = ctx.get_start_method(), False  # started: every worker made its envs
-        self._processes, self._conns = [], []
+        self._processes, self._conns, self._pids = [], [], []
         self._reap_pending = False  # a close() interrupted while reaping the workers: the next one finishes it
         self._close_error: EnvError | None = None  # an env's close() error that close() had yet to raise
         self._arm_finalizer()
         gathering = False  # reading the workers' replies to "make": an interrupt leaves those unread owed
+        # the shared buffers' tracker, started before the workers: forked ones then share it (a tracker of their
+        # own would report the segment, which the pool unlinks, as leaked when they exit)
+        resource_tracker.ensure_running()
         try:
             for w, rows in enumerate(self.slices):
                 chunk = list(env_fns[rows.start : rows.stop])
@@ -213,6 +220,7 @@ class ProcessBackend:
                 proc.start()
                 child.close()
                 self._processes.append(proc)
+                self._pids.append(proc.pid)  # still known once close() has released the Process objects
                 self._conns.append(parent)
             gathering = True
             spaces = self._gather(range(num_workers), "make")
@@ -595,7 +603,7 @@ class ProcessBackend:
 
     @property
     def pids(self) -> list[int]:
-        return [proc.pid for proc in self._processes]
+        return list(self._pids)
 
     def close(self) -> None:
         """Close the envs (each worker closes its own, then exits), reap every worker and free the
