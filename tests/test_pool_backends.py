@@ -94,12 +94,16 @@ def test_fast_step_and_maybe_reset_equals_generic_path(factory, kwargs):
             td["action"] = _rand_action(pool, gen)
             td["policy_logits"] = torch.randn(4, 3, generator=gen)  # a root key the policy adds
             td["collector", "traj_ids"] = torch.arange(4) + t  # a nested root key
-            if t % 3 == 1:  # freeze some rows with TorchRL's "_step" mask (never all of them)
+            if t % 3 == 1:  # freeze some rows with TorchRL's "_step" mask
                 mask = torch.rand(4, 1, generator=gen) > 0.5
                 mask[t % 4] = True
                 td["_step"] = mask
+            elif t % 7 == 5:  # freeze every row: TorchRL skips the step (a mask left in the root gets there alone)
+                td["_step"] = torch.zeros(4, 1, dtype=torch.bool)
             else:
                 td.pop("_step", None)
+            if t % 5 == 2:  # a root reward, as td = env.step(td)["next"] leaves: never carried to the next root
+                td["reward"] = torch.full((4, 1), float(t))
         sa, ta = fast.step_and_maybe_reset(ta)
         sb, tb = slow.step_and_maybe_reset(tb)
         assert_same([sa, ta], [sb, tb])
