@@ -2,6 +2,8 @@
 
 import functools
 import os
+import shutil
+import tempfile
 import time
 
 import pytest
@@ -13,6 +15,18 @@ from torchrl_swm import EnvPool, raise_on_worker_failure
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 N, T = 3, 20  # envs per pool, steps per batch
+
+
+@pytest.fixture(autouse=True)
+def _workers_temp_dir(monkeypatch):
+    """A temp dir of its own for each test's spawned workers, removed after it. A TorchRL collector worker that sends
+    shared tensors starts multiprocessing's resource sharer (a socket in a ``pymp-*`` dir of its temp dir); TorchRL
+    terminates the survivors when another worker fails, which skips the finalizer that removes that dir. (Short:
+    an AF_UNIX socket path must fit in 107 bytes.)"""
+    path = tempfile.mkdtemp(prefix="swm-")
+    monkeypatch.setenv("TMPDIR", path)
+    yield
+    shutil.rmtree(path, ignore_errors=True)
 
 
 class CountPolicy:
