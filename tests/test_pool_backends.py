@@ -16,6 +16,7 @@ from envs import (
     FailingEnv,
     SlowFirstRowEnv,
     StubbornFailingEnv,
+    assert_reaped,
     counting,
     sparse_info,
 )
@@ -303,7 +304,7 @@ def test_env_raising_inside_a_worker_is_named_with_traceback_and_pool_closes():
     # the env's own exception is chained, as the serial backend chains it
     assert type(err.value.__cause__) is ValueError and str(err.value.__cause__) == "boom at step 3"
     pool.close()
-    _assert_reaped(pids)
+    assert_reaped(pids)
 
 
 def test_an_exception_a_worker_cannot_send_back_whole_still_names_the_env_with_its_traceback():
@@ -317,7 +318,7 @@ def test_an_exception_a_worker_cannot_send_back_whole_still_names_the_env_with_i
         pool.step(td)
     assert err.value.__cause__ is None
     pool.close()
-    _assert_reaped(pids)
+    assert_reaped(pids)
 
 
 def test_killed_worker_is_detected_quickly_and_never_hangs():
@@ -340,7 +341,7 @@ def test_killed_worker_is_detected_quickly_and_never_hangs():
             command()
     assert pool.get_attr("t", indices=[0, 1]) == t
     pool.close()
-    _assert_reaped(pids)
+    assert_reaped(pids)
 
 
 def test_worker_failing_at_construction_is_reported_and_reaped():
@@ -523,18 +524,6 @@ def test_workers_run_under_sched_batch_and_the_pool_process_keeps_its_policy():
         rollout_consistency_assertion(rollout, done_key="done", observation_key="observation", done_strict=True)
     finally:
         pool.close()
-
-
-def _assert_reaped(pids):
-    for pid in pids:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            continue
-        # a zombie would still answer; a reaped pid raises above
-        with open(f"/proc/{pid}/status") as f:
-            state = [line for line in f if line.startswith("State:")][0]
-        pytest.fail(f"worker {pid} still exists: {state}")
 
 
 # -- vector backend ---------------------------------------------------------------------------
