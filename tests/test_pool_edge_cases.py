@@ -1547,6 +1547,22 @@ def test_process_backend_an_env_error_in_an_interrupted_step_is_raised_by_the_ne
         signal.signal(signal.SIGINT, previous)
 
 
+def test_process_backend_env_errors_in_two_workers_of_an_interrupted_step_name_the_lowest_env_as_serial():
+    # envs 1 (worker 0) and 3 (worker 1) both raise in the step a Ctrl-C interrupts, after the interrupt: the next
+    # command reports env 1, the env a serial loop would have raised first, not the last reply it read
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    fns = [SlowEnv, functools.partial(SlowFailingEnv, 1.0)] * 2
+    try:
+        with _process_pool(fns, 2) as pool:
+            td = _ctrl_c_in_a_step(pool)
+            time.sleep(1.5)  # every worker has finished the interrupted step
+            with pytest.raises(EnvError, match=r"env 1 \(step\): ValueError: transient failure") as err:
+                pool.step(td)
+            assert err.value.env_index == 1 and "interrupted" in "\n".join(err.value.__notes__)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _returns_none():
     return None
 
