@@ -530,3 +530,43 @@ class StepAttributeErrorEnv(CountingEnv):
 
 def raising_factory(message="cannot build"):
     raise RuntimeError(message)
+
+
+# -- worker processes --------------------------------------------------------------------------------------------
+def pid_exists(pid: int) -> bool:
+    """``pid`` is still in the process table: running, or a zombie its parent has not waited for."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def assert_reaped(pids) -> None:
+    """Every pid is gone from the process table: its process exited and was waited for (a process pool's close()
+    reaps its workers before it returns). A zombie still answers ``os.kill(pid, 0)``, and fails this."""
+    left = {}
+    for pid in pids:
+        if pid_exists(pid):
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    left[pid] = next((line.split(":", 1)[1].strip() for line in f if line.startswith("State:")), "?")
+            except OSError:
+                continue  # gone meanwhile
+    assert not left, f"worker processes not reaped (pid: state): {left}"
+
+
+def end_leftovers(processes) -> None:
+    """Cleanup for a test: terminate the workers a failed or cut-short close() left running. A ``Process`` that
+    close() released (``Process.close()``, a ValueError on any use now) was reaped first: nothing to do."""
+    for proc in processes:
+        try:
+            alive = proc.is_alive()
+        except ValueError:  # closed: already reaped
+            continue
+        if alive:
+            proc.terminate()
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)

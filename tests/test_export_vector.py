@@ -19,7 +19,7 @@ from tensordict import TensorDict
 from torchrl.data import Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase, RewardScaling, StepCounter, TransformedEnv
 
-from envs import CountingEnv, DictObsEnv, InfoEnv, StartActionEnv, counting, sparse_info
+from envs import CountingEnv, DictObsEnv, InfoEnv, StartActionEnv, assert_reaped, counting, sparse_info
 from torchrl_swm import EnvError, EnvPool, SpecError, to_gymnasium
 from torchrl_swm.benchmarks.export import ACT, LAT, MLPWorldModelEnv, make_model, world_model_env
 from torchrl_swm.export import TorchRLVectorEnv
@@ -1722,13 +1722,12 @@ def test_a_closed_next_step_world_model_export_reopens_at_a_plain_reset_with_row
 
 def test_closing_an_export_reaps_the_pool_workers():
     pool = EnvPool([counting] * 2, backend="process", num_workers=2, seed=0)
-    processes = list(pool._backend._processes)
+    pids = pool._backend.pids
+    assert len(pids) == 2
     export = to_gymnasium(pool)
     export.reset(seed=0)
     export.close()
-    for proc in processes:
-        proc.join(timeout=10)
-    assert [proc.is_alive() for proc in processes] == [False, False]
+    assert_reaped(pids)  # the workers exited and were waited for, no zombie left
 
 
 @pytest.mark.parametrize("source", ["serial", "vector"])

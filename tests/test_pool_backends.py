@@ -16,6 +16,7 @@ from envs import (
     FailingEnv,
     SlowFirstRowEnv,
     StubbornFailingEnv,
+    assert_reaped,
     counting,
     sparse_info,
 )
@@ -307,7 +308,7 @@ def test_env_raising_inside_a_worker_is_named_with_traceback_and_pool_closes():
     # the env's own exception is chained, as the serial backend chains it
     assert type(err.value.__cause__) is ValueError and str(err.value.__cause__) == "boom at step 3"
     pool.close()
-    _assert_reaped(pids)
+    assert_reaped(pids)
 
 
 def test_an_exception_a_worker_cannot_send_back_whole_still_names_the_env_with_its_traceback():
@@ -321,7 +322,7 @@ def test_an_exception_a_worker_cannot_send_back_whole_still_names_the_env_with_i
         pool.step(td)
     assert err.value.__cause__ is None
     pool.close()
-    _assert_reaped(pids)
+    assert_reaped(pids)
 
 
 def test_killed_worker_is_detected_quickly_and_never_hangs():
@@ -344,7 +345,7 @@ def test_killed_worker_is_detected_quickly_and_never_hangs():
             command()
     assert pool.get_attr("t", indices=[0, 1]) == t
     pool.close()
-    _assert_reaped(pids)
+    assert_reaped(pids)
 
 
 def test_worker_failing_at_construction_is_reported_and_reaped():
@@ -529,16 +530,142 @@ def test_workers_run_under_sched_batch_and_the_pool_process_keeps_its_policy():
         pool.close()
 
 
-def _assert_reaped(pids):
-    for pid in pids:
+def test_more_workers_than_envs_is_a_value_error_naming_both_numbers():
+    # a clear error before any worker starts, never an IndexError from splitting 2 envs among 3 workers
+    with pytest.raises(ValueError, match=r"num_workers: expected 1 <= num_workers <= num_envs=2, got 3"):
+        EnvPool([counting] * 2, backend="process", num_workers=3)
+
+
+def test_closing_a_process_pool_after_a_worker_died_frees_its_fds_without_a_garbage_collection():
+    # a dead worker's error keeps the pool in a reference cycle; close() still releases every worker's pipes then
+    # and there, not at the next cyclic collection (a program rebuilding pools after failures piled fds up)
+    import gc
+    from multiprocessing import resource_tracker
+
+    def open_fds():
+        fds = {}
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:  # the listing's own fd, closed meanwhile
+                pass
+        return fds
+
+    resource_tracker.ensure_running()  # its pipe stays open for good: opened before the count
+    fns = [functools.partial(counting, length=50)] * 4
+    gc.collect()
+    gc.disable()  # as between two automatic collections
+    try:
+        before = open_fds()
+        pool = EnvPool(fns, backend="process", num_workers=2, seed=0)
+        td = pool.reset().set("action", torch.zeros(4, dtype=torch.int64))
+        os.kill(pool._backend.pids[1], signal.SIGKILL)
+        with pytest.raises(EnvError, match=r"worker 1 \(envs 2..3, pid \d+\) died"):
+            pool.step(td)
+        pool.close()
+        del pool, td
+        left = {fd: target for fd, target in open_fds().items() if fd not in before}
+        assert not left, f"fds the closed pool left open: {left}"
+    finally:
+        gc.enable()
+        gc.collect()
+
+
+def test_a_forked_process_pool_closes_without_resource_tracker_warnings(tmp_path):
+    # forked workers share the pool's resource tracker: one of their own would report the shared buffers, which
+    # the pool unlinks, as a leaked segment when the worker exits
+    import subprocess
+    import sys
+
+    script = tmp_path / "forked_pool.py"
+    script.write_text(
+        "import functools\n"
+        "import torchrl_swm.pool.env_pool as env_pool\n"
+        "from envs import counting\n"
+        "from torchrl_swm import EnvPool\n"
+        "from torchrl_swm.pool.process import ProcessBackend\n"
+        "if __name__ == '__main__':\n"
+        "    env_pool.ProcessBackend = functools.partial(ProcessBackend, start_method='fork')\n"
+        "    pool = EnvPool([functools.partial(counting, length=5)] * 2, backend='process', num_workers=2, seed=0)\n"
+        "    assert pool._backend._start_method == 'fork'\n"
+        "    pool.rollout(3, break_when_any_done=False)\n"
+        "    pool.close()\n"
+        "    print('closed')\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "closed", out.stderr
+    assert "resource_tracker" not in out.stderr and "leaked" not in out.stderr, out.stderr
+
+
+def test_idle_workers_exit_when_the_pools_process_is_killed(tmp_path):
+    # a SIGKILLed pool process runs no close(): its idle workers see their pipe end and exit by themselves,
+    # never left running (or spinning) as orphans
+    import subprocess
+    import sys
+
+    def running(pid):  # an orphan exited but not yet reaped by its new parent (a zombie) counts as gone
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            continue
-        # a zombie would still answer; a reaped pid raises above
-        with open(f"/proc/{pid}/status") as f:
-            state = [line for line in f if line.startswith("State:")][0]
-        pytest.fail(f"worker {pid} still exists: {state}")
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+
+    script = tmp_path / "killed_pool.py"
+    script.write_text(
+        "import functools, os, signal\n"
+        "from envs import counting\n"
+        "from torchrl_swm import EnvPool\n"
+        "if __name__ == '__main__':\n"
+        "    pool = EnvPool([functools.partial(counting, length=50)] * 4, backend='process', num_workers=2, seed=0)\n"
+        "    pool.rand_step(pool.reset())\n"
+        "    print(*pool._backend.pids, flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    pids = []
+    try:
+        with open(tmp_path / "out.txt", "w") as out:  # a file, not a pipe: the workers hold their stdout open
+            proc = subprocess.run([sys.executable, str(script)], stdout=out, stderr=subprocess.DEVNULL, timeout=120)
+        assert proc.returncode == -signal.SIGKILL
+        pids = [int(pid) for pid in (tmp_path / "out.txt").read_text().split()]
+        assert len(pids) == 2
+        deadline = time.monotonic() + 10
+        while any(running(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [pid for pid in pids if running(pid)] == []
+    finally:
+        for pid in pids:  # nothing orphaned by a failure: only our workers (a reused pid runs another program)
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    ours = b"multiprocessing" in f.read()
+                if ours and running(pid):
+                    os.kill(pid, signal.SIGKILL)
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+
+
+def test_a_users_own_sigint_handler_stays_installed_through_process_pool_steps_and_close():
+    # the pool holds Ctrl-C back while it talks to its workers, then puts back the handler it found (a training
+    # script's graceful-stop handler), not Python's default one
+
+    def graceful_stop(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGINT, graceful_stop)
+    try:
+        pool = EnvPool([functools.partial(counting, length=50)] * 2, backend="process", num_workers=2, seed=0)
+        try:
+            assert signal.getsignal(signal.SIGINT) is graceful_stop
+            td = pool.reset().set("action", torch.zeros(2, dtype=torch.int64))
+            assert signal.getsignal(signal.SIGINT) is graceful_stop
+            pool.step(td)
+            assert signal.getsignal(signal.SIGINT) is graceful_stop
+            assert pool.get_attr("fixed_length") == [50, 50]
+            assert signal.getsignal(signal.SIGINT) is graceful_stop
+        finally:
+            pool.close()
+        assert signal.getsignal(signal.SIGINT) is graceful_stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # -- vector backend ---------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from envs import assert_reaped, end_leftovers
 from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict import TensorDict
 from torchrl.data import Bounded, Unbounded
@@ -440,10 +441,8 @@ def _workers(pool):
 
 
 def _reap(processes):
-    for proc in processes:
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(5)
+    """Terminate the workers a failed or cut-short close() left running (see ``envs.end_leftovers``)."""
+    end_leftovers(processes)
 
 
 @contextlib.contextmanager
@@ -587,16 +586,14 @@ def test_process_backend_passes_objects_of_classes_pickled_by_value_as_serial_do
 
 def test_process_backend_close_after_an_interrupted_hung_step_terminates_the_worker():
     pool = EnvPool([functools.partial(SlowEnv, 3600.0)] * 2, backend="process", num_workers=2, seed=0)
-    processes = _workers(pool)
+    processes, pids = _workers(pool), pool._backend.pids
     try:
         _step_interrupted(pool, 0.3)  # the envs hang; the user interrupts
         start = time.monotonic()
         with _interrupt_after(20.0, CloseHung), pytest.warns(RuntimeWarning, match="was terminated"):
             pool.close()  # (a guard above: the bug is a close() that never returns)
         assert time.monotonic() - start < 15
-        for proc in processes:
-            proc.join(5)
-        assert not any(proc.is_alive() for proc in processes)
+        assert_reaped(pids)  # terminated and waited for
     finally:
         _reap(processes)
 
@@ -1318,7 +1315,7 @@ def test_a_process_pool_collected_unclosed_in_a_cycle_waits_for_a_slow_env_close
     monkeypatch.setattr(process, "_CLOSE_TIMEOUT", 0.2)  # the limit for busy workers only: idle ones are waited for
     path = tmp_path / "closed"
     pool = EnvPool([functools.partial(_SlowCloseEnv, str(path), 5.5)], backend="process", num_workers=1)
-    processes = _workers(pool)
+    processes, pids = _workers(pool), pool._backend.pids
     try:
         pool.reset()
         holder = {"pool": pool}
@@ -1327,7 +1324,7 @@ def test_a_process_pool_collected_unclosed_in_a_cycle_waits_for_a_slow_env_close
         with warnings_as_errors():
             gc.collect()
         assert path.read_text() == "closed"
-        assert not any(proc.is_alive() for proc in processes)
+        assert_reaped(pids)
     finally:
         _reap(processes)
 
@@ -1341,7 +1338,7 @@ def test_a_process_pool_collected_unclosed_after_an_interrupt_gives_its_stuck_wo
 
     monkeypatch.setattr(process, "_CLOSE_TIMEOUT", 2.0)
     pool = EnvPool([functools.partial(SlowEnv, 3600.0)] * 4, backend="process", num_workers=4, seed=0)
-    processes = _workers(pool)
+    processes, pids = _workers(pool), pool._backend.pids
     try:
         _step_interrupted(pool, 0.5)
         start = time.monotonic()
@@ -1349,7 +1346,7 @@ def test_a_process_pool_collected_unclosed_after_an_interrupt_gives_its_stuck_wo
             del pool
             gc.collect()
         assert time.monotonic() - start < 6.0  # 4 workers waited for in turn: 8 s
-        assert not any(proc.is_alive() for proc in processes)
+        assert_reaped(pids)
     finally:
         _reap(processes)
 
@@ -1366,7 +1363,7 @@ def test_a_process_pool_collected_unclosed_waits_for_a_worker_whose_interrupted_
     path = tmp_path / "closed"
     pool = EnvPool([functools.partial(_SlowCloseEnv, str(path), 2.5, 1.0), SlowEnv], backend="process",
                    num_workers=2, seed=0)
-    processes = _workers(pool)
+    processes, pids = _workers(pool), pool._backend.pids
     try:
         _step_interrupted(pool, 0.3)  # the step takes 1 s: it has returned in the worker 1 s later
         time.sleep(1.5)
@@ -1374,7 +1371,7 @@ def test_a_process_pool_collected_unclosed_waits_for_a_worker_whose_interrupted_
             del pool
             gc.collect()
         assert path.read_text() == "closed"
-        assert not any(proc.is_alive() for proc in processes)
+        assert_reaped(pids)
     finally:
         _reap(processes)
 
@@ -1550,6 +1547,22 @@ def test_process_backend_an_env_error_in_an_interrupted_step_is_raised_by_the_ne
         signal.signal(signal.SIGINT, previous)
 
 
+def test_process_backend_env_errors_in_two_workers_of_an_interrupted_step_name_the_lowest_env_as_serial():
+    # envs 1 (worker 0) and 3 (worker 1) both raise in the step a Ctrl-C interrupts, after the interrupt: the next
+    # command reports env 1, the env a serial loop would have raised first, not the last reply it read
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    fns = [SlowEnv, functools.partial(SlowFailingEnv, 1.0)] * 2
+    try:
+        with _process_pool(fns, 2) as pool:
+            td = _ctrl_c_in_a_step(pool)
+            time.sleep(1.5)  # every worker has finished the interrupted step
+            with pytest.raises(EnvError, match=r"env 1 \(step\): ValueError: transient failure") as err:
+                pool.step(td)
+            assert err.value.env_index == 1 and "interrupted" in "\n".join(err.value.__notes__)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _returns_none():
     return None
 
@@ -1611,7 +1624,7 @@ def test_close_after_a_ctrl_c_kills_a_stuck_worker_that_ignores_sigterm(monkeypa
 
     monkeypatch.setattr(process, "_CLOSE_TIMEOUT", 0.2)
     pool = EnvPool([_IgnoresSigterm], backend="process", num_workers=1)
-    processes = _workers(pool)
+    processes, pids = _workers(pool), pool._backend.pids
     try:
         pool.reset()
         pool.set_attr("armed", True)
@@ -1621,7 +1634,8 @@ def test_close_after_a_ctrl_c_kills_a_stuck_worker_that_ignores_sigterm(monkeypa
         start = time.monotonic()
         with pytest.warns(RuntimeWarning, match="was still in an env call and was terminated"):
             pool.close()
-        assert time.monotonic() - start < 30 and not processes[0].is_alive()
+        assert time.monotonic() - start < 30
+        assert_reaped(pids)  # killed and waited for
     finally:
         _reap(processes)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 from torchrl.envs import StepCounter, TransformedEnv
-from envs import CountingEnv, DictObsEnv, FailingEnv, counting
+from envs import CountingEnv, DictObsEnv, FailingEnv, assert_reaped, counting
 
 from torchrl_swm import EnvError, EnvPool, SpecError
 
@@ -301,7 +301,7 @@ def test_close_twice_and_double_close_errors_are_reported(backend):
     from envs import BadCloseEnv
 
     pool = EnvPool([CountingEnv, BadCloseEnv], seed=0, backend=backend, num_workers=2 if backend == "process" else None)
-    processes = list(getattr(pool._backend, "_processes", []))
+    pids = getattr(pool._backend, "pids", [])
     start = time.monotonic()
     with pytest.raises(EnvError, match=r"env 1 \(close\): OSError: disk gone") as err:
         pool.close()
@@ -309,7 +309,7 @@ def test_close_twice_and_double_close_errors_are_reported(backend):
     # a hang guard, not a benchmark: the worker reports and exits at once when idle, but on a loaded
     # 2-core CI host close() has taken ~6 s; a hang would never return
     assert time.monotonic() - start < 15
-    assert not any(proc.is_alive() for proc in processes)
+    assert_reaped(pids)  # also when an env's close() raised
     pool.close(raise_if_closed=False)  # a second close is harmless
     assert pool.is_closed
 
@@ -319,12 +319,12 @@ def test_close_reports_a_worker_that_dies_closing_its_envs_and_every_close_error
 
     # worker 0 dies in env 0's close(); worker 1's env 2 raises: the env's error is raised, the death noted on it
     pool = EnvPool([CrashingCloseEnv, CountingEnv, BadCloseEnv, CountingEnv], seed=0, backend="process", num_workers=2)
-    processes = list(pool._backend._processes)
+    pids = pool._backend.pids
     with pytest.raises(EnvError, match=r"env 2 \(close\): OSError: disk gone") as err:
         pool.close()
     assert re.fullmatch(r"also: pool \(worker\): worker 0 \(envs 0..1, pid \d+\) died with exit code 3",
                         err.value.__notes__[0])
-    assert not any(proc.is_alive() for proc in processes)
+    assert_reaped(pids)
     # alone, the death is the error (close() returned as if all went well)
     pool = EnvPool([CrashingCloseEnv, CountingEnv], seed=0, backend="process", num_workers=2)
     with pytest.raises(EnvError, match=r"worker 0 \(envs 0..0, pid \d+\) died with exit code 3$"):
@@ -634,7 +634,7 @@ def test_process_backend_unpicklable_options_name_the_env_and_leave_the_pool_con
     import threading
 
     pool = _process_pool()
-    processes = list(pool._backend._processes)
+    pids = pool._backend.pids
     try:
         pool.reset()
         assert pool.get_attr("length") == [5] * 4
@@ -671,7 +671,8 @@ def test_process_backend_unpicklable_options_name_the_env_and_leave_the_pool_con
         assert pool.step(td)["next", "observation"][:, 0].tolist() == [1.0] * 4
     finally:
         pool.close()
-    assert len(processes) == 2 and not any(proc.is_alive() for proc in processes)  # close() reaped them
+    assert len(pids) == 2
+    assert_reaped(pids)  # close() reaped them
 
 
 def test_process_backend_dead_worker_mid_command_leaves_no_stale_reply():
@@ -679,7 +680,7 @@ def test_process_backend_dead_worker_mid_command_leaves_no_stale_reply():
     import signal
 
     pool = _process_pool()
-    processes = list(pool._backend._processes)
+    processes, pids = list(pool._backend._processes), pool._backend.pids
     try:
         pool.reset()
         dead = processes[1]
@@ -691,7 +692,7 @@ def test_process_backend_dead_worker_mid_command_leaves_no_stale_reply():
         assert pool.get_attr("length", indices=[0, 1]) == [9, 9]
     finally:
         pool.close()
-    assert not any(proc.is_alive() for proc in processes)
+    assert_reaped(pids)
 
 
 def _ghost_counting():

@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from envs import CountingEnv, DictObsEnv, counting
+from envs import CountingEnv, DictObsEnv, assert_reaped, counting
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 from torchrl.envs import TransformedEnv
@@ -869,12 +869,12 @@ def test_video_must_be_a_directory_or_a_recorder():
 def test_close_closes_the_pool_world_built_and_reaps_its_workers():
     # TorchRL's EnvBase starts with is_closed=True, so "close unless closed" used to close nothing
     world = World("CartPole-v1", num_envs=2, backend="process", num_workers=2)
-    processes = list(world.env._backend._processes)
+    pids = world.env._backend.pids
+    assert len(pids) == 2
     world.evaluate(2, seed=0, progress=False)
     world.close()
-    for proc in processes:
-        proc.join(timeout=10)
-    assert [proc.is_alive() for proc in processes] == [False, False] and world.env.is_closed
+    assert_reaped(pids)  # the workers exited and were waited for, no zombie left
+    assert world.env.is_closed
     world.close()  # a second close does nothing
     # a pool the caller built stays the caller's
     pool = EnvPool("CartPole-v1", num_envs=2, seed=0)
