@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import math
 import os
 import platform
@@ -181,6 +183,24 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError('--plot needs matplotlib: pip install "torchrl-swm[plot]" (or drop --plot)') from None
 
 
+@contextlib.contextmanager
+def _quiet_torchrl():
+    """TorchRL logs INFO lines (its peers' spec checks) to stdout, into the table: WARNING and up while the sections
+    run, here and in the worker processes they start (``RL_LOGGING_LEVEL``), unless the user set that variable."""
+    if "RL_LOGGING_LEVEL" in os.environ:
+        yield
+        return
+    logger = logging.getLogger("torchrl")
+    level = logger.level
+    os.environ["RL_LOGGING_LEVEL"] = "WARNING"
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        os.environ.pop("RL_LOGGING_LEVEL", None)
+        logger.setLevel(level)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark for arguments that passed :func:`check_args` (``main`` and the
     ``torchrl-swm bench`` command check them first)."""
@@ -193,7 +213,8 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         ns, bs, args.seconds = [min(ns)], [min(bs)], min(args.seconds, 0.3)
     print(f"# {machine()}")
-    rows = run_sections(sections, ns, bs, args.seconds, args.quick)
+    with _quiet_torchrl():
+        rows = run_sections(sections, ns, bs, args.seconds, args.quick)
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:
