@@ -34,7 +34,7 @@ import cloudpickle
 import numpy as np
 import torch
 
-from .._interrupts import hold_interrupts, release_interrupts
+from .._interrupts import hold_interrupts, interrupts_held, release_interrupts
 from ..errors import EnvAttributeError, EnvError, add_as_notes, add_note, check_int, error_text
 from .rows import action_kind
 from .worker import REPLY_OK, worker_main
@@ -133,18 +133,22 @@ def _shutdown(processes, conns, shm, owed: dict, slices) -> None:
                 "was closed and was terminated; its envs were not closed", RuntimeWarning, stacklevel=2,
             )
             _end(proc)
-    for conn in conns:
-        conn.close()
-    for proc in processes:
-        # its sentinel pipe now: a dead worker's error can keep the pool in a reference cycle, and the pipe
-        # would stay open until the next cyclic garbage collection
-        proc.close()
-    if shm is not None:
-        shm.close()
-        try:
-            shm.unlink()
-        except FileNotFoundError:
-            pass
+    # all or nothing under a Ctrl-C: a shutdown it cut short runs again at the next close(), and a Process
+    # released twice raises
+    with interrupts_held():
+        for conn in conns:
+            conn.close()
+        for proc in processes:
+            # its sentinel pipe now: a dead worker's error can keep the pool in a reference cycle, and the pipe
+            # would stay open until the next cyclic garbage collection
+            proc.close()
+        processes.clear()  # all reaped and released: nothing left for a second run to wait for
+        if shm is not None:
+            shm.close()
+            try:
+                shm.unlink()
+            except FileNotFoundError:
+                pass
 
 
 def _frames_to_resize(replies: list) -> dict | None:
