@@ -11,6 +11,7 @@ from envs import CountingEnv, KeepActionEnv, counting
 from gymnasium.vector import AutoresetMode
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mask_sequences import drive_against_reference
 from tensordict import TensorDict
 from torchrl.testing import rollout_consistency_assertion
 
@@ -352,6 +353,7 @@ class _Reference:
         self.envs = [CountingEnv(max_length=4, truncate=t) for t in truncate]
         self.resets = [0] * self.n
         self.rows = [None] * self.n
+        self.episode0 = None  # each env's episode counter in the first output checked (the first reset)
 
     def reset(self, i):
         fresh_seed = self.every_episode or self.resets[i] == 0
@@ -372,11 +374,13 @@ class _Reference:
     def done(self, i) -> bool:
         return self.rows[i]["terminated"] or self.rows[i]["truncated"]
 
-    def assert_matches(self, td, episode0, where, with_reward=True):
+    def assert_matches(self, td, where, with_reward=True):
+        if self.episode0 is None:  # the pool may probe its envs once: count its episodes from here
+            self.episode0 = [obs[1] for obs in td["observation"].tolist()]
         for i, row in enumerate(self.rows):
             obs = td["observation"][i].tolist()
             assert obs[0] == row["obs"][0] and obs[2] == row["obs"][2], (where, i, obs, row)
-            assert obs[1] - episode0[i] == self.resets[i] - 1, (where, i)  # as many resets as the reference
+            assert obs[1] - self.episode0[i] == self.resets[i] - 1, (where, i)  # as many resets as the reference
             flags = [td[key][i].item() for key in ("terminated", "truncated", "done")]
             assert flags == [row["terminated"], row["truncated"], self.done(i)], (where, i, flags, row)
             assert td["info", "t"][i].item() == row["t"] and td["info", "length"][i].item() == row["length"], (
@@ -398,47 +402,6 @@ def _plan(draw, n, steps, step_masks=True, smr=False):
     return draw(st.lists(entry, min_size=steps // 2, max_size=steps))
 
 
-def _run_against_reference(pool, ref, plan):
-    n = ref.n
-    td = pool.reset()
-    for i in range(n):
-        ref.reset(i)
-    episode0 = [obs[1] for obs in td["observation"].tolist()]  # the pool may probe its envs once: count from here
-    ref.assert_matches(td, episode0, "first reset", with_reward=False)
-    for t, (reset, step_rows, how, actions) in enumerate(plan):
-        stepped = [True] * n if step_rows is None else step_rows
-        if reset == "full":
-            td = pool.reset()
-            reset = [True] * n
-        elif reset is not None or any(ref.done(i) and stepped[i] for i in range(n)):
-            # a row that ended must be reset before it steps again (the pool refuses otherwise)
-            reset = [bool(r) or (ref.done(i) and stepped[i]) for i, r in enumerate(reset or [False] * n)]
-            td["_reset"] = torch.tensor(reset).unsqueeze(-1)
-            td = pool.reset(td)
-        if reset is not None:
-            for i in np.flatnonzero(reset):
-                ref.reset(int(i))
-            ref.assert_matches(td, episode0, f"reset at {t}", with_reward=False)
-        td["action"] = torch.tensor(actions)
-        if step_rows is not None:
-            td["_step"] = torch.tensor(step_rows).unsqueeze(-1)
-        if how == "step":
-            out = pool.step(td)
-        else:
-            out, root = pool.step_and_maybe_reset(td)
-        for i in range(n):
-            ref.step(i, actions[i]) if stepped[i] else ref.freeze(i)
-        ref.assert_matches(out["next"], episode0, f"{how} at {t} (step mask {step_rows})")
-        if how == "step":
-            td = out["next"].exclude("reward")
-        else:
-            for i in range(n):
-                if ref.done(i):
-                    ref.reset(i)
-            ref.assert_matches(root, episode0, f"smr root at {t}", with_reward=False)
-            td = root
-
-
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), n=st.integers(1, 5), seed=st.integers(0, 2**40), every_episode=st.booleans())
 def test_any_sequence_of_reset_and_step_masks_matches_plain_envs_stepped_one_by_one(data, n, seed, every_episode):
@@ -447,7 +410,7 @@ def test_any_sequence_of_reset_and_step_masks_matches_plain_envs_stepped_one_by_
     pool = EnvPool([functools.partial(counting, max_length=4, truncate=t) for t in truncate], seed=seed,
                    seed_every_episode=every_episode)
     try:
-        _run_against_reference(pool, _Reference(seed, truncate, every_episode), plan)
+        drive_against_reference(pool, _Reference(seed, truncate, every_episode), plan)
     finally:
         pool.close()
 
@@ -460,7 +423,7 @@ def test_any_sequence_of_masks_on_the_process_backend_matches_plain_envs(data, s
     pool = EnvPool([functools.partial(counting, max_length=4, truncate=t) for t in truncate], seed=seed,
                    backend="process", num_workers=2)
     try:
-        _run_against_reference(pool, _Reference(seed, truncate), plan)
+        drive_against_reference(pool, _Reference(seed, truncate), plan)
     finally:
         pool.close()
 
@@ -480,6 +443,6 @@ def test_any_sequence_of_reset_masks_on_the_vector_backend_matches_plain_envs(da
                                     autoreset_mode=mode)
     pool = EnvPool(venv, seed=seed, seed_every_episode=every_episode)
     try:
-        _run_against_reference(pool, _Reference(seed, truncate, pool.seed_every_episode), plan)
+        drive_against_reference(pool, _Reference(seed, truncate, pool.seed_every_episode), plan)
     finally:
         pool.close()

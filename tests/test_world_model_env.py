@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from mask_sequences import drive_against_reference
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 from torch import nn
@@ -3001,7 +3002,7 @@ class _CountingRows:
     reward 0; a reset row restarts at ``[0, 0, 0]`` with its flags False."""
 
     def __init__(self, lengths, truncate):
-        self.lengths, self.truncate = lengths, truncate
+        self.lengths, self.truncate, self.n = lengths, truncate, len(lengths)
         self.rows = [None] * len(lengths)
         for i in range(len(lengths)):
             self.reset(i)
@@ -3044,42 +3045,7 @@ def test_any_sequence_of_reset_and_step_masks_matches_a_per_row_loop(data, n, tr
     actions = st.lists(st.sampled_from([-1.0, -0.5, 0.0, 0.5, 1.0]), min_size=n, max_size=n)
     plan = data.draw(st.lists(st.tuples(st.one_of(st.none(), st.just("full"), masks), st.one_of(st.none(), masks),
                                         st.sampled_from(["step", "smr"]), actions), min_size=5, max_size=20))
-    td = env.reset()
-    ref.assert_matches(td, "first reset", with_reward=False)
-    for t, (reset, step_rows, how, action) in enumerate(plan):
-        stepped = [True] * n if step_rows is None else step_rows
-        if reset == "full":
-            td = env.reset()
-            reset = [True] * n
-        elif reset is not None or any(ref.done(i) and stepped[i] for i in range(n)):
-            # a row that ended must be reset before it steps again
-            reset = [bool(r) or (ref.done(i) and stepped[i]) for i, r in enumerate(reset or [False] * n)]
-            td["_reset"] = torch.tensor(reset).unsqueeze(-1)
-            td = env.reset(td)
-        if reset is not None:
-            for i in np.flatnonzero(reset):
-                ref.reset(int(i))
-            ref.assert_matches(td, f"reset at {t}", with_reward=False)
-        td["action"] = torch.tensor(action).unsqueeze(-1)
-        if step_rows is not None:
-            td["_step"] = torch.tensor(step_rows).unsqueeze(-1)
-        else:
-            td.pop("_step", None)
-        if how == "step":
-            out = env.step(td)
-        else:
-            out, root = env.step_and_maybe_reset(td)
-        for i in range(n):
-            ref.step(i, action[i]) if stepped[i] else ref.freeze(i)
-        ref.assert_matches(out["next"], f"{how} at {t} (step mask {step_rows})")
-        if how == "step":
-            td = out["next"].exclude("reward")
-        else:
-            for i in range(n):
-                if ref.done(i):
-                    ref.reset(i)
-            ref.assert_matches(root, f"smr root at {t}", with_reward=False)
-            td = root
+    drive_against_reference(env, ref, plan, as_action=lambda action: torch.tensor(action).unsqueeze(-1))
 
 
 def test_row_selects_keep_the_graph_of_a_differentiable_state():
