@@ -17,7 +17,9 @@ gymnasium space          TorchRL spec (unbatched)
                          as an action space (``action=True``), a float Box with some
                          infinite bounds, or wider than its dtype can subtract, is a
                          :class:`BoxBounded`, whose ``rand()`` samples as gymnasium's
-                         ``Box.sample`` (``Bounded.rand`` gives NaN/inf: random actions)
+                         ``Box.sample`` (``Bounded.rand`` gives NaN/inf: random actions).
+                         A scalar Box (shape ``()``) keeps shape ``()``, as gymnasium
+                         batches it, where ``GymWrapper`` makes it ``(1,)``
 ``Discrete(n, start)``   ``Categorical(n)`` int64, shape ``()``; or ``OneHot(n)``
                          int64 with ``categorical=False``. Values are indices
                          ``0..n-1``; the pool adds ``start`` for the env.
