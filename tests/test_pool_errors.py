@@ -51,6 +51,33 @@ def test_bad_one_hot_action():
     pool.close()
 
 
+@pytest.mark.parametrize("backend, masked", [("serial", False), ("serial", True), ("process", False),
+                                             ("process", True), ("vector", False)],
+                         ids=["serial", "serial-step-mask", "process", "process-step-mask", "vector"])
+def test_a_bool_action_for_a_discrete_space_is_a_type_error_on_every_decode_path(backend, masked):
+    # a bool is no index: read as one, True would reach a Discrete(3, start=5) env as 6 and False as 5, both in its
+    # space. Refused on the serial backend's whole-batch and "_step" row paths and on the batched decode of the
+    # process and vector backends, with and without a mask
+    from envs import DiscreteEchoEnv
+
+    fns = [functools.partial(DiscreteEchoEnv, 3, 5)] * 3
+    if backend == "vector":
+        pool = EnvPool(gym.vector.SyncVectorEnv(fns), seed=0)
+    else:
+        pool = EnvPool(fns, seed=0, backend=backend, num_workers=2)
+    with pool:
+        td = fresh(pool)
+        if masked:
+            td["_step"] = torch.tensor([[True], [False], [True]])
+        td["action"] = torch.tensor([True, False, True])
+        with pytest.raises(TypeError, match=r"expected an integer dtype \(torch.int64\) for a Categorical action, "
+                                            r"got torch.bool"):
+            pool.step(td)
+        td["action"] = torch.tensor([1, 2, 0])  # indices: start + index
+        expected = [6.0, 0.0, 5.0] if masked else [6.0, 7.0, 5.0]  # (a frozen row keeps its reset observation 0)
+        assert pool.step(td)["next", "observation"].view(-1).tolist() == expected
+
+
 def test_box_action_dtype_and_shape():
     pool = EnvPool([DictObsEnv] * 2, seed=0)
     td = fresh(pool)
@@ -529,6 +556,27 @@ def test_integer_action_that_does_not_fit_an_integer_box_is_named():
     td["action"] = torch.tensor([[1, 2], [3, -1], [5, 6]], dtype=torch.int64)  # would wrap to 255
     with pytest.raises(ValueError, match=r"action for env 1: .*uint8.*-1"):
         pool.step(td)
+    pool.close()
+
+
+@pytest.mark.parametrize("space_dtype, action_dtype", [(np.int8, torch.int16), (np.int8, torch.int32),
+                                                       (np.int8, torch.int64), (np.int32, torch.int64)],
+                         ids=["int16-into-int8", "int32-into-int8", "int64-into-int8", "int64-into-int32"])
+def test_a_wider_integer_action_of_the_same_signedness_that_does_not_fit_the_box_dtype_is_named_never_wrapped(
+        space_dtype, action_dtype):
+    # int64 300 for an int8 Box would wrap to 44 in a cast: the same kind of integer is range-checked too, at just
+    # past each end of the Box's dtype and at the action dtype's own extremes
+    pool = EnvPool([functools.partial(IntBoxActionEnv, space_dtype, -3, 5)] * 2, seed=0)
+    td = fresh(pool)
+    box, wide = np.iinfo(space_dtype), torch.iinfo(action_dtype)
+    for big in (box.max + 1, box.min - 1, wide.max, wide.min):
+        td["action"] = torch.tensor([[1, 2], [0, big]], dtype=action_dtype)
+        match = rf"action for env 1: expected values that fit the Box's dtype {np.dtype(space_dtype)}, got " \
+                rf"{action_dtype}: value {big} is out of the range"
+        with pytest.raises(ValueError, match=match):
+            pool.step(td)
+    td["action"] = torch.tensor([[1, 2], [-3, 5]], dtype=action_dtype)  # values that fit: cast exactly
+    assert pool.step(td)["next", "observation"].tolist() == [[1, 2], [-3, 5]]  # (the env asserts the dtype)
     pool.close()
 
 
@@ -1540,14 +1588,19 @@ class _EchoMultiBinary(_EchoMultiDiscrete):
     [
         (_EchoMultiDiscrete, {}, [-1, 2], r"expected indices below nvec=\[3, 4\], got \[-1, 2\]"),
         (_EchoBoolBox, {}, [0.5, 2.0], r"expected bools or 0/1 values.*got \[0\.5, 2\.0\]"),
+        (_EchoBoolBox, {}, [0.5, 1.0], r"expected bools or 0/1 values.*got \[0\.5, 1\.0\]"),
+        (_EchoBoolBox, {}, [-1, 0], r"expected bools or 0/1 values.*got \[-1, 0\]"),
         (_EchoMultiBinary, {}, [0, 2], r"expected 0/1 values, got \[0, 2\]"),
+        (_EchoMultiBinary, {}, [-1, 1], r"expected 0/1 values, got \[-1, 1\]"),
         (functools.partial(counting, length=10), {"categorical_action_encoding": False}, [1, 1, -1],
          r"expected a one-hot vector, got \[1, 1, -1\]"),
     ],
-    ids=["multidiscrete-negative", "bool-box-not-0-or-1", "multibinary-2", "one-hot-negative-entry"],
+    ids=["multidiscrete-negative", "bool-box-not-0-or-1", "bool-box-a-half", "bool-box-negative", "multibinary-2",
+         "multibinary-negative", "one-hot-negative-entry"],
 )
 def test_actions_outside_their_space_are_refused_naming_the_env(make, kwargs, bad, match):
-    # each passes a check the others need: a negative index below nvec; 0.5 and 2, which a cast makes True;
+    # each passes a check the others need: a negative index below nvec; 0.5 and 2, which a cast makes True, and
+    # 0.5 or -1 alone, which are below 1 (a bool Box and a MultiBinary take exactly 0 or 1, not anything <= 1);
     # [1, 1, -1], whose sum and max are those of a one-hot vector (argmax would read it as index 0)
     pool = EnvPool([make] * 2, seed=0, **kwargs)
     td = fresh(pool)
@@ -1556,6 +1609,34 @@ def test_actions_outside_their_space_are_refused_naming_the_env(make, kwargs, ba
     with pytest.raises(ValueError, match=r"env 1\b.*" + match):
         pool.step(td)
     td["action"] = torch.stack([good, good])
+    pool.step(td)  # the pool still steps
+    pool.close()
+
+
+@pytest.mark.parametrize(
+    "make, kwargs, action, match",
+    [
+        (_EchoMultiDiscrete, {}, [[0.7, 1.9], [0.0, 0.0]], "integer dtype for a MultiCategorical action"),
+        (_EchoMultiDiscrete, {}, [[True, False], [False, True]], "integer dtype for a MultiCategorical action"),
+        (functools.partial(counting, length=10), {"categorical_action_encoding": False},
+         [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]], "integer or bool one-hot action"),
+        (_EchoMultiDiscrete, {"categorical_action_encoding": False},
+         [[1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0]] * 2, "integer or bool multi-one-hot action"),
+        (_EchoMultiBinary, {}, [[0.0, 1.0], [1.0, 1.0]], "integer or bool MultiBinary action"),
+    ],
+    ids=["multicategorical-float", "multicategorical-bool", "one-hot-float", "multi-one-hot-float",
+         "multibinary-float"],
+)
+def test_a_float_action_for_an_index_or_one_hot_space_is_a_type_error_never_truncated(make, kwargs, action, match):
+    # float indices would be truncated ([0.7, 1.9] read as [0, 1]); even an exact float one-hot is refused, as it
+    # is for every index-like space: the policy's output is a float, not an action, until it is rounded or sampled
+    pool = EnvPool([make] * 2, seed=0, **kwargs)
+    td = fresh(pool)
+    action = torch.tensor(action)
+    td["action"] = action
+    with pytest.raises(TypeError, match=rf"action: expected an {match}, got {action.dtype}"):
+        pool.step(td)
+    td["action"] = pool.action_spec.rand()
     pool.step(td)  # the pool still steps
     pool.close()
 
