@@ -401,6 +401,22 @@ def test_discrete_spaces_with_a_start_reach_sb3_as_indices():
     dict_venv.close()
 
 
+def test_multi_discrete_spaces_with_a_start_reach_sb3_as_indices():
+    # the same for MultiDiscrete(nvec, start): SB3's space has no start (its policies emit 0..nvec-1 per entry),
+    # and index [0, 0] reaches the env as start itself
+    from envs import NarrowActionEnv  # MultiDiscrete([3, 4], start=[0, -2], int32); the obs echoes the action
+
+    venv = to_sb3_vec_env(EnvPool([functools.partial(NarrowActionEnv, "multidiscrete")] * 2, seed=0))
+    assert venv.action_space == gym.spaces.MultiDiscrete([3, 4], dtype=np.int32)
+    assert venv.action_space.start.tolist() == [0, 0]
+    venv.reset()
+    venv.step_async(np.array([[0, 0], [2, 3]]))
+    obs, *_ = venv.step_wait()
+    assert obs[:, :2].tolist() == [[0.0, -2.0], [2.0, 1.0]]  # the envs saw start + index
+    PPO("MlpPolicy", venv, n_steps=16, batch_size=16, n_epochs=1, seed=0, device="cpu").learn(32)  # (env asserts)
+    venv.close()
+
+
 def test_per_env_options_are_refused_when_set_and_never_kept():
     from envs import counting
 

@@ -192,6 +192,7 @@ def test_spec_types(spec, space):
         (Unbounded((2,), dtype=torch.bfloat16), "bfloat16"),
         (Binary(shape=()), "0-d Binary"),
         (torch.stack([Composite(a=Unbounded(2)), Composite(a=Unbounded(3))], 0), "StackedComposite"),
+        (Bounded(-1, 1, (2,), dtype=torch.complex64), r"dtype=torch.complex64.*real"),  # never a gymnasium error
     ],
 )
 def test_unsupported_spec_types_name_the_type(spec, match):

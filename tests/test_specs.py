@@ -227,7 +227,9 @@ def test_box_rand_samples_inside_half_open_and_overwide_boxes(space):
     draws = spec.rand((2000,)).numpy()
     assert draws.dtype == space.dtype and np.isfinite(draws).all()
     assert all(space.contains(d) for d in draws)
-    assert (draws.std(0) > 0).all()  # not one value repeated
+    # varied draws, never one value (a bound) repeated: counted, as std() of draws near 1e308 overflows to inf
+    for column in draws.reshape(len(draws), -1).T:
+        assert np.unique(column, return_counts=True)[1].max() < len(column) // 10, column[:5]
     # the batched spec of a pool, a copy, a moved or recast spec keep this rand
     for derived in (spec.expand(5, *spec.shape), spec.clone(), spec.expand(3, *spec.shape)[1], spec.to(torch.float64)):
         assert type(derived) is BoxBounded
