@@ -236,20 +236,26 @@ def test_a_scalar_box_keeps_shape_unit_so_the_pool_leaves_are_n_as_gymnasium_bat
         pool.close()
 
 
-@pytest.mark.xfail(strict=True, reason="the serial and process backends hand a scalar Box env a numpy scalar "
-                   "(list() of the (N,) batch), not the 0-d array Box.sample() gives: Box.contains warns 'Casting "
-                   "input x to numpy array' and an in-place edit of the action raises")
+@pytest.mark.parametrize("dtype", [np.float32, np.int16])
 @pytest.mark.parametrize("backend", ["serial", "process"])
-def test_a_scalar_box_action_reaches_each_env_as_a_0_d_array_as_box_sample_gives(backend):
-    # what a single env stepped with action_space.sample() gets (a SyncVectorEnv's own iterate() is gymnasium's
-    # choice, not the pool's)
-    pool = EnvPool([ScalarBoxEnv] * 3, seed=0, backend=backend, num_workers=2 if backend == "process" else None)
+def test_a_scalar_box_action_reaches_each_env_as_a_0_d_array_as_box_sample_gives(backend, dtype):
+    # what a single env stepped with a float Box's sample() gets, with or without a "_step" mask, and in the
+    # construction probe's step too (an integer Box's sample() is a numpy scalar, which Box.contains warns about)
+    # (a SyncVectorEnv's own iterate() is gymnasium's choice, not the pool's)
+    make = functools.partial(ScalarBoxEnv, dtype)
+    pool = EnvPool([make] * 3, seed=0, backend=backend, num_workers=2 if backend == "process" else None)
     try:
         td = pool.reset()
+        before = [len(r) for r in pool.get_attr("received")]
+        assert before == [1, 1, 1]  # the probe's step
         td["action"] = pool.action_spec.rand()
         pool.step(td)
-        for received in pool.get_attr("received"):
-            assert received[-1] == ("ndarray", (), "float32")
+        td["_step"] = torch.tensor([True, False, True])
+        pool.step(td)
+        received = pool.get_attr("received")
+        assert [len(r) for r in received] == [3, 2, 3]
+        for r in received:
+            assert set(r) == {("ndarray", (), np.dtype(dtype).name)}
     finally:
         pool.close()
 

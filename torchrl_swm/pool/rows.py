@@ -413,7 +413,13 @@ def env_action_list(kind: str, array: np.ndarray, copy: bool = True) -> list:
     """Per-env gymnasium actions from a batch: numpy integer scalars for Discrete
     (what ``Discrete.sample()`` and gymnasium's vector envs pass, and what
     ``Discrete.contains`` checks fastest), one array row otherwise: a row of a copy,
-    unless ``array`` is already fresh (``copy=False``), so no env sees another's buffer."""
+    unless ``array`` is already fresh (``copy=False``), so no env sees another's buffer.
+    A scalar space's row is a 0-d array, as its ``sample()`` gives (``list()`` would give
+    numpy scalars, which ``Box.contains`` warns about and an in-place clip refuses)."""
     if kind == "discrete":
         return list(array)
-    return list(array.copy() if copy else array)
+    if copy:
+        array = array.copy()
+    if array.ndim == 1:
+        return [array[i, ...] for i in range(len(array))]
+    return list(array)

@@ -98,11 +98,16 @@ def probe_action(space: gym.Space, seed: int, mask: np.ndarray | None = None):
         return space.sample(mask=mask)
     try:
         with np.errstate(over="ignore"):  # the overflow is caught below; its RuntimeWarning would only alarm
-            return space.sample()
+            action = space.sample()
     except (OverflowError, ValueError):
         if not isinstance(space, gym.spaces.Box):
             raise
-        return np.clip(np.zeros(space.shape, space.dtype), space.low, space.high)
+        action = np.clip(np.zeros(space.shape, space.dtype), space.low, space.high)
+    if isinstance(space, gym.spaces.Box):
+        # an integer scalar Box samples a numpy scalar, as np.clip of a 0-d array gives: the 0-d array that
+        # Box.contains takes without a warning, as the pool's steps pass
+        action = np.asarray(action, space.dtype)
+    return action
 
 
 def action_mask(space: gym.Space, obs, info, batch: tuple = ()) -> np.ndarray | None:
