@@ -1244,10 +1244,11 @@ def test_the_model_action_probe_keeps_the_dtype_the_action_transform_fn_returns(
 
 
 def test_the_model_action_probe_refuses_an_action_transform_fn_that_drops_the_batch_dim():
-    """One model action for the whole batch is refused at construction, pointing at model_action_space=."""
+    """One model action for the whole batch is refused at construction, saying the fn gets the whole batch."""
     moves = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
     with pytest.raises(ReturnFormError, match=r"returned Tensor\(dtype=torch\.float32, shape=\(2,\)\) for a batch "
-                                              r"of 1 .*Pass model_action_space= to skip this probe"):
+                                              r"of 1 .*called once per step with the whole batch of outside actions, "
+                                              r"shape \(num_envs, \*action_shape\)"):
         make_world_model_env(object(), BOX2, gym.spaces.Discrete(4), num_envs=3, initial_state=torch.zeros(2),
                              transition_fn=lambda s, a: s + a, action_transform_fn=lambda a: moves[a[0]])
 
@@ -3586,7 +3587,9 @@ def test_a_model_in_another_dtype_than_the_spaces_fails_with_a_note_saying_so():
                         transition_fn=lambda m, s, a: m(s.double(), a[:, :1].double()))
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as caught:
         env.rollout(2)
-    assert not getattr(caught.value, "__notes__", None)
+    assert not any("floating parameters" in note for note in caught.value.__notes__)  # only the call's own note
+    assert len(caught.value.__notes__) == 1
+    assert caught.value.__notes__[0].startswith("WorldModelEnv: raised inside transition_fn ")
 
     # the encoder, called while the env is built, gets the note too
     class Encoder64(Linear64):

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from ..errors import describe, error_text
+from ..errors import add_note, describe, error_text
 
 __all__ = [
     "MISSING",
@@ -45,6 +45,7 @@ __all__ = [
     "AdapterError",
     "ReturnFormError",
     "bind",
+    "note_raised_inside",
     "discover_transition",
     "discover_method",
     "split_transition",
@@ -193,6 +194,31 @@ class Bound:
 
     def __repr__(self) -> str:
         return f"Bound({self.description})"
+
+
+def note_raised_inside(err: Exception, bound: Bound, batch: tuple, **inputs) -> None:
+    """Say, on an exception a user's adapter raised, which adapter it was, how it was called and with what:
+    its traceback shows where, not that the call covers the whole batch (an adapter written for one env at
+    a time fails on the batch). The package's own return-form errors already say all that."""
+    if isinstance(err, (AdapterError, ReturnFormError)):
+        return
+    given = ", ".join(f"{name}={_given(value)}" for name, value in inputs.items())
+    add_note(err, f"WorldModelEnv: raised inside {bound.description}, called once for the whole batch "
+                  f"{tuple(batch)}, given {given}")
+
+
+def _given(value, depth: int = 0) -> str:
+    """A short description of an adapter's input: leaves by type, dtype and shape; containers by their first
+    few entries."""
+    if isinstance(value, TensorDictBase):
+        return f"TensorDict(batch_size={tuple(value.batch_size)}, keys={sorted(map(str, value.keys()))[:4]})"
+    if isinstance(value, (Mapping, tuple, list)) and depth < 2:
+        items = list(value.items()) if isinstance(value, Mapping) else list(enumerate(value))
+        inner = ", ".join(f"{k!r}: {_given(v, depth + 1)}" for k, v in items[:4]) + (", ..." if len(items) > 4 else "")
+        return f"{type(value).__name__}({inner})"
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value)
+    return describe(value)
 
 
 def bind(

@@ -51,6 +51,7 @@ from .adapters import (
     bind,
     discover_method,
     discover_transition,
+    note_raised_inside,
     split_reset,
     split_transition,
 )
@@ -1318,6 +1319,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                     torch._C._set_grad_enabled(True)
         except Exception as err:
             _note_dtype_mismatch(err, self.model, state, action)
+            note_raised_inside(err, self._transition, shapes.bs, state=state, action=action)
             raise
         where = self._where
         form, state, obs, reward, terminated, truncated, info = split_transition(result, where, self._obs_keys)
@@ -1524,6 +1526,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             state = _tree.call_on_rows(self._encode.call, bs, inputs)  # grad: reset's
         except Exception as err:
             _note_dtype_mismatch(err, self.model, inputs, None, "observation")
+            note_raised_inside(err, self._encode, bs, obs=inputs)
             raise
         if state is None:
             raise ReturnFormError(f"{self._encode.description} returned None for {what}; expected the encoded state")
@@ -1671,7 +1674,11 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             if seed is None:
                 seed = self._reset_fn_seed
             self._reset_fn_seed = None
-        result = bound.call(seed, {} if options is None else options, **kwargs)
+        try:
+            result = bound.call(seed, {} if options is None else options, **kwargs)
+        except Exception as err:
+            note_raised_inside(err, bound, bs, seed=seed, options=options, **kwargs)
+            raise
         where = bound.description
         form, state, obs, info = split_reset(result, where, self._obs_keys)
         if self._obs_is_state and state is not MISSING and obs is not MISSING and state is not obs:

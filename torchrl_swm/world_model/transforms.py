@@ -23,16 +23,17 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 from torchrl.data import Bounded, Composite, TensorSpec, Unbounded
 from torchrl.envs import Compose, StepCounter, Transform, TransformedEnv
 
-from ..errors import check_bool, check_int, describe
+from ..errors import add_note, check_bool, check_int, describe
 from ..masks import row_mask
 from ..specs import as_spec, batch_spec
 from . import _tree
-from .adapters import MISSING, Bound, ReturnFormError, bind
+from .adapters import MISSING, Bound, ReturnFormError, bind, note_raised_inside
 from .env import ActionRange, WorldModelEnv, _refuse_start, step_keeping_frozen_rows
 
 __all__ = [
@@ -159,8 +160,15 @@ class ActionAdapter(_WorldModelTransform):
             stepped = _stepped_rows(tensordict, tensordict.batch_size[0]) if base._locked else None
             action = check.refuse(action, "ActionAdapter: the outside action",
                                   None if stepped is None else stepped.view(-1))
-        with _grad_context(base):
-            model_action = _tree.call_on_rows(bound.call, tuple(tensordict.batch_size), action)
+        try:
+            with _grad_context(base):
+                model_action = _tree.call_on_rows(bound.call, tuple(tensordict.batch_size), action)
+        except Exception as err:
+            note_raised_inside(err, bound, tuple(tensordict.batch_size), action=action)
+            raise
+        returned = model_action
+        if isinstance(model_action, np.ndarray):  # as the transition's numpy is taken
+            model_action = torch.as_tensor(model_action, device=base.device)
         leaf = base._action_leaf
         if leaf is None:
             raise TypeError(
@@ -177,7 +185,7 @@ class ActionAdapter(_WorldModelTransform):
             or model_action.dtype != leaf.dtype
         ):
             raise ReturnFormError(
-                f"{bound.description} returned {describe(model_action)}; expected the model's action: "
+                f"{bound.description} returned {describe(returned)}; expected the model's action: "
                 f"dtype {leaf.dtype}, "
                 f"shape {expected} (the base env's action spec)"
             )
@@ -250,10 +258,13 @@ class RewardAdapter(_WorldModelTransform):
             return next_tensordict
         bound = self._adapter(self._fn, "reward_fn", ("state", "obs", "action"))
         bs = tuple(next_tensordict.batch_size)
-        with _grad_context(base):
-            reward = _tree.call_on_rows(
-                bound.call, bs, base.state, self._observation(base, next_tensordict), tensordict.get("action")
-            )
+        state, obs, action = base.state, self._observation(base, next_tensordict), tensordict.get("action")
+        try:
+            with _grad_context(base):
+                reward = _tree.call_on_rows(bound.call, bs, state, obs, action)
+        except Exception as err:
+            note_raised_inside(err, bound, bs, state=state, obs=obs, action=action)
+            raise
         reward = base._reward(reward, bs, (*bs, 1), bound.description, "a reward")
         if reward is None:
             raise ReturnFormError(f"{bound.description} returned None; expected a float tensor of shape {(*bs, 1)}")
@@ -287,10 +298,13 @@ class TerminalAdapter(_WorldModelTransform):
             return next_tensordict
         bound = self._adapter(self._fn, "terminal_fn", ("state", "obs", "action"))
         bs = tuple(next_tensordict.batch_size)
-        with _grad_context(base):
-            flag = _tree.call_on_rows(
-                bound.call, bs, base.state, self._observation(base, next_tensordict), tensordict.get("action")
-            )
+        state, obs, action = base.state, self._observation(base, next_tensordict), tensordict.get("action")
+        try:
+            with _grad_context(base):
+                flag = _tree.call_on_rows(bound.call, bs, state, obs, action)
+        except Exception as err:
+            note_raised_inside(err, bound, bs, state=state, obs=obs, action=action)
+            raise
         terminated = base._flag(flag, bs, (*bs, 1), "terminated", bound.description, "a termination flag")
         if terminated is None or flag is MISSING:
             raise ReturnFormError(f"{bound.description} returned nothing; expected a bool tensor of shape {(*bs, 1)}")
@@ -407,8 +421,15 @@ class ObservationDecoder(_WorldModelTransform):
                 generator = base.reset_generator if phase == "reset" else base.generator
             kwargs["generator"] = generator
         context = contextlib.nullcontext() if self._differentiable else torch.no_grad()
-        with context:
-            out = self._bound.call(value, **kwargs)
+        try:
+            with context:
+                out = self._bound.call(value, **kwargs)
+        except Exception as err:
+            batch = value.batch_size if isinstance(value, TensorDictBase) else getattr(value, "shape", ())[:1]
+            note_raised_inside(err, self._bound, tuple(batch), obs=value)
+            raise
+        if isinstance(out, np.ndarray):  # as the transition's numpy is taken
+            out = torch.as_tensor(out, device=None if base is None else base.device)
         if not isinstance(out, torch.Tensor):
             raise ReturnFormError(f"{self._bound.description} returned {describe(out)}; expected a tensor")
         return out
@@ -691,11 +712,21 @@ def _probe_model_action(model, fn, action_space, device, differentiable) -> Tens
     sample = outer.to(device).zero((1,))
     # bound as ActionAdapter binds it; the probe's generator is a throwaway (only the shape matters)
     bound = bind(fn, "action_transform_fn", ("action",), model=model, extras={"generator": torch.Generator(device)})
-    with contextlib.nullcontext() if differentiable else torch.no_grad():
-        out = bound.call(sample)
+    try:
+        with contextlib.nullcontext() if differentiable else torch.no_grad():
+            out = bound.call(sample)
+    except Exception as err:
+        note_raised_inside(err, bound, (1,), action=sample)
+        add_note(err, "WorldModelEnv: this was the probe that finds the model's action space (one zero outside "
+                      "action); pass model_action_space= to skip it")
+        raise
+    returned = out
+    if isinstance(out, np.ndarray):  # as the transition's numpy is taken
+        out = torch.as_tensor(out, device=device)
     if not isinstance(out, torch.Tensor) or out.ndim < 1 or out.shape[0] != 1:
         raise ReturnFormError(
-            f"{bound.description} returned {describe(out)} for a batch of 1 action of shape {tuple(sample.shape)}; "
-            "expected a batched tensor (one model action per row). Pass model_action_space= to skip this probe."
+            f"{bound.description} returned {describe(returned)} for a batch of 1 action of shape {tuple(sample.shape)}; "
+            "expected a batched tensor, one model action per row: action_transform_fn is called once per step "
+            "with the whole batch of outside actions, shape (num_envs, *action_shape)"
         )
     return Unbounded(shape=out.shape[1:], dtype=out.dtype, device=device)
