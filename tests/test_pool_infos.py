@@ -257,6 +257,33 @@ def test_statistics_of_both_sub_env_and_vector_wrappers_are_recorded_once():
     pool.close()
 
 
+def _always_then_dropped():
+    """Reports "always" at reset and at each step but the third, wrapped in RecordEpisodeStatistics."""
+    return gym.wrappers.RecordEpisodeStatistics(InfoEnv({"always": 1}, [{"always": 2}, {"always": 3}, {}]))
+
+
+@pytest.mark.parametrize("backend", ["serial", "process", "vector"])
+def test_an_episode_statistics_wrapper_leaves_always_reported_keys_unmasked(backend):
+    """The stand-in probe for a wrapper's end-of-episode statistics counted as a probe every key must appear in,
+    so every key the env always reports got a presence mask under RecordEpisodeStatistics (or Monitor): an env
+    that later left one out read as a silent 0 instead of the error a plain env gets."""
+    if backend == "vector":
+        pool = EnvPool(gym.vector.SyncVectorEnv([_always_then_dropped] * 2), seed=0)
+    else:
+        pool = EnvPool([_always_then_dropped] * 2, seed=0, backend=backend)
+    try:
+        assert ("info_mask", "always") not in pool.observation_spec.keys(True, True)
+        assert ("info_mask", "episode", "r") in pool.observation_spec.keys(True, True)  # end of episode only
+        td = step(pool)
+        assert td["info", "always"].view(-1).tolist() == [2, 2]
+        td = step(pool, td.clone())
+        assert td["info", "always"].view(-1).tolist() == [3, 3]
+        with pytest.raises(EnvError, match=r"info key 'always' is missing from this info"):
+            step(pool, td.clone())
+    finally:
+        pool.close()
+
+
 def test_several_late_keys_of_a_vector_env_are_named_together():
     """The vector path named one key at a time (declaring ('episode', 'r') as advised failed on ('episode', 'l'))."""
     venv = gym.vector.AsyncVectorEnv([_recording_episode_statistics] * 2)  # its sub-envs live in its workers

@@ -59,12 +59,17 @@ from ..errors import EnvError, SpecError, describe, user_stacklevel
 __all__ = ["InfoSchema", "InfoWriter", "SkippedValue", "numeric_value", "numeric_info_value", "vector_values",
            "cast_problem", "first_cast_problem",
            "flatten_vector_info", "check_vector_mask", "batch_wide_error", "INFO_MASK_KEY",
-           "needs_step_probe", "chosen_info_keys"]
+           "needs_step_probe", "chosen_info_keys", "EPISODE_END"]
 
 Key = tuple[str, ...]
 
 #: Root key of the presence masks of optional info keys.
 INFO_MASK_KEY = "info_mask"
+
+#: The phase of the probes that stand in for an episode-statistics wrapper's info at an episode's end (which the
+#: construction probe's one step rarely reaches): their keys get a mask, and they do not count as probes an
+#: always-reported key must appear in.
+EPISODE_END = "episode end"
 
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -399,7 +404,8 @@ class InfoSchema:
 
         leaves: dict[Key, InfoLeaf] = {}
         first_seen: dict[Key, tuple[int, str]] = {}
-        reported: dict[Key, int] = {}  # in how many probes
+        reported: dict[Key, int] = {}  # in how many probes (but the EPISODE_END ones)
+        at_episode_end: set[Key] = set()  # reported by an EPISODE_END probe
         skipped: dict[Key, tuple[int, str, object]] = {}  # a non-numeric value's first probe
         for env_index, phase, info in probes:
             for key, value in _flatten(info, (), env_index, phase):
@@ -407,7 +413,10 @@ class InfoSchema:
                 if array is None:
                     skipped.setdefault(key, (env_index, phase, value))
                     continue
-                reported[key] = reported.get(key, 0) + 1
+                if phase == EPISODE_END:
+                    at_episode_end.add(key)
+                else:
+                    reported[key] = reported.get(key, 0) + 1
                 seen = leaves.get(key)
                 if seen is None:
                     leaves[key] = InfoLeaf(array.shape, array.dtype)
@@ -443,7 +452,8 @@ class InfoSchema:
             )
         leaves.update(declared)
         first_seen.update((key, None) for key in declared)
-        masked = {key for key in leaves if key in declared or reported.get(key, 0) < len(probes)}
+        real = sum(phase != EPISODE_END for _, phase, _ in probes)  # a key reported in each of these: no mask
+        masked = {key for key in leaves if key in declared or reported.get(key, 0) < real or key in at_episode_end}
         if chosen_keys is None:
             _check_nesting(leaves, first_seen)
             _check_key_names(leaves)

@@ -16,7 +16,7 @@ import gymnasium as gym
 import numpy as np
 
 from ..errors import EnvAttributeError, EnvError, add_as_notes, add_note, describe, error_text
-from .infos import InfoWriter, SkippedValue, numeric_info_value
+from .infos import EPISODE_END, InfoWriter, SkippedValue, numeric_info_value
 from .rows import RowWriter
 
 __all__ = ["SerialBackend", "InProcessBackend", "call_envs", "make_envs", "numeric_only", "probe_action",
@@ -364,7 +364,7 @@ class SerialBackend(InProcessBackend):
                     raise _bad_step_result(i, result)
                 info = result[4]
                 infos.append((i, "step", numeric_only(info, i, "step")))
-                infos.extend((i, "step", stats) for stats in episode_stat_probes(env))
+                infos.extend((i, EPISODE_END, stats) for stats in episode_stat_probes(env))
             except EnvError:
                 raise
             except Exception as err:

@@ -55,7 +55,7 @@ from ..errors import (
     describe,
     error_text,
 )
-from .infos import batch_wide_error, check_vector_mask, flatten_vector_info, numeric_info_value
+from .infos import EPISODE_END, batch_wide_error, check_vector_mask, flatten_vector_info, numeric_info_value
 from .rows import RowWriter
 from .serial import (
     PROBE_HINT,
@@ -140,7 +140,7 @@ def _episode_stat_probes(venv, num_envs: int) -> list:
             "l": np.zeros((), getattr(wrapper, "episode_lengths", np.zeros(0, np.int64)).dtype),
             "t": np.zeros((), np.float64),
         }
-        probes.extend((i, "step", {_stats_key(wrapper): dict(stats)}) for i in range(num_envs))
+        probes.extend((i, EPISODE_END, {_stats_key(wrapper): dict(stats)}) for i in range(num_envs))
     return probes
 
 
@@ -312,7 +312,7 @@ class VectorBackend(InProcessBackend):
         # a SyncVectorEnv's sub-envs' own statistics wrappers (make_vec(..., wrappers=[RecordEpisodeStatistics])),
         # which reset with their env: found as in a pool of single envs (an AsyncVectorEnv's live in its workers)
         for i, env in enumerate(getattr(_innermost(self.venv), "envs", None) or ()):
-            infos.extend((i, "step", stats) for stats in episode_stat_probes(env))
+            infos.extend((i, EPISODE_END, stats) for stats in episode_stat_probes(env))
         if step_info is not None and self.mode is AutoresetMode.SAME_STEP and not self.seed_every_episode:
             # only where the wrapper's statistics hold: every other mode resets finished rows with a masked reset,
             # and gymnasium 1.4's vector envs pop options["reset_mask"] before the wrapper reads it (it then
