@@ -843,6 +843,66 @@ class SameStepCounter(gym.vector.VectorEnv):
         return self.t[:, None].copy(), np.ones(self.num_envs), done, np.zeros(self.num_envs, bool), info
 
 
+@pytest.mark.parametrize("declared", [None, AutoresetMode.NEXT_STEP, AutoresetMode.DISABLED, "NextStep"])
+def test_a_same_step_vector_env_declared_otherwise_is_refused_at_its_first_final_obs(declared):
+    """Read as NEXT_STEP (or DISABLED), a SAME_STEP env's done rows recorded the reset observation as the terminal
+    one, and were reset a second time: its info['final_obs'] says what it is."""
+    metadata = {} if declared is None else {"autoreset_mode": declared}
+    venv = type("Misdeclared", (SameStepCounter,), {"metadata": metadata})()
+    pool = EnvPool(venv, masked_reset=True, seed_every_episode=False)
+    td = pool.reset()
+    td = pool.step(td.set("action", torch.zeros(2, dtype=torch.int64)))["next"]  # no row done yet: no final_obs
+    with pytest.raises(SpecError, match=r"returned info\['final_obs'\], so it resets finished rows in the same step "
+                                        r"\(AutoresetMode.SAME_STEP\), but its metadata\['autoreset_mode'\] says "
+                                        r"AutoresetMode\.(NEXT_STEP|DISABLED)"):
+        pool.step(td.set("action", torch.zeros(2, dtype=torch.int64)))
+    pool.close()
+
+
+class _OwnMetadata(gym.vector.VectorWrapper):
+    """A vector wrapper that sets metadata of its own, without its env's autoreset mode."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.metadata = {"render_modes": []}
+
+
+def test_a_vector_wrapper_hiding_its_envs_autoreset_mode_is_read_through():
+    def make():
+        return gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 3, autoreset_mode=AutoresetMode.SAME_STEP)
+
+    wrapped = EnvPool(_OwnMetadata(make()), seed=4, seed_every_episode=False)
+    plain = EnvPool(make(), seed=4, seed_every_episode=False)
+    assert "autoreset_mode" not in wrapped._backend.venv.metadata
+    a, b = (torch.manual_seed(0) and pool.rollout(120, break_when_any_done=False) for pool in (wrapped, plain))
+    assert a["next", "done"].sum() >= 3
+    assert (a == b).all()  # terminal observations included
+    for pool in (wrapped, plain):
+        pool.close()
+
+
+@pytest.mark.parametrize("value", ["same_step", "SameStep ", None, 1])
+def test_an_unknown_autoreset_mode_in_a_vector_envs_metadata_is_a_clear_error(value):
+    venv = type("Odd", (SameStepCounter,), {"metadata": {"autoreset_mode": value}})()
+    with pytest.raises(SpecError, match=r"Odd.metadata\['autoreset_mode'\] is .*; expected a gymnasium.vector."
+                                        r"AutoresetMode \(AutoresetMode.NEXT_STEP, .*\), its value \('NextStep', "
+                                        r"'SameStep', 'Disabled'\) or its name"):
+        EnvPool(venv)
+
+
+@pytest.mark.parametrize("value", ["SameStep", "SAME_STEP"])
+def test_an_autoreset_mode_given_by_its_value_or_name_is_read(value):
+    venv = type("Named", (SameStepCounter,), {"metadata": {"autoreset_mode": value}})()
+    pool = EnvPool(venv, seed_every_episode=False)
+    assert pool._backend.mode is AutoresetMode.SAME_STEP
+    td = pool.reset()
+    for _ in range(2):
+        out, td = pool.step_and_maybe_reset(td.set("action", torch.zeros(2, dtype=torch.int64)))
+    assert out["next", "done"].view(-1).tolist() == [True, False]
+    assert out["next", "observation"].view(-1).tolist() == [2.0, 2.0]  # the terminal observation of row 0
+    pool.close()
+
+
 def test_same_step_vector_env_without_masked_reset_refuses_reset_options_clearly():
     pool = EnvPool(SameStepCounter(), seed_every_episode=False)
     td = pool.reset()

@@ -144,6 +144,29 @@ def _episode_stat_probes(venv, num_envs: int) -> list:
     return probes
 
 
+def declared_autoreset_mode(venv) -> AutoresetMode:
+    """``venv.metadata["autoreset_mode"]``, or the first one declared under it (a ``VectorWrapper`` that sets
+    metadata of its own hides its env's); gymnasium's default, NEXT_STEP, when none is declared. The
+    enum, its value or its name (``"SameStep"``, ``"SAME_STEP"``); anything else is a :class:`SpecError`."""
+    env = venv
+    while "autoreset_mode" not in (getattr(env, "metadata", None) or {}):
+        if not isinstance(env, gym.vector.VectorWrapper):
+            return AutoresetMode.NEXT_STEP
+        env = env.env
+    value = env.metadata["autoreset_mode"]
+    if isinstance(value, AutoresetMode):
+        return value
+    if isinstance(value, str):
+        for mode in AutoresetMode:
+            if value in (mode.value, mode.name):
+                return mode
+    raise SpecError(
+        f"{type(env).__name__}.metadata['autoreset_mode'] is {value!r}; expected a gymnasium.vector.AutoresetMode "
+        f"({', '.join(f'AutoresetMode.{mode.name}' for mode in AutoresetMode)}), its value "
+        f"({', '.join(repr(mode.value) for mode in AutoresetMode)}) or its name"
+    )
+
+
 def _plain_sync(venv) -> bool:
     """A gymnasium ``SyncVectorEnv`` whose ``close`` and ``close_extras`` are gymnasium's own (a subclass that
     cleans up in them is closed through them)."""
@@ -178,7 +201,7 @@ class VectorBackend(InProcessBackend):
         self.venv = venv
         self.num_envs = int(venv.num_envs)
         self.pixels = pixels
-        self.mode = AutoresetMode(venv.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
+        self.mode = declared_autoreset_mode(venv)
         self.observation_space = venv.single_observation_space
         self.action_space = venv.single_action_space
         #: Whether each row can get its own seed (gymnasium's Sync/AsyncVectorEnv), or one seeds the batch.
@@ -598,12 +621,22 @@ class VectorBackend(InProcessBackend):
             writer.info.write_batch(info, ~done, "step")
             writer.info.write_batch({**terminal, **final_info} if terminal else final_info, done, "step")
         else:
+            if "final_obs" in info:  # a SAME_STEP env: its observations of done rows are already reset ones
+                raise self._undeclared_same_step()
             writer.observations(None, obs, "step")
             writer.info.write_batch(info, everyone, "step")
         writer.step_flags(slice(0, self.num_envs), range(self.num_envs), reward, terminated, truncated)
         if self.mode is not AutoresetMode.SAME_STEP:
             self.pending_done = done
         return None if self.frames is None else self._store_frames(None)
+
+    def _undeclared_same_step(self) -> SpecError:
+        return SpecError(
+            f"{type(self.venv).__name__}.step returned info['final_obs'], so it resets finished rows in the same "
+            f"step (AutoresetMode.SAME_STEP), but its metadata['autoreset_mode'] says {self.mode} (NEXT_STEP when "
+            "absent): its terminal observations would be lost. Declare metadata['autoreset_mode'] = "
+            "AutoresetMode.SAME_STEP (a VectorWrapper that sets metadata of its own must keep its env's)."
+        )
 
     def _terminal_extras(self, info: Mapping) -> dict:
         """SAME_STEP: top-level info entries that belong to the terminal step, not to the reset.
