@@ -174,6 +174,10 @@ def test_setting_an_info_or_dict_observation_leaf_on_the_next_root_leaves_the_st
         stored = step[("next", *key)].clone()
         root[key] = torch.full_like(stored, 99)
         assert torch.equal(step[("next", *key)], stored), key
+    # a key added under the root's "info" (a transform's, a policy's) is not added to the step's "next" either
+    keys = set(step["next", "info"].keys())
+    root["info", "added"] = torch.zeros(3, 1)
+    assert set(step["next", "info"].keys()) == keys
     pool.close()
 
 
@@ -1998,6 +2002,36 @@ def test_info_keys_of_a_same_step_probe_step_where_only_some_envs_end_are_inferr
     done = rollout["next", "done"][..., 0]
     assert done[1].any() and rollout["next", "info", "success"][..., 0][done].all()
     pool.close()
+
+
+class _FinalInfoMasksEveryRow(gym.vector.VectorWrapper):
+    """A SAME_STEP vector env whose ``final_info`` masks also mark every row that did not finish (it holds zeros
+    there), as a hand-written vector env may build them."""
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        final_info = info.get("final_info")
+        if final_info:
+            unfinished = ~(terminated | truncated)
+            for key in [k for k in final_info if not k.startswith("_")]:
+                final_info["_" + key] = final_info["_" + key] | unfinished
+        return obs, reward, terminated, truncated, info
+
+
+def test_a_same_step_final_info_masks_marking_unfinished_rows_leave_their_step_infos_alone():
+    # the terminal infos are written to the finished rows only: a row that did not finish keeps its own step
+    # info (and mask), whatever final_info's "_key" mask says about it
+    fns = [functools.partial(sparse_info, period=p, max_length=4) for p in (1, 2, 3)]
+    kwargs = dict(seed=4, info_spec={"bonus": 0.0, "success": False})
+    plain = EnvPool(gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP), **kwargs)
+    marked = EnvPool(_FinalInfoMasksEveryRow(gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)),
+                     **kwargs)
+    a, b = drive(plain, 40), drive(marked, 40)
+    dones = torch.stack([td["next", "done"].view(-1) for td in a[1::2]])
+    assert (dones.any(1) & ~dones.all(1)).any(), "some step must end some rows but not all"
+    assert_same(a, b)
+    plain.close()
+    marked.close()
 
 
 def test_a_same_step_full_reset_seeding_some_rows_resets_each_unseeded_finished_row_once():

@@ -74,6 +74,9 @@ def test_vector_info_with_one_value_for_the_batch_is_refused_at_construction_unl
         EnvPool(BatchWideInfoVectorEnv(batch_wide), seed=0)
     with pytest.raises(EnvError, match=r"'step_count' is .*one value for the whole batch"):
         EnvPool(BatchWideInfoVectorEnv(batch_wide), seed=0, info_spec={"step_count": 0})
+    # declaring it asks for a per-env value the env does not give: refused even where info_keys= leaves it out
+    with pytest.raises(EnvError, match=r"'step_count' is .*one value for the whole batch"):
+        EnvPool(BatchWideInfoVectorEnv(batch_wide), seed=0, info_keys=["good"], info_spec={"step_count": 0})
     # left out with info_keys=: the pool records the other keys
     pool = EnvPool(BatchWideInfoVectorEnv(batch_wide), seed=0, info_keys=["good"])
     assert list(pool.observation_spec["info"].keys()) == ["good"]
@@ -116,6 +119,10 @@ def test_info_key_numeric_in_one_env_and_none_in_another_is_refused_at_construct
                                       rf"but a number in env 1 at {at}") as err:
         EnvPool(fns, seed=0)
     assert err.value.env_index == 0
+    # a key declared with info_spec= that is None in every env: refused at construction too, naming the declaration
+    with pytest.raises(EnvError, match=rf"env 0 \({at}\): info key 'lives' is NoneType None here, "
+                                      r"but a number in its info_spec= declaration"):
+        EnvPool([functools.partial(MixedInfoEnv, 0, at)] * 2, seed=0, info_spec={"lives": 0})
     # a key that is non-numeric in every env (the string "name", here without "lives") is still skipped, silently
     pool = EnvPool([functools.partial(MixedInfoEnv, i, "never") for i in range(2)], seed=0)
     assert "info" not in pool.observation_spec.keys()
@@ -1302,22 +1309,29 @@ def test_dict_observations_with_non_string_keys_are_read_with_the_envs_keys(back
 
 
 class _ArrayRewardEnv(gym.Env):
-    """Returns its reward and terminated flag as (1,) arrays, which gymnasium's vector envs refuse."""
+    """Returns its reward (and, with ``array_terminated``, its terminated flag) as (1,) arrays, which
+    gymnasium's vector envs refuse."""
 
     observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
     action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, array_terminated=True):
+        self.array_terminated = array_terminated
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         return np.zeros(2, np.float32), {}
 
     def step(self, action):
-        return np.zeros(2, np.float32), np.array([1.5], np.float32), np.array([False]), False, {}
+        terminated = np.array([False]) if self.array_terminated else False
+        return np.zeros(2, np.float32), np.array([1.5], np.float32), terminated, False, {}
 
 
+@pytest.mark.parametrize("array_terminated", [True, False], ids=["reward and terminated", "reward alone"])
 @pytest.mark.parametrize("num_envs", [1, 3])
-def test_a_reward_of_shape_1_is_refused_whatever_the_number_of_rows_stepped(num_envs):
-    pool = EnvPool([_ArrayRewardEnv] * num_envs, seed=0, info_keys=[])
+def test_a_reward_of_shape_1_is_refused_whatever_the_number_of_rows_stepped(num_envs, array_terminated):
+    # a (1,) reward is refused even in a one-env pool, where numpy would store it in the (1,) row silently
+    pool = EnvPool([functools.partial(_ArrayRewardEnv, array_terminated)] * num_envs, seed=0, info_keys=[])
     try:
         td = pool.reset()
         td["action"] = torch.zeros(num_envs, dtype=torch.int64)

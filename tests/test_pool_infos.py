@@ -55,16 +55,35 @@ def test_key_seen_only_in_a_later_env_reset_is_recorded_with_a_mask():
     pool.close()
 
 
-def test_key_seen_only_at_step_is_recorded_with_a_mask():
-    pool = info_pool([{}] * 2, [[{"step_only": 1}]] * 2)
+@pytest.mark.parametrize("n", [1, 2])
+def test_key_seen_only_at_step_is_recorded_with_a_mask(n):
+    # with one env, the key is missing from a single probe (the reset's): that is enough for a mask
+    pool = info_pool([{}] * n, [[{"step_only": 1}]] * n)
     assert "step_only" in pool.observation_spec["info"].keys()
-    assert pool.observation_spec["info_mask", "step_only"].shape == (2, 1)
+    assert pool.observation_spec["info_mask", "step_only"].shape == (n, 1)
     assert pool.observation_spec["info_mask", "step_only"].dtype == torch.bool
     reset = pool.reset()
-    assert reset["info_mask", "step_only"].view(-1).tolist() == [False, False]
+    assert reset["info_mask", "step_only"].view(-1).tolist() == [False] * n
     out = step(pool, reset)
-    assert out["info", "step_only"].view(-1).tolist() == [1, 1]
-    assert out["info_mask", "step_only"].view(-1).tolist() == [True, True]
+    assert out["info", "step_only"].view(-1).tolist() == [1] * n
+    assert out["info_mask", "step_only"].view(-1).tolist() == [True] * n
+    pool.close()
+
+
+@pytest.mark.parametrize("n, env, phase", [(1, 0, "reset"), (1, 0, "step"), (3, 2, "reset"), (3, 0, "step")])
+def test_a_key_missing_from_exactly_one_probe_gets_a_mask(n, env, phase):
+    # every env reports "k" at reset and at its first step but one env at one of them: the key is masked,
+    # and that env's row reads 0 with the mask False there (never a "missing from this info" error)
+    resets = [{} if (i, phase) == (env, "reset") else {"k": 5} for i in range(n)]
+    steps = [[{} if (i, phase) == (env, "step") else {"k": 7}] for i in range(n)]
+    pool = info_pool(resets, steps)
+    assert set(pool.observation_spec["info_mask"].keys()) == {"k"}
+    td = pool.reset()
+    out = step(pool, td)
+    for got, value, where in ((td, 5, "reset"), (out, 7, "step")):
+        want = [not (i == env and where == phase) for i in range(n)]
+        assert got["info_mask", "k"].view(-1).tolist() == want, where
+        assert got["info", "k"].view(-1).tolist() == [value if w else 0 for w in want], where
     pool.close()
 
 
@@ -497,6 +516,17 @@ def test_python_int_out_of_range_is_an_env_error_naming_env_and_key():
     pool.close()
 
 
+def test_python_ints_at_the_ends_of_int64_are_recorded_exactly():
+    # int64's own min and max are in range: recorded from the reset and step infos (construction infers from them)
+    lo, hi = -(2**63), 2**63 - 1
+    pool = info_pool([{"big": hi}, {"big": lo}], [[{"big": lo}], [{"big": hi}]])
+    assert pool.observation_spec["info", "big"].dtype == torch.int64
+    td = pool.reset()
+    assert td["info", "big"].view(-1).tolist() == [hi, lo]
+    assert step(pool, td)["info", "big"].view(-1).tolist() == [lo, hi]
+    pool.close()
+
+
 @pytest.mark.parametrize("vector", [False, True])
 def test_numpy_int_of_another_width_is_range_checked_never_wrapped(vector):
     make = vector_info_pool if vector else info_pool
@@ -698,6 +728,9 @@ def test_dtypes_promoted_across_envs_keep_every_value_exact(first, second):
     (torch.float32, np.int64(2**24 + 1)),
     (torch.float64, 2**53 + 1),       # numpy calls int64 -> float64 a safe cast
     (torch.float16, np.int16(2049)),
+    (torch.float16, 2049),                  # a Python int: float16 would store 2048
+    (torch.float32, np.uint32(2**24 + 1)),  # unsigned integers are checked as signed ones are
+    (torch.float64, np.uint64(2**53 + 1)),
 ])
 def test_an_integer_a_float_key_cannot_hold_exactly_is_an_error(key_dtype, value):
     pool = info_pool([{}] * 2, [[{}], [{"x": value}]], info_spec={"x": Unbounded(shape=(), dtype=key_dtype)})
