@@ -797,6 +797,32 @@ def test_next_step_vector_env_without_masked_reset_is_refused_clearly():
         EnvPool(Plain())
 
 
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_an_async_vector_env_without_shared_memory_is_refused_in_next_step_mode_only(wrapped):
+    """gymnasium's AsyncVectorEnv worker clears a pending NEXT_STEP autoreset at a reset only with shared memory:
+    without it the step after a masked reset would restart the env again (a ghost transition). Such an env is a
+    SpecError naming shared_memory, also under a vector wrapper; in SAME_STEP mode it records plain episodes."""
+
+    def make(**kwargs):
+        venv = gym.vector.AsyncVectorEnv([functools.partial(counting, length=3)] * 2, shared_memory=False, **kwargs)
+        return gym.wrappers.vector.RecordEpisodeStatistics(venv) if wrapped else venv
+
+    venv = make()
+    try:
+        with pytest.raises(SpecError, match=r"AsyncVectorEnv\(shared_memory=False\) in NEXT_STEP mode.*ghost "
+                                            r"transition. Use shared_memory=True"):
+            EnvPool(venv)
+    finally:
+        venv.close()
+    pool = EnvPool(make(autoreset_mode=AutoresetMode.SAME_STEP))
+    try:
+        rollout = pool.rollout(7, break_when_any_done=False)
+        assert rollout["next", "done"][:, :, 0].tolist() == [[False, False, True] * 2 + [False]] * 2
+        assert rollout["next", "observation"][:, :, 0].tolist() == [[1.0, 2.0, 3.0] * 2 + [1.0]] * 2
+    finally:
+        pool.close()
+
+
 def test_a_vector_env_whose_metadata_has_no_autoreset_mode_is_next_step():
     # gymnasium's default autoreset mode is NEXT_STEP: such an env needs a masked reset, as a declared NEXT_STEP one
     class Undeclared(gym.vector.VectorEnv):
@@ -985,6 +1011,53 @@ def test_same_step_vector_env_without_masked_reset_reseeds_every_finished_row_by
     td = pool.reset(seed=5)
     assert venv.seeds[-1] == 5 and td["episode_seed"].view(-1).tolist() == [5, 5]
     assert td["observation"].view(-1).tolist() == [0.0, 0.0]
+    pool.close()
+
+
+@pytest.mark.parametrize("seed", [None, 7])
+def test_same_step_vector_env_without_masked_reset_resets_every_row_by_a_full_reset_when_only_some_finished(seed):
+    """A full reset() after the env reset some finished rows itself, the others still mid-episode, needs no masked
+    reset: it is the vector env's own reset() of every row, called once (not refused as a reset of rows the env did
+    not finish)."""
+    venv = _SeedRecordingSameStepCounter(3)
+    venv.length[:] = [2, 3, 4]
+    pool = EnvPool(venv, seed=seed, seed_every_episode=False)
+    td = pool.reset()
+    for _ in range(2):
+        td = pool.step(td.set("action", torch.zeros(3, dtype=torch.int64)))["next"]
+    assert td["done"].view(-1).tolist() == [True, False, False]
+    resets = len(venv.seeds)
+    out = pool.reset()
+    assert out["observation"].view(-1).tolist() == [0.0, 0.0, 0.0]
+    assert venv.seeds[resets:] == [None]  # one reset() of the vector env, unseeded (no per-episode seeds)
+    for _ in range(2):  # every row restarted: row 0 ends again 2 steps later, the others go on
+        out = pool.step(out.set("action", torch.zeros(3, dtype=torch.int64)))["next"]
+    assert out["done"].view(-1).tolist() == [True, False, False]
+    pool.close()
+
+
+@pytest.mark.parametrize("final_key", ["final_observation", None])
+def test_same_step_vector_env_finishing_rows_without_final_obs_is_an_error_naming_the_row(final_key):
+    """A SAME_STEP env must give the terminal observations of the rows it reset in info['final_obs'] (gymnasium
+    0.29's 'final_observation' is not read): without it the reset observations would be recorded as the terminal
+    ones, silently."""
+
+    class NoFinalObs(SameStepCounter):
+        def step(self, actions):
+            obs, reward, done, trunc, info = super().step(actions)
+            if "final_obs" in info:
+                final, mask = info.pop("final_obs"), info.pop("_final_obs")
+                if final_key is not None:
+                    info[final_key], info["_" + final_key] = final, mask
+            return obs, reward, done, trunc, info
+
+    pool = EnvPool(NoFinalObs(), seed_every_episode=False)
+    td = pool.reset()
+    td = pool.step(td.set("action", torch.zeros(2, dtype=torch.int64)))["next"]  # no row done yet
+    with pytest.raises(EnvError, match=r"env 0 \(step\): SAME_STEP vector env finished rows without "
+                                       r"info\['final_obs'\]") as err:
+        pool.step(td.set("action", torch.zeros(2, dtype=torch.int64)))
+    assert err.value.env_index == 0
     pool.close()
 
 

@@ -467,6 +467,29 @@ def test_vector_env_np_bool_key_some_envs_omit_reads_false_with_a_mask():
     pool.close()
 
 
+@pytest.mark.parametrize("rows", [(0,), (1,), (0, 2)])
+@pytest.mark.parametrize("at_reset", [True, False])
+def test_vector_env_number_key_only_some_rows_report_is_inferred_with_a_mask_as_the_serial_backend(rows, at_reset):
+    """A key only some envs of a SyncVectorEnv report (gymnasium fills the others with 0 and masks them with
+    "_key") is inferred, without an info_spec, as a masked key: the other rows read 0 with a False mask, as a
+    serial pool records them, and never raise that the key is missing."""
+    special = {"special": 7}
+    reset_infos = [special if (at_reset and i in rows) else {} for i in range(3)]
+    step_infos = [[special] if i in rows else [{}] for i in range(3)]
+    serial, vector = info_pool(reset_infos, step_infos), vector_info_pool(reset_infos, step_infos)
+    assert set(vector.observation_spec["info_mask"].keys()) == {"special"}
+    assert vector.observation_spec["info"] == serial.observation_spec["info"]
+    expected = [7 if i in rows else 0 for i in range(3)]
+    a, b = serial.reset(), vector.reset()
+    for _ in range(3):
+        assert (a["info"] == b["info"]).all() and (a["info_mask"] == b["info_mask"]).all()
+        a, b = step(serial, a).clone(), step(vector, b).clone()
+    assert b["info", "special"].view(-1).tolist() == expected
+    assert b["info_mask", "special"].view(-1).tolist() == [i in rows for i in range(3)]
+    serial.close()
+    vector.close()
+
+
 def test_vector_env_object_info_mixing_numbers_and_other_values_is_an_error_naming_the_env():
     with pytest.raises(EnvError, match=r"env 1 .*'flag'.*env 0 reported a numeric value.*str") as err:
         vector_info_pool([{"flag": np.bool_(True)}, {"flag": "yes"}], [[{}]] * 2)

@@ -2,6 +2,7 @@
 
 import functools
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -222,11 +223,58 @@ def test_a_none_seed_entry_leaves_that_env_on_its_own_schedule(backend):
     ([True, 1, 2], TypeError), ((5, None, True), TypeError),
     # a 0-d float or bool array/tensor is refused, not truncated to an int seed (3.7 -> 3, True -> 1)
     (np.array(3.7), TypeError), (torch.tensor(3.7), TypeError), (np.array(True), TypeError),
+    # one seed per env, but not a 1-D array of them (a (N, 1) tensor as the "episode_seed" leaf): its shape is named
+    (np.array([[1], [2], [3]]), ValueError), (torch.tensor([[1], [2], [3]]), ValueError),
+    (np.arange(6).reshape(3, 2), ValueError),
 ])
 def test_bad_seeds(seed, error):
     pool = EnvPool([functools.partial(counting, length=2)] * 3)
     with pytest.raises(error, match="seed"):
         pool.reset(seed=seed)
+    pool.close()
+
+
+def test_the_episode_seed_leaf_passed_back_as_a_seed_says_its_shape():
+    pool = EnvPool([functools.partial(counting, length=2)] * 3, seed=0)
+    td = pool.reset()
+    with pytest.raises(ValueError, match=r"seed: expected an int or 3 seeds \(one per env\), got shape \(3, 1\)"):
+        pool.reset(seed=td["episode_seed"])
+    assert seeds_of(pool.reset(seed=td["episode_seed"].view(-1))) == [0, 1, 2]  # flattened, it is taken
+    pool.close()
+
+
+@pytest.mark.parametrize("where", ["constructor", "set_seed"])
+def test_an_object_array_of_seeds_is_refused_where_no_none_entry_is_allowed(where):
+    """EnvPool(seed=) and set_seed() take ints only (reset(seed=) alone takes None entries, an object array of
+    them included): an object array is a TypeError naming its dtype, even one holding only ints."""
+    seeds = np.array([1, 2, 3], dtype=object)
+    with pytest.raises(TypeError, match="seed: expected integer seeds, got dtype object"):
+        if where == "constructor":
+            EnvPool([functools.partial(counting, length=2)] * 3, seed=seeds)
+        else:
+            EnvPool([functools.partial(counting, length=2)] * 3).set_seed(seeds)
+    pool = EnvPool([functools.partial(counting, length=2)] * 3)
+    assert seeds_of(pool.reset(seed=seeds)) == [1, 2, 3]
+    pool.close()
+
+
+@pytest.mark.parametrize("backend", ["serial", "vector"])
+@pytest.mark.parametrize("where", ["constructor", "set_seed", "reset", "reset_list"])
+def test_the_largest_seed_2_63_minus_1_is_accepted_and_the_next_episode_wraps_to_0(where, backend):
+    """Seeds must be below 2**63: 2**63 - 1 itself is valid (for a one-env pool given it as its seed); the env's
+    next episode, seeded s + 1, wraps to 0."""
+    top = 2**63 - 1
+    fns = [functools.partial(counting, length=1)]
+    env = gym.vector.SyncVectorEnv(fns) if backend == "vector" else fns
+    pool = EnvPool(env, seed=top if where == "constructor" else None)
+    if where == "set_seed":
+        pool.set_seed(top)
+    td = pool.reset(seed={"reset": top, "reset_list": [top]}.get(where))
+    assert seeds_of(td) == [top]
+    assert pool.get_attr("last_seed") == [top]
+    td = pool.step_and_maybe_reset(td.set("action", torch.zeros(1, dtype=torch.int64)))[1]
+    assert seeds_of(td) == [0]
+    assert pool.get_attr("last_seed") == [0]
     pool.close()
 
 
