@@ -1392,11 +1392,32 @@ def test_bug_garbage_returns_raise(result, match):
             (torch.zeros(2, 2), torch.zeros(2), False, False, "info"),
             r"5-tuple read as .*: expected info to be a dict \(or None\), got str",
         ),
+        # a seed-style Python int flag (done=1, 0, 2) is refused, never read as a bool: only bools broadcast
+        (
+            (torch.zeros(2, 2), torch.zeros(2), 1, False, {}),
+            r"5-tuple.*terminated: expected a bool tensor of shape \(2, 1\) or a bool, got int 1",
+        ),
+        (
+            (torch.zeros(2, 2), torch.zeros(2), False, 0, {}),
+            r"5-tuple.*truncated: expected a bool tensor of shape \(2, 1\) or a bool, got int 0",
+        ),
+        (
+            (torch.zeros(2, 2), 1.0, 2, {}),
+            r"4-tuple read as \(obs, reward, done, info\): terminated: expected a bool tensor .* got int 2",
+        ),
+        (
+            {"state": torch.zeros(2, 2), "terminated": 1},
+            r"mapping.*terminated: expected a bool tensor .* got int 1",
+        ),
         (
             {"state": torch.zeros(2, 2), "reward": torch.zeros(2), "latent": torch.zeros(2)},
             r"keys \['latent'\] are not part of the mapping return form",
         ),
         ({"observation": torch.zeros(2, 2), "obs": torch.zeros(2, 2)}, r"several observation keys"),
+        (  # either could be the next state: never silently keep one (an echoed 'state' would never advance)
+            {"state": torch.zeros(2, 2), "next_state": torch.ones(2, 2), "observation": torch.ones(2, 2)},
+            r"mapping with keys \['next_state', 'observation', 'state'\]: both 'state' and 'next_state'",
+        ),
         (
             {
                 "terminated": torch.zeros(2, dtype=torch.bool),

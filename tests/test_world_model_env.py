@@ -1253,6 +1253,84 @@ def test_the_model_action_probe_refuses_an_action_transform_fn_that_drops_the_ba
                              transition_fn=lambda s, a: s + a, action_transform_fn=lambda a: moves[a[0]])
 
 
+
+class _OneHotModel:
+    """The model of the seed's action_transform example: a Discrete action reaches it as a one-hot."""
+
+    num_actions = 3
+
+    def step(self, state, action):
+        nxt = state + action
+        return {"state": nxt, "observation": nxt, "reward": nxt @ torch.tensor([1.0, 10.0, 100.0])}
+
+
+def _one_hot_batched(model, action):
+    # the seed's example made batched; it returns numpy, as the seed's own does
+    return np.eye(model.num_actions, dtype=np.float32)[action.cpu().numpy()]
+
+
+def _one_hot_per_action(model, action):
+    # the seed's example, literally: one action at a time
+    one_hot = np.zeros(model.num_actions, dtype=np.float32)
+    one_hot[int(action)] = 1.0
+    return one_hot
+
+
+_ONE_HOT_SPACES = dict(observation_space=gym.spaces.Box(-9, 9, (3,), np.float32), action_space=gym.spaces.Discrete(3))
+
+
+@pytest.mark.parametrize("model_action_space", [None, gym.spaces.Box(0, 1, (3,), np.float32)],
+                         ids=["probed", "model_action_space"])
+def test_an_action_transform_fn_may_return_numpy_and_steps_as_a_hand_loop(model_action_space):
+    """A numpy model action is converted onto the env's device, then checked, as a transition's numpy is;
+    the probe reads its dtype and shape from the converted array."""
+    kwargs = {} if model_action_space is None else {"model_action_space": model_action_space}
+    env = make_world_model_env(_OneHotModel(), **_ONE_HOT_SPACES, num_envs=2, initial_state=torch.zeros(3),
+                               action_transform_fn=_one_hot_batched, **kwargs)
+    assert env.base_env.full_action_spec["action"].dtype == torch.float32
+    state = [[0.0] * 3 for _ in range(2)]
+    td = env.reset()
+    for actions in ([0, 2], [1, 1], [2, 0], [2, 2]):
+        out = env.step(td.set("action", torch.tensor(actions)))
+        for i, a in enumerate(actions):  # the hand loop: one env, one action at a time
+            state[i][a] += 1.0
+        assert out["next", "observation"].tolist() == state
+        assert out["next", "reward"].view(-1).tolist() == [s[0] + 10 * s[1] + 100 * s[2] for s in state]
+        assert out["action"].tolist() == actions  # the caller's outside action is kept
+        td = env.step_mdp(out)
+    # a float64 array is refused, never cast: named as returned (an ndarray), with the dtype the model takes
+    env = make_world_model_env(_OneHotModel(), **_ONE_HOT_SPACES, num_envs=2, initial_state=torch.zeros(3),
+                               action_transform_fn=lambda model, action: np.eye(3)[action.numpy()],
+                               model_action_space=gym.spaces.Box(0, 1, (3,), np.float32))
+    with pytest.raises(ReturnFormError, match=r"returned ndarray\(dtype=float64, shape=\(2, 3\)\); expected the "
+                                              r"model's action: dtype torch\.float32, shape \(2, 3\)"):
+        env.rollout(1)
+
+
+def test_the_seeds_per_action_action_transform_fn_fails_saying_the_fn_gets_the_whole_batch():
+    """The seed called action_transform once per action; here it gets the batch. Its literal example fails
+    saying so: at the probe, without sending the user to model_action_space=; with model_action_space=, with
+    numpy's own error on int(batch), unchained, and a note naming the call and the batch it was given."""
+    with pytest.raises(ReturnFormError, match=r"_one_hot_per_action\(model, action\).* returned ndarray\(dtype="
+                                              r"float32, shape=\(3,\)\) for a batch of 1 action of shape \(1,\); "
+                                              r"expected a batched tensor, one model action per row: "
+                                              r"action_transform_fn is called once per step with the whole batch "
+                                              r"of outside actions, shape \(num_envs, \*action_shape\)$") as caught:
+        make_world_model_env(_OneHotModel(), **_ONE_HOT_SPACES, num_envs=2, initial_state=torch.zeros(3),
+                             action_transform_fn=_one_hot_per_action)
+    assert "model_action_space" not in str(caught.value)
+    env = make_world_model_env(_OneHotModel(), **_ONE_HOT_SPACES, num_envs=2, initial_state=torch.zeros(3),
+                               action_transform_fn=_one_hot_per_action,
+                               model_action_space=gym.spaces.Box(0, 1, (3,), np.float32))
+    with pytest.raises(ValueError, match="only one element tensors can be converted to Python scalars") as caught:
+        env.rollout(2)
+    assert caught.value.__cause__ is None
+    [note] = caught.value.__notes__
+    assert re.fullmatch(r"WorldModelEnv: raised inside action_transform_fn _one_hot_per_action\(model, action\) "
+                        r".*, called once for the whole batch \(2,\), "
+                        r"given action=Tensor\(dtype=torch\.int64, shape=\(2,\)\)", note), note
+
+
 def test_action_adapter_refuses_a_dict_model_action_space_clearly():
     dict_actions = gym.spaces.Dict({"a": BOX2, "b": ACT1})
     with pytest.raises(TypeError, match=r"model's action space must be a single \(non-Dict\) space, got Dict"):
@@ -1288,6 +1366,33 @@ def test_observation_decoder_standalone_with_spec():
     td["action"] = torch.ones(2, 1)
     out = env.step(td)["next"]
     assert torch.equal(out["decoded"], out["observation"] * 2)
+
+
+
+@pytest.mark.parametrize("decoder", [lambda obs, generator=None: obs * 2, lambda obs: (obs * 2).numpy()],
+                         ids=["sampling-signature", "numpy"])
+def test_a_standalone_observation_decoder_takes_a_sampling_signature_and_a_numpy_return(decoder):
+    """With no WorldModelEnv to give it a generator, a decoder(obs, generator=None) is called without one (it is
+    not refused as naming an extra it never receives); a numpy return is converted to a tensor."""
+    dec = ObservationDecoder(decoder, gym.spaces.Box(-9, 9, (2,), np.float32))
+    out = dec(TensorDict(observation=torch.ones(3, 2), batch_size=[3]))["pixels"]
+    assert type(out) is torch.Tensor and out.tolist() == [[2.0, 2.0]] * 3
+    env = TransformedEnv(counting_env(2, length=100), ObservationDecoder(decoder, out_key="decoded"))
+    out = env.step(env.reset().set("action", torch.ones(2, 1)))["next"]
+    assert type(out["decoded"]) is torch.Tensor and torch.equal(out["decoded"], out["observation"] * 2)
+
+
+def test_a_decoder_may_return_numpy_in_the_spec_dtype_and_a_float64_array_is_refused():
+    env = make_world_model_env(object(), BOX2, FORCE, num_envs=2, initial_state=torch.zeros(2),
+                               transition_fn=lambda s, a: s + a, decoder=lambda obs: (obs * 2).numpy())
+    assert env.observation_spec["pixels"].dtype == torch.float32
+    out = env.rollout(3)
+    assert torch.equal(out["next", "pixels"], out["next", "observation"] * 2)
+    env = make_world_model_env(object(), BOX2, FORCE, num_envs=2, initial_state=torch.zeros(2),
+                               transition_fn=lambda s, a: s + a, decoder=lambda obs: (obs * 2).double().numpy(),
+                               decoder_spec=BOX2)
+    with pytest.raises(ReturnFormError, match=r"expected dtype torch\.float32, shape \(2, 2\) \(the 'pixels' spec"):
+        env.rollout(1)
 
 
 def test_a_probed_uint8_decoder_output_gets_a_bounded_0_255_spec():
@@ -3369,6 +3474,40 @@ def test_row_merging_keeps_state_identity_and_nested_tensordicts(batch):
     td = env.reset(TensorDict(batch_size=batch)).set("action", torch.ones(*batch, 2))
     assert env.step(td)["next", "reward"].tolist() == torch.full((*batch, 1), 2.0).tolist()
 
+    # a TensorDict state of batch [num_envs] from reset_fn (an RSSM kept as a TensorDict) gets the caller's batch
+    # back, no extra dim, and steps
+    def td_reset(seed, options, num_envs=None):
+        h = torch.arange(num_envs * 2.0).view(num_envs, 2)
+        return TensorDict(h=h, batch_size=[num_envs]), h
+
+    def td_step(state, action):
+        h = state["h"] + action
+        return TensorDict(h=h, batch_size=state.batch_size), h, h[:, 0]
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=None, state_key="latent", reset_fn=td_reset,
+                        transition_fn=td_step, state_spec={"h": Unbounded(shape=(2,))})
+    td = env.reset(TensorDict(batch_size=batch))
+    start = torch.arange(2.0 * int(np.prod(batch))).view(*batch, 2)
+    assert td["latent"].batch_size == batch and torch.equal(td["latent", "h"], start)
+    assert torch.equal(td["observation"], start)
+    nxt = env.step(td.set("action", torch.ones(*batch, 2)))["next"]
+    assert nxt["latent"].batch_size == batch and torch.equal(nxt["latent", "h"], start + 1)
+    assert torch.equal(nxt["observation"], start + 1) and torch.equal(nxt["reward"], start[..., :1] + 1)
+
+    # one dict returned as both the state and a Dict observation, with numpy leaves: still one object after the
+    # round trip, so the state is converted with the observation
+    def same_dict(state, action):
+        s = {"a": (state["a"] + action).numpy()}
+        return s, s, 1.0
+
+    dict_box = gym.spaces.Dict({"a": gym.spaces.Box(-99, 99, (2,), np.float32)})
+    env = WorldModelEnv(object(), dict_box, BOX2, num_envs=None, initial_state={"a": torch.zeros(2)},
+                        state_key="latent", state_spec=dict_box, transition_fn=same_dict)
+    td = env.reset(TensorDict(batch_size=batch)).set("action", torch.ones(*batch, 2))
+    nxt = env.step(td)["next"]
+    assert type(nxt["latent", "a"]) is torch.Tensor and torch.equal(nxt["latent", "a"], torch.ones(*batch, 2))
+    assert torch.equal(nxt["a"], torch.ones(*batch, 2))  # a Dict observation's entries are top-level keys
+
 
 def test_a_state_read_back_may_be_any_tensor_a_parameter_or_a_memory_mapped_one():
     from tensordict import MemoryMappedTensor
@@ -3601,6 +3740,66 @@ def test_a_model_in_another_dtype_than_the_spaces_fails_with_a_note_saying_so():
                       initial_observation=torch.zeros(2))
     assert any("the model's floating parameters are torch.float64, but its observation is torch.float32" in note
                for note in caught.value.__notes__)
+
+
+class _RaisedInside(Exception):
+    """An error of the user's own code, raised inside an adapter."""
+
+
+_T32 = "Tensor(dtype=torch.float32, shape=(3, 2))"
+_ADAPTER_INPUTS = {  # the role -> what its note says it was given, for a batch of 3
+    "transition_fn": f"state={_T32}, action={_T32}",
+    "reset_fn": "seed=None, options=None",
+    "reward_fn": f"state={_T32}, obs={_T32}, action={_T32}",
+    "terminal_fn": f"state={_T32}, obs={_T32}, action={_T32}",
+    "decoder": f"obs={_T32}",
+    "action_transform_fn": f"action={_T32}",
+    "encode_fn": f"obs={_T32}",
+}
+
+
+@pytest.mark.parametrize("error", [_RaisedInside, ReturnFormError], ids=["users-error", "ReturnFormError"])
+@pytest.mark.parametrize("role", sorted(_ADAPTER_INPUTS))
+def test_an_error_raised_inside_an_adapter_is_kept_with_one_note_naming_the_call_and_its_batch(role, error):
+    """The adapter's own exception reaches the caller as raised (same object and type, its traceback ending in
+    the user's code, nothing chained), with exactly one note: which adapter, that it is called once for the
+    whole batch, and the shapes it was given. The package's own ReturnFormError already says all that: no note."""
+    raised = []
+
+    def fail(*args, **kwargs):
+        raised.append(error("inside the adapter"))
+        raise raised[-1]
+
+    kwargs = dict(num_envs=3, initial_state=torch.zeros(2), transition_fn=lambda s, a: (s + a, s + a, None))
+    if role == "transition_fn":
+        kwargs["transition_fn"] = lambda state, action: fail()
+    elif role == "reset_fn":
+        del kwargs["initial_state"]
+        kwargs["reset_fn"] = lambda seed, options: fail()
+    elif role in ("reward_fn", "terminal_fn"):
+        kwargs["transition_fn"] = lambda s, a: {"state": s + a}
+        kwargs[role] = lambda state, obs, action: fail()
+    elif role == "decoder":
+        kwargs.update(decoder=lambda obs: fail(), decoder_spec=BOX2)  # a spec: no probe
+    elif role == "action_transform_fn":
+        kwargs.update(action_transform_fn=lambda action: fail(), model_action_space=BOX2)  # no probe
+    else:
+        del kwargs["initial_state"]
+        kwargs.update(encode_fn=lambda obs: fail(), initial_observation=torch.zeros(2))
+    with pytest.raises(error) as caught:
+        make_world_model_env(object(), BOX2, BOX2, **kwargs).rollout(2)
+    err = caught.value
+    assert err is raised[-1] and type(err) is error and str(err) == "inside the adapter" and err.__cause__ is None
+    tb = err.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    assert tb.tb_frame.f_code.co_name == "fail"
+    if error is ReturnFormError:
+        assert not getattr(err, "__notes__", None)
+        return
+    [note] = err.__notes__
+    assert note.startswith(f"WorldModelEnv: raised inside {role} ")
+    assert note.endswith(f", called once for the whole batch (3,), given {_ADAPTER_INPUTS[role]}"), note
 
 
 # -------------------------------------------------------------------------------------------------
