@@ -1391,7 +1391,8 @@ def test_a_decoder_may_return_numpy_in_the_spec_dtype_and_a_float64_array_is_ref
     env = make_world_model_env(object(), BOX2, FORCE, num_envs=2, initial_state=torch.zeros(2),
                                transition_fn=lambda s, a: s + a, decoder=lambda obs: (obs * 2).double().numpy(),
                                decoder_spec=BOX2)
-    with pytest.raises(ReturnFormError, match=r"expected dtype torch\.float32, shape \(2, 2\) \(the 'pixels' spec"):
+    with pytest.raises(ReturnFormError, match=r"returned ndarray\(dtype=float64, shape=\(2, 2\)\); expected dtype "
+                                              r"torch\.float32, shape \(2, 2\) \(the 'pixels' spec"):
         env.rollout(1)
 
 
@@ -3749,7 +3750,7 @@ class _RaisedInside(Exception):
 _T32 = "Tensor(dtype=torch.float32, shape=(3, 2))"
 _ADAPTER_INPUTS = {  # the role -> what its note says it was given, for a batch of 3
     "transition_fn": f"state={_T32}, action={_T32}",
-    "reset_fn": "seed=None, options=None",
+    "reset_fn": "seed=None, options=dict()",
     "reward_fn": f"state={_T32}, obs={_T32}, action={_T32}",
     "terminal_fn": f"state={_T32}, obs={_T32}, action={_T32}",
     "decoder": f"obs={_T32}",

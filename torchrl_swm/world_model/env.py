@@ -1674,8 +1674,9 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             if seed is None:
                 seed = self._reset_fn_seed
             self._reset_fn_seed = None
+        options = {} if options is None else options
         try:
-            result = bound.call(seed, {} if options is None else options, **kwargs)
+            result = bound.call(seed, options, **kwargs)
         except Exception as err:
             note_raised_inside(err, bound, bs, seed=seed, options=options, **kwargs)
             raise

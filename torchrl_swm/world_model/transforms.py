@@ -428,25 +428,31 @@ class ObservationDecoder(_WorldModelTransform):
             batch = value.batch_size if isinstance(value, TensorDictBase) else getattr(value, "shape", ())[:1]
             note_raised_inside(err, self._bound, tuple(batch), obs=value)
             raise
-        if isinstance(out, np.ndarray):  # as the transition's numpy is taken
-            out = torch.as_tensor(out, device=None if base is None else base.device)
-        if not isinstance(out, torch.Tensor):
+        if not isinstance(out, (torch.Tensor, np.ndarray)):
             raise ReturnFormError(f"{self._bound.description} returned {describe(out)}; expected a tensor")
         return out
+
+    def _as_tensor(self, out):
+        """A decoder's numpy array as a tensor on the env's device, as the transition's numpy is taken."""
+        if not isinstance(out, np.ndarray):
+            return out
+        base = self.parent.base_env if self.parent is not None else None
+        return torch.as_tensor(out, device=base.device if isinstance(base, WorldModelEnv) else None)
 
     def _call(self, next_tensordict: TensorDictBase, phase: str = "step") -> TensorDictBase:
         value = next_tensordict.get(self.in_keys[0], None)
         if value is None:
             self._missing_input(next_tensordict.keys(True, True))
         bs = tuple(next_tensordict.batch_size)
-        out = _tree.call_on_rows(self._decode, bs, value, phase=phase)
+        returned = _tree.call_on_rows(self._decode, bs, value, phase=phase)
+        out = self._as_tensor(returned)
         spec = self._spec
         if tuple(out.shape[: len(bs)]) != bs or (
             spec is not None and (tuple(out.shape[len(bs):]) != tuple(spec.shape) or out.dtype != spec.dtype)
         ):
             expected = f"dtype {spec.dtype}, shape {(*bs, *spec.shape)}" if spec is not None else f"leading dims {bs}"
             raise ReturnFormError(
-                f"{self._bound.description} returned {describe(out)}; expected {expected} "
+                f"{self._bound.description} returned {describe(returned)}; expected {expected} "
                 f"(the {self.out_keys[0]!r} spec, for a batch of {bs})"
             )
         next_tensordict.set(self.out_keys[0], out)
@@ -534,7 +540,7 @@ class ObservationDecoder(_WorldModelTransform):
         if self._spec is None:
             # a decoder takes a batch: a batch-unlocked env's (unbatched) spec is probed as a batch of one
             probe_bs = bs or (1,)
-            probe = self._decode(in_spec.zero() if bs else in_spec.zero(probe_bs), "probe")
+            probe = self._as_tensor(self._decode(in_spec.zero() if bs else in_spec.zero(probe_bs), "probe"))
             shape = tuple(probe.shape[len(probe_bs) :])
             if tuple(probe.shape[: len(probe_bs)]) != probe_bs:
                 raise ReturnFormError(
