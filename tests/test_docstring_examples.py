@@ -1,4 +1,5 @@
-"""Every docstring example in the package runs, and prints what it shows (doctest, in a scratch directory)."""
+"""Every docstring example in the package runs on its own imports, and prints what it shows (doctest, in a scratch
+directory)."""
 
 import doctest
 import importlib
@@ -23,6 +24,7 @@ def test_the_examples_are_found():
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples_run(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # examples write datasets (data/...) relative to the working directory
-    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS, verbose=False)
+    # globs={}: an example sees only what it imports, as a user pasting it into a script (not the module's names)
+    result = doctest.testmod(importlib.import_module(name), globs={}, optionflags=doctest.ELLIPSIS, verbose=False)
     assert result.attempted > 0
     assert result.failed == 0, f"{result.failed} of {result.attempted} examples in {name} failed (printed above)"

@@ -5,7 +5,8 @@ Public API (imported lazily, so ``import torchrl_swm`` stays cheap):
 * :class:`EnvPool`: N gymnasium envs as one TorchRL env with batch ``[N]``.
 * :class:`WorldModelEnv`, :func:`make_world_model_env`: a learned model as a batched TorchRL env
   (:class:`WorldModelTransformedEnv`: the ``TransformedEnv`` that keeps rows frozen by ``"_step"``).
-* :func:`make_env`, :func:`register_backend`, :func:`list_backends`: one factory for both.
+* :func:`make_env`, :func:`register_backend`, :func:`list_backends` (:func:`backend_aliases`,
+  :func:`unregister_backend`): one factory for both.
 * :func:`to_gymnasium`, :func:`to_sb3_vec_env`, :func:`register_gymnasium_env`: export.
 * :class:`World`, :func:`load_dataset`, :class:`History`: evaluation and datasets.
 * :func:`raise_on_worker_failure`: iterate a multi-process collector so a failed worker always raises.
@@ -25,6 +26,8 @@ _LAZY = {
     "make_env": "torchrl_swm.factory",
     "register_backend": "torchrl_swm.factory",
     "list_backends": "torchrl_swm.factory",
+    "backend_aliases": "torchrl_swm.factory",
+    "unregister_backend": "torchrl_swm.factory",
     "to_gymnasium": "torchrl_swm.export",
     "to_sb3_vec_env": "torchrl_swm.export",
     "register_gymnasium_env": "torchrl_swm.export",

@@ -53,7 +53,8 @@ def register_backend(name: str, factory: Callable, aliases: Iterable[str] = ()) 
 
     Example:
         >>> import gymnasium as gym
-        >>> from torchrl_swm import EnvPool, list_backends, make_env
+        >>> from torchrl_swm import EnvPool, make_env, register_backend, unregister_backend
+        >>> from torchrl_swm import backend_aliases, list_backends
         >>> def noisy_cartpole(target, num_envs=1, **kwargs):         # any callable returning a TorchRL env
         ...     make = lambda: gym.wrappers.TransformObservation(gym.make(target), lambda o: o + 0.01, None)
         ...     return EnvPool([make] * num_envs, **kwargs)
@@ -245,6 +246,7 @@ def make_env(target, backend: str = "auto", **kwargs):
 
     Examples:
         >>> import gymnasium as gym, torch
+        >>> from torchrl_swm import make_env
         >>> pool = make_env("CartPole-v1", num_envs=8, seed=0)              # EnvPool
         >>> pool.batch_size, pool.close()
         (torch.Size([8]), None)

@@ -256,6 +256,7 @@ def space_to_spec(
 
     Examples:
         >>> import gymnasium as gym
+        >>> from torchrl_swm.specs import space_to_spec
         >>> space_to_spec(gym.spaces.Discrete(3))
         Categorical(...)
     """

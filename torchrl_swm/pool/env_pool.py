@@ -712,6 +712,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
 
         Examples:
             >>> from torchrl.collectors import MultiSyncCollector
+            >>> from torchrl_swm import EnvPool
             >>> # one factory per worker, seeds far apart (a pool uses one seed per episode: s, s+1, ...)
             >>> make = [EnvPool.factory("CartPole-v1", num_envs=8, seed=w * 2**32) for w in range(2)]
             >>> collector = MultiSyncCollector(make, None, frames_per_batch=256, total_frames=1024)

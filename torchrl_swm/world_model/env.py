@@ -579,6 +579,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
     Examples:
         >>> import torch
         >>> from gymnasium.spaces import Box
+        >>> from torchrl_swm import WorldModelEnv
         >>> class Model(torch.nn.Module):  # a toy latent dynamics: (state, action) -> (state, obs, reward)
         ...     def step(self, state, action):
         ...         state = torch.tanh(state + 0.1 * action.sum(-1, keepdim=True))
