@@ -132,8 +132,8 @@ class _PlainConfig:  # a class whose constructor takes no argument, not an env
 
 # an empty list is no sequence of env factories (EnvPool's own error would not list the backends), and a plain
 # class is never read as one zero-argument env factory
-@pytest.mark.parametrize("target", [3, object(), [1, 2], [], _PlainConfig], ids=["int", "object", "list", "empty_list",
-                                                                               "plain_class"])
+@pytest.mark.parametrize("target", [3, object(), [1, 2], [], _PlainConfig, [lambda: gym.make("CartPole-v1"), "CartPole-v1"]],
+                         ids=["int", "object", "list", "empty_list", "plain_class", "factory_and_id"])
 def test_failed_auto_detection_lists_the_available_ones(target):
     with pytest.raises(ValueError, match=r"backend='auto' cannot tell.*available backends: gym"):
         make_env(target)

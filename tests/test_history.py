@@ -361,6 +361,10 @@ def test_a_direct_reset_call_with_a_partial_reset_keeps_the_other_rows_history(m
                    TensorDict({"_reset": reset}, [3])):
         out = transform._reset(old_td, TensorDict({"observation": obs.clone()}, [3]))["history", "observation"]
         assert torch.equal(out, obs.unsqueeze(1).expand(3, 3, 2))
+    # an old history of another length (another History's) is not this one's to keep: every row starts afresh
+    shorter = TensorDict({"_reset": reset, ("history", "observation"): old[:, :2]}, [3])
+    out = transform._reset(shorter, TensorDict({"observation": obs.clone()}, [3]))["history", "observation"]
+    assert torch.equal(out, obs.unsqueeze(1).expand(3, 3, 2))
 
 
 class _GroupAwayFromZero(gym.Env):

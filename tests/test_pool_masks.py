@@ -269,6 +269,10 @@ def test_mask_rows_gives_int64_row_indices_or_none_for_every_row():
     assert none.dtype == np.int64 and none.size == 0
     assert mask_rows(torch.ones(3, 1, dtype=torch.bool), 3, "_step") is None
     assert mask_rows(None, 3, "_step") is None
+    # a 1-D mask of another length is refused, never read as row indices of the envs it covers
+    with pytest.raises(ValueError, match=r"'_reset' mask: expected shape \(3, 1\) \(or \(3,\)\), one flag per env, "
+                                         r"got \(2,\)"):
+        mask_rows(torch.tensor([False, True]), 3, "_reset")
 
 
 def test_bad_step_mask_shape():
