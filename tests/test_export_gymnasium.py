@@ -89,6 +89,32 @@ def test_seeding_through_super_reset():
     assert not np.array_equal(a, c)
 
 
+@pytest.mark.parametrize("wrap", [False, True], ids=["GymEnv", "TransformedEnv"])
+def test_reset_options_reach_a_torchrl_gym_envs_gymnasium_env(wrap):
+    """TorchRL's GymEnv passes reset(options=) to gymnasium's reset; the export refused them, saying it took none."""
+    torchrl_env = GymEnv("CartPole-v1")
+    env = to_gymnasium(TransformedEnv(torchrl_env, StepCounter()) if wrap else torchrl_env)
+    reference = gym.make("CartPole-v1")
+    for seed, options in [(3, {"low": 0.2, "high": 0.2}), (4, {"low": -0.01, "high": 0.03}), (None, {"low": 0.1, "high": 0.1})]:
+        obs, _ = env.reset(seed=seed, options=options)
+        expected, _ = reference.reset(seed=seed, options=options)
+        assert np.array_equal(obs, expected)
+    obs, _ = env.reset(options={"low": 0.1, "high": 0.1})
+    assert np.allclose(obs, 0.1)
+    env.close()
+
+
+def test_reset_options_for_a_torchrl_env_that_takes_none_are_a_clear_error():
+    from torchrl.envs import PendulumEnv
+
+    env = to_gymnasium(PendulumEnv())
+    env.reset(seed=0)
+    with pytest.raises(TypeError, match=r"reset options \['low'\] reach the sub-envs of an EnvPool, a WorldModelEnv's "
+                                        r"reset_fn and the gymnasium env of a TorchRL GymEnv/GymWrapper; .* takes none"):
+        env.reset(options={"low": 0.0})
+    env.close()
+
+
 def test_episode_runs_to_truncation():
     env = to_gymnasium(GymEnv("MountainCar-v0"))
     env.reset(seed=0)

@@ -11,8 +11,9 @@
   and the options through ``env.reset(seed=..., options=...)``: it seeds its
   generators and passes both to its ``reset_fn``, as its own ``reset`` does.
 * TorchRL's ``GymEnv``/``GymWrapper`` at the base (under any ``TransformedEnv``)
-  take the seed as ``env.reset(seed=s)``, which reaches gymnasium's
-  ``reset(seed=s)``: the first episode is gymnasium's own for that seed.
+  take the seed and the options as ``env.reset(seed=s, options=o)``, which reach
+  gymnasium's ``reset(seed=s, options=o)``: the first episode is gymnasium's own
+  for that seed.
 * Any other TorchRL env is seeded as a whole with ``env.set_seed(s)`` before the
   reset (a TorchRL ``SerialEnv``/``ParallelEnv`` derives each worker's seed from
   ``s``). Per-env seed lists need an ``EnvPool`` and raise there (all ``None`` is
@@ -123,22 +124,25 @@ def reset_kwargs(env, traits, seed, options: dict | None, num_envs: int, what: s
         if options:
             kwargs["options"] = options
         return kwargs
-    if options:
-        raise TypeError(
-            f"{what}: reset options {sorted(options)} are passed to the sub-envs of an EnvPool; "
-            f"{type(env).__name__} takes none"
-        )
-    if seed is None:
-        return {}
     if isinstance(seed, list):
         raise ValueError(
             f"{what}: per-env seeds need an EnvPool at the base; {type(env).__name__} is seeded as a whole "
             f"with env.set_seed(s): pass one int s (got {seed})"
         )
     if isinstance(base_env(env), GymWrapper):
-        # TorchRL's GymEnv/GymWrapper pass reset(seed=s) to gymnasium's reset, so the first episode is
+        # TorchRL's GymEnv/GymWrapper pass reset(seed=s, options=o) to gymnasium's reset, so the first episode is
         # gymnasium's reset(seed=s) one; its set_seed(s) resets with s itself, and the next reset would
         # start gymnasium's second episode
-        return {"seed": int(seed)}
+        kwargs = {} if seed is None else {"seed": int(seed)}
+        if options:
+            kwargs["options"] = options
+        return kwargs
+    if options:
+        raise TypeError(
+            f"{what}: reset options {sorted(options)} reach the sub-envs of an EnvPool, a WorldModelEnv's reset_fn "
+            f"and the gymnasium env of a TorchRL GymEnv/GymWrapper; {type(env).__name__} takes none"
+        )
+    if seed is None:
+        return {}
     env.set_seed(int(seed))
     return {}
