@@ -162,6 +162,22 @@ class DictObsEnv(gym.Env):
         return self._obs(), -dist, success, self.t >= 20, {"distance": dist, "is_success": success}
 
 
+class OneKeyDictObsEnv(gym.Env):
+    """A Dict observation with a single key (``{"a": Box(2)}``), which stays a dict; Discrete(2) actions."""
+
+    observation_space = gym.spaces.Dict({"a": gym.spaces.Box(-1, 1, (2,), np.float32)})
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return {"a": np.zeros(2, np.float32)}, {}
+
+    def step(self, action):
+        self.t += 1
+        return {"a": np.full(2, 0.1 * min(self.t, 10), np.float32)}, 1.0, False, self.t >= 10, {}
+
+
 class InfoEnv(gym.Env):
     """Returns the info dicts it is given: ``reset_info`` and ``step_infos[t]``."""
 

@@ -70,6 +70,66 @@ def test_single_env_infos_that_come_and_go():
     env.close()
 
 
+@pytest.mark.parametrize("route", ["TorchRLGymEnv", "gymnasium.make"])
+def test_a_one_key_dict_observation_stays_a_dict(route):
+    """An env whose observation space is a Dict with a single key gives dict observations (not the bare array of
+    its one leaf), so that they lie in the Dict space and gymnasium's check_env passes."""
+    from envs import OneKeyDictObsEnv
+
+    if route == "TorchRLGymEnv":
+        env = TorchRLGymEnv(EnvPool([OneKeyDictObsEnv]), squeeze_batch=True)
+    else:
+        env_id = "TorchRLSWMTest/OneKeyDict-v0"
+        register_gymnasium_env(env_id, lambda num_envs, seed_every_episode=True: EnvPool(
+            [OneKeyDictObsEnv] * num_envs, seed_every_episode=seed_every_episode))
+        env = gym.make(env_id).unwrapped
+    assert env.observation_space == OneKeyDictObsEnv.observation_space
+    obs, _ = env.reset(seed=0)
+    assert isinstance(obs, dict) and list(obs) == ["a"] and env.observation_space.contains(obs)
+    obs = env.step(1)[0]
+    assert isinstance(obs, dict) and np.allclose(obs["a"], 0.1) and env.observation_space.contains(obs)
+    _check_env_without_warnings(env, skip_render_check=True)
+    env.close()
+
+
+def test_an_env_without_a_truncated_key_never_reports_truncation():
+    """A TorchRL env whose done spec has only done/terminated: each termination is terminated=True,
+    truncated=False (a missing truncated key reads as never truncated, not as a copy of terminated)."""
+    from tensordict import TensorDict
+    from torchrl.data import Bounded, Categorical, Composite, Unbounded
+    from torchrl.envs import EnvBase
+
+    class ThreeSteps(EnvBase):
+        def __init__(self):
+            super().__init__(batch_size=())
+            self.observation_spec = Composite(observation=Unbounded((1,), dtype=torch.float32))
+            self.action_spec = Bounded(-1.0, 1.0, (1,))
+            self.reward_spec = Unbounded((1,))
+            self.done_spec = Composite(done=Categorical(2, (1,), dtype=torch.bool),
+                                       terminated=Categorical(2, (1,), dtype=torch.bool))
+
+        def _reset(self, td):
+            self.t = 0
+            return TensorDict(observation=torch.zeros(1), done=torch.zeros(1, dtype=torch.bool),
+                              terminated=torch.zeros(1, dtype=torch.bool))
+
+        def _step(self, td):
+            self.t += 1
+            end = torch.tensor([self.t >= 3])
+            return TensorDict(observation=torch.full((1,), float(self.t)), reward=torch.zeros(1), done=end,
+                              terminated=end.clone())
+
+        def _set_seed(self, seed):
+            pass
+
+    env = to_gymnasium(ThreeSteps())
+    for _ in range(2):
+        env.reset(seed=0)
+        flags = [env.step(np.zeros(1, np.float32))[2:4] for _ in range(3)]
+        assert flags == [(False, False), (False, False), (True, False)]
+    env.close()
+
+
 def test_python_scalars_and_fresh_arrays():
     env = to_gymnasium(GymEnv("MountainCar-v0"))
     obs, info = env.reset(seed=0)

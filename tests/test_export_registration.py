@@ -73,11 +73,14 @@ def test_batched_factory_make_builds_one_env():
     assert truncated and t == 20  # gymnasium's TimeLimit from the spec
 
 
-def test_make_with_num_envs_other_than_one_points_to_make_vec():
+@pytest.mark.parametrize("num_envs", [4, 2, 0, -1])
+def test_make_with_num_envs_other_than_one_points_to_make_vec(num_envs):
+    """Any num_envs but 1 is refused by gymnasium.make (0 and negative ones too, not built as one env)."""
     env_id = _id("Pool")
     register_gymnasium_env(env_id, functools.partial(EnvPool, "CartPole-v1"))
-    with pytest.raises(TypeError, match=r"gymnasium.make builds one env, got num_envs=4; use gymnasium.make_vec"):
-        gym.make(env_id, num_envs=4)
+    with pytest.raises(TypeError, match=rf"gymnasium.make builds one env, got num_envs={num_envs}; use "
+                                        r"gymnasium.make_vec"):
+        gym.make(env_id, num_envs=num_envs)
     env = gym.make(env_id, num_envs=1)  # the one env make builds anyway
     assert env.unwrapped.env.num_envs == 1 and env.reset(seed=0)[0].shape == (4,)
     env.close()
@@ -146,6 +149,10 @@ def test_a_render_mode_the_pool_takes_gives_no_warning():
         warnings.simplefilter("always")
         envs = [gym.make(env_id, render_mode="rgb_array"), gym.make_vec(env_id, num_envs=2, render_mode="rgb_array")]
         gym.make(env_id).close()  # no render mode asked, none given
+        # no render mode asked of gymnasium, one bound in the factory: the pool's own mode is kept, no warning
+        bound = _id("BoundRender")
+        register_gymnasium_env(bound, functools.partial(EnvPool, "CartPole-v1", render_mode="rgb_array"))
+        envs.append(gym.make(bound))
     assert [str(w.message) for w in caught if "render_mode" in str(w.message)] == []
     for env in envs:
         assert env.render_mode == "rgb_array"
@@ -284,14 +291,24 @@ def test_make_of_a_pool_over_discrete_actions_with_a_start():
 
 
 def test_a_factory_with_a_fixed_batch_is_named_with_what_to_register_instead():
-    register_gymnasium_env("TorchRLSWMTest/FixedBatch-v0", functools.partial(EnvPool, "CartPole-v1", num_envs=4))
-    try:
-        with pytest.raises(TypeError, match=r"gymnasium.make: the registered factory .* built an env with "
-                                            r"batch_size \[4\] and takes no num_envs=.*"
-                                            r"functools.partial\(EnvPool, 'CartPole-v1'\)"):
-            gym.make("TorchRLSWMTest/FixedBatch-v0")
-    finally:
-        gym.registry.pop("TorchRLSWMTest/FixedBatch-v0", None)
+    """The refusal names what to register instead, and closes the batched env the factory built (its workers are
+    not left running)."""
+    built = []
+
+    def fixed_batch():
+        built.append(EnvPool("CartPole-v1", num_envs=4))
+        return built[-1]
+
+    for factory in (functools.partial(EnvPool, "CartPole-v1", num_envs=4), fixed_batch):
+        register_gymnasium_env("TorchRLSWMTest/FixedBatch-v0", factory)
+        try:
+            with pytest.raises(TypeError, match=r"gymnasium.make: the registered factory .* built an env with "
+                                                r"batch_size \[4\] and takes no num_envs=.*"
+                                                r"functools.partial\(EnvPool, 'CartPole-v1'\)"):
+                gym.make("TorchRLSWMTest/FixedBatch-v0")
+        finally:
+            gym.registry.pop("TorchRLSWMTest/FixedBatch-v0", None)
+    assert len(built) == 1 and built[0].is_closed
 
 
 def test_numpy_and_batched_refuse_truthy_non_bools():

@@ -93,6 +93,59 @@ def test_single_export_passes_seed_and_options_to_reset_fn():
     genv.close()
 
 
+def _shifting_world_model(state_key="observation"):
+    """An unbatched world model whose state is its observation: reset gives ``[0.1, 0.2, 0.3]``, a step adds the
+    action (deterministic, so an output that aliases the env's state shows up in the next step)."""
+    return WorldModelEnv(None, BOX3, ACT3, num_envs=None, state_key=state_key,
+                         reset_fn=lambda seed, options: torch.tensor([0.1, 0.2, 0.3]), transition_fn=lambda s, a: s + a)
+
+
+@pytest.mark.parametrize("numpy_out", [True, False], ids=["numpy", "torch"])
+@pytest.mark.parametrize("edited", ["reset", "step"])
+def test_single_export_outputs_are_copies_a_user_may_edit_in_place(edited, numpy_out):
+    """The observation reset()/step() return (a numpy array, or a torch tensor with numpy=False) is the caller's:
+    normalising it in place does not change the world model's state, so the next step is the same as without the
+    edit (the state of a state_key world model is that observation)."""
+    genv = to_gymnasium(_shifting_world_model(), numpy=numpy_out)
+    action = np.full(3, 0.25, np.float32) if numpy_out else torch.full((3,), 0.25)
+    obs, _ = genv.reset(seed=0)
+    if edited == "step":
+        obs = genv.step(action)[0]
+    obs *= 0
+    nxt = genv.step(action)[0]
+    expected = np.array([0.1, 0.2, 0.3], np.float32) + (0.5 if edited == "step" else 0.25)
+    np.testing.assert_allclose(np.asarray(nxt), expected, rtol=1e-6)
+    genv.close()
+
+
+def test_single_export_follows_torchrls_own_step_loop_on_a_world_model():
+    """Each step of the gymnasium export continues from the state the previous step reached, as TorchRL's own
+    reset/step/step_mdp loop on the same world model does (a state_key model: the state lives in the tensordict)."""
+    from wm_models import NoisyModel
+
+    obs_space, act_space = gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Box(-1, 1, (2,), np.float32)
+
+    def make():
+        return WorldModelEnv(NoisyModel(), obs_space, act_space, num_envs=None, state_key="observation", seed=0,
+                             reset_fn=lambda seed, options: torch.zeros(4) + 0.1)
+
+    genv = to_gymnasium(make())
+    genv.reset(seed=0)
+    got = [genv.step(np.full(2, 0.5, np.float32)) for _ in range(4)]
+    genv.close()
+    ref = make()
+    td = ref.reset(seed=0)
+    for obs, reward, terminated, truncated, _ in got:
+        td["action"] = torch.full((2,), 0.5)
+        td = ref.step(td)
+        nxt = td["next"]
+        np.testing.assert_allclose(obs, nxt["observation"].numpy(), rtol=1e-6)
+        assert reward == pytest.approx(float(nxt["reward"].reshape(-1)[0]), rel=1e-6)
+        assert terminated == bool(nxt["terminated"].reshape(-1)[0]) and truncated is False
+        td = ref.step_mdp(td)
+    assert len({tuple(np.round(g[0], 6)) for g in got}) == len(got)  # the state moved on at every step
+
+
 # -- 2. a frozen row keeps its info --------------------------------------------------------------------------------
 
 
