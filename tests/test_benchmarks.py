@@ -23,7 +23,11 @@ def test_pool_benchmark_smoke(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| cartpole | 16 | plain loop" in proc.stdout
-    rows = json.loads(out.read_text())["rows"]
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    # how the figures were made: a quick smoke run is told apart from a measurement
+    assert data["run"]["quick"] is True and data["run"]["seconds"] == 0.3 and data["run"]["ns"] == [16]
+    assert data["run"]["sections"] == ["cartpole", "vector", "fixed"] and data["run"]["started_utc"].endswith("Z")
     keys = {(r["section"], r["key"]) for r in rows}
     assert {("cartpole", "plain"), ("cartpole", "pool_step"), ("cartpole", "pool_rollout"), ("cartpole", "pool_collector"),
             ("vector", "raw"), ("vector", "pool"), ("fixed", "pool_k0"), ("fixed", "floor"),
@@ -57,7 +61,7 @@ def test_a_failed_row_is_written_as_strict_json():
     # a peer that cannot run is a row with a NaN rate: the JSON holds null, which strict parsers accept
     from torchrl_swm.benchmarks.__main__ import _no_nan
     from torchrl_swm.benchmarks.harness import Row
-    from torchrl_swm.benchmarks.pool import _failed_row
+    from torchrl_swm.benchmarks.harness import failed_row as _failed_row
 
     row = Row("cartpole", "peer", "a peer (failed: ...)", 1, float("nan"), 0, 0, float("nan"), {"x": float("inf")})
     text = json.dumps(_no_nan(row.as_dict()), allow_nan=False)
@@ -269,7 +273,7 @@ def test_measure_together_keeps_ratios_of_identical_subjects_at_one_on_a_host_wh
 
 def test_a_failed_row_prints_no_figures_in_the_table():
     from torchrl_swm.benchmarks.__main__ import format_table
-    from torchrl_swm.benchmarks.pool import _failed_row
+    from torchrl_swm.benchmarks.harness import failed_row as _failed_row
 
     table = format_table([_failed_row("cartpole", "peer", "a peer", 16, OSError("spawn failed"))])
     assert table.splitlines()[-1] == "| cartpole | 16 | a peer (failed: OSError: spawn failed) | n/a |  |  |  |"
@@ -773,3 +777,33 @@ def test_torchrl_info_lines_stay_out_of_the_table_on_stdout_here_and_in_worker_p
     monkeypatch.setenv("RL_LOGGING_LEVEL", "INFO")  # the user's own choice is kept
     assert bench.main(["--sections", "cartpole"]) == 0
     assert seen == {"info_logged": True, "env": "INFO"}
+
+
+def _cannot_run(*args, **kwargs):
+    raise RuntimeError("this peer cannot run here")
+
+
+def test_a_peer_that_cannot_run_is_a_failed_row_in_every_section_and_the_run_goes_on(monkeypatch):
+    # only the cartpole section reported a failed peer; elsewhere its error ended the whole run, losing every row
+    from torchrl_swm.benchmarks import export as E
+    from torchrl_swm.benchmarks import pool as P
+    from torchrl_swm.benchmarks import world_model as W
+
+    monkeypatch.setattr(W, "_model_based_env", _cannot_run)
+    monkeypatch.setattr(P, "_torchrl_sync_busy", _cannot_run)
+    monkeypatch.setattr(E, "_SB3Loop", _cannot_run)
+    sections = {
+        "world_model": (W.run(bs=(2,), seconds=0.05), "torchrl/model_based"),
+        "expensive": (P.expensive(n=2, workers=1, ms=0.05, seconds=0.05), "torchrl_parallel"),
+        "export/pool": ([r for r in E.run(ns=(2,), bs=(), seconds=0.05)], "sb3"),
+    }
+    for name, (rows, peer) in sections.items():
+        failed = [r for r in rows if r.key == peer]
+        assert len(failed) == 1 and "(failed: RuntimeError: this peer cannot run here)" in failed[0].label, name
+        assert math.isnan(failed[0].rate) and failed[0].ratio is None, name
+        measured = [r for r in rows if r.key != peer]
+        assert measured and all(r.rate > 0 for r in measured), name
+    # the reference every other row is compared with is no peer: its failure still ends the section
+    monkeypatch.setattr(P, "BusyEnv", _cannot_run)
+    with pytest.raises(RuntimeError, match="this peer cannot run here"):
+        P.expensive(n=2, workers=1, ms=0.05, seconds=0.05)

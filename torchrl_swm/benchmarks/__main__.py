@@ -212,6 +212,9 @@ def run(args: argparse.Namespace) -> int:
     bs = _sizes(args.bs, "--bs")
     if args.quick:
         ns, bs, args.seconds = [min(ns)], [min(bs)], min(args.seconds, 0.3)
+    # how the figures were made, for the JSON: a quick smoke run is not a measurement
+    run_info = {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sections": sections, "ns": ns,
+                "bs": bs, "seconds": args.seconds, "quick": bool(args.quick), "threads": args.threads}
     print(f"# {machine()}")
     with _quiet_torchrl():
         rows = run_sections(sections, ns, bs, args.seconds, args.quick)
@@ -219,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             # strict JSON: a failed row's NaN rate is null
-            data = {"machine": machine(), "rows": [_no_nan(r.as_dict()) for r in rows]}
+            data = {"machine": machine(), "run": run_info, "rows": [_no_nan(r.as_dict()) for r in rows]}
             json.dump(data, f, indent=1, allow_nan=False)
     if args.plot:
         save_plot(rows, args.plot)

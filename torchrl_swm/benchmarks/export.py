@@ -34,7 +34,7 @@ from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
 from ..masks import row_mask
-from .harness import Row, is_next_step, measure_together, step_next_step
+from .harness import Row, failed_row, is_next_step, measure_together, require, step_next_step
 from .world_model import ACT, HID, LAT, RefWorldModel, make_ref_model
 
 __all__ = ["run", "MLPWorldModel", "MLPWorldModelEnv", "make_model", "world_model_env", "LAT", "ACT", "HID"]
@@ -245,11 +245,13 @@ def world_model_env(model: nn.Module | None = None, num_envs: int = 64, device="
     )
 
 
-def _rows(section, n, specs, results, ref_key) -> list[Row]:
+def _rows(section, n, specs, results, failures, ref_key) -> list[Row]:
+    require(results, failures, [ref_key])
     ref = results[ref_key]["rate"]
     return [
         Row(section, key, label, n, results[key]["rate"], results[key]["spread"], results[key]["us_per_call"],
             results[key]["rate"] / ref, {"setup_s": results[key]["setup_s"], "reference": ref_key})
+        if key in results else failed_row(section, key, label, n, failures[key])  # reported, not fatal
         for key, label in specs
     ]
 
@@ -278,8 +280,9 @@ def _pool_rows(ns, seconds) -> list[Row]:
             labels.append(("sb3", "to_sb3_vec_env(EnvPool)"))
         except ImportError:
             pass
-        results = measure_together(makers, envs_per_step=n, seconds=seconds * len(makers))
-        rows += _rows("export/pool", n, labels, results, "pool")
+        failures: dict = {}
+        results = measure_together(makers, envs_per_step=n, seconds=seconds * len(makers), failures=failures)
+        rows += _rows("export/pool", n, labels, results, failures, "pool")
     return rows
 
 
@@ -310,8 +313,9 @@ def _world_model_rows(bs, seconds) -> list[Row]:
                 lambda mode: _GymLoop(to_gymnasium(world_model_env(model, b), autoreset_mode=mode), actions), mode
             )
             labels.append((f"wm-gym-{mode}", f"to_gymnasium(WorldModelEnv), {mode}"))
-        results = measure_together(makers, envs_per_step=b, seconds=seconds * len(makers))
-        rows += _rows("export/world_model", b, labels, results, "raw")
+        failures: dict = {}
+        results = measure_together(makers, envs_per_step=b, seconds=seconds * len(makers), failures=failures)
+        rows += _rows("export/world_model", b, labels, results, failures, "raw")
     return rows
 
 

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-__all__ = ["Row", "measure", "measure_together", "frozen_heap"]
+__all__ = ["Row", "measure", "measure_together", "frozen_heap", "failed_row", "require"]
 
 
 @contextlib.contextmanager
@@ -62,6 +62,22 @@ class Row:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def failed_row(section: str, key: str, label: str, n: int, err: BaseException) -> Row:
+    """A subject that cannot run here (a peer's error): reported with its error (NaN figures, ``null`` in the
+    JSON), never fatal to the run."""
+    from ..errors import error_text
+
+    nan = float("nan")
+    return Row(section, key, f"{label} (failed: {error_text(err)})", n, nan, nan, nan)
+
+
+def require(results: dict, failures: dict, keys) -> None:
+    """Raise the error of the first of ``keys`` (the rows every other row is compared with) that failed."""
+    for key in keys:
+        if key not in results:
+            raise failures[key]
 
 
 def _calibrate(subject, target: float = 0.1) -> tuple[int, float]:

@@ -25,8 +25,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from ..errors import error_text
-from .harness import Row, is_next_step, measure, measure_together, step_next_step
+from .harness import Row, failed_row, is_next_step, measure, measure_together, require, step_next_step
 
 __all__ = ["run", "SECTIONS", "BusyEnv", "NoopEnv", "RandomLengthNoopEnv", "cartpole_subjects"]
 
@@ -281,12 +280,6 @@ def _row(section, key, label, n, result, ref=None, **extra) -> Row:
                None if ref is None else result["rate"] / ref, extra)
 
 
-def _failed_row(section, key, label, n, err) -> Row:
-    """A peer that cannot run here: reported with its error (NaN figures, ``null`` in the JSON), not fatal."""
-    nan = float("nan")
-    return Row(section, key, f"{label} (failed: {error_text(err)})", n, nan, nan, nan)
-
-
 def cartpole_subjects(n, env_id="CartPole-v1", include_slow=True) -> list[tuple]:
     """The in-process subjects of :func:`cartpole`, as ``(key, label, make, batched steps per unit)``:
     the steps a subject credits per unit must be the steps its ``run(1)`` takes (``tests/test_benchmarks.py``
@@ -340,21 +333,19 @@ def cartpole(ns=(16, 256), seconds=2.0, include_slow=True) -> list[Row]:
         failures: dict = {}
         results = measure_together(makers, envs_per_step=n, seconds=seconds * len(makers), repeats=3,
                                    steps_per_unit=steps_per_unit, failures=failures)
-        for key in ("plain", *_NOOP_PATHS):  # the reference and the ceilings' own pools: never a peer's failure
-            if key not in results:
-                raise failures[key]
+        require(results, failures, ("plain", *_NOOP_PATHS))  # the reference and the ceilings' own pools
         ref = results["plain"]
         for key, label, _, _ in together:
             if key in results:
                 rows.append(_row("cartpole", key, label, n, results[key], ref["rate"]))
             else:  # a peer that cannot run here is reported, not fatal
-                rows.append(_failed_row("cartpole", key, label, n, failures[key]))
+                rows.append(failed_row("cartpole", key, label, n, failures[key]))
 
         def alone(key, label, make, envs=n):
             try:
                 res = measure(make, envs_per_step=envs, seconds=seconds)
             except Exception as err:  # a peer that cannot run here is reported, not fatal
-                rows.append(_failed_row("cartpole", key, label, n, err))
+                rows.append(failed_row("cartpole", key, label, n, err))
                 return
             rows.append(_row("cartpole", key, label, n, res, ref["rate"]))
 
@@ -432,11 +423,21 @@ def vector(ns=(16, 256), seconds=2.0) -> list[Row]:
             "raw": lambda: GymVector(make_vec(n), n),
             "pool": lambda: StepLoop(EnvPool(make_vec(n), seed=0)),
         }
-        res = measure_together(makers, envs_per_step=n, seconds=seconds * len(makers))
+        failures: dict = {}
+        res = measure_together(makers, envs_per_step=n, seconds=seconds * len(makers), failures=failures)
+        require(res, failures, ["raw"])
         ref = res["raw"]["rate"]
         rows.append(_row("vector", "raw", "CartPoleVectorEnv raw step [reference]", n, res["raw"], ref))
-        rows.append(_row("vector", "pool", "EnvPool(CartPoleVectorEnv), step_and_maybe_reset", n, res["pool"], ref))
+        rows.append(_row_or_failed("vector", "pool", "EnvPool(CartPoleVectorEnv), step_and_maybe_reset", n, res,
+                                   failures, ref))
     return rows
+
+
+def _row_or_failed(section, key, label, n, results, failures, ref, **extra) -> Row:
+    """The row of ``key``, or its failed row when it could not run here."""
+    if key in results:
+        return _row(section, key, label, n, results[key], ref, **extra)
+    return failed_row(section, key, label, n, failures[key])
 
 
 def fixed(n=16, seconds=2.0) -> list[Row]:
@@ -451,12 +452,14 @@ def fixed(n=16, seconds=2.0) -> list[Row]:
         fns = [functools.partial(NoopEnv, 1 if i < k else 0) for i in range(n)]
         makers[f"pool_k{k}"] = functools.partial(lambda fns: StepLoop(EnvPool(fns, seed=0)), fns)
         finishing[f"pool_k{k}"] = k
-    res = measure_together(makers, envs_per_step=n, seconds=seconds * len(makers))
+    failures: dict = {}
+    res = measure_together(makers, envs_per_step=n, seconds=seconds * len(makers), failures=failures)
+    require(res, failures, ["floor"])
     floor = res["floor"]["rate"]
     rows = [_row("fixed", "floor", "TorchRL EnvBase floor (no env work, no resets)", n, res["floor"], floor)]
     for key, k in finishing.items():
-        rows.append(_row("fixed", key, f"EnvPool on NoopEnv, {k} envs finishing per step", n, res[key], floor,
-                         finishing=k))
+        rows.append(_row_or_failed("fixed", key, f"EnvPool on NoopEnv, {k} envs finishing per step", n, res, failures,
+                                   floor, finishing=k))
     return rows
 
 
@@ -479,9 +482,12 @@ def expensive(n=8, workers=2, ms=1.0, seconds=3.0) -> list[Row]:
         ("torchrl_parallel", f"TorchRL ParallelEnv({workers} x GymWrapper(SyncVectorEnv))",
          lambda: StepLoop(ParallelEnv(workers, functools.partial(_torchrl_sync_busy, n // workers, ms)))),
     ]
-    res = measure_together({key: make for key, _, make in subjects}, envs_per_step=n, seconds=seconds * len(subjects))
+    failures: dict = {}
+    res = measure_together({key: make for key, _, make in subjects}, envs_per_step=n, seconds=seconds * len(subjects),
+                           failures=failures)
+    require(res, failures, ["serial"])
     serial = res["serial"]["rate"]
-    return [_row("expensive", key, label, n, res[key], serial) for key, label, _ in subjects]
+    return [_row_or_failed("expensive", key, label, n, res, failures, serial) for key, label, _ in subjects]
 
 
 def _torchrl_sync_busy(n, ms):

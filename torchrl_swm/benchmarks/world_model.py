@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .harness import Row, measure_together
+from .harness import Row, failed_row, measure_together, require
 
 __all__ = ["run", "RefWorldModel", "make_ref_model", "world_model_subjects", "LAT", "ACT", "HID"]
 
@@ -340,10 +340,16 @@ def world_model_subjects(model, b: int, device) -> list[tuple]:
 def _rows_for(model, b: int, seconds: float, device) -> list[Row]:
     subjects = world_model_subjects(model, b, device)
     # interleaved rounds (as every section): a host whose speed drifts shifts every row alike
+    failures: dict = {}
     results = measure_together({key: make for key, _, make, _ in subjects}, envs_per_step=b,
-                               seconds=seconds * len(subjects), steps_per_unit={key: s for key, _, _, s in subjects})
+                               seconds=seconds * len(subjects), steps_per_unit={key: s for key, _, _, s in subjects},
+                               failures=failures)
+    require(results, failures, ["raw", "env/step", "env/step-no-dones", "env/reset"])  # what the others derive from
     rows: list[Row] = []
     for key, label, _, _ in subjects:
+        if key not in results:  # a peer that cannot run here is reported, not fatal
+            rows.append(failed_row(SECTION, key, label, b, failures[key]))
+            continue
         result = results[key]
         rows.append(Row(SECTION, key, label, b, result["rate"], result["spread"], result["us_per_call"],
                         extra={"setup_s": result["setup_s"]}))
@@ -352,6 +358,8 @@ def _rows_for(model, b: int, seconds: float, device) -> list[Row]:
     reset.extra["fraction_of_step"] = reset.us_per_call / step.us_per_call
     reset.extra["in_loop_fraction"] = (step.us_per_call - no_done.us_per_call) / no_done.us_per_call
     for r in rows:
+        if r.key in failures:
+            continue
         r.extra["threads"] = torch.get_num_threads()
         if r is not reset:
             r.ratio = r.rate / raw.rate
