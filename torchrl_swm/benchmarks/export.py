@@ -187,7 +187,7 @@ class _Raw:
 
     def run(self, units):
         m, acts, z, z0 = self.m, self.acts, self.z, self.z0
-        with torch.inference_mode():
+        with torch.no_grad():  # as every loop here, and as the reference the issue defines (not inference_mode)
             for _ in range(units):
                 self.i += 1
                 z, r, dl = m(z, acts[self.i % _K_ACT])
