@@ -468,7 +468,7 @@ def test_export_rows_ratios_are_rates_over_the_reference_rate():
         return {"rate": rate, "spread": 0.0, "us_per_call": 1.0, "setup_s": 0.0}
 
     rows = _rows("export/pool", 4, [("pool", "p"), ("gym", "g"), ("sb3", "s")],
-                 {"pool": result(100.0), "gym": result(50.0), "sb3": result(400.0)}, "pool")
+                 {"pool": result(100.0), "gym": result(50.0), "sb3": result(400.0)}, {}, "pool")
     assert [r.ratio for r in rows] == [1.0, 0.5, 4.0]
     assert all(r.extra["reference"] == "pool" for r in rows)
 
@@ -807,3 +807,177 @@ def test_a_peer_that_cannot_run_is_a_failed_row_in_every_section_and_the_run_goe
     monkeypatch.setattr(P, "BusyEnv", _cannot_run)
     with pytest.raises(RuntimeError, match="this peer cannot run here"):
         P.expensive(n=2, workers=1, ms=0.05, seconds=0.05)
+
+
+def _capture_makers(monkeypatch, module, section, *args, **kwargs) -> dict:
+    """The subject makers a section hands measure_together() (faked: nothing is built or timed here)."""
+    built = {}
+
+    def together(makers, **kw):
+        built.update(makers)
+        return {key: {"rate": 1.0, "spread": 0.0, "us_per_call": 1.0, "setup_s": 0.0} for key in makers}
+
+    monkeypatch.setattr(module, "measure_together", together)
+    section(*args, **kwargs)
+    return built
+
+
+def _record_cartpole(monkeypatch) -> dict:
+    """Every CartPole in this process records its steps as (env, action) and the seed of each of its resets."""
+    seen = {"steps": [], "seeds": []}
+    step, reset = CartPoleEnv.step, CartPoleEnv.reset
+
+    def recording_step(self, action):
+        seen["steps"].append((id(self), int(np.asarray(action).argmax() if np.size(action) > 1 else action)))
+        return step(self, action)
+
+    def recording_reset(self, *, seed=None, options=None):
+        seen["seeds"].append(seed)
+        return reset(self, seed=seed, options=options)
+
+    monkeypatch.setattr(CartPoleEnv, "step", recording_step)
+    monkeypatch.setattr(CartPoleEnv, "reset", recording_reset)
+    return seen
+
+
+def _every_env_varies_its_actions(steps) -> bool:
+    actions = {}
+    for env, action in steps:
+        actions.setdefault(env, set()).add(action)
+    return bool(actions) and all(len(a) == 2 for a in actions.values())
+
+
+_CARTPOLE_LOOPS = ["plain", "pool_step", "pool_rollout", "pool_collector", "pool_step_once", "pool_rollout_once",
+                   "pool_collector_once", "gym_sync", "torchrl_gymwrapper", "torchrl_serial"]
+
+
+@pytest.mark.parametrize("key", _CARTPOLE_LOOPS + ["noop_step", "noop_rollout", "noop_collector"])
+def test_every_cartpole_row_steps_each_env_with_varying_random_actions(monkeypatch, key):
+    """The step-loop, rollout and Collector rows (and the ceilings' no-op pools) cycle through their pre-drawn
+    random action batches: each env sees both actions over a run, as the plain loop's envs do. One action batch
+    repeated would change CartPole's episode lengths (about 9 steps instead of 22) and with them the resets the
+    row pays for."""
+    from torchrl_swm.benchmarks.pool import _NOOP_PATHS, RandomLengthNoopEnv, _noop_pools, cartpole_subjects
+
+    n = 3
+    if key in _NOOP_PATHS:
+        seen = {"steps": []}
+        original = RandomLengthNoopEnv.step
+        monkeypatch.setattr(RandomLengthNoopEnv, "step", lambda self, action: (
+            seen["steps"].append((id(self), int(action))), original(self, action))[1])
+        make, steps_per_unit = _noop_pools(n)[key], _NOOP_PATHS[key]
+    else:
+        seen = _record_cartpole(monkeypatch)
+        make, steps_per_unit = {k: (m, s) for k, _, m, s in cartpole_subjects(n)}[key]
+    subject = make()
+    try:
+        subject.run(1)
+        seen["steps"].clear()
+        subject.run(max(1, 40 // steps_per_unit))
+    finally:
+        subject.close()
+    assert len(seen["steps"]) >= 30 * n  # (gym_sync: NEXT_STEP calls that only reset an env step none)
+    assert _every_env_varies_its_actions(seen["steps"]), key
+
+
+def test_every_export_pool_row_varies_its_actions_and_seeds_every_episode_as_the_reference(monkeypatch):
+    """export/pool: the reference (EnvPool stepped directly) and the to_gymnasium and SB3 rows step each env with
+    varying actions and reset every episode with a seed (EnvPool's default). A row seeding only its first episodes
+    would skip the per-episode seeding cost (~8 % at N=256) the reference pays."""
+    from torchrl_swm.benchmarks import export
+
+    makers = _capture_makers(monkeypatch, export, export._pool_rows, (3,), 0.0)
+    assert {"pool", "gym-next_step", "gym-same_step"} <= set(makers)
+    seen = _record_cartpole(monkeypatch)
+    for key, make in makers.items():
+        subject = make()
+        try:
+            subject.run(1)
+            seen["steps"].clear()
+            seen["seeds"].clear()
+            subject.run(80)  # CartPole episodes last ~22 steps under random actions
+        finally:
+            subject.close()
+        assert _every_env_varies_its_actions(seen["steps"]), key
+        assert seen["seeds"] and None not in seen["seeds"], (key, seen["seeds"])
+
+
+@pytest.mark.parametrize("n", [3, 100])
+def test_a_next_step_export_row_is_credited_with_the_env_steps_it_takes_at_any_size(monkeypatch, n):
+    """``to_gymnasium(EnvPool, autoreset_mode="next_step")``: the transitions a run credits are the CartPole
+    steps it took, N per call less the envs only being reset, for N other than the 64 pre-drawn action batches."""
+    from torchrl_swm.benchmarks import export
+
+    make = _capture_makers(monkeypatch, export, export._pool_rows, (n,), 0.0)["gym-next_step"]
+    seen = _record_cartpole(monkeypatch)
+    subject = make()
+    try:
+        subject.run(1)
+        credited = 0
+        for units in (30, 7):
+            seen["steps"].clear()
+            transitions = subject.run(units)
+            assert transitions == len(seen["steps"]) > 0, (units, transitions, len(seen["steps"]))
+            credited += transitions
+        assert credited < 37 * n  # some calls only reset an env
+    finally:
+        subject.close()
+
+
+def test_every_export_world_model_row_varies_its_actions(monkeypatch):
+    """export/world_model: every row (the raw forwards, the TorchRL loops, the gymnasium exports) calls the model
+    with a different action batch from step to step, not one batch repeated (which changes the done rate)."""
+    import torch
+
+    from torchrl_swm.benchmarks import export
+
+    model, actions = export.make_model(), []
+
+    class Recording(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, latent, action):
+            actions.append(action.clone())
+            return self.model(latent, action)
+
+    monkeypatch.setattr(export, "make_model", Recording)
+    makers = _capture_makers(monkeypatch, export, export._world_model_rows, (2,), 0.0)
+    assert {"raw", "torchrl", "wm-torchrl", "gym-next_step", "wm-gym-same_step"} <= set(makers)
+    for key, make in makers.items():
+        subject = make()
+        try:
+            subject.run(1)
+            actions.clear()
+            subject.run(10)
+        finally:
+            subject.close()
+        assert len(actions) >= 10, key
+        assert len({tuple(a.flatten().tolist()) for a in actions}) >= 9, key
+
+
+def test_the_expensive_sections_parallel_env_peer_runs_the_same_busy_envs_as_the_pools(monkeypatch):
+    """expensive(): the TorchRL ParallelEnv peer's workers build N envs burning the same ``ms`` of CPU per step as
+    the serial reference's and the process backend's (a peer doing half the work would read twice as fast).
+    Its worker factories are called here, in this process: no worker is started."""
+    from torchrl_swm.benchmarks import pool
+
+    monkeypatch.setattr(pool, "StepLoop", lambda env: env)  # the makers hand back their env, not reset
+    makers = _capture_makers(monkeypatch, pool, pool.expensive, n=4, workers=2, ms=0.3, seconds=0.0)
+    made = []
+    original = pool.BusyEnv.__init__
+
+    def recording_init(self, ms=1.0, episode=200):
+        made.append(ms)
+        original(self, ms, episode)
+
+    monkeypatch.setattr(pool.BusyEnv, "__init__", recording_init)
+    serial = makers["serial"]()
+    serial.close()
+    assert made == [0.3] * 4
+    parallel = makers["torchrl_parallel"]()
+    made.clear()
+    for factory in parallel.create_env_fn:  # what each worker builds
+        factory().close()
+    assert made == [0.3] * 4

@@ -177,3 +177,93 @@ def test_the_reference_model_ends_2_to_4_percent_of_random_action_steps_from_the
             assert 0.02 <= rate <= 0.04, (seed, rate)
     finally:
         torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("key", ["env/step", "env/rollout", "env/rollout-out", "env/transformed",
+                                 "torchrl/model_based"])
+def test_every_env_row_ends_episodes_as_often_as_the_raw_reference_with_resets(key):
+    """The episodes an env row actually ends (its ``("next", "done")`` flags, not the done logits its model
+    computes) come at the raw reference's rate: a row whose env ended fewer episodes would do fewer resets
+    than ``raw+reset`` and read faster for it. Counted over 600 batched steps of 8 rows."""
+    from torchrl_swm.benchmarks.world_model import _Rollout, world_model_subjects
+
+    model, cpu, b, steps = make_ref_model(0, "cpu"), torch.device("cpu"), 8, 600
+    raw = _CountingDones(model)
+    _Raw(raw, b, cpu, True).run(steps)  # raw+reset restarts exactly the rows whose logit is positive
+    raw_rate = raw.dones / (b * steps)
+    assert raw_rate > 0.01
+
+    subject = {k: make for k, _, make, _ in world_model_subjects(model, b, cpu)}[key]()
+    env, ends = subject.env, []
+    if isinstance(subject, _Rollout):
+        rollout = env.rollout
+
+        def counting_rollout(*args, **kwargs):
+            out = rollout(*args, **kwargs)
+            ends.append(int(out["next", "done"].sum()))
+            return out
+
+        env.rollout = counting_rollout
+        subject.run(steps // 100)
+    else:
+        step_and_maybe_reset = env.step_and_maybe_reset
+
+        def counting_step(td, *args, **kwargs):
+            out, root = step_and_maybe_reset(td, *args, **kwargs)
+            ends.append(int(out["next", "done"].sum()))
+            return out, root
+
+        env.step_and_maybe_reset = counting_step
+        subject.run(steps)
+    subject.close()
+    assert len(ends) == (steps // 100 if isinstance(subject, _Rollout) else steps)
+    rate = sum(ends) / (b * steps)
+    assert 0.75 * raw_rate <= rate <= 1.25 * raw_rate, (key, rate, raw_rate)
+
+
+@pytest.mark.parametrize("key, reuses", [("env/rollout", False), ("env/rollout-out", True)])
+def test_only_the_rollout_out_row_hands_rollout_the_previous_rollouts_buffer(key, reuses):
+    """``env/rollout`` allocates a fresh output every rollout (``out=None``), as a plain ``rollout()`` does;
+    only ``env/rollout-out`` passes the previous rollout's result back as ``out=`` (a plain row that reused
+    the buffer would skip the page faults its label says it pays)."""
+    from torchrl_swm.benchmarks.world_model import world_model_subjects
+
+    b = 2
+    subject = {k: make for k, _, make, _ in world_model_subjects(make_ref_model(0), b, torch.device("cpu"))}[key]()
+    env, outs, results = subject.env, [], []
+    rollout = env.rollout
+
+    def recording_rollout(*args, out=None, **kwargs):
+        outs.append(out)
+        result = rollout(*args, out=out, **kwargs)
+        results.append(result)
+        return result
+
+    env.rollout = recording_rollout
+    subject.run(3)
+    subject.close()
+    assert outs[0] is None
+    if reuses:
+        assert outs[1] is results[0] and outs[2] is results[1]
+    else:
+        assert outs == [None, None, None]
+        assert results[0]["next", "observation"].data_ptr() != results[1]["next", "observation"].data_ptr()
+
+
+def test_the_export_floor_envs_masked_reset_leaves_the_terminal_observations_it_returned_untouched():
+    """``MLPWorldModelEnv``'s masked reset writes the reset rows' start latents into a new tensor: the
+    ``("next", "observation")`` a step returned (an ended row's terminal observation) keeps its values after
+    the reset that follows, as TorchRL's ``step_and_maybe_reset`` needs (the floor row must do that copy)."""
+    from torchrl_swm.benchmarks.export import ACT, MLPWorldModelEnv
+
+    env = MLPWorldModelEnv(batch_size=4, seed=3)
+    td = env.reset()
+    td["action"] = torch.rand(4, ACT, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    stepped = env.step(td)
+    terminal = stepped["next", "observation"]
+    kept = terminal.clone()
+    root = stepped["next"].exclude("reward")  # what step_and_maybe_reset hands maybe_reset
+    root["_reset"] = torch.tensor([[True], [False], [True], [False]])
+    reset = env.reset(root)
+    assert torch.equal(terminal, kept)
+    assert not torch.equal(reset["observation"][0], kept[0]) and torch.equal(reset["observation"][1], kept[1])
