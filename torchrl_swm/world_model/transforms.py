@@ -98,6 +98,18 @@ class _WorldModelTransform(Transform):
             self.__dict__["_bound_for"] = weakref.ref(base)
         return self._bound
 
+    def _call_on_step(self, base: WorldModelEnv, bound: Bound, tensordict, next_tensordict):
+        """``fn(state, obs, action)`` of a step (reward_fn's, terminal_fn's), on its rows; an error it raises
+        is noted with the call."""
+        bs = tuple(next_tensordict.batch_size)
+        state, obs, action = base.state, self._observation(base, next_tensordict), tensordict.get("action")
+        try:
+            with _grad_context(base):
+                return _tree.call_on_rows(bound.call, bs, state, obs, action)
+        except Exception as err:
+            note_raised_inside(err, bound, bs, state=state, obs=obs, action=action)
+            raise
+
     @staticmethod
     def _observation(base: WorldModelEnv, next_tensordict: TensorDictBase):
         if base._obs_is_mapping:
@@ -258,13 +270,7 @@ class RewardAdapter(_WorldModelTransform):
             return next_tensordict
         bound = self._adapter(self._fn, "reward_fn", ("state", "obs", "action"))
         bs = tuple(next_tensordict.batch_size)
-        state, obs, action = base.state, self._observation(base, next_tensordict), tensordict.get("action")
-        try:
-            with _grad_context(base):
-                reward = _tree.call_on_rows(bound.call, bs, state, obs, action)
-        except Exception as err:
-            note_raised_inside(err, bound, bs, state=state, obs=obs, action=action)
-            raise
+        reward = self._call_on_step(base, bound, tensordict, next_tensordict)
         reward = base._reward(reward, bs, (*bs, 1), bound.description, "a reward")
         if reward is None:
             raise ReturnFormError(f"{bound.description} returned None; expected a float tensor of shape {(*bs, 1)}")
@@ -298,13 +304,7 @@ class TerminalAdapter(_WorldModelTransform):
             return next_tensordict
         bound = self._adapter(self._fn, "terminal_fn", ("state", "obs", "action"))
         bs = tuple(next_tensordict.batch_size)
-        state, obs, action = base.state, self._observation(base, next_tensordict), tensordict.get("action")
-        try:
-            with _grad_context(base):
-                flag = _tree.call_on_rows(bound.call, bs, state, obs, action)
-        except Exception as err:
-            note_raised_inside(err, bound, bs, state=state, obs=obs, action=action)
-            raise
+        flag = self._call_on_step(base, bound, tensordict, next_tensordict)
         terminated = base._flag(flag, bs, (*bs, 1), "terminated", bound.description, "a termination flag")
         if terminated is None or flag is MISSING:
             raise ReturnFormError(f"{bound.description} returned nothing; expected a bool tensor of shape {(*bs, 1)}")
