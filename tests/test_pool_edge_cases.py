@@ -1559,39 +1559,42 @@ class PayingSlowEnv(SlowEnv):
         return obs, 1.0, term, trunc, info
 
 
-def _ctrl_c_in_a_step(pool, step_mask=None):
-    """Reset ``pool`` (4 envs), step it with zero actions (the rows of ``step_mask``) and deliver a real SIGINT
-    (Ctrl-C) 0.3 s into the step; returns the tensordict it stepped (the caller installs Python's default SIGINT
-    handler)."""
-    td = pool.reset()
-    td["action"] = torch.zeros(4, dtype=torch.int64)
-    if step_mask is not None:
-        td["_step"] = torch.tensor(step_mask).view(4, 1)
-    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        pool.step(td)
-        time.sleep(3)  # (a signal that came late lands here, not in pytest)
-    timer.cancel()
-    return td
+@contextlib.contextmanager
+def _interrupted_step(env_fns, step_mask=None, settle: float = 0.0):
+    """A 2-worker process pool of ``env_fns`` (4 envs), reset and stepped with zero actions (the rows of
+    ``step_mask``) with a real SIGINT (Ctrl-C) delivered 0.3 s into the step; yields ``(pool, the tensordict it
+    stepped)`` ``settle`` seconds after the interrupt. Python's default SIGINT handler is installed meanwhile (a
+    background run may ignore SIGINT)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with _process_pool(env_fns, 2) as pool:
+            td = pool.reset()
+            td["action"] = torch.zeros(4, dtype=torch.int64)
+            if step_mask is not None:
+                td["_step"] = torch.tensor(step_mask).view(4, 1)
+            timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                pool.step(td)
+                time.sleep(3)  # (a signal that came late lands here, not in pytest)
+            timer.cancel()
+            time.sleep(settle)
+            yield pool, td
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_process_backend_frozen_rows_report_zero_reward_after_an_interrupted_step():
     # the interrupted step's slow workers finish it after the pool's process has moved on: their rewards
     # must not land on the zeros the next step gives its frozen rows
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a background run may ignore SIGINT
     fns = [PayingSlowEnv, PayingSlowEnv, functools.partial(PayingSlowEnv, 1.0), functools.partial(PayingSlowEnv, 1.0)]
-    try:
-        with _process_pool(fns, 2) as pool:
-            # worker 1's envs sleep 1 s: the Ctrl-C lands while they step
-            td = _ctrl_c_in_a_step(pool, [False, False, True, True])
-            td["_step"] = torch.tensor([[True], [True], [False], [False]])
-            out = pool.step(td)  # rows 2-3 must be reset before they step again, not before they are frozen
-            assert out["next", "reward"].view(-1).tolist() == [1.0, 1.0, 0.0, 0.0]
-            # the interrupted step happened in envs 2-3; the frozen rows keep its observation
-            assert out["next", "observation"].view(-1).tolist() == [1.0, 1.0, 1.0, 1.0]
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    # worker 1's envs sleep 1 s: the Ctrl-C lands while they step
+    with _interrupted_step(fns, [False, False, True, True]) as (pool, td):
+        td["_step"] = torch.tensor([[True], [True], [False], [False]])
+        out = pool.step(td)  # rows 2-3 must be reset before they step again, not before they are frozen
+        assert out["next", "reward"].view(-1).tolist() == [1.0, 1.0, 0.0, 0.0]
+        # the interrupted step happened in envs 2-3; the frozen rows keep its observation
+        assert out["next", "observation"].view(-1).tolist() == [1.0, 1.0, 1.0, 1.0]
 
 
 class SlowFailingEnv(SlowEnv):
@@ -1612,41 +1615,29 @@ def test_process_backend_an_env_error_in_an_interrupted_step_is_raised_by_the_ne
     # env 3 (worker 1) raises in the step a Ctrl-C interrupts: its reply comes before the interrupt (the other
     # worker's envs are slow) or after it (it is slow itself). Either way the next command raises it, never
     # stepping on as if env 3 were fine
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     slow, failing = (1.0, 0.0) if raises == "before" else (0.0, 1.0)
     fns = [functools.partial(SlowEnv, slow)] * 2 + [SlowEnv, functools.partial(SlowFailingEnv, failing)]
-    try:
-        with _process_pool(fns, 2) as pool:
-            td = _ctrl_c_in_a_step(pool)
-            time.sleep(1.5)  # every worker has finished the interrupted step
-            with pytest.raises(EnvError, match=r"env 3 \(step\): ValueError: transient failure") as err:
-                pool.step(td)
-            assert "interrupted" in "\n".join(err.value.__notes__)
-            assert err.value.env_index == 3
-            pool.set_attr("delay", 0.0)  # reported once, before anything was sent
-            # envs 0-2 stepped in the interrupted step, with no transition returned: reset before they step
-            with pytest.raises(EnvError, match=r"envs \[0, 1, 2, 3\] since a step of theirs raised"):
-                pool.step(td)
-            td = pool.reset().set("action", torch.zeros(4, dtype=torch.int64))
-            assert pool.step(td)["next", "observation"].view(-1).tolist() == [1.0, 1.0, 1.0, 1.0]
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with _interrupted_step(fns, settle=1.5) as (pool, td):  # every worker has finished the interrupted step
+        with pytest.raises(EnvError, match=r"env 3 \(step\): ValueError: transient failure") as err:
+            pool.step(td)
+        assert "interrupted" in "\n".join(err.value.__notes__)
+        assert err.value.env_index == 3
+        pool.set_attr("delay", 0.0)  # reported once, before anything was sent
+        # envs 0-2 stepped in the interrupted step, with no transition returned: reset before they step
+        with pytest.raises(EnvError, match=r"envs \[0, 1, 2, 3\] since a step of theirs raised"):
+            pool.step(td)
+        td = pool.reset().set("action", torch.zeros(4, dtype=torch.int64))
+        assert pool.step(td)["next", "observation"].view(-1).tolist() == [1.0, 1.0, 1.0, 1.0]
 
 
 def test_process_backend_env_errors_in_two_workers_of_an_interrupted_step_name_the_lowest_env_as_serial():
     # envs 1 (worker 0) and 3 (worker 1) both raise in the step a Ctrl-C interrupts, after the interrupt: the next
     # command reports env 1, the env a serial loop would have raised first, not the last reply it read
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     fns = [SlowEnv, functools.partial(SlowFailingEnv, 1.0)] * 2
-    try:
-        with _process_pool(fns, 2) as pool:
-            td = _ctrl_c_in_a_step(pool)
-            time.sleep(1.5)  # every worker has finished the interrupted step
-            with pytest.raises(EnvError, match=r"env 1 \(step\): ValueError: transient failure") as err:
-                pool.step(td)
-            assert err.value.env_index == 1 and "interrupted" in "\n".join(err.value.__notes__)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with _interrupted_step(fns, settle=1.5) as (pool, td):  # every worker has finished the interrupted step
+        with pytest.raises(EnvError, match=r"env 1 \(step\): ValueError: transient failure") as err:
+            pool.step(td)
+        assert err.value.env_index == 1 and "interrupted" in "\n".join(err.value.__notes__)
 
 
 def _returns_none():
