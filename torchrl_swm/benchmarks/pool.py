@@ -335,11 +335,8 @@ def cartpole(ns=(16, 256), seconds=2.0, include_slow=True) -> list[Row]:
                                    steps_per_unit=steps_per_unit, failures=failures)
         require(results, failures, ("plain", *_NOOP_PATHS))  # the reference and the ceilings' own pools
         ref = results["plain"]
-        for key, label, _, _ in together:
-            if key in results:
-                rows.append(_row("cartpole", key, label, n, results[key], ref["rate"]))
-            else:  # a peer that cannot run here is reported, not fatal
-                rows.append(failed_row("cartpole", key, label, n, failures[key]))
+        for key, label, _, _ in together:  # a peer that cannot run here is reported, not fatal
+            rows.append(_row_or_failed("cartpole", key, label, n, results, failures, ref["rate"]))
 
         def alone(key, label, make, envs=n):
             try:
