@@ -662,7 +662,8 @@ def _vec_gym_autoreset_mode(env):
     num_envs=N)`` and ``GymWrapper(vector_env)`` add) among ``env``'s transforms; ``None`` without one."""
     from torchrl.envs import VecGymEnvTransform
 
+    from ..pool.vector import declared_autoreset_mode  # read as the pool reads a VectorEnv's mode
+
     if not any(isinstance(t, VecGymEnvTransform) for t in transforms_of(env)):
         return None
-    inner = getattr(base_env(env), "_env", None)
-    return _autoreset_mode(getattr(inner, "metadata", {}).get("autoreset_mode", AutoresetMode.NEXT_STEP))
+    return declared_autoreset_mode(getattr(base_env(env), "_env", None))
