@@ -1548,6 +1548,70 @@ def test_reset_obs_form_uses_initial_state_when_given():
     assert env.state.tolist() == [[9.0, 9.0]] * 2
 
 
+_LATENT_STARTS = {
+    # how a state apart from the 2-d observation enters: a constant start, a reset_fn's (state, obs), an encoder
+    "initial_state": dict(initial_state=torch.zeros(8), initial_observation=torch.zeros(2)),
+    "reset_fn": dict(reset_fn=lambda num_envs: (torch.zeros(num_envs, 8), torch.zeros(num_envs, 2))),
+    "encoder": dict(initial_observation=torch.zeros(2), encode_fn=lambda obs: torch.cat([obs, obs, obs, obs], -1)),
+    "dict latent": dict(initial_state={"deter": torch.zeros(6), "stoch": torch.zeros(2)},
+                        initial_observation=torch.zeros(2)),
+}
+_STATELESS_FORMS = {
+    "5-tuple": lambda obs: (obs, 0.0, False, False, {}),
+    "4-tuple": lambda obs: [obs, 0.0, False, {}],
+    "bare": lambda obs: obs,
+    "mapping": lambda obs: {"observation": obs, "reward": 0.0},
+}
+
+
+def _latent_size(state) -> int:
+    return sum(v.shape[-1] for v in state.values()) if isinstance(state, dict) else state.shape[-1]
+
+
+@pytest.mark.parametrize("start", sorted(_LATENT_STARTS))
+@pytest.mark.parametrize("form", sorted(_STATELESS_FORMS))
+def test_a_form_without_a_state_cannot_replace_a_separate_latent_with_the_observation(start, form):
+    # a latent kept apart from the observation, and a step returning a form with no state of its own: the
+    # observation would become the next state (the model then gets a (N, 2) state where it was given (N, 8));
+    # refused, naming the forms that carry the state
+    seen = []
+
+    def step(state, action):
+        seen.append(_latent_size(state))
+        return _STATELESS_FORMS[form](torch.ones(3, 2))
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, transition_fn=step, **_LATENT_STARTS[start])
+    td = env.reset()
+    td["action"] = torch.zeros(3, 2)
+    with pytest.raises(ReturnFormError, match=r"whose next state is its observation, laid out as \(2,\).*"
+                       r"Return the next state with the observation.*info\['model_state'\]"):
+        env.step(td)
+    assert seen == [8], "the model got the latent once"
+
+
+@pytest.mark.parametrize("start", sorted(_LATENT_STARTS))
+def test_a_latent_returned_in_info_model_state_is_kept_across_steps(start):
+    # the seed's way to keep a latent with the gymnasium 5-tuple: info["model_state"]; every step gets it back
+    seen = []
+
+    def step(state, action):
+        seen.append(_latent_size(state))
+        obs = torch.ones(3, 2)
+        return obs, 0.0, False, False, {"model_state": state}
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, transition_fn=step, **_LATENT_STARTS[start])
+    env.rollout(4)
+    assert seen == [8, 8, 8, 8]
+
+
+def test_an_observation_that_is_the_state_may_come_back_in_any_form():
+    # no separate latent (the start is an observation): every form's observation is the next state, as the seed's
+    for form in _STATELESS_FORMS.values():
+        env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, initial_observation=torch.zeros(2),
+                            transition_fn=lambda s, a, form=form: form(s + 1))
+        assert env.rollout(3)["next", "observation"][:, -1].tolist() == [[3.0, 3.0]] * 3
+
+
 @pytest.mark.parametrize(
     "result, match",
     [

@@ -1956,8 +1956,7 @@ def test_reset_fn_returning_the_whole_batch_for_a_partial_reset_is_a_clear_error
 
 def test_numpy_leaves_in_a_dict_observation_convert_like_a_box_observation():
     space = gym.spaces.Dict({"pos": BOX2})
-    env = WorldModelEnv(object(), space, BOX2, num_envs=3, initial_state=torch.zeros(2),
-                        initial_observation={"pos": np.zeros(2, np.float32)},
+    env = WorldModelEnv(object(), space, BOX2, num_envs=3, initial_observation={"pos": np.zeros(2, np.float32)},
                         transition_fn=lambda s, a: ({"pos": np.ones((3, 2), np.float32)}, 0.0, False, False, {}))
     td = env.reset()
     td["action"] = torch.zeros(3, 2)

@@ -518,7 +518,10 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         transition_fn: ``transition_fn([model,] state, action)`` (+ ``generator=``, the env's
             :attr:`generator`, and ``mask=``, a bool tensor of the batch shape, True for the rows
             stepped (all but those a ``"_step"`` mask freezes), when declared), called once per
-            step for the whole batch. Returns one of the seed's transition forms. The env puts
+            step for the whole batch. Returns one of the seed's transition forms; in those without
+            a state (the 4-/5-tuples, a bare value) the observation is the next state, unless
+            ``info["model_state"]`` holds it (a latent apart from the observation must come back
+            there, or in the 6-tuple ``(state, obs, reward, terminated, truncated, info)``). The env puts
             back the frozen rows' outputs; a model that keeps a state of its own (a discovered
             ``model.step(action)``) needs ``mask=`` to leave those rows' state as it was.
         start_states: real data to start episodes from: a TensorDict ``[M]`` (or ``[B, T]``, every
@@ -1326,6 +1329,9 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         form, state, obs, reward, terminated, truncated, info = split_transition(result, where, self._obs_keys)
         if self._obs_is_state and state is not obs:
             self._separate_state(form, where)
+        # a form without a state of its own makes the observation the next state (the seed's rule): a state
+        # kept apart from the observation (initial_state=, an encoder, a reset's (state, obs)) would be lost
+        state_from_obs = state is obs and not self._obs_is_state and state_in is not rt.obs
         dev = self._dev
         bs = shapes.bs
         bs1 = shapes.bs1
@@ -1346,6 +1352,8 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                 except (ValueError, TypeError) as err:
                     raise ReturnFormError(f"{where} returned {form}: {err}") from None
                 state = _tree.with_batch(state, tuple(bs))
+        if state_from_obs:
+            self._check_state_kept(state, state_in, form, where)
         if shapes.state is not None:  # only with state_key (and its own spec): the state is an output
             self._check_state_spec(state, shapes.state, f"{where} returned {form}")
         rt.reward_from_model = rt.terminated_from_model = True
@@ -1424,6 +1432,23 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             "the returned state). Return the state as the observation (one tensor for both), or pass a "
             "state_key of its own (e.g. state_key='latent', with state_spec=) to keep the state in the tensordict."
         )
+
+    def _check_state_kept(self, state, state_in, form, where) -> None:
+        """Refuse a form whose next state is its observation (no state of its own) when the state the step
+        was given is laid out differently: a latent kept apart from the observation, which would be lost."""
+        if type(state) is torch.Tensor and type(state_in) is torch.Tensor and state.shape[1:] == state_in.shape[1:]:
+            return  # the common case, decided without walking a tree
+        if state_in is None:
+            return
+        got, ref = _row_shapes(state), _row_shapes(state_in)
+        if got != ref:
+            raise ReturnFormError(
+                f"{where} returned {form}, whose next state is its observation, laid out as {_shape_text(got)} "
+                f"(one row's leaves), but the state it was given is laid out as {_shape_text(ref)}: a state kept "
+                "apart from the observation (initial_state=, an encoder, a reset's state) would be replaced by the "
+                "observation. Return the next state with the observation: (state, obs, reward, terminated, "
+                "truncated, info), a mapping with 'state', or info['model_state'] in the 4-/5-tuple forms"
+            )
 
     def _check_action_values(self, td, action, step_rows, bs):
         """Refuse discrete actions outside their spec in the stepped rows (``step_rows``, bool ``(N,)``, or
