@@ -694,7 +694,23 @@ def make_world_model_env(
 class WorldModelTransformedEnv(TransformedEnv):
     """The ``TransformedEnv`` :func:`make_world_model_env` returns: TorchRL's, except that a batch-unlocked one
     keeps the rows a ``"_step"`` mask freezes (TorchRL rebuilds them from zeros; see
-    :func:`~torchrl_swm.world_model.env.step_keeping_frozen_rows`), as a batch-locked one does."""
+    :func:`~torchrl_swm.world_model.env.step_keeping_frozen_rows`), as a batch-locked one does.
+
+    Built as TorchRL's: ``WorldModelTransformedEnv(env, transform=None)``, ``transform`` a
+    :class:`~torchrl.envs.Transform` or a :class:`~torchrl.envs.Compose` of them (the adapter transforms
+    of this module, TorchRL's own).
+
+    Examples:
+        >>> import torch
+        >>> from gymnasium.spaces import Box
+        >>> from torchrl.envs import RewardSum
+        >>> from torchrl_swm import WorldModelEnv, WorldModelTransformedEnv
+        >>> base = WorldModelEnv(object(), Box(-1, 1, (3,)), Box(-1, 1, (3,)), num_envs=4,
+        ...                      initial_state=torch.zeros(3), transition_fn=lambda s, a: (s + a).clamp(-1, 1))
+        >>> env = WorldModelTransformedEnv(base, RewardSum())
+        >>> env.rollout(5)["next", "episode_reward"].shape
+        torch.Size([4, 5, 1])
+    """
 
     def step(self, tensordict: TensorDictBase) -> TensorDictBase:
         if self.batch_locked or "_step" not in tensordict.keys():
