@@ -918,7 +918,7 @@ class World:
         if max_steps is None:
             max_steps = self._step_limit()
         extra = {**extra, "env_time_limit": self._env_time_limit()}
-        _Run.check_arguments(self, plans, exploration, None)
+        _Run.check_arguments(self, plans, exploration, None, progress, "evaluate")
         recorder = self._video(video)
         try:
             run = _Run(
@@ -1236,7 +1236,7 @@ class World:
             "policy": repr(used_policy)[:300],
             "excluded_keys": [list(k) if len(k) > 1 else k[0] for k in exclude_keys],
         }
-        _Run.check_arguments(self, plans, exploration, used_policy)
+        _Run.check_arguments(self, plans, exploration, used_policy, progress, "collect")
         # lazy: nothing is created or replaced until the first step is recorded (a bad exclude_keys, a policy
         # or env failing at the start leave the path as it was)
         writer = DatasetWriter(path, capacity=episodes * max_steps, metadata=metadata, overwrite=overwrite, lazy=True)
@@ -1345,9 +1345,10 @@ class _Run:
             )
 
     @staticmethod
-    def check_arguments(world: World, plans, exploration, policy) -> None:
+    def check_arguments(world: World, plans, exploration, policy, progress, desc: str) -> None:
         """Raise on a run's bad arguments. Callers run it before creating anything (a dataset
         directory, videos) and before building the run."""
+        check_bool(progress, f"{desc}: progress")  # "no" would draw the bar
         if exploration is not None and exploration not in _EXPLORATION:
             raise ValueError(f"exploration: expected one of {sorted(_EXPLORATION)} or None, got {exploration!r}")
         if any(p.options for p in plans) and world.pool is None:
