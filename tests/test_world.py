@@ -390,6 +390,19 @@ def test_a_time_limit_wrapped_by_hand_is_the_envs_step_limit(tmp_path, backend):
         assert ds.metadata["max_steps"] == 7 and ds.episode_lengths.tolist() == [7, 7]
 
 
+def test_pooled_envs_with_different_hand_wrapped_time_limits_run_each_to_its_own_limit(tmp_path):
+    # World's step limit is the largest TimeLimit in the pool: the env with the larger limit must never be cut at
+    # the smaller one, in evaluate and in collect, and that larger limit is the one reported
+    pool = EnvPool([functools.partial(_limited_counting_env, 1000, limit) for limit in (5, 10)], seed=0)
+    with pool:
+        world = World(pool, ones(2))
+        result = world.evaluate(2, seed=0, progress=False)
+        assert result["env_time_limit"] == 10 and result["max_steps"] == 10
+        assert result["episode_lengths"].tolist() == [5, 10] and result["episode_truncated"].all()
+        ds = world.collect(tmp_path / "d", 2, seed=0, progress=False)
+        assert ds.metadata["max_steps"] == 10 and ds.episode_lengths.tolist() == [5, 10]
+
+
 def test_world_leaves_an_async_vector_pool_without_time_limits_usable():
     # an attribute an AsyncVectorEnv's sub-env lacks shuts its worker down for good (gymnasium 1.4): World must
     # not probe them for a TimeLimit they may not have
@@ -628,6 +641,63 @@ def test_step_limit_on_an_env_without_a_truncated_flag_ends_episodes_as_done():
     result = World(env, max_episode_steps=3).evaluate(4, seed=0, progress=False)
     assert result["episode_lengths"].tolist() == [3] * 4
     assert result["episode_returns"].tolist() == [3.0] * 4
+
+
+def _done_only_env(length=3):
+    """A batched TorchRL env ([2], observation = step count, done after ``length`` steps) whose done spec is only
+    "done", as TorchRL's Pendulum tutorial env: TorchRL adds "terminated", nothing adds "truncated"."""
+    from torchrl.data import Categorical, Composite, Unbounded
+    from torchrl.envs import EnvBase
+
+    class Env(EnvBase):
+        def __init__(self):
+            super().__init__(batch_size=torch.Size([2]))
+            self.observation_spec = Composite(observation=Unbounded((2, 1)), shape=(2,))
+            self.action_spec = Categorical(2, shape=(2,))
+            self.reward_spec = Unbounded((2, 1))
+            self.done_spec = Composite(done=Categorical(2, (2, 1), dtype=torch.bool), shape=(2,))
+            self.t = torch.zeros(2, 1)
+
+        def _reset(self, td=None, **kwargs):
+            rows = torch.ones(2, 1, dtype=torch.bool) if td is None or "_reset" not in td.keys() else td["_reset"]
+            self.t = torch.where(rows.view(2, 1), 0.0, self.t)
+            return TensorDict(observation=self.t.clone(), done=torch.zeros(2, 1, dtype=torch.bool), batch_size=[2])
+
+        def _step(self, td):
+            step = td.get("_step", None)
+            self.t = self.t + (1.0 if step is None else step.view(2, 1).float())
+            return TensorDict(observation=self.t.clone(), reward=torch.ones(2, 1), done=self.t >= length,
+                              batch_size=[2])
+
+        def _set_seed(self, seed):
+            pass
+
+    return Env()
+
+
+def test_an_env_with_only_a_done_flag_ends_its_episodes_terminated_not_truncated():
+    # without a "truncated" flag, the env's done is a termination: no episode is reported as truncated, and the
+    # summary counts them all as terminated (none as truncated or "both")
+    env = _done_only_env(length=3)
+    assert "truncated" not in env.done_keys
+    result = World(env, ones(2)).evaluate(4, seed=0, progress=False)
+    assert result["episode_lengths"].tolist() == [3] * 4
+    assert result["episode_terminated"].tolist() == [True] * 4
+    assert result["episode_truncated"].tolist() == [False] * 4
+    assert result.summary().endswith("ended by      terminated 4, truncated 0")  # no "both"
+
+
+def test_collect_on_an_env_with_only_a_done_flag_records_a_consistent_done_triplet(tmp_path):
+    # the dataset holds done, terminated and truncated: the env's own end is a termination, World's cut a truncation
+    world = World(_done_only_env(length=3), ones(2))
+    flags = {}
+    for max_steps in (10, 2):  # the env ends its episodes at 3 steps; World cuts them at 2
+        ds = world.collect(tmp_path / f"d{max_steps}", 2, seed=0, max_steps=max_steps, progress=False)
+        last = ds.episode_starts + ds.episode_lengths - 1
+        flags[max_steps] = (ds.episode_lengths.tolist(),
+                            *(ds.td["next", key][last].view(-1).tolist() for key in ("done", "terminated", "truncated")))
+    assert flags[10] == ([3, 3], [True, True], [True, True], [False, False])
+    assert flags[2] == ([2, 2], [True, True], [False, False], [True, True])
 
 
 def test_device_parametrized(device):
