@@ -285,21 +285,31 @@ def test_ctrl_c_during_collect_leaves_a_loadable_dataset(tmp_path):
         assert not ep["next", "done"][:-1].any()
 
 
-def test_collect_overwrite_interrupted_before_its_first_step_says_the_dataset_is_unchanged(tmp_path, capsys,
-                                                                                            monkeypatch):
-    """An interrupt before the first step is recorded writes nothing (the earlier dataset is kept, overwrite or
-    not): the CLI must not report the earlier run's episodes as this run's."""
+@pytest.mark.parametrize("interrupted_at_call", [1, 3])
+def test_collect_overwrite_interrupted_before_its_first_episode_says_the_dataset_is_unchanged(
+        tmp_path, capsys, monkeypatch, interrupted_at_call):
+    """An interrupt before the first episode is complete writes nothing (the earlier dataset is kept, overwrite or
+    not), at the first step or after a few (CartPole's episodes last 8 steps or more): the CLI must not report the
+    earlier run's episodes as this run's, and --overwrite must not trade them for an empty dataset."""
     from torchrl_swm import load_dataset
 
-    (tmp_path / "ctrlc_policy.py").write_text("def policy(td):\n    raise KeyboardInterrupt\n")
+    module = f"ctrlc_policy_{interrupted_at_call}"  # a module of its own: an imported one keeps its calls
+    (tmp_path / f"{module}.py").write_text(
+        "import torch\ncalls = []\n"
+        "def policy(td):\n"
+        "    calls.append(1)\n"
+        f"    if len(calls) == {interrupted_at_call}:\n"
+        "        raise KeyboardInterrupt\n"
+        "    return td.set('action', torch.zeros(td.batch_size, dtype=torch.int64))\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "data"
     assert cli.main(["collect", "CartPole-v1", "--episodes", "3", "--out", str(out), "--no-progress"]) == 0
     capsys.readouterr()
     code = cli.main(["collect", "CartPole-v1", "--episodes", "50", "--out", str(out), "--overwrite",
-                     "--policy", "ctrlc_policy:policy", "--no-progress"])
+                     "--policy", f"{module}:policy", "--no-progress"])
     err = capsys.readouterr().err
-    assert code == 130 and "before any step was recorded" in err and "unchanged" in err, err
+    assert code == 130 and "before any episode was complete" in err and "unchanged" in err, err
     assert "complete episodes" not in err
     kept = load_dataset(out)
     assert kept.num_episodes == 3 and kept.metadata["complete"] is True
@@ -588,23 +598,12 @@ def test_image_shape_other_than_the_datasets_pixels_is_a_usage_error(maze_data, 
 
 
 def test_an_empty_dataset_is_a_usage_error(tmp_path, capsys):
-    # a collect stopped after its first steps, before any episode ended, leaves a dataset with no episodes
-    import torch
+    # a dataset with no episodes: a writer opened and closed without an episode
+    from torchrl_swm.data import DatasetWriter
 
-    from torchrl_swm import World
-
-    world = World("CartPole-v1", num_envs=2)
-    calls = []
-
-    def interrupted(td):
-        calls.append(1)
-        if len(calls) == 3:  # CartPole's episodes last 8 steps or more
-            raise KeyboardInterrupt
-        return td.set("action", torch.zeros(2, dtype=torch.int64))
-
-    with pytest.raises(KeyboardInterrupt):
-        world.collect(tmp_path / "empty", 4, seed=0, policy=interrupted, progress=False)
-    world.close()
+    writer = DatasetWriter(tmp_path / "empty", 10)
+    writer.open()
+    writer.close(complete=False)
     code = cli.main(["eval", "CartPole-v1", "--dataset", str(tmp_path / "empty"), "--goal-offset", "1",
                      "--eval-budget", "3", "--no-progress"])
     err = capsys.readouterr().err

@@ -113,6 +113,7 @@ def test_step_accessor_and_final_observation(collected):
     with pytest.raises(IndexError):
         ds.episode(8)
     assert set(ds.observation_keys) >= {"observation", "pixels", ("info", "t"), "episode_seed"}
+    assert not {"step_count", "done", "terminated", "truncated"} & set(ds.observation_keys)  # bookkeeping, not obs
 
 
 def test_negative_episode_positions_count_from_the_end(collected):
@@ -278,10 +279,14 @@ def test_interrupt_before_any_episode_completes(tmp_path):
         World(pool, Interrupt(1, at=2, error=KeyboardInterrupt()), max_episode_steps=9).collect(
             tmp_path / "d", 2, seed=0, progress=False
         )
-    ds = load_dataset(tmp_path / "d")
+    assert not (tmp_path / "d").exists()  # nothing is written until an episode is complete
+    pool.close()
+    writer = DatasetWriter(tmp_path / "empty", 10)  # a dataset with no episodes still loads
+    writer.open()
+    writer.close(complete=False)
+    ds = load_dataset(tmp_path / "empty")
     assert ds.num_episodes == 0 and len(ds) == 0 and ds.td is None
     assert "0 episodes" in ds.summary()
-    pool.close()
 
 
 # -- paths, overwrite, errors --------------------------------------------------------------------------------
@@ -749,9 +754,19 @@ class TerminalSuccessEnv(gym.Env):
         return np.full(1, self.t, np.float32), 1.0, done, False, {"is_success": bool(done and self.wins)}
 
 
-def test_stats_read_a_success_reported_by_the_terminating_step_as_world_does(tmp_path):
-    # the flag of the step that ends an episode is stored under "next" only (never at the root of any row)
-    pool = EnvPool([TerminalSuccessEnv] * 2, seed=0)
+class TwoSuccessKeysEnv(TerminalSuccessEnv):
+    """Reports "success" (always False) beside "is_success": World reads the first of its SUCCESS_KEYS."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward, terminated, truncated, {**info, "success": False}
+
+
+@pytest.mark.parametrize("env_cls", [TerminalSuccessEnv, TwoSuccessKeysEnv])
+def test_stats_read_a_success_reported_by_the_terminating_step_as_world_does(tmp_path, env_cls):
+    # the flag of the step that ends an episode is stored under "next" only (never at the root of any row); of two
+    # success keys, stats() reads the one World reads
+    pool = EnvPool([env_cls] * 2, seed=0)
     world = World(pool, max_episode_steps=5)
     evaluated = world.evaluate(4, seed=0, progress=False)["episode_successes"].tolist()
     ds = world.collect(tmp_path / "ds", 4, seed=0, progress=False)
@@ -1338,3 +1353,40 @@ def test_the_dataset_records_numpy_pool_arguments_and_names_the_unrecordable(tmp
     with World("Pendulum-v1", num_envs=2, g=np.array(9.81), max_episode_steps=5) as world:
         world.collect(tmp_path / "pendulum", 2, seed=0, progress=False)
     assert json.loads((tmp_path / "pendulum" / "dataset.json").read_text())["env_kwargs"]["g"] == 9.81
+
+
+def test_a_collect_interrupted_before_its_first_episode_leaves_the_path_as_it_was(tmp_path):
+    # steps were recorded but no episode ended: an earlier dataset is kept (overwrite=True replaces it only with a
+    # dataset holding an episode), and a free path stays free
+    with World(EnvPool([functools.partial(CountingEnv, length=6)] * 2), max_episode_steps=10) as world:
+        world.collect(tmp_path / "ds", 2, seed=0, progress=False)
+        calls = []
+
+        def interrupted(td):
+            calls.append(1)
+            if len(calls) == 4:  # after 3 recorded steps; these episodes end at their 6th
+                raise KeyboardInterrupt
+            return td.set("action", torch.zeros(td.batch_size, dtype=torch.int64))
+
+        with pytest.raises(KeyboardInterrupt):
+            world.collect(tmp_path / "ds", 4, seed=5, policy=interrupted, overwrite=True, progress=False)
+        calls.clear()
+        with pytest.raises(KeyboardInterrupt):
+            world.collect(tmp_path / "free", 4, seed=5, policy=interrupted, progress=False)
+    kept = load_dataset(tmp_path / "ds")
+    assert kept.num_episodes == 2 and kept.metadata["complete"] is True and kept.metadata["seed"] == 0
+    assert not (tmp_path / "free").exists()
+
+
+def test_a_dataset_path_that_is_a_symbolic_link_is_written_where_it_points(tmp_path):
+    # overwrite through a link replaces the dataset it points to (the link stays); a dangling link gets its target
+    real, link = tmp_path / "real", tmp_path / "link"
+    with World(counting_pool(2), max_episode_steps=8) as world:
+        world.collect(real, 2, seed=0, progress=False)
+        link.symlink_to(real, target_is_directory=True)
+        assert world.collect(link, 3, seed=1, overwrite=True, progress=False).num_episodes == 3
+        assert link.is_symlink() and load_dataset(real).metadata["seed"] == 1
+        dangling = tmp_path / "dangling"
+        dangling.symlink_to(tmp_path / "later", target_is_directory=True)
+        world.collect(dangling, 2, seed=2, progress=False)
+    assert dangling.is_symlink() and load_dataset(tmp_path / "later").num_episodes == 2

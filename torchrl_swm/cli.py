@@ -345,8 +345,8 @@ def _collect(args) -> int:
             from .data import load_dataset
 
             if _stamp(out) == before:  # None: there was nothing, and there is still nothing
-                # interrupted before the first step was recorded: nothing was written, an earlier dataset is kept
-                print(f"interrupted before any step was recorded: {out} is unchanged", file=sys.stderr)
+                # interrupted before the first episode was complete: nothing was written, an earlier dataset is kept
+                print(f"interrupted before any episode was complete: {out} is unchanged", file=sys.stderr)
                 return 130
             try:
                 partial = load_dataset(out)

@@ -203,6 +203,8 @@ class DatasetWriter:
         lazy: bool = False,
     ):
         self.path = Path(path)
+        if self.path.is_symlink():  # the dataset goes where the link points (rmtree refuses a link; mkdir a dangling one)
+            self.path = self.path.resolve()
         self.capacity = int(capacity)
         if self.capacity < 1:
             raise ValueError(f"DatasetWriter: capacity must be positive, got {capacity}")

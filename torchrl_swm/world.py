@@ -1184,7 +1184,7 @@ class World:
         (episode ``j``: env ``j % N``, seed ``seed + j``). An interruption (an
         exception, Ctrl-C) leaves a loadable dataset with every completed
         episode and no partial one (``metadata["complete"]`` is False). Nothing
-        is created or replaced until the first step is recorded: a run stopped
+        is created or replaced until the first episode is complete: a run stopped
         before it writes nothing, and a dataset already at ``path`` is kept,
         even with ``overwrite=True``.
 
@@ -1237,7 +1237,7 @@ class World:
             "excluded_keys": [list(k) if len(k) > 1 else k[0] for k in exclude_keys],
         }
         _Run.check_arguments(self, plans, exploration, used_policy, progress, "collect")
-        # lazy: nothing is created or replaced until the first step is recorded (a bad exclude_keys, a policy
+        # lazy: nothing is created or replaced until the first episode is complete (a bad exclude_keys, a policy
         # or env failing at the start leave the path as it was)
         writer = DatasetWriter(path, capacity=episodes * max_steps, metadata=metadata, overwrite=overwrite, lazy=True)
         try:
@@ -1639,8 +1639,6 @@ class _Run:
             injected = () if self.goals is None else (self.goal_key,)
             record = td.exclude(*[k for k in td.keys() if k.startswith("_")], *injected, *self.exclude_keys)
             self.recorder.write(record, rows, t_before[rows])
-            if self.writer is not None and not self.writer.opened:
-                self.writer.open()  # the first recorded step, checked: the dataset directory is created now
         if self.video is not None:
             pixels = nxt.get("pixels").cpu().numpy()
             if self.video.layout == "grid":
