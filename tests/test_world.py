@@ -602,50 +602,9 @@ def test_generic_batched_torchrl_env():
     env.close()
 
 
-def _no_truncation_env():
-    """A batched TorchRL env ([2], observation = step count, never done) whose done spec has no "truncated"."""
-    from torchrl.data import Categorical, Composite, Unbounded
-    from torchrl.envs import EnvBase
-
-    class Env(EnvBase):
-        def __init__(self):
-            super().__init__(batch_size=torch.Size([2]))
-            self.observation_spec = Composite(observation=Unbounded((2, 1)), shape=(2,))
-            self.action_spec = Categorical(2, shape=(2,))
-            self.reward_spec = Unbounded((2, 1))
-            self.done_spec = Composite(done=Categorical(2, (2, 1), dtype=torch.bool),
-                                       terminated=Categorical(2, (2, 1), dtype=torch.bool), shape=(2,))
-            self.t = torch.zeros(2, 1)
-
-        def _reset(self, td=None, **kwargs):
-            rows = torch.ones(2, 1, dtype=torch.bool) if td is None or "_reset" not in td.keys() else td["_reset"]
-            self.t = torch.where(rows, 0.0, self.t)
-            false = torch.zeros(2, 1, dtype=torch.bool)
-            return TensorDict(observation=self.t.clone(), done=false, terminated=false.clone(), batch_size=[2])
-
-        def _step(self, td):
-            self.t = self.t + 1
-            false = torch.zeros(2, 1, dtype=torch.bool)
-            return TensorDict(observation=self.t.clone(), reward=torch.ones(2, 1), done=false,
-                              terminated=false.clone(), batch_size=[2])
-
-        def _set_seed(self, seed):
-            pass
-
-    return Env()
-
-
-def test_step_limit_on_an_env_without_a_truncated_flag_ends_episodes_as_done():
-    env = _no_truncation_env()
-    assert "truncated" not in env.done_keys
-    result = World(env, max_episode_steps=3).evaluate(4, seed=0, progress=False)
-    assert result["episode_lengths"].tolist() == [3] * 4
-    assert result["episode_returns"].tolist() == [3.0] * 4
-
-
-def _done_only_env(length=3):
-    """A batched TorchRL env ([2], observation = step count, done after ``length`` steps) whose done spec is only
-    "done", as TorchRL's Pendulum tutorial env: TorchRL adds "terminated", nothing adds "truncated"."""
+def _done_only_env(length: int | None = 3):
+    """A batched TorchRL env ([2], observation = step count, done after ``length`` steps, never with ``None``) whose
+    done spec is only "done", as TorchRL's Pendulum tutorial env: TorchRL adds "terminated", nothing adds "truncated"."""
     from torchrl.data import Categorical, Composite, Unbounded
     from torchrl.envs import EnvBase
 
@@ -666,13 +625,21 @@ def _done_only_env(length=3):
         def _step(self, td):
             step = td.get("_step", None)
             self.t = self.t + (1.0 if step is None else step.view(2, 1).float())
-            return TensorDict(observation=self.t.clone(), reward=torch.ones(2, 1), done=self.t >= length,
-                              batch_size=[2])
+            done = torch.zeros(2, 1, dtype=torch.bool) if length is None else self.t >= length
+            return TensorDict(observation=self.t.clone(), reward=torch.ones(2, 1), done=done, batch_size=[2])
 
         def _set_seed(self, seed):
             pass
 
     return Env()
+
+
+def test_step_limit_on_an_env_without_a_truncated_flag_ends_episodes_as_done():
+    env = _done_only_env(length=None)
+    assert "truncated" not in env.done_keys
+    result = World(env, max_episode_steps=3).evaluate(4, seed=0, progress=False)
+    assert result["episode_lengths"].tolist() == [3] * 4
+    assert result["episode_returns"].tolist() == [3.0] * 4
 
 
 def test_an_env_with_only_a_done_flag_ends_its_episodes_terminated_not_truncated():
