@@ -8,9 +8,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from envs import CountingEnv, DictObsEnv, FailingEnv, assert_reaped, counting
 from tensordict import TensorDict
 from torchrl.envs import StepCounter, TransformedEnv
-from envs import CountingEnv, DictObsEnv, FailingEnv, assert_reaped, counting
 
 from torchrl_swm import EnvError, EnvPool, SpecError
 

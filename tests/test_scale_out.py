@@ -559,9 +559,8 @@ def wm_factory(length):
 
 
 def test_world_model_env_in_a_collector_with_policy_on_the_model_device(device):
-    from tensordict.nn import TensorDictModule
-
     import wm_models
+    from tensordict.nn import TensorDictModule
 
     env = wm_models.counting_env(num_envs=N, length=4, device=device)
     policy = TensorDictModule(torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"]).to(device)
