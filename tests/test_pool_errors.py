@@ -8,9 +8,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from envs import CountingEnv, DictObsEnv, FailingEnv, assert_reaped, counting
 from tensordict import TensorDict
 from torchrl.envs import StepCounter, TransformedEnv
-from envs import CountingEnv, DictObsEnv, FailingEnv, assert_reaped, counting
 
 from torchrl_swm import EnvError, EnvPool, SpecError
 
@@ -1239,6 +1239,49 @@ def test_a_reset_that_raises_after_a_delivered_step_refuses_that_steps_rows_too(
         with pytest.raises(EnvError, match=r"envs \[0\] since a reset .*; envs \[1\] since their last step"):
             pool.step(td.set("_step", torch.tensor([[False], [True], [False]])))
         td = pool.reset().set("action", torch.zeros(3, dtype=torch.int64))
+        assert pool.step(td)["next", "observation"][:, 0].tolist() == [1.0, 1.0, 1.0]
+    finally:
+        pool.close()
+
+
+def test_a_reset_that_raises_after_a_successful_reset_refuses_only_its_own_rows():
+    # a successful reset ends the "last step" a failed reset could have followed: after step, a reset of env 0, then
+    # a reset of env 2 that raises, envs 0 and 1 step on (their transitions were delivered), env 2 is refused
+    pool = EnvPool([FailsOnce, FailsOnce, functools.partial(FailsOnce, reset_at=3)], seed=0)
+    try:
+        td = pool.reset().set("action", torch.ones(3, dtype=torch.int64))
+        pool.step(td)
+        pool.reset(TensorDict({"_reset": torch.tensor([[True], [False], [False]])}, [3]))
+        with pytest.raises(EnvError, match=r"env 2 \(reset\): ValueError: reset failed once"):
+            pool.reset(TensorDict({"_reset": torch.tensor([[False], [False], [True]])}, [3]))
+        td["_step"] = torch.tensor([[True], [True], [False]])
+        assert pool.step(td)["next", "observation"][:2, 0].tolist() == [1.0, 2.0]
+        td["_step"] = torch.tensor([[False], [False], [True]])
+        with pytest.raises(EnvError, match=r"env 2 \(step\): these envs must be reset before they step: envs \[2\] "
+                                           r"since a reset of theirs raised \(it may have started episodes whose first "
+                                           r"observation was never returned\)\. Call reset"):
+            pool.step(td)
+    finally:
+        pool.close()
+
+
+def test_a_reset_that_raises_after_a_step_and_maybe_reset_with_no_env_done_refuses_that_steps_rows_too():
+    # step_and_maybe_reset resets no row when no env is done, so its step is the pool's last step: a reset that
+    # raises next refuses that step's rows as "their last step" (the pool cannot tell this from TorchRL's generic
+    # step_and_maybe_reset, whose transition a failed reset loses), as after a plain step
+    pool = EnvPool([functools.partial(FailsOnce, reset_at=3), FailsOnce, FailsOnce], seed=0)
+    try:
+        td = pool.reset().set("action", torch.ones(3, dtype=torch.int64))
+        out, td = pool.step_and_maybe_reset(td)
+        assert not out["next", "done"].any()
+        with pytest.raises(EnvError, match=r"env 0 \(reset\): ValueError: reset failed once"):
+            pool.reset(TensorDict({"_reset": torch.tensor([[True], [False], [False]])}, [3]))
+        td = td.set("action", torch.ones(3, dtype=torch.int64)).set("_step", torch.tensor([[False], [True], [True]]))
+        with pytest.raises(EnvError, match=r"env 1 \(step\): these envs must be reset before they step: envs \[0\] "
+                                           r"since a reset of theirs raised .*; envs \[1, 2\] since their last step, "
+                                           r"which a reset that raised followed at once"):
+            pool.step(td)
+        td = pool.reset().set("action", torch.ones(3, dtype=torch.int64))
         assert pool.step(td)["next", "observation"][:, 0].tolist() == [1.0, 1.0, 1.0]
     finally:
         pool.close()

@@ -143,3 +143,44 @@ def test_reset_td_with_only_reset_key_from_maybe_reset_path():
     out = pool._reset(TensorDict({"_reset": torch.tensor([[False], [True], [False]])}, [3]))
     assert out["observation"][:, 0].tolist() == [1.0, 0.0, 1.0]
     pool.close()
+
+
+def _stepped_input(pool):
+    return pool.reset().set("action", torch.ones(pool.num_envs, dtype=torch.int64))
+
+
+def test_a_next_entry_the_caller_preset_is_kept_by_step_and_step_and_maybe_reset_as_torchrl_keeps_it():
+    # TorchRL's EnvBase.step merges the step's outputs into a "next" the caller put in the input: the pool's own
+    # step_and_maybe_reset must keep a preset ("next", k) as TorchRL's generic path does, not replace "next"
+    from torchrl.envs import EnvBase
+
+    preset = torch.arange(3.0).view(3, 1)
+    outs = {}
+    for name, step_and_maybe_reset in (("pool", EnvPool.step_and_maybe_reset),
+                                       ("torchrl", EnvBase._step_and_maybe_reset)):
+        pool = EnvPool([functools.partial(counting, length=3)] * 3, seed=0)
+        td = _stepped_input(pool).set(("next", "my_key"), preset.clone())
+        out, root = step_and_maybe_reset(pool, td)
+        assert torch.equal(out["next", "my_key"], preset), name
+        outs[name] = (out, root)
+        stepped = pool.step(_stepped_input(pool).set(("next", "my_key"), preset.clone()))
+        assert torch.equal(stepped["next", "my_key"], preset), name
+        pool.close()
+    (out, root), (want_out, want_root) = outs["pool"], outs["torchrl"]
+    for got, want in ((out, want_out), (root, want_root)):
+        assert set(got.keys(True, True)) == set(want.keys(True, True)) and (got == want).all()
+
+
+def test_step_and_maybe_reset_refuses_a_tensordict_of_the_wrong_batch_size_with_torchrls_error_as_step_does():
+    pool = EnvPool([functools.partial(counting, length=3)] * 3, seed=0)
+    try:
+        td = _stepped_input(pool).unsqueeze(-1)  # [3, 1] for a pool of 3
+        with pytest.raises(RuntimeError) as by_step:
+            pool.step(td.clone())
+        with pytest.raises(RuntimeError) as by_step_and_maybe_reset:
+            pool.step_and_maybe_reset(td.clone())
+        assert str(by_step.value).startswith("Expected a tensordict with shape==env.batch_size")
+        assert type(by_step_and_maybe_reset.value) is type(by_step.value)
+        assert str(by_step_and_maybe_reset.value) == str(by_step.value)
+    finally:
+        pool.close()
