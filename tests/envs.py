@@ -586,3 +586,24 @@ def end_leftovers(processes) -> None:
             if proc.is_alive():
                 proc.kill()
                 proc.join(5)
+
+
+class HumanRenderOnly(gym.Env):
+    """Declares render_modes without "rgb_array" (gymnasium's env checker fails at the first frame)."""
+
+    metadata = {"render_modes": ["human"]}
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, render_mode=None):
+        self.render_mode = render_mode
+
+    def render(self):
+        return None  # "human" rendering
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, {}

@@ -315,6 +315,25 @@ def test_collect_overwrite_interrupted_before_its_first_episode_says_the_dataset
     assert kept.num_episodes == 3 and kept.metadata["complete"] is True
 
 
+def test_pixels_or_a_video_of_an_env_that_cannot_render_rgb_array_is_a_usage_error(tmp_path, capsys):
+    # refused before any env is built, naming the flag and the env's render modes (not gymnasium's assertion)
+    gym.register("CliHumanRender-v0", entry_point="envs:HumanRenderOnly", max_episode_steps=5)
+    try:
+        for argv, flag in [
+            (["eval", "CliHumanRender-v0", "--episodes", "1", "--video", str(tmp_path / "v")], "--video"),
+            (["eval", "CliHumanRender-v0", "--episodes", "1", "--pixels"], "--pixels"),
+            (["collect", "CliHumanRender-v0", "--episodes", "1", "--out", str(tmp_path / "d"), "--image-shape",
+              "8", "8"], "--image-shape"),
+        ]:
+            code = cli.main([*argv, "--no-progress"])
+            err = capsys.readouterr().err
+            assert code == 2 and f"{flag}: EnvPool('CliHumanRender-v0', pixels=True)" in err, err
+            assert "render_modes=['human']" in err and "Traceback" not in err
+        assert not (tmp_path / "d").exists() and not (tmp_path / "v").exists()
+    finally:
+        gym.registry.pop("CliHumanRender-v0")
+
+
 def test_bad_arguments_are_usage_errors_with_exit_code_2(tmp_path, capsys):
     def error(*argv):
         code = cli.main([str(a) for a in argv])

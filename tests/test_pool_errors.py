@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from envs import CountingEnv, DictObsEnv, FailingEnv, assert_reaped, counting
+from envs import CountingEnv, DictObsEnv, FailingEnv, HumanRenderOnly, assert_reaped, counting
 from tensordict import TensorDict
 from torchrl.envs import StepCounter, TransformedEnv
 
@@ -1761,3 +1761,21 @@ def test_an_attribute_error_inside_an_env_step_is_the_same_error_on_both_backend
         with pytest.raises(EnvAttributeError, match=r"env 0 \(.*\): .*no_such_attribute"):  # a missing one still is
             pool.get_attr("no_such_attribute")
         pool.close()
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+@pytest.mark.parametrize("pixels", [dict(pixels=True), dict(image_shape=(8, 8))])
+def test_pixels_from_an_id_whose_env_cannot_render_rgb_array_are_refused_before_any_env_is_built(backend, pixels):
+    # the refusal names the env's render modes and what to leave out (before: gymnasium's env checker's bare
+    # AssertionError at the first frame, from inside the pool); the checker off, the env's frames tell
+    gym.register("HumanRenderOnly-v0", entry_point=HumanRenderOnly, max_episode_steps=5)
+    try:
+        kwargs = dict(backend=backend, num_workers=2) if backend == "process" else {}
+        with pytest.raises(ValueError, match=r"EnvPool\('HumanRenderOnly-v0', pixels=True\): pixels are the frames "
+                                             r"the env renders with render_mode='rgb_array', but HumanRenderOnly-v0 "
+                                             r"declares render_modes=\['human'\]; leave pixels .* out"):
+            EnvPool("HumanRenderOnly-v0", num_envs=2, **pixels, **kwargs)
+        with pytest.raises(EnvError, match=r"env 0 \(render\)"):  # the checker off: the pool's own frame check
+            EnvPool("HumanRenderOnly-v0", num_envs=2, disable_env_checker=True, **pixels)
+    finally:
+        gym.registry.pop("HumanRenderOnly-v0")

@@ -294,6 +294,15 @@ def _world(args, policy_spec):
         kwargs["image_shape"] = tuple(args.image_shape)
     elif args.pixels:
         kwargs["pixels"] = True
+    if "image_shape" in kwargs or "pixels" in kwargs:  # a usage error, before any env is built
+        from .envs import spec
+        from .pool.env_pool import check_renders_rgb_array
+
+        try:
+            check_renders_rgb_array(spec(args.env))
+        except ValueError as err:
+            flag = "--video" if getattr(args, "video", None) else "--image-shape" if args.image_shape else "--pixels"
+            raise CLIError(f"{flag}: {err}") from None
     world = World(args.env, num_envs=args.num_envs, max_episode_steps=args.max_steps, seed=args.seed, **kwargs)
     try:
         world.set_policy(_policy(policy_spec, world))

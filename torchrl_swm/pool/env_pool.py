@@ -25,7 +25,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
-from gymnasium.envs.registration import EnvSpec
+from gymnasium.envs.registration import EnvSpec, load_env_creator
 from tensordict import TensorDict, TensorDictBase, is_non_tensor
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
@@ -87,6 +87,30 @@ def _resolve_spec(env_id: str) -> EnvSpec:
     return env_spec
 
 
+def check_renders_rgb_array(env_spec: EnvSpec, make_kwargs: Mapping | None = None) -> None:
+    """Refuse, before any env is built, pixels from an id whose env declares render modes without
+    ``"rgb_array"``: gymnasium's env checker would fail at its first frame, with an assertion that does
+    not say why.
+
+    Raises:
+        ValueError: the env's ``metadata["render_modes"]`` lacks ``"rgb_array"`` (the checker on).
+    """
+    if (make_kwargs or {}).get("disable_env_checker", env_spec.disable_env_checker):
+        return  # no checker: the env's frames tell
+    try:
+        creator = env_spec.entry_point if callable(env_spec.entry_point) else load_env_creator(env_spec.entry_point)
+    except Exception:  # gym.make reports it, where the env is made
+        return
+    metadata = getattr(creator, "metadata", None)
+    modes = metadata.get("render_modes") if isinstance(metadata, Mapping) else None
+    if modes is not None and "rgb_array" not in modes:
+        raise ValueError(
+            f"EnvPool({env_spec.id!r}, pixels=True): pixels are the frames the env renders with "
+            f"render_mode='rgb_array', but {env_spec.id} declares render_modes={list(modes)}; leave pixels "
+            "(and image_shape=, videos) out for this env"
+        )
+
+
 def _factories(env_fns, num_envs, pixels, make_kwargs) -> list[Callable[[], gym.Env]]:
     if isinstance(env_fns, (str, EnvSpec)):
         name = env_fns if isinstance(env_fns, str) else env_fns.id
@@ -101,6 +125,8 @@ def _factories(env_fns, num_envs, pixels, make_kwargs) -> list[Callable[[], gym.
         env_spec = _resolve_spec(env_fns) if isinstance(env_fns, str) else env_fns
         if pixels:
             make_kwargs = {"render_mode": "rgb_array", **make_kwargs}
+            if make_kwargs["render_mode"] == "rgb_array":
+                check_renders_rgb_array(env_spec, make_kwargs)
         return [functools.partial(make, env_spec, **make_kwargs)] * int(num_envs)
     if make_kwargs:
         raise TypeError(
