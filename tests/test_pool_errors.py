@@ -1125,6 +1125,13 @@ class FailsOnce(CountingEnv):
         return super().step(action)
 
 
+def _every_env_steps_after_a_full_reset(env) -> None:
+    """The usual recovery from a refused step: a full reset, after which every one of the 3 counting envs takes
+    its first step (t 0 -> 1)."""
+    td = env.reset().set("action", torch.zeros(3, dtype=torch.int64))
+    assert env.step(td)["next", "observation"][:, 0].tolist() == [1.0, 1.0, 1.0]
+
+
 def _fails_once_pool(backend, **where):
     """Five FailsOnce envs, env 3 failing as ``where`` says, seed 100; the process backend with 2 workers (env 3
     in the second)."""
@@ -1217,8 +1224,7 @@ def test_a_failed_reset_of_done_rows_in_step_and_maybe_reset_refuses_the_rows_it
         with pytest.raises(EnvError, match=r"envs \[0\] since a reset of theirs raised .*; envs \[1, 2\] since their "
                                            r"last step, which a reset that raised followed at once"):
             env.step(td)
-        td = env.reset().set("action", torch.zeros(3, dtype=torch.int64))
-        assert env.step(td)["next", "observation"][:, 0].tolist() == [1.0, 1.0, 1.0]
+        _every_env_steps_after_a_full_reset(env)
     finally:
         pool.close()
 
@@ -1238,8 +1244,7 @@ def test_a_reset_that_raises_after_a_delivered_step_refuses_that_steps_rows_too(
         assert pool.step(td)["next", "observation"][2, 0] == 1
         with pytest.raises(EnvError, match=r"envs \[0\] since a reset .*; envs \[1\] since their last step"):
             pool.step(td.set("_step", torch.tensor([[False], [True], [False]])))
-        td = pool.reset().set("action", torch.zeros(3, dtype=torch.int64))
-        assert pool.step(td)["next", "observation"][:, 0].tolist() == [1.0, 1.0, 1.0]
+        _every_env_steps_after_a_full_reset(pool)
     finally:
         pool.close()
 
@@ -1281,8 +1286,7 @@ def test_a_reset_that_raises_after_a_step_and_maybe_reset_with_no_env_done_refus
                                            r"since a reset of theirs raised .*; envs \[1, 2\] since their last step, "
                                            r"which a reset that raised followed at once"):
             pool.step(td)
-        td = pool.reset().set("action", torch.ones(3, dtype=torch.int64))
-        assert pool.step(td)["next", "observation"][:, 0].tolist() == [1.0, 1.0, 1.0]
+        _every_env_steps_after_a_full_reset(pool)
     finally:
         pool.close()
 
