@@ -190,6 +190,25 @@ class DatasetWriter:
     With ``lazy=True`` the path is only checked here; the directory is created (and a dataset
     ``overwrite`` replaces removed) by :meth:`open`, or the first :meth:`add`: a run that fails
     before it writes nothing and leaves the path as it was.
+
+    Example:
+        Episodes of your own (here one pool rollout), written as a dataset that
+        :func:`load_dataset` opens; each needs its integer ``"episode"`` id on every row:
+
+        >>> import torch
+        >>> from torchrl_swm import EnvPool, load_dataset
+        >>> from torchrl_swm.data import DatasetWriter
+        >>> _ = torch.manual_seed(0)               # the rollout's random actions
+        >>> pool = EnvPool("CartPole-v1", num_envs=1, seed=0)
+        >>> episode = pool.rollout(500)[0]        # stops at the first done: one episode, batch [L]
+        >>> pool.close()
+        >>> episode["episode"] = torch.zeros(episode.shape, dtype=torch.int64)
+        >>> writer = DatasetWriter("data/mine", capacity=1000)
+        >>> writer.add(episode)
+        >>> writer.close(complete=True)           # commits, and compacts the storage to its 1 episode
+        >>> ds = load_dataset("data/mine")
+        >>> ds.num_episodes, len(ds) == len(episode)
+        (1, True)
     """
 
     def __init__(
@@ -560,6 +579,23 @@ class WorldDataset:
         metadata: the content of ``dataset.json``.
         td: the transitions, a memory-mapped TensorDict of batch ``[num_steps]``
             (``None`` for an empty dataset).
+
+    Example:
+        :func:`~torchrl_swm.load_dataset` opens one (see it for replay buffers):
+
+        >>> from torchrl_swm import World, load_dataset
+        >>> with World("CartPole-v1", num_envs=2) as world:
+        ...     _ = world.collect("data/four", episodes=4, seed=0, progress=False)
+        >>> ds = load_dataset("data/four")
+        >>> ds
+        WorldDataset(path='data/four', episodes=4, steps=..., complete=True)
+        >>> ds.episode_ids.tolist(), ds.episode_seeds.tolist()   # episode j started with seed 0 + j
+        ([0, 1, 2, 3], [0, 1, 2, 3])
+        >>> ds.step(0, 0)["observation"].shape                     # episode 0's reset observation
+        torch.Size([4])
+        >>> stats = ds.stats()                                     # per episode
+        >>> bool((stats["returns"] == stats["lengths"]).all())     # CartPole: +1 per step
+        True
     """
 
     def __init__(self, path: str | os.PathLike):

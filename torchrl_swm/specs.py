@@ -331,7 +331,19 @@ def as_spec(
     space_or_spec, *, categorical: bool = True, device=None, name: str = "space", action: bool = False
 ) -> TensorSpec:
     """Accept either a gymnasium space or a TorchRL spec; return an unbatched spec (``action``: see
-    :func:`space_to_spec`)."""
+    :func:`space_to_spec`).
+
+    Example:
+        >>> import gymnasium as gym
+        >>> from torchrl.data import Categorical
+        >>> from torchrl_swm.specs import as_spec
+        >>> spec = as_spec(gym.spaces.Box(-1, 1, (3,)))       # a gymnasium space: converted
+        >>> type(spec).__name__, spec.shape, spec.dtype
+        ('BoundedContinuous', torch.Size([3]), torch.float32)
+        >>> spec = Categorical(4)
+        >>> as_spec(spec) is spec                              # a TorchRL spec: passed through
+        True
+    """
     if isinstance(space_or_spec, TensorSpec):
         return space_or_spec.to(device) if device is not None else space_or_spec
     if isinstance(space_or_spec, gym.Space):
@@ -376,6 +388,12 @@ def spec_to_space(spec: TensorSpec, *, name: str = "spec") -> gym.Space:
     Raises:
         SpecError: for spec types with no gymnasium counterpart (``NonTensor``,
             ``Stacked``...) or dtypes numpy lacks (``bfloat16``), naming the spec.
+
+    Example:
+        >>> from torchrl.data import Bounded, Composite, OneHot
+        >>> from torchrl_swm.specs import spec_to_space
+        >>> spec_to_space(Composite(pos=Bounded(-1.0, 1.0, shape=(2,)), move=OneHot(4)))
+        Dict('move': Discrete(4), 'pos': Box(-1.0, 1.0, (2,), float32))
     """
     if isinstance(spec, Composite):
         if type(spec) is not Composite:  # StackedComposite and other lazy variants

@@ -83,6 +83,19 @@ class RandomPolicy:
 
     It draws from torch's global generator, so :class:`World` runs (which fork
     and seed it) are reproducible.
+
+    Example:
+        >>> import torch
+        >>> from torchrl_swm import EnvPool
+        >>> from torchrl_swm.world import RandomPolicy
+        >>> pool = EnvPool("CartPole-v1", num_envs=4, seed=0)
+        >>> policy = RandomPolicy(pool.action_spec, batch_dims=1)    # World's default policy
+        >>> policy
+        RandomPolicy(Discrete(2), batch=(4,))
+        >>> _ = torch.manual_seed(0)
+        >>> pool.rollout(10, policy, break_when_any_done=False)["action"].shape
+        torch.Size([4, 10])
+        >>> pool.close()
     """
 
     def __init__(self, action_spec, action_key="action", *, batch_dims: int = 0):
@@ -194,6 +207,21 @@ class EvalResult(Mapping):
       ``wall_time`` (s), ``success_source``.
     * dataset evaluation adds ``episodes_idx``, ``start_steps``,
       ``goal_offset``, ``eval_budget``.
+
+    Example:
+        >>> import json
+        >>> from torchrl_swm import World
+        >>> with World("CartPole-v1", num_envs=4) as world:
+        ...     result = world.evaluate(8, seed=0, progress=False)
+        >>> result.num_episodes, result["num_envs"], result.seeds.tolist()   # keys read as attributes too
+        (8, 4, [0, 1, 2, 3, 4, 5, 6, 7])
+        >>> result.episode_returns.shape, result.episode_lengths.dtype      # per episode, in episode order
+        ((8,), dtype('int64'))
+        >>> result.success_rate is None     # CartPole reports no success signal (terminated is not one)
+        True
+        >>> record = result.to_dict()                       # for JSON: arrays as lists, NaN and inf as None
+        >>> type(record["episode_returns"]).__name__, json.loads(json.dumps(record)) == record
+        ('list', True)
     """
 
     def __init__(self, data: dict):

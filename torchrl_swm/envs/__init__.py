@@ -54,6 +54,18 @@ def make(env_id: str | gym.envs.registration.EnvSpec, **kwargs) -> gym.Env:
     Module-level and picklable: ``functools.partial(make, id, ...)`` is a factory
     that also works in spawned worker processes, where ``torchrl_swm.envs`` has
     not been imported yet (and with an ``EnvSpec``, where the id is not registered).
+
+    Example:
+        >>> import functools
+        >>> from torchrl_swm import EnvPool
+        >>> from torchrl_swm.envs import make
+        >>> make("torchrl_swm/PointMaze-Open-v0").spec.max_episode_steps
+        60
+        >>> factory = functools.partial(make, "torchrl_swm/PointMaze-Open-v0", reward_type="sparse")
+        >>> pool = EnvPool(factory, 4, seed=0)      # backend="process" too: its workers need no import
+        >>> pool.batch_size, pool.observation_spec["state"].shape
+        (torch.Size([4]), torch.Size([4, 4]))
+        >>> pool.close()
     """
     register_envs()
     return gym.make(env_id, **kwargs)

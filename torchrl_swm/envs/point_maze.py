@@ -165,6 +165,20 @@ class PointMazeEnv(gym.Env):
         agent_radius: half-width of the agent for collisions, in cells (in ``(0, 0.45]``).
         damping, force_scale, max_speed: the dynamics (see the module docstring); ``damping`` in
             ``[0, 1]``, ``max_speed`` at most 1 (one cell per step: a faster agent could pass a wall).
+
+    Example:
+        >>> import gymnasium as gym, numpy as np
+        >>> import torchrl_swm.envs      # registers torchrl_swm/PointMaze-v0 (the U maze), -Open-v0, -Medium-v0
+        >>> env = gym.make("torchrl_swm/PointMaze-v0", render_mode="rgb_array")
+        >>> obs, info = env.reset(seed=0, options={"state": [1.5, 1.5], "target": [1.5, 3.5]})  # else drawn
+        >>> obs
+        {'state': array([1.5, 1.5, 0. , 0. ], dtype=float32), 'target': array([1.5, 3.5], dtype=float32)}
+        >>> sorted(info), info["distance"], env.render().shape     # goal_pixels: the goal image
+        (['distance', 'goal_pixels', 'is_success'], 2.0, (64, 64, 3))
+        >>> obs, reward, terminated, truncated, info = env.step(np.array([1.0, 0.0], np.float32))  # push right
+        >>> obs["state"], round(reward, 3)                          # [x, y, vx, vy]; reward -distance
+        (array([1.55, 1.5 , 0.05, 0.  ], dtype=float32), -2.001)
+        >>> env.close()
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
@@ -470,6 +484,17 @@ class PointMazeExpert:
     collected data is diverse. The noise comes from torch's global generator,
     which :class:`torchrl_swm.World` forks and seeds for each run, so runs with
     the same seed are identical.
+
+    Example:
+        >>> from torchrl_swm import World
+        >>> from torchrl_swm.envs import PointMazeExpert
+        >>> world = World("torchrl_swm/PointMaze-v0", num_envs=4, policy=PointMazeExpert("u"))
+        >>> world.evaluate(8, seed=0, progress=False)["success_rate"]   # a random policy's: 0.0
+        1.0
+        >>> world.set_policy(PointMazeExpert("u", noise=0.5))           # noisier, for a more diverse dataset
+        >>> world.collect("data/expert", episodes=8, seed=0, progress=False).num_episodes
+        8
+        >>> world.close()
     """
 
     def __init__(self, layout: str | Sequence[str] = "u", noise: float = 0.0):

@@ -38,6 +38,23 @@ class TorchRLGymEnv(gym.Env):
             env's device with ``False`` (rewards and flags stay Python scalars).
         observation_keys, info_keys: see :class:`~torchrl_swm.export._core.Layout`.
         squeeze_batch: accept an env with ``batch_size == [1]`` and expose its only row.
+
+    Example:
+        A TorchRL env of one (``batch_size == []``), for single-env gymnasium code:
+
+        >>> from gymnasium.utils.env_checker import check_env
+        >>> from torchrl.envs import GymEnv, StepCounter, TransformedEnv
+        >>> from torchrl_swm import to_gymnasium
+        >>> env = to_gymnasium(TransformedEnv(GymEnv("MountainCarContinuous-v0"), StepCounter(max_steps=5)))
+        >>> env, env.observation_space.shape, env.action_space
+        (TorchRLGymEnv(TransformedEnv), (2,), Box(-1.0, 1.0, (1,), float32))
+        >>> obs, info = env.reset(seed=0)
+        >>> for _ in range(5):
+        ...     obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
+        >>> type(reward).__name__, terminated, truncated              # the StepCounter's limit truncates
+        ('float', False, True)
+        >>> check_env(env, skip_render_check=True)                    # gymnasium's own checker passes
+        >>> env.close()
     """
 
     metadata = {"render_modes": []}

@@ -108,6 +108,27 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
     Attributes:
         env: the wrapped TorchRL env.
         layout: the key and space mapping (:class:`~torchrl_swm.export._core.Layout`).
+
+    Example:
+        The SAME_STEP autoreset that CleanRL's loops are written for:
+
+        >>> import numpy as np
+        >>> from torchrl_swm import EnvPool, to_gymnasium
+        >>> envs = to_gymnasium(EnvPool("CartPole-v1", num_envs=4), autoreset_mode="same_step")
+        >>> envs
+        TorchRLVectorEnv(EnvPool, num_envs=4, autoreset_mode=SameStep)
+        >>> obs, infos = envs.reset(seed=0)
+        >>> obs.shape, infos["episode_seed"]                          # env i gets seed 0 + i
+        ((4, 4), array([0, 1, 2, 3]))
+        >>> for step in range(1, 100):                                # push right until an env falls
+        ...     obs, rewards, terminations, truncations, infos = envs.step(np.ones(4, dtype=np.int64))
+        ...     if terminations.any():
+        ...         break
+        >>> step, terminations, infos["_final_obs"]    # env 0 ended: obs holds its reset observation,
+        (8, array([ True, False, False, False]), array([ True, False, False, False]))
+        >>> infos["final_obs"][0].shape                               # and final_obs its terminal one
+        (4,)
+        >>> envs.close()
     """
 
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP, "render_modes": []}

@@ -133,6 +133,24 @@ class ActionAdapter(_WorldModelTransform):
 
     The outside spec replaces the base env's action spec, so ``rand_action``, collectors and
     ``check_env_specs`` see the outside space; the base env receives the model's action.
+
+    Example:
+        A model that takes a 2-d force, driven by a policy that picks one of 4 moves:
+
+        >>> import torch
+        >>> from gymnasium.spaces import Box, Discrete
+        >>> from torchrl_swm.world_model import ActionAdapter, WorldModelEnv, WorldModelTransformedEnv
+        >>> base = WorldModelEnv(object(), Box(-10, 10, (2,)), Box(-1, 1, (2,)), num_envs=3,
+        ...                      initial_state=torch.zeros(2), transition_fn=lambda s, a: s + a)
+        >>> moves = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
+        >>> env = WorldModelTransformedEnv(base, ActionAdapter(lambda a: moves[a], Discrete(4)))
+        >>> env.action_spec.shape, env.action_spec.space              # what the policy sees
+        (torch.Size([3]), CategoricalBox(n=4))
+        >>> td = env.reset().set("action", torch.tensor([0, 1, 2]))
+        >>> env.step(td)["next", "observation"]                       # the model got moves[action]
+        tensor([[ 1.,  0.],
+                [-1.,  0.],
+                [ 0.,  1.]])
     """
 
     def __init__(self, action_transform_fn: Callable, action_space, *, model: Any = None, action_key: str = "action"):
@@ -257,6 +275,20 @@ class RewardAdapter(_WorldModelTransform):
     Dict observations) and ``action`` the model's action. Returns a float tensor of shape
     ``(N,)`` or ``(N, 1)`` (checked). When the transition did return a reward, it is kept (the
     seed design's rule). Rows frozen by a ``"_step"`` mask report reward 0, as in the base env.
+
+    Example:
+        A model that predicts the next state only, rewarded by its distance to the origin:
+
+        >>> import torch
+        >>> from gymnasium.spaces import Box
+        >>> from torchrl_swm.world_model import RewardAdapter, WorldModelEnv, WorldModelTransformedEnv
+        >>> base = WorldModelEnv(object(), Box(-10, 10, (2,)), Box(-1, 1, (2,)), num_envs=2,
+        ...                      initial_state=torch.tensor([3.0, 4.0]), transition_fn=lambda s, a: s + a)
+        >>> env = WorldModelTransformedEnv(base, RewardAdapter(lambda state, obs, action: -obs.norm(dim=-1)))
+        >>> td = env.reset().set("action", torch.tensor([[0.0, 0.0], [-1.0, -1.0]]))
+        >>> env.step(td)["next", "reward"]                            # -|(3, 4)|, -|(2, 3)|
+        tensor([[-5.0000],
+                [-3.6056]])
     """
 
     def __init__(self, reward_fn: Callable, *, model: Any = None):
@@ -291,6 +323,21 @@ class TerminalAdapter(_WorldModelTransform):
     ``terminated | truncated``. When the transition did return a termination, it is kept. Rows
     frozen by a ``"_step"`` mask keep their previous termination, as in the base env: the
     result is handed back to the base env, which keeps it for frozen rows and clears it on reset.
+
+    Example:
+        Episodes end when the point crosses ``x = 1``:
+
+        >>> import torch
+        >>> from gymnasium.spaces import Box
+        >>> from torchrl_swm.world_model import TerminalAdapter, WorldModelEnv, WorldModelTransformedEnv
+        >>> base = WorldModelEnv(object(), Box(-10, 10, (2,)), Box(-1, 1, (2,)), num_envs=2,
+        ...                      initial_state=torch.zeros(2), transition_fn=lambda s, a: s + a)
+        >>> env = WorldModelTransformedEnv(base, TerminalAdapter(lambda state, obs, action: obs[:, 0] >= 1))
+        >>> push = lambda td: td.set("action", torch.tensor([[1.0, 0.0], [0.5, 0.0]]))   # fast, slow
+        >>> rollout = env.rollout(4, push, break_when_any_done=False)  # done rows restart
+        >>> rollout["next", "terminated"][..., 0]
+        tensor([[ True,  True,  True,  True],
+                [False,  True, False,  True]])
     """
 
     def __init__(self, terminal_fn: Callable, *, model: Any = None):
@@ -329,6 +376,23 @@ class RowStepCounter(StepCounter):
     the env's batch, whatever its rank: ``(N,)``, or ``(workers, N)`` for a ``SerialEnv`` of envs)
     (not stepped: state, observation and flags kept) keeps its count and its truncation, so
     ``max_steps`` counts the steps a row really took, as a gymnasium ``TimeLimit`` does.
+
+    Example:
+        >>> import torch
+        >>> from gymnasium.spaces import Box
+        >>> from torchrl_swm.world_model import RowStepCounter, WorldModelEnv, WorldModelTransformedEnv
+        >>> base = WorldModelEnv(object(), Box(-1, 1, (2,)), Box(-1, 1, (2,)), num_envs=2,
+        ...                      initial_state=torch.zeros(2), transition_fn=lambda s, a: s + a)
+        >>> env = WorldModelTransformedEnv(base, RowStepCounter(max_steps=2))
+        >>> td = env.reset().set("action", torch.zeros(2, 2))
+        >>> td["_step"] = torch.tensor([[True], [False]])             # row 1 frozen: not stepped
+        >>> td = env.step_mdp(env.step(td))
+        >>> td["step_count"].view(-1).tolist()                        # and it keeps its count
+        [1, 0]
+        >>> td["_step"] = torch.tensor([[True], [True]])
+        >>> td = env.step(td)
+        >>> td["next", "step_count"].view(-1).tolist(), td["next", "truncated"].view(-1).tolist()
+        ([2, 1], [True, False])
     """
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
@@ -378,6 +442,24 @@ class ObservationDecoder(_WorldModelTransform):
         out_key: where the decoded value goes (default ``"pixels"``).
         model: passed first to ``decoder`` when it takes the model (default: the base env's model).
         differentiable: keep the graph (default: decode under ``torch.no_grad()``).
+
+    Example:
+        A toy decoder from a 2-d latent to an 8x8 gray image, at every reset and step:
+
+        >>> import torch
+        >>> from gymnasium.spaces import Box
+        >>> from torchrl_swm.world_model import ObservationDecoder, WorldModelEnv, WorldModelTransformedEnv
+        >>> base = WorldModelEnv(object(), Box(-1, 1, (2,)), Box(-1, 1, (2,)), num_envs=3,
+        ...                      initial_state=torch.zeros(2), transition_fn=lambda s, a: (s + a).clamp(-1, 1))
+        >>> def decode(obs):                                          # (N, 2) -> (N, 8, 8, 3) uint8
+        ...     gray = ((obs[:, 0] + 1) * 127.5).to(torch.uint8)
+        ...     return gray.view(-1, 1, 1, 1).expand(-1, 8, 8, 3).clone()
+        >>> env = WorldModelTransformedEnv(base, ObservationDecoder(decode))     # writes "pixels"
+        >>> env.observation_spec["pixels"].shape, env.observation_spec["pixels"].dtype   # probed once
+        (torch.Size([3, 8, 8, 3]), torch.uint8)
+        >>> td = env.reset().set("action", torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 0.0]]))
+        >>> env.step(td)["next", "pixels"][:, 0, 0, 0]
+        tensor([255,   0, 127], dtype=torch.uint8)
     """
 
     def __init__(
