@@ -36,7 +36,7 @@ class TorchRLGymEnv(gym.Env):
     Keyword Args:
         numpy: return numpy observations and infos (default); torch tensors on the
             env's device with ``False`` (rewards and flags stay Python scalars).
-        observation_keys, info_keys: see :class:`~torchrl_swm.export._core.Layout`.
+        observation_keys, info_keys: see :func:`torchrl_swm.to_gymnasium`.
         squeeze_batch: accept an env with ``batch_size == [1]`` and expose its only row.
 
     Example:

@@ -104,10 +104,13 @@ class TorchRLVectorEnv(gym.vector.VectorEnv):
             and actions may be torch tensors; only the done flags (which the
             info masks need) leave the device.
         observation_keys, info_keys: see :func:`torchrl_swm.to_gymnasium`.
+        index_spaces: expose ``Discrete``/``MultiDiscrete`` spaces that start at 0, and shift
+            actions and observations by ``start`` on the way (for clients that ignore ``start``, as
+            Stable-Baselines3 does; :func:`torchrl_swm.to_sb3_vec_env` sets it).
 
     Attributes:
         env: the wrapped TorchRL env.
-        layout: the key and space mapping (:class:`~torchrl_swm.export._core.Layout`).
+        layout: the key and space mapping (observation and info keys, and their spaces).
 
     Example:
         The SAME_STEP autoreset that CleanRL's loops are written for:
