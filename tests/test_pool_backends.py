@@ -775,7 +775,8 @@ def test_vector_env_refuses_step_masks_and_unreset_done_rows(limit):
     assert td["truncated" if limit else "terminated"].any()
     rows = torch.nonzero(td["done"].view(-1)).view(-1).tolist()
     td["action"] = torch.zeros(3, dtype=torch.int64)
-    with pytest.raises(StepRefusedError, match=rf"rows \[{', '.join(map(str, rows))}\] finished .*ghost transition"):
+    with pytest.raises(StepRefusedError, match=rf"these envs must be reset before they step: envs \[{', '.join(map(str, rows))}\] "
+                                               r"since their episode ended .*a VectorEnv resets it itself"):
         pool.step(td)
     td["_reset"] = td["done"].clone()  # the finished rows only: the others go on from where they were
     td = pool.reset(td).exclude("_reset")
@@ -1347,13 +1348,14 @@ def test_a_same_step_vector_env_refuses_to_step_a_row_it_finished_that_was_not_r
     pool = EnvPool(venv, seed=0)
     td = pool.step(pool.reset().set("action", torch.zeros(3, dtype=torch.int64)))["next"]
     assert td["done"].view(-1).tolist() == [True, True, False]
-    with pytest.raises(EnvError, match=r"env 0 \(step\): rows \[0, 1\] finished at the previous step and were not "
-                                       r"reset: the SAME_STEP VectorEnv has reset or would reset them itself"):
+    with pytest.raises(StepRefusedError, match=r"env 0 \(step\): these envs must be reset before they step: envs \[0, 1\] "
+                                               r"since their episode ended .*a VectorEnv resets it itself"):
         pool.step(td.set("action", torch.zeros(3, dtype=torch.int64)))
     # resetting row 0 alone leaves row 1 refused, and its later reset is still the env's own (no second reset)
     td = pool.step(pool.reset().set("action", torch.zeros(3, dtype=torch.int64)))["next"]
     td = pool.reset(td.clone().set("_reset", torch.tensor([[True], [False], [False]])))
-    with pytest.raises(EnvError, match=r"env 1 \(step\): rows \[1\] finished at the previous step and were not reset"):
+    with pytest.raises(StepRefusedError, match=r"env 1 \(step\): these envs must be reset before they step: envs \[1\] "
+                                               r"since their episode ended"):
         pool.step(td.set("action", torch.zeros(3, dtype=torch.int64)))
     resets = venv.envs[1].resets_called
     td = pool.reset(td.set("_reset", torch.tensor([[False], [True], [False]])))
@@ -2148,8 +2150,8 @@ def test_a_disabled_vector_env_refuses_to_step_rows_that_finished_and_were_not_r
     td["action"] = torch.zeros(2, dtype=torch.int64)
     td = pool.step(td)["next"]
     td["action"] = torch.zeros(2, dtype=torch.int64)
-    with pytest.raises(EnvError, match=r"rows \[0, 1\] finished at the previous step and were not reset: the DISABLED "
-                                       r"VectorEnv refuses to step them before they are reset. Reset them first"):
+    with pytest.raises(StepRefusedError, match=r"env 0 \(step\): these envs must be reset before they step: envs \[0, 1\] "
+                                               r"since their episode ended .*Call reset\(\) first"):
         pool.step(td)
     td = pool.reset(td.set("_reset", torch.tensor([[True], [False]])))
     td["action"] = torch.zeros(2, dtype=torch.int64)

@@ -12,7 +12,7 @@ from envs import CountingEnv, DictObsEnv, FailingEnv, HumanRenderOnly, assert_re
 from tensordict import TensorDict
 from torchrl.envs import StepCounter, TransformedEnv
 
-from torchrl_swm import EnvError, EnvPool, SpecError
+from torchrl_swm import EnvError, EnvPool, SpecError, StepRefusedError
 
 
 def fresh(pool):
@@ -813,8 +813,7 @@ def test_integer_done_flags_of_0_and_1_are_read_as_bools():
     pool = EnvPool([functools.partial(_FlagsEnv, reward=1, terminated=1, truncated=0)] * 2, seed=0)
     td = pool.reset()
     td["action"] = torch.zeros(2, dtype=torch.int64)
-    pool.step(td)
-    out = pool.step(td)["next"]
+    out = pool.step(td)["next"]  # the construction probe took the one good step
     assert out["terminated"].view(-1).tolist() == [True, True] and out["truncated"].view(-1).tolist() == [False] * 2
     assert out["reward"].view(-1).tolist() == [1.0, 1.0]
     pool.close()
@@ -1076,6 +1075,67 @@ def test_a_bad_device_is_refused_before_any_env_is_built():
         with pytest.raises(RuntimeError, match="bogus"):
             EnvPool([make] * 2, device="bogus", backend=backend)
     assert built == []  # (a process pool used to spawn its workers first, and the serial envs were never closed)
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_a_plain_step_of_envs_whose_episode_ended_is_refused_until_they_are_reset_or_frozen(backend, truncate):
+    # counting envs of lengths 2, 4 and 3: observation [t, episode, last action]
+    kwargs = {"backend": "process", "num_workers": 2} if backend == "process" else {}
+    pool = EnvPool([functools.partial(counting, length=n, truncate=truncate) for n in (2, 4, 3)], seed=0, **kwargs)
+    td = pool.reset()
+    for _ in range(2):
+        td["action"] = torch.ones(3, dtype=torch.int64)
+        td = pool.step_mdp(pool.step(td))
+    assert td["observation"][:, 0].tolist() == [2, 2, 2] and td["done"].view(-1).tolist() == [True, False, False]
+    td["action"] = torch.ones(3, dtype=torch.int64)
+    with pytest.raises(StepRefusedError, match=r"env 0 \(step\): these envs must be reset before they step: envs \[0\] "
+                                               r"since their episode ended \(terminated or truncated\) at their last "
+                                               r"step: .*Call reset\(\) first .* or freeze them with a '_step' mask"):
+        pool.step(td)
+    # nothing moved: frozen, env 0 keeps its terminal observation (reward 0); envs 1 and 2 go on, and env 2 ends
+    td["_step"] = torch.tensor([[False], [True], [True]])
+    out = pool.step(td)["next"]
+    assert out["observation"][:, 0].tolist() == [2, 3, 3] and out["reward"].view(-1).tolist() == [0, 1, 1]
+    assert out["done"].view(-1).tolist() == [True, False, True]
+    td = pool.step_mdp(td)
+    td["_step"] = torch.ones(3, 1, dtype=torch.bool)
+    with pytest.raises(StepRefusedError, match=r"env 0 \(step\): .*: envs \[0, 2\] since their episode ended"):
+        pool.step(td)
+    td["_step"] = torch.tensor([[False], [True], [False]])  # a refused step moved nothing: env 1 steps from t = 3
+    out = pool.step(td)["next"]
+    assert out["observation"][:, 0].tolist() == [2, 4, 3] and out["done"].view(-1).tolist() == [True, True, True]
+    # a partial reset of envs 0 and 1 lets them step; env 2 is still refused
+    td = pool.step_mdp(td).exclude("_step")
+    td["_reset"] = torch.tensor([[True], [True], [False]])
+    td = pool.reset(td).exclude("_reset")
+    assert td["observation"][:, 0].tolist() == [0, 0, 3]
+    td["action"] = torch.ones(3, dtype=torch.int64)
+    with pytest.raises(StepRefusedError, match=r"env 2 \(step\): .*: envs \[2\] since their episode ended"):
+        pool.step(td)
+    td = pool.reset()  # a full reset clears every refusal
+    td["action"] = torch.ones(3, dtype=torch.int64)
+    assert pool.step(td)["next", "observation"][:, 0].tolist() == [1, 1, 1]
+    pool.close()
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_drivers_that_reset_finished_envs_are_not_refused(backend):
+    # step_and_maybe_reset (rollout's and collectors' path), rollout(break_when_all_done=True) (it freezes finished
+    # rows with "_step") and TorchRL's generic step_and_maybe_reset (under a type check) never step a finished env
+    kwargs = {"backend": "process", "num_workers": 2} if backend == "process" else {}
+    pool = EnvPool([functools.partial(counting, length=n) for n in (2, 4, 3)], seed=0, **kwargs)
+    rollout = pool.rollout(12, break_when_any_done=False)
+    assert rollout["next", "observation"][:, :, 0].tolist() == [[1, 2] * 6, [1, 2, 3, 4] * 3, [1, 2, 3] * 4]
+    rollout = pool.rollout(12, break_when_any_done=False, break_when_all_done=True)
+    assert rollout.shape == (3, 4) and rollout["next", "done"].any(-2).all()
+    pool._run_type_checks = True  # TorchRL's generic path: step, then maybe_reset of the done rows
+    td = pool.reset()
+    for t in range(5):
+        td["action"] = torch.ones(3, dtype=torch.int64)
+        _, td = pool.step_and_maybe_reset(td)
+    assert td["observation"][:, 0].tolist() == [1, 1, 2]
+    pool.close()
 
 
 @pytest.mark.parametrize("backend", ["serial", "process"])

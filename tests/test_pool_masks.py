@@ -193,7 +193,7 @@ def test_a_one_env_vector_pool_steps_under_an_all_true_step_mask():
 
 
 def test_frozen_done_row_keeps_reporting_done():
-    pool = counting_pool(2, length=1)
+    pool = EnvPool([functools.partial(counting, length=1), functools.partial(counting, length=5)], seed=0)
     td = pool.reset()
     td["action"] = torch.zeros(2, dtype=torch.int64)
     td = pool.step(td)["next"].clone()

@@ -719,6 +719,18 @@ def test_rollout_break_when_all_done_uses_the_step_mask():
     assert rollout["next", "observation"][0, :, 0].tolist() == [1, 2, 3, 3, 3, 3]
 
 
+def test_a_plain_step_runs_a_row_past_its_predicted_end_unlike_the_pool():
+    # imagination may run through a predicted terminal (Dreamer weighs such steps by the predicted
+    # continuation): a plain step steps a finished row; EnvPool refuses it (StepRefusedError)
+    env = counting_env(2, length=torch.tensor([2, 5]))
+    td = env.reset()
+    for _ in range(4):
+        td["action"] = torch.ones(2, 1)
+        td = env.step_mdp(env.step(td))
+    assert td["observation"][:, 0].tolist() == [4.0, 4.0]
+    assert td["terminated"].view(-1).tolist() == [True, False]  # row 0 still past its end (t >= 2)
+
+
 def test_step_mask_freezes_rows_and_reports_reward_zero():
     env = counting_env(3, length=100)
     td = env.reset()

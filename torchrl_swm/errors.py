@@ -222,9 +222,9 @@ class EnvError(RuntimeError):
 
 
 class StepRefusedError(EnvError):
-    """A step the pool refused before any env moved (a VectorEnv asked to freeze rows, or to step rows that
-    finished and were not reset). Unlike a step that raised, it leaves every env where it was, so no env has
-    to be reset because of it."""
+    """A step the pool refused before any env moved: rows that must be reset first (their episode ended, or a
+    step or reset of theirs raised, or the pool was never reset), or a VectorEnv asked to freeze rows. Unlike a
+    step that raised, it leaves every env where it was, so no env has to be reset because of it."""
 
 
 class EnvAttributeError(EnvError, AttributeError):

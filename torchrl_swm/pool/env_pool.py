@@ -46,9 +46,12 @@ from .vector import VectorBackend
 __all__ = ["EnvPool"]
 
 # why rows must be reset before they step (EnvPool._unreset)
-_BUILT, _STEP_RAISED, _RESET_RAISED, _STEP_LOST = 1, 2, 3, 4
+_BUILT, _STEP_RAISED, _RESET_RAISED, _STEP_LOST, _ENDED = 1, 2, 3, 4, 5
 _UNRESET_WHY = {
     _BUILT: "the pool was built (never reset)",
+    _ENDED: "their episode ended (terminated or truncated) at their last step: another step would record a "
+            "transition past its end, of no episode (gymnasium leaves stepping a finished env undefined; a "
+            "VectorEnv resets it itself)",
     _STEP_RAISED: "a step of theirs raised (it may have moved some of them, with no transition returned)",
     _RESET_RAISED: "a reset of theirs raised (it may have started episodes whose first observation was never "
                    "returned)",
@@ -490,7 +493,13 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         self._unreset[slice(None) if rows is None else rows] = why
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        return self._step_rows(tensordict, tensordict._get_str("_step", None))
+        next_td = self._step_rows(tensordict, tensordict._get_str("_step", None))
+        ended = self._done_flags.nonzero()[0]
+        if ended.size:  # step_and_maybe_reset resets them at once; a plain step leaves them to the caller
+            if self._unreset is not None:
+                ended = ended[self._unreset[ended] == 0]  # a frozen row refused for another reason keeps it
+            self._must_reset(ended, _ENDED)
+        return next_td
 
     def _step_rows(self, tensordict: TensorDictBase, step_mask: torch.Tensor | None) -> TensorDictBase:
         rows = mask_rows(step_mask, self.num_envs, "_step")
@@ -530,10 +539,10 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
                 f"envs {np.flatnonzero(self._unreset == why).tolist()} since {text}"
                 for why, text in _UNRESET_WHY.items() if (self._unreset == why).any()
             )
-            raise EnvError(
+            raise StepRefusedError(
                 first, "step",
                 f"these envs must be reset before they step: {since}. Call reset() first (rollout, collectors and "
-                "World do), or reset those rows with a '_reset' mask",
+                "World do), reset those rows with a '_reset' mask, or freeze them with a '_step' mask",
             )
 
     def _skip_tensordict(self, tensordict: TensorDictBase) -> TensorDictBase:

@@ -237,7 +237,6 @@ class VectorBackend(InProcessBackend):
             )
         self.writer: RowWriter | None = None
         self.frames: np.ndarray | None = None
-        self.pending_done = np.zeros(self.num_envs, dtype=bool)  # NEXT_STEP, DISABLED: done, not yet reset
         self.stashed = np.zeros(self.num_envs, dtype=bool)  # SAME_STEP: reset obs kept for TorchRL's reset
         self._stash_obs = None
         self._stash_info: list = []
@@ -490,7 +489,6 @@ class VectorBackend(InProcessBackend):
             select = None
             writer.observations(None, obs, "reset")
             writer.info.write_batch(info, self._everyone, "reset")
-            self.pending_done[:] = False
             self.stashed[:] = False
             index = slice(0, self.num_envs)
         else:
@@ -540,7 +538,6 @@ class VectorBackend(InProcessBackend):
                     self._check_untouched(fresh, obs)
                 writer.observations(fresh, obs, "reset")
                 writer.info.write_batch(info, fresh, "reset")
-            self.pending_done[select] = False
             self.stashed[select] = False
             index = rows
         odd = None if self.frames is None else self._store_frames(select)
@@ -584,16 +581,7 @@ class VectorBackend(InProcessBackend):
                 f"(frozen: {np.setdiff1d(np.arange(self.num_envs), rows).tolist()}). Use EnvPool over single-env "
                 "factories for partial steps (rollout(break_when_all_done=True), World's wait mode).",
             )
-        unreset = self.pending_done | self.stashed
-        if unreset.any():
-            why = ("refuses to step them before they are reset" if self.mode is AutoresetMode.DISABLED else
-                   "has reset or would reset them itself, so this step would record a ghost transition")
-            raise StepRefusedError(
-                int(np.flatnonzero(unreset)[0]), "step",
-                f"rows {np.flatnonzero(unreset).tolist()} finished at the previous step and were not reset: the "
-                f"{self.mode.name} VectorEnv {why}. Reset them first (a '_reset' mask), or drive the pool with "
-                "step_and_maybe_reset, rollout or a collector.",
-            )
+        # rows that finished and were not reset never get here: EnvPool refuses them (StepRefusedError)
         self._check_workers("step")
         try:
             obs, reward, terminated, truncated, info = self.venv.step(actions)
@@ -626,8 +614,6 @@ class VectorBackend(InProcessBackend):
             writer.observations(None, obs, "step")
             writer.info.write_batch(info, everyone, "step")
         writer.step_flags(slice(0, self.num_envs), range(self.num_envs), reward, terminated, truncated)
-        if self.mode is not AutoresetMode.SAME_STEP:
-            self.pending_done = done
         return None if self.frames is None else self._store_frames(None)
 
     def _undeclared_same_step(self) -> SpecError:
