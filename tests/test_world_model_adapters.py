@@ -1555,6 +1555,11 @@ _LATENT_STARTS = {
     "encoder": dict(initial_observation=torch.zeros(2), encode_fn=lambda obs: torch.cat([obs, obs, obs, obs], -1)),
     "dict latent": dict(initial_state={"deter": torch.zeros(6), "stoch": torch.zeros(2)},
                         initial_observation=torch.zeros(2)),
+    # rows of shape (4, 2): the same last dim as the observation's, a different layout
+    "matrix latent": dict(initial_state=torch.zeros(4, 2), initial_observation=torch.zeros(2)),
+    # a reset's (obs, info) with the latent in info["model_state"], as a step's 4-/5-tuples carry it
+    "reset info model_state": dict(reset_fn=lambda num_envs: (torch.zeros(num_envs, 2),
+                                                              {"model_state": torch.zeros(num_envs, 8)})),
 }
 _STATELESS_FORMS = {
     "5-tuple": lambda obs: (obs, 0.0, False, False, {}),
@@ -1565,7 +1570,8 @@ _STATELESS_FORMS = {
 
 
 def _latent_size(state) -> int:
-    return sum(v.shape[-1] for v in state.values()) if isinstance(state, dict) else state.shape[-1]
+    """The number of values in one row of ``state``."""
+    return sum(v[0].numel() for v in state.values()) if isinstance(state, dict) else state[0].numel()
 
 
 @pytest.mark.parametrize("start", sorted(_LATENT_STARTS))
@@ -1602,6 +1608,41 @@ def test_a_latent_returned_in_info_model_state_is_kept_across_steps(start):
     env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, transition_fn=step, **_LATENT_STARTS[start])
     env.rollout(4)
     assert seen == [8, 8, 8, 8]
+
+
+class _OwnStateSim:
+    """A model that keeps its own latent (discovered as ``step(action)``: the env never passes it a state), whose
+    reset returns ``(state, obs)`` with a latent of another layout than the observation, as the seed allows."""
+
+    def __init__(self, form):
+        self.form = form
+
+    def reset(self, num_envs):
+        self.h = torch.zeros(num_envs, 8)
+        return self.h.clone(), torch.zeros(num_envs, 2)
+
+    def step(self, action):
+        self.h = self.h + action.sum(-1, keepdim=True)
+        obs = self.h[:, :2].clone()
+        return _STATELESS_FORMS[self.form](obs)
+
+
+@pytest.mark.parametrize("num_envs", [1, 4])
+@pytest.mark.parametrize("form", sorted(_STATELESS_FORMS))
+def test_a_model_keeping_its_own_state_may_return_a_form_without_one(form, num_envs):
+    # it never reads the env's state, so no latent can be lost: the env keeps the reset's (the seed runs such
+    # models), and a partial reset merges its new rows into it
+    env = WorldModelEnv(_OwnStateSim(form), BOX2, BOX2, num_envs=num_envs)
+    td = env.reset()
+    for t in range(1, 3):
+        td["action"] = torch.full((num_envs, 2), 0.5)
+        td = env.step(td)["next"]
+        assert td["observation"].tolist() == [[float(t), float(t)]] * num_envs
+    assert env.state.shape == (num_envs, 8)
+    td["_reset"] = torch.zeros(num_envs, 1, dtype=torch.bool)
+    td["_reset"][0] = True
+    env.reset(td)
+    assert env.state.shape == (num_envs, 8)
 
 
 def test_an_observation_that_is_the_state_may_come_back_in_any_form():

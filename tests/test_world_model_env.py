@@ -1092,8 +1092,18 @@ def test_a_subclass_own_step_and_reset_run_on_every_path():
         assert all((r >= 99).all() for r in stepped), (mode, rewards)
 
 
-def test_all_false_step_mask_reports_reward_zero_even_with_a_reward_at_the_root():
+@pytest.mark.parametrize("wrap", ["bare", "make_world_model_env", "RowStepCounter", "RewardAdapter"])
+def test_all_false_step_mask_reports_reward_zero_even_with_a_reward_at_the_root(wrap):
+    # TorchRL's placeholder for a skipped step copies the root's reward: the env and its transformed env zero it
+    from torchrl_swm.world_model import RowStepCounter, WorldModelTransformedEnv
+
     env = counting_env(2, length=100)
+    if wrap == "make_world_model_env":
+        env = make_world_model_env(env.model, OBS3, ACT1, num_envs=2, initial_state=torch.zeros(3))
+    elif wrap == "RowStepCounter":
+        env = WorldModelTransformedEnv(env, RowStepCounter(max_steps=50))
+    elif wrap == "RewardAdapter":  # the model's reward is kept (it returned one)
+        env = WorldModelTransformedEnv(env, RewardAdapter(lambda state, obs, action: torch.zeros(2)))
     td = env.reset()
     td["action"] = torch.ones(2, 1)
     td = env.step(td)["next"]  # the reward (the action, 1) stays at the root
@@ -1545,6 +1555,21 @@ def test_unlocked_env_resets_any_batch_shape_from_reset_fn_and_dict_states():
     out = env.step(td)["next"]
     assert torch.equal(out["latent", "count"], torch.ones(2, 3, 1))
     assert torch.allclose(out["observation"], td["observation"] + 0.1)
+
+
+@pytest.mark.parametrize("form", ["bare", "6-tuple"])
+def test_an_unlocked_env_of_batch_2_3_names_a_model_output_of_the_wrong_rows(form):
+    # a model returning 4 rows for a (2, 3) batch: the env's ReturnFormError names expected and received,
+    # never a raw reshape error from splitting the rows
+    def transition(s, a):
+        x = s[:4] + a[:4]
+        return x if form == "bare" else (x, x, x[:, :1], x[:, :1] > 9, x[:, :1] > 9, {})
+
+    env = WorldModelEnv(object(), OBS3, gym.spaces.Box(-1, 1, (3,), np.float32), num_envs=None,
+                        state_key="observation", transition_fn=transition, initial_observation=torch.zeros(3))
+    td = TensorDict({"observation": torch.zeros(2, 3, 3), "action": torch.zeros(2, 3, 3)}, [2, 3])
+    with pytest.raises(ReturnFormError, match=r"expected .*shape \(2, 3, 3\), got .*shape=\(4, 3\)"):
+        env.step(td)
 
 
 @pytest.mark.parametrize("start", ["initial_state", "reset_fn", "reset_fn_tensordict"])

@@ -1352,8 +1352,11 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                 except (ValueError, TypeError) as err:
                     raise ReturnFormError(f"{where} returned {form}: {err}") from None
                 state = _tree.with_batch(state, tuple(bs))
-        if state_from_obs:
-            self._check_state_kept(state, state_in, form, where)
+        if state_from_obs and not self._same_layout(state, state_in):
+            if self._transition.form != ("action",):
+                self._refuse_lost_state(state, state_in, form, where)
+            # a model that keeps its own state (step(action)) never reads the env's: the one the reset gave stays
+            state = state_in
         if shapes.state is not None:  # only with state_key (and its own spec): the state is an output
             self._check_state_spec(state, shapes.state, f"{where} returned {form}")
         rt.reward_from_model = rt.terminated_from_model = True
@@ -1433,22 +1436,25 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             "state_key of its own (e.g. state_key='latent', with state_spec=) to keep the state in the tensordict."
         )
 
-    def _check_state_kept(self, state, state_in, form, where) -> None:
+    @staticmethod
+    def _same_layout(state, state_in) -> bool:
+        """Whether ``state`` has the row layout (keys, one row's shapes) of ``state_in`` (``None``: any)."""
+        if type(state) is torch.Tensor and type(state_in) is torch.Tensor:
+            return state.shape[1:] == state_in.shape[1:]  # the common case, decided without walking a tree
+        return state_in is None or _row_shapes(state) == _row_shapes(state_in)
+
+    @staticmethod
+    def _refuse_lost_state(state, state_in, form, where) -> None:
         """Refuse a form whose next state is its observation (no state of its own) when the state the step
         was given is laid out differently: a latent kept apart from the observation, which would be lost."""
-        if type(state) is torch.Tensor and type(state_in) is torch.Tensor and state.shape[1:] == state_in.shape[1:]:
-            return  # the common case, decided without walking a tree
-        if state_in is None:
-            return
         got, ref = _row_shapes(state), _row_shapes(state_in)
-        if got != ref:
-            raise ReturnFormError(
-                f"{where} returned {form}, whose next state is its observation, laid out as {_shape_text(got)} "
-                f"(one row's leaves), but the state it was given is laid out as {_shape_text(ref)}: a state kept "
-                "apart from the observation (initial_state=, an encoder, a reset's state) would be replaced by the "
-                "observation. Return the next state with the observation: (state, obs, reward, terminated, "
-                "truncated, info), a mapping with 'state', or info['model_state'] in the 4-/5-tuple forms"
-            )
+        raise ReturnFormError(
+            f"{where} returned {form}, whose next state is its observation, laid out as {_shape_text(got)} "
+            f"(one row's leaves), but the state it was given is laid out as {_shape_text(ref)}: a state kept "
+            "apart from the observation (initial_state=, an encoder, a reset's state) would be replaced by the "
+            "observation. Return the next state with the observation: (state, obs, reward, terminated, "
+            "truncated, info), a mapping with 'state', or info['model_state'] in the 4-/5-tuple forms"
+        )
 
     def _check_action_values(self, td, action, step_rows, bs):
         """Refuse discrete actions outside their spec in the stepped rows (``step_rows``, bool ``(N,)``, or

@@ -30,7 +30,7 @@ from torchrl.data import Bounded, Composite, TensorSpec, Unbounded
 from torchrl.envs import Compose, StepCounter, Transform, TransformedEnv
 
 from ..errors import add_note, check_bool, check_int, describe
-from ..masks import row_mask
+from ..masks import row_mask, zero_rewards
 from ..specs import as_spec, batch_spec
 from . import _tree
 from .adapters import MISSING, Bound, ReturnFormError, bind, note_raised_inside
@@ -798,6 +798,10 @@ class WorldModelTransformedEnv(TransformedEnv):
         if self.batch_locked or "_step" not in tensordict.keys():
             return super().step(tensordict)
         return step_keeping_frozen_rows(self, tensordict, super().step)
+
+    def _skip_tensordict(self, tensordict: TensorDictBase) -> TensorDictBase:
+        # an all-False "_step" freezes every row: reward 0, as the base env reports (TorchRL copies the root's)
+        return zero_rewards(self, super()._skip_tensordict(tensordict))
 
     def to(self, *args, **kwargs) -> WorldModelTransformedEnv:
         dtype = torch._C._nn._parse_to(*args, **kwargs)[1]
