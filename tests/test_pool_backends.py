@@ -2161,3 +2161,26 @@ def test_a_disabled_vector_env_refuses_to_step_rows_that_finished_and_were_not_r
     td["action"] = torch.zeros(2, dtype=torch.int64)
     assert pool.step(td)["next", "done"].all()  # reset rows step again
     pool.close()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (fields 14 and 15 of /proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads CPU times from /proc")
+def test_idle_process_workers_block_and_never_spin():
+    # workers wait for the next command in a blocking read: an idle pool costs no CPU (a worker polling its
+    # pipe would burn its core, and the main process's with it, on a machine with fewer cores than workers)
+    pool = EnvPool("CartPole-v1", num_envs=4, backend="process", num_workers=2, seed=0)
+    try:
+        pool.reset()
+        pids = list(pool._backend._pids)
+        before = [_cpu_seconds(pid) for pid in pids]
+        time.sleep(2.0)
+        used = [round(_cpu_seconds(pid) - start, 2) for pid, start in zip(pids, before)]
+        assert max(used) < 0.2, f"idle workers used {used} s of CPU in 2 s"
+    finally:
+        pool.close()
