@@ -293,3 +293,43 @@ def test_close_closes_the_env_the_export_owns(kind):
     assert inner.is_closed
     if kind == "pool":
         assert len(CLOSED_ENVS) == 1  # the pool closed its env
+
+
+class _CountUpModel(torch.nn.Module):
+    """State = observation, + 1 per step; infos: a vector and a scalar view of it."""
+
+    def step(self, state, action):
+        s = state + 1
+        no = torch.zeros(s.shape[:-1], dtype=torch.bool)
+        return s, s, s.sum(-1), no, no, {"vec": s.repeat_interleave(3, -1), "sc": s[..., 0]}
+
+
+def test_an_unbatched_world_model_env_exports_its_infos_with_their_own_shapes():
+    from torchrl_swm import WorldModelEnv
+
+    env = WorldModelEnv(_CountUpModel(), gym.spaces.Box(-100, 100, (1,), np.float32),
+                        gym.spaces.Box(-1, 1, (1,), np.float32), num_envs=None, initial_state=torch.zeros(1),
+                        state_key="observation", info_spec={"vec": torch.zeros(3), "sc": torch.zeros(())})
+    single = to_gymnasium(env)
+    single.reset(seed=0)
+    for t in (1, 2):
+        obs, reward, terminated, truncated, info = single.step(np.zeros(1, np.float32))
+        assert obs.tolist() == [t] and reward == t
+        assert np.shape(info["vec"]) == (3,) and info["vec"].tolist() == [t] * 3
+        assert np.shape(info["sc"]) == () and info["sc"] == t
+    single.close()
+
+
+def test_a_transform_that_changes_the_action_spec_under_the_same_key_is_exported_as_the_transform_declares():
+    from torchrl.envs import ActionDiscretizer
+
+    envs = to_gymnasium(TransformedEnv(EnvPool("Pendulum-v1", num_envs=2, seed=0), ActionDiscretizer(5)))
+    assert envs.single_action_space == gym.spaces.MultiDiscrete([5])  # not the pool's Box(-2, 2, (1,))
+    envs.reset(seed=0)
+    # index 0 of 5 is the median of the lowest of 5 bins over [-2, 2], a torque of -1.6: Pendulum's own step
+    reference = gym.make("Pendulum-v1")
+    reference.reset(seed=0)
+    expected = reference.step(np.array([-1.6], np.float32))[0]
+    obs = envs.step(np.array([[0], [0]]))[0]
+    np.testing.assert_allclose(obs[0], expected, rtol=1e-6)
+    envs.close()

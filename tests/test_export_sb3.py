@@ -531,3 +531,22 @@ def test_sb3_masked_reset_after_close_of_a_reopenable_env_gives_advice_that_work
     venv.set_options(None)
     assert venv.reset().shape[0] == 2
     venv.close()
+
+
+def test_float64_rewards_reach_sb3_as_float32_as_dummy_vec_env_gives_them():
+    from torchrl.data import Unbounded
+
+    from torchrl_swm import WorldModelEnv
+
+    def step(state, action):
+        s = state + 1
+        return s, s, s.sum(-1).double(), s[:, 0] > 100, s[:, 0] > 100, {}
+
+    env = WorldModelEnv(object(), gym.spaces.Box(-100, 100, (1,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32),
+                        num_envs=2, initial_state=torch.zeros(1), transition_fn=step,
+                        reward_spec=Unbounded(shape=(1,), dtype=torch.float64))
+    venv = to_sb3_vec_env(env)
+    venv.reset()
+    rewards = venv.step(np.zeros((2, 1), np.float32))[1]
+    assert rewards.dtype == np.float32 and rewards.tolist() == [1.0, 1.0]
+    venv.close()
