@@ -607,3 +607,18 @@ class HumanRenderOnly(gym.Env):
 
     def step(self, action):
         return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+class MarkerClosingEnv(CountingEnv):
+    """A counting env whose ``close()`` writes a file into ``marker_dir`` (seen from any process)."""
+
+    def __init__(self, marker_dir: str, **kwargs):
+        super().__init__(**kwargs)
+        self.marker_dir = marker_dir
+
+    def close(self):
+        import os
+
+        with open(os.path.join(self.marker_dir, f"closed-{os.getpid()}-{id(self)}"), "w"):
+            pass
+        super().close()

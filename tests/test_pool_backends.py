@@ -601,6 +601,38 @@ def test_a_forked_process_pool_closes_without_resource_tracker_warnings(tmp_path
     assert "resource_tracker" not in out.stderr and "leaked" not in out.stderr, out.stderr
 
 
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_workers_close_their_envs_when_the_pools_process_is_killed(tmp_path, signum):
+    # no close() ran in the pool's process: each worker, seeing its pipe end, still closes its envs (an env's
+    # own processes, a simulator or a renderer, must not outlive the pool), as gymnasium's workers do
+    import subprocess
+    import sys
+
+    markers = tmp_path / "closed"
+    markers.mkdir()
+    script = tmp_path / "killed_pool.py"
+    script.write_text(
+        "import functools, os, signal\n"
+        "from envs import MarkerClosingEnv\n"
+        "from torchrl_swm import EnvPool\n"
+        "if __name__ == '__main__':\n"
+        f"    make = functools.partial(MarkerClosingEnv, {str(markers)!r}, length=50)\n"
+        "    pool = EnvPool([make] * 4, backend='process', num_workers=2, seed=0)\n"
+        "    pool.rand_step(pool.reset())\n"
+        f"    os.kill(os.getpid(), {int(signum)})\n"
+    )
+    with open(tmp_path / "err.txt", "w") as err:  # a file, not a pipe: the workers hold it open
+        proc = subprocess.run([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=err, timeout=120,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == -signum
+    deadline = time.monotonic() + 15
+    while len(list(markers.iterdir())) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    closed = sorted(path.name.split("-")[1] for path in markers.iterdir())
+    assert len(closed) == 4 and len(set(closed)) == 2, closed  # every env, closed in its own worker (2 pids)
+    assert "Traceback" not in (tmp_path / "err.txt").read_text()
+
+
 def test_idle_workers_exit_when_the_pools_process_is_killed(tmp_path):
     # a SIGKILLed pool process runs no close(): its idle workers see their pipe end and exit by themselves,
     # never left running (or spinning) as orphans

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import sys
 import traceback
 from multiprocessing.reduction import ForkingPickler
 from multiprocessing.shared_memory import SharedMemory
@@ -154,10 +155,24 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
                     payload = _encode_reply(REPLY_OK, reply)
                 except Exception as err:
                     raise _unpicklable_reply(command, args, reply, first, err) from err
-                conn.send_bytes(payload)
+                try:
+                    conn.send_bytes(payload)
+                except OSError:  # the pool is gone mid-command (a broken pipe): exit, as at EOF
+                    break
             except BaseException as err:
-                _reply(conn, REPLY_ERROR, _error_payload(err))
+                try:
+                    _reply(conn, REPLY_ERROR, _error_payload(err))
+                except OSError:
+                    break
     finally:
+        if backend is not None and backend.envs:
+            # the pool's process died without a "close" (killed, a Ray actor ended): close the envs anyway, as
+            # gymnasium's workers do, so the processes an env owns (a simulator, a renderer) end with it
+            try:
+                backend.close(interrupts_as_errors=True)
+            except BaseException as err:  # no pool left to report it to: the worker's stderr says it
+                print(f"torchrl_swm pool worker (envs from {first}): closing the envs after the pool's process "
+                      f"ended failed: {error_text(err)}", file=sys.stderr, flush=True)
         action_view = backend = None
         if shm is not None:
             shm.close()
