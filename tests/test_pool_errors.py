@@ -1581,6 +1581,45 @@ def test_a_ctrl_c_while_the_buffers_are_reserved_leaves_no_segment(tmp_path):
     assert "leaked shared_memory" not in out.stderr, out.stderr[-2000:]
 
 
+def test_an_interrupt_while_the_workers_attach_to_the_buffers_leaves_no_segment(monkeypatch):
+    # the segment is named in /dev/shm until every worker has mapped it: a Ctrl-C (or a worker dying) then must
+    # still remove the name (review R3's M02: the name stayed until the interpreter exited)
+    import os
+
+    from torchrl_swm.pool import process
+
+    names = []
+
+    def interrupted_attach(self, *args, **kwargs):
+        names.append(self._shm.name)
+        raise KeyboardInterrupt  # as a Ctrl-C landing while the workers map the segment
+
+    monkeypatch.setattr(process.ProcessBackend, "attach", interrupted_attach)
+    with pytest.raises(KeyboardInterrupt):
+        EnvPool([functools.partial(counting, length=5)] * 2, backend="process", num_workers=2)
+    assert len(names) == 1 and not os.path.exists(os.path.join("/dev/shm", names[0].lstrip("/")))
+
+
+def test_close_after_a_worker_died_still_raises_the_other_workers_env_close_errors():
+    # worker 0 is dead; worker 1's envs fail to close: close() reaps everything and says so (review R3's M21: a
+    # close that sent to the dead worker first lost the other workers' close errors)
+    import os
+    import signal
+    import time
+
+    from envs import BadCloseEnv
+
+    pool = EnvPool([functools.partial(counting, length=5)] * 2 + [BadCloseEnv] * 2, backend="process",
+                   num_workers=2, seed=0)
+    pool.reset()
+    pids = list(pool._backend.pids)
+    os.kill(pids[0], signal.SIGKILL)
+    time.sleep(0.5)
+    with pytest.raises(EnvError, match=r"env 2 \(close\): OSError: disk gone"):
+        pool.close()
+    assert_reaped(pids)
+
+
 class _MarkedCloseEnv(gym.Env):
     """Writes ``env<i>.closed`` in ``folder`` when closed, after ``close_s`` s (a video written at close); then
     raises with ``fail``."""
