@@ -610,11 +610,19 @@ class HumanRenderOnly(gym.Env):
 
 
 class MarkerClosingEnv(CountingEnv):
-    """A counting env whose ``close()`` writes a file into ``marker_dir`` (seen from any process)."""
+    """A counting env whose ``close()`` writes a file into ``marker_dir`` (seen from any process); each step
+    after the first (the construction probe's) takes ``step_s`` seconds."""
 
-    def __init__(self, marker_dir: str, **kwargs):
+    def __init__(self, marker_dir: str, step_s: float = 0.0, **kwargs):
         super().__init__(**kwargs)
-        self.marker_dir = marker_dir
+        self.marker_dir, self.step_s = marker_dir, step_s
+
+    def step(self, action):
+        if self.step_s and self.steps_called:
+            import time
+
+            time.sleep(self.step_s)
+        return super().step(action)
 
     def close(self):
         import os

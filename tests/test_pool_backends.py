@@ -601,10 +601,12 @@ def test_a_forked_process_pool_closes_without_resource_tracker_warnings(tmp_path
     assert "resource_tracker" not in out.stderr and "leaked" not in out.stderr, out.stderr
 
 
+@pytest.mark.parametrize("busy", [False, True], ids=["idle", "mid-step"])
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
-def test_workers_close_their_envs_when_the_pools_process_is_killed(tmp_path, signum):
-    # no close() ran in the pool's process: each worker, seeing its pipe end, still closes its envs (an env's
-    # own processes, a simulator or a renderer, must not outlive the pool), as gymnasium's workers do
+def test_workers_close_their_envs_when_the_pools_process_is_killed(tmp_path, signum, busy):
+    # no close() ran in the pool's process: each worker, seeing its pipe end (or, mid-step, finding it broken
+    # when it replies), still closes its envs (an env's own processes, a simulator or a renderer, must not
+    # outlive the pool), as gymnasium's workers do, and exits without a traceback
     import subprocess
     import sys
 
@@ -616,9 +618,13 @@ def test_workers_close_their_envs_when_the_pools_process_is_killed(tmp_path, sig
         "from envs import MarkerClosingEnv\n"
         "from torchrl_swm import EnvPool\n"
         "if __name__ == '__main__':\n"
-        f"    make = functools.partial(MarkerClosingEnv, {str(markers)!r}, length=50)\n"
+        f"    make = functools.partial(MarkerClosingEnv, {str(markers)!r}, step_s={0.5 if busy else 0.0}, length=50)\n"
         "    pool = EnvPool([make] * 4, backend='process', num_workers=2, seed=0)\n"
-        "    pool.rand_step(pool.reset())\n"
+        "    td = pool.reset()\n"
+        f"    if {busy}:  # killed while the workers step (0.5 s per env)\n"
+        "        import threading\n"
+        f"        threading.Timer(0.2, os.kill, (os.getpid(), {int(signum)})).start()\n"
+        "    pool.rand_step(td)\n"
         f"    os.kill(os.getpid(), {int(signum)})\n"
     )
     with open(tmp_path / "err.txt", "w") as err:  # a file, not a pipe: the workers hold it open

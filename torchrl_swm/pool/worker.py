@@ -155,14 +155,11 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
                     payload = _encode_reply(REPLY_OK, reply)
                 except Exception as err:
                     raise _unpicklable_reply(command, args, reply, first, err) from err
-                try:
-                    conn.send_bytes(payload)
-                except OSError:  # the pool is gone mid-command (a broken pipe): exit, as at EOF
-                    break
+                conn.send_bytes(payload)
             except BaseException as err:
                 try:
                     _reply(conn, REPLY_ERROR, _error_payload(err))
-                except OSError:
+                except OSError:  # the pool is gone (a reply found the pipe broken): exit, as at EOF
                     break
     finally:
         if backend is not None and backend.envs:
