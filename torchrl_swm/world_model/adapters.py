@@ -779,7 +779,7 @@ def split_reset(result, where: str, obs_keys: frozenset | None):
                 form = f"a 2-{kind} read as (obs, info)"
                 info = _info(second, form, where)
                 # info["model_state"] is the state, as in the mapping form and a step's 4-/5-tuples
-                return form, info.get("model_state", MISSING) if "model_state" in info else MISSING, first, info
+                return form, info.get("model_state", MISSING), first, info
             return f"a 2-{kind} read as (state, obs)", first, second, {}
         raise ReturnFormError(
             f"{where} returned a {n}-{kind}, which matches no reset return form; expected one of: "
