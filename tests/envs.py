@@ -625,8 +625,6 @@ class MarkerClosingEnv(CountingEnv):
         return super().step(action)
 
     def close(self):
-        import os
-
         with open(os.path.join(self.marker_dir, f"closed-{os.getpid()}-{id(self)}"), "w"):
             pass
         super().close()

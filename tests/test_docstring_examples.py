@@ -9,21 +9,19 @@ import re
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "torchrl_swm"
-MODULES = sorted(
-    ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+SOURCES = {  # module name -> its file, for the modules with examples
+    ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): path
     for path in PACKAGE.rglob("*.py")
     if ">>> " in path.read_text()
-)
+}
+MODULES = sorted(SOURCES)
 # the optional extras' packages: a module whose examples import one is skipped where it is not installed
 OPTIONAL = ("stable_baselines3", "ray", "imageio", "matplotlib", "pygame")
 
 
 def optional_imports(name: str) -> list[str]:
     """The optional packages the examples of module ``name`` import (``>>> import x`` / ``>>> from x import``)."""
-    text = (PACKAGE.parent / (name.replace(".", "/"))).with_suffix(".py")
-    if not text.exists():
-        text = PACKAGE.parent / name.replace(".", "/") / "__init__.py"
-    imported = set(re.findall(r">>> (?:from|import) (\w+)", text.read_text()))
+    imported = set(re.findall(r">>> (?:from|import) (\w+)", SOURCES[name].read_text()))
     return [package for package in OPTIONAL if package in imported]
 
 
