@@ -1954,6 +1954,56 @@ def test_reset_state_and_observation_are_batched_or_not_each():
         env.reset()
 
 
+@pytest.mark.parametrize("told_rows", [True, False], ids=["reset_fn(num_envs)", "reset_fn(seed, options)"])
+def test_a_reset_state_whose_layout_was_a_guess_is_named_when_the_next_step_contradicts_it(told_rows):
+    # no known layout, an unbatched observation, and a state whose leading dim equals the rows reset: told the
+    # rows, the reset_fn's (4,) state is read as 4 rows of (); not told, its (4, 4) state as one row, broadcast.
+    # The step contradicts the guess (its next state or observation has another layout, or the model fails on
+    # it): the error says how the state was read and how to settle it, and nothing moves. (A model whose
+    # outputs all broadcast back to the guessed layout cannot be caught: the docstring asks them to agree.)
+    n = 4
+    if told_rows:
+        def reset_fn(num_envs):
+            return torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.zeros(2)  # one row, to broadcast
+    else:
+        def reset_fn(seed, options):
+            return torch.arange(16.0).view(4, 4), torch.zeros(2)  # one row per env
+    def next_state_and_obs(state):
+        return state, state[..., :2], torch.zeros(n)
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=n, reset_fn=reset_fn,
+                        transition_fn=lambda s, a: next_state_and_obs(s + a.sum(-1, keepdim=True)))
+    td = env.reset()
+    before = env.state.clone()
+    td["action"] = torch.ones(n, 2)
+    read = r"read as 4 rows of \(\) \(the reset_fn declares num_envs or mask" if told_rows else (
+        r"read as one row, broadcast to the 4 rows \(the reset_fn declares neither")
+    # told: the next state is (4, 4), not 4 rows of (); not told: the observation is (4, 4, 2), not (4, 2)
+    said = "must return its next state with the layout" if told_rows else r"expected .* shape \(4, 2\)"
+    with pytest.raises(ReturnFormError, match=said) as info:
+        env.step(td)
+    assert re.search(read, "\n".join(info.value.__notes__))
+    assert "return the observation batched too" in info.value.__notes__[-1]
+    assert torch.equal(env.state, before)  # nothing moved
+    # a model that fails on the misread state gets the same note
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=n, reset_fn=reset_fn,
+                        transition_fn=lambda s, a: (torch.cat([s, a], -1)[:, :4], a.clone(), torch.zeros(n)))
+    td = env.reset()
+    td["action"] = torch.ones(n, 2)
+    with pytest.raises(RuntimeError) as info:
+        env.step(td)
+    assert re.search(read, "\n".join(info.value.__notes__))
+    # a step that keeps the layout confirms the guess: later steps are unchecked, as always
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=n, reset_fn=lambda num_envs: (torch.zeros(n), torch.zeros(2)),
+                        transition_fn=lambda s, a: (s + 1, a.clone(), torch.zeros(n)))
+    td = env.reset()
+    td["action"] = torch.ones(n, 2)
+    for _ in range(3):
+        td = env.step_mdp(env.step(td))
+        td["action"] = torch.ones(n, 2)
+    assert torch.equal(env.state, torch.full((n,), 3.0))
+
+
 def test_a_state_under_state_key_is_checked_against_its_spec():
     def transition(state, action):
         return {"state": torch.zeros(state.shape[0], 5, dtype=torch.float64), "observation": action.clone()}

@@ -283,10 +283,12 @@ class _Runtime:
         "reward_from_model",
         "terminated_from_model",
         "done_after_reset",
+        "state_guess",
     )
 
     def __init__(self):
         self.state = self.obs = self.term = self.trunc = self.info = self.done_after_reset = None
+        self.state_guess = None  # how the last reset read a state of ambiguous layout (see _reset_state_batched)
         self.has_state = False
         self.reward_from_model = self.terminated_from_model = True
 
@@ -514,7 +516,9 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             rows being reset (``num_envs`` of them: not the whole batch on a partial reset). The
             state may be batched when the observation is not (or the reverse) if the env knows one
             row's state layout (``initial_state``, ``state_spec`` or, on partial resets, the other
-            rows); otherwise they must agree.
+            rows); otherwise they must agree. (One exception: next to an unbatched observation, a state
+            whose leaves all lead with the rows being reset is per row when the reset_fn declares
+            ``num_envs`` or ``mask``, else one row; the next step's error says so if that was wrong.)
         transition_fn: ``transition_fn([model,] state, action)`` (+ ``generator=``, the env's
             :attr:`generator`, and ``mask=``, a bool tensor of the batch shape, True for the rows
             stepped (all but those a ``"_step"`` mask freezes), when declared), called once per
@@ -1289,6 +1293,8 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
     def _advance(self, td, shapes: _Shapes, partial) -> TensorDict:
         """One step for the whole batch: the model is called once; returns the ``"next"`` TensorDict."""
         rt = self._rt
+        if rt.state_guess is not None:
+            return self._advance_after_guess(td, shapes, partial)
         # the "_step" mask is checked before the model runs (a stochastic model would draw for nothing)
         step_rows = None if partial is None else row_mask(partial, shapes.bs[0], "_step")
         # action
@@ -1435,6 +1441,27 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             "the returned state). Return the state as the observation (one tensor for both), or pass a "
             "state_key of its own (e.g. state_key='latent', with state_spec=) to keep the state in the tensordict."
         )
+
+    def _advance_after_guess(self, td, shapes: _Shapes, partial) -> TensorDict:
+        """The first step after a reset that guessed its state's layout (see :meth:`_reset_state_batched`): an
+        error says how the state was read, and a next state laid out otherwise than it is refused."""
+        rt = self._rt
+        guess, rt.state_guess = rt.state_guess, None
+        before = (rt.state, rt.obs, rt.term, rt.trunc, rt.info)
+        try:
+            out = self._advance(td, shapes, partial)
+            if not self._same_layout(rt.state, before[0]):
+                got, ref = _row_shapes(rt.state), _row_shapes(before[0])
+                rt.state, rt.obs, rt.term, rt.trunc, rt.info = before  # nothing moved
+                raise ReturnFormError(
+                    f"{self._where} returned a next state laid out as {_shape_text(got)} (one row's leaves), but "
+                    f"the state it was given is laid out as {_shape_text(ref)}: a transition must return its next "
+                    "state with the layout of the state it was given"
+                )
+        except Exception as err:
+            add_note(err, _state_guess_note(*guess))
+            raise
+        return out
 
     @staticmethod
     def _same_layout(state, state_in) -> bool:
@@ -1831,10 +1858,13 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                 f"{where} returned {form}: state leaves {_shape_text(got)} are neither one row {_shape_text(ref)} "
                 f"(unbatched, broadcast) nor {rows} rows of it (batched, leading dims {tuple(bs)})"
             )
-        if obs_batched is False and knows_rows:
-            # no known layout, an unbatched observation: a reset_fn told how many rows it resets (num_envs=,
-            # mask=) returns a per-row state when its leaves lead with those rows; otherwise it is one row
-            return all(shape[: len(bs)] == bs for shape in got.values())
+        if obs_batched is False and all(shape[: len(bs)] == bs for shape in got.values()):
+            # no known layout, an unbatched observation, and every leaf leads with the reset rows: a reset_fn
+            # told how many rows it resets (num_envs=, mask=) returns a per-row state, one that is not returns one
+            # row. A guess either way (an unbatched (4,) state for 4 rows): the next step says so if it fails.
+            if self._locked:  # (a batch-unlocked env's steps take their state from the tensordict)
+                self._rt.state_guess = (where, form, got, bs, knows_rows)  # said by the next step if it fails
+            return knows_rows
         return obs_batched is not False  # the state follows the observation (unbatched: broadcast)
 
     def _expect_obs(self) -> str:
@@ -2262,6 +2292,23 @@ def _refuse_start(space, name: str = "action_space") -> None:
 
 _PARTIAL_MERGE = "a partial reset puts the reset rows' start state into the other rows' state"
 _FROZEN_MERGE = "a '_step' mask keeps the frozen rows' state"
+
+
+def _state_guess_note(where, form, got, bs, knows_rows) -> str:
+    """How a reset read a state of ambiguous layout (see ``WorldModelEnv._reset_state_batched``)."""
+    rows = bs[0] if len(bs) == 1 else tuple(bs)
+    if knows_rows:
+        read = f"as {rows} rows of {_shape_text({p: s[len(bs):] for p, s in got.items()})}"
+        told = "declares num_envs or mask: it knows"
+    else:
+        read, told = f"as one row, broadcast to the {rows} rows", "declares neither num_envs nor mask: it does not know"
+    return (
+        f"WorldModelEnv: the last reset's {where} returned {form} with state leaves {_shape_text(got)} next to an "
+        f"unbatched observation. They lead with the {rows} rows being reset, and no initial_state=/state_spec= gives "
+        f"one row's layout, so the state was read {read} (the reset_fn {told} how many rows it resets). If that is "
+        "wrong, return the observation batched too (one per row being reset), or pass initial_state= or "
+        "state_key=/state_spec= to give one row's layout"
+    )
 
 
 def _row_shapes(state) -> dict:
