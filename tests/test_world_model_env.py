@@ -3909,6 +3909,57 @@ def test_a_transition_that_writes_to_its_mask_changes_neither_the_callers_step_m
     assert out["reward"].view(-1).tolist() == [1.0, 0.0, 1.0] and out["observation"][1].tolist() == [0.0, 0.0]
 
 
+def test_a_model_keeping_its_own_state_gets_the_stepped_rows_as_its_mask_and_frozen_rows_keep_their_info():
+    """The transition's mask= is True for the rows stepped (a model keeping its own state advances only those),
+    and a row frozen by "_step" keeps its info with its observation (README "Frozen rows"); review R3 M17, M22."""
+
+    class OwnCounts:  # a discovered model.step(action, mask): the env never passes it a state
+        def reset(self):
+            self.count = torch.zeros(3)
+            return torch.zeros(3, 2)
+
+        def step(self, action, mask=None):
+            self.count = self.count + mask.float()
+            obs = torch.stack([self.count, self.count], -1)
+            return obs, obs[:, 0], torch.zeros(3, dtype=torch.bool), torch.zeros(3, dtype=torch.bool), {}
+
+    env = WorldModelEnv(OwnCounts(), BOX2, BOX2, num_envs=3)
+    td = env.reset().set("action", torch.zeros(3, 2)).set("_step", torch.tensor([[True], [False], [True]]))
+    td = env.step_mdp(env.step(td))
+    td.pop("_step")
+    out = env.step(td.set("action", torch.zeros(3, 2)))["next"]
+    assert out["observation"][:, 0].tolist() == [2.0, 1.0, 2.0] and env.model.count.tolist() == [2.0, 1.0, 2.0]
+
+    def transition(state, action):
+        nxt = state + action
+        return nxt, nxt[:, 0], torch.zeros(3, dtype=torch.bool), torch.zeros(3, dtype=torch.bool), {"x": nxt[:, 0]}
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, initial_state=torch.zeros(2), transition_fn=transition,
+                        info_spec={"x": torch.zeros(())})
+    td = env.step_mdp(env.step(env.reset().set("action", torch.ones(3, 2))))
+    td["_step"] = torch.tensor([[True], [False], [True]])
+    out = env.step(td.set("action", torch.ones(3, 2)))["next"]
+    assert out["observation"][:, 0].tolist() == [2.0, 1.0, 2.0]
+    assert out["info", "x"].view(-1).tolist() == [2.0, 1.0, 2.0]  # the frozen row's is its last step's
+    assert out["info_mask", "x"].all()
+
+
+def test_a_row_frozen_at_the_step_limit_keeps_truncated():
+    """RowStepCounter: a row whose count reached max_steps, then frozen by "_step", still reads truncated (and
+    done): wait-mode evaluation and rollout(break_when_all_done=True) rely on it; review R3 M35."""
+    from torchrl_swm.world_model import RowStepCounter
+
+    base = WorldModelEnv(object(), BOX2, BOX2, num_envs=2, initial_state=torch.zeros(2),
+                         transition_fn=lambda s, a: s + a)
+    env = TransformedEnv(base, RowStepCounter(max_steps=1))
+    td = env.step_mdp(env.step(env.reset().set("action", torch.zeros(2, 2))))  # both rows at the limit
+    assert td["truncated"].all()
+    td["_step"] = torch.tensor([[False], [True]])
+    out = env.step(td.set("action", torch.zeros(2, 2)))["next"]
+    assert out["step_count"].view(-1).tolist() == [1, 2]
+    assert out["truncated"].view(-1).tolist() == [True, True] and out["done"].view(-1).tolist() == [True, True]
+
+
 def test_a_partial_reset_with_an_encoder_shows_the_datas_observation_when_obs_and_state_are_one_tensor():
     """A transition returning one tensor as obs and state must not make a restarted row's obs its encoding."""
 
