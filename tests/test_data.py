@@ -471,6 +471,29 @@ def test_writer_rejects_overflow_and_late_adds(tmp_path):
 
 
 
+@pytest.mark.parametrize("kwargs, error, said", [
+    ({"capacity": 2.9}, TypeError, r"capacity \(rows\): expected an int, got float 2.9"),  # it was 2 rows
+    ({"capacity": True}, TypeError, r"capacity \(rows\): expected an int, got bool"),  # it was 1 row
+    ({"capacity": 0}, ValueError, r"capacity \(rows\): expected an int >= 1, got 0"),
+    ({"commit_every": float("nan")}, ValueError, r"commit_every \(seconds\) must be >= 0, got nan"),  # never
+    ({"commit_every": -1}, ValueError, r"commit_every \(seconds\) must be >= 0, got -1"),
+    ({"commit_every": "2"}, TypeError, r"commit_every \(seconds\) must be a number, got str"),
+    ({"metadata": {"format": "mine", "note": 1}}, ValueError, r"metadata keys \['format'\] are the dataset's own"),
+    ({"metadata": {"num_steps": 3, "versions": {}}}, ValueError, r"keys \['num_steps', 'versions'\]"),
+])
+def test_writer_refuses_bad_arguments_before_it_creates_anything(tmp_path, kwargs, error, said):
+    # review R4: a float capacity was truncated, a NaN commit_every never committed, and metadata={"format": ...}
+    # made the dataset unreadable ("versions" was silently replaced)
+    kwargs = {"capacity": 10, **kwargs}
+    with pytest.raises(error, match=said):
+        DatasetWriter(tmp_path / "w", **kwargs)
+    assert not (tmp_path / "w").exists()
+    writer = DatasetWriter(tmp_path / "ok", capacity=10, metadata={"note": "mine"})
+    writer.add(TensorDict({"episode": torch.zeros(2, dtype=torch.int64), "x": torch.ones(2, 1)}, [2]))
+    writer.close(complete=True)
+    assert load_dataset(tmp_path / "ok").metadata["note"] == "mine"
+
+
 def test_writer_with_commit_every_zero_commits_after_each_episode_before_close(tmp_path):
     """DatasetWriter commits after each episode at most every commit_every seconds: with commit_every=0 a reader
     (or a run after the writer was killed) loads every episode added so far while the writer is still open."""

@@ -56,7 +56,7 @@ import torch
 from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase, is_tensorclass
 
 from ._interrupts import interrupts_held
-from .errors import check_bool, check_int, counted, describe, error_text, user_stacklevel
+from .errors import check_bool, check_int, check_number, counted, describe, error_text, user_stacklevel
 
 # pauses (s) between reads of a dataset that a collection may be writing (see WorldDataset.__init__)
 _LIVE_READ_PAUSES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4)
@@ -174,6 +174,13 @@ def _check_target(path: Path, overwrite: bool, remove: bool = True) -> None:
             shutil.rmtree(path)
 
 
+#: dataset.json's keys the writer sets itself: a caller's metadata may not replace them
+_OWN_METADATA = frozenset({
+    "format", "version", "layout", "created", "versions", "complete", "num_episodes", "num_steps", "storage_rows",
+    "keys", "updated", "interrupted", "compacted", "compaction_failed",
+})
+
+
 class DatasetWriter:
     """Appends complete episodes to a dataset directory (used by ``World.collect``).
 
@@ -186,6 +193,9 @@ class DatasetWriter:
 
     :meth:`close` with ``compact=True`` rewrites the storage at its exact size,
     episodes sorted by id (in completion order with ``complete=False``).
+
+    ``metadata`` entries go into ``dataset.json`` beside the writer's own (``format``, ``version``,
+    ``num_steps``...), which they may not replace.
 
     With ``lazy=True`` the path is only checked here; the directory is created (and a dataset
     ``overwrite`` replaces removed) by :meth:`open`, or the first :meth:`add`: a run that fails
@@ -224,20 +234,27 @@ class DatasetWriter:
         self.path = Path(path)
         if self.path.is_symlink():  # the dataset goes where the link points (rmtree refuses a link; mkdir a dangling one)
             self.path = self.path.resolve()
-        self.capacity = int(capacity)
-        if self.capacity < 1:
-            raise ValueError(f"DatasetWriter: capacity must be positive, got {capacity}")
+        self.capacity = check_int(capacity, "DatasetWriter: capacity (rows)", minimum=1)  # never 2 for 2.9
         overwrite = check_bool(overwrite, "DatasetWriter: overwrite")  # "no" would replace a dataset
         lazy = check_bool(lazy, "DatasetWriter: lazy")
+        commit_every = check_number(commit_every, "DatasetWriter: commit_every (seconds)")
+        if not commit_every >= 0:  # NaN would never commit before close()
+            raise ValueError(f"DatasetWriter: commit_every (seconds) must be >= 0, got {commit_every}")
+        metadata = dict(metadata or {})
+        if clash := sorted(set(metadata) & _OWN_METADATA, key=str):
+            raise ValueError(
+                f"DatasetWriter: metadata keys {clash} are the dataset's own (dataset.json's {sorted(_OWN_METADATA)}): "
+                "name yours otherwise"
+            )
         _check_target(self.path, overwrite, remove=False)
         self._overwrite = overwrite
-        self.commit_every = float(commit_every)
+        self.commit_every = commit_every
         self.metadata = {
             "format": FORMAT,
             "version": FORMAT_VERSION,
             "layout": "torchrl episode layout: root = step t, 'next' = step t+1, one row per transition",
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            **dict(metadata or {}),
+            **metadata,
             "versions": _versions(),
         }
         self.episode_ids: list[int] = []
