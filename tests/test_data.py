@@ -704,6 +704,59 @@ def test_an_interrupt_while_the_first_episode_creates_the_storage_leaves_the_wri
     assert ds.num_episodes == 1 and ds.episode(0)["x"].tolist() == [2.0, 2.0]
 
 
+@pytest.mark.parametrize("failure", [OSError, KeyboardInterrupt], ids=["mmap failed", "Ctrl-C"])
+@pytest.mark.parametrize("earlier", [None, "dataset", "empty dir"])
+def test_a_collect_whose_first_episode_cannot_be_written_leaves_the_path_as_it_was(tmp_path, monkeypatch, failure,
+                                                                                 earlier):
+    """World.collect's writer is lazy: nothing is created or replaced until an episode is written. A first
+    episode whose storage fails (an mmap the address space refuses) or is interrupted left a directory of 0
+    episodes, and under overwrite=True the earlier dataset was already deleted; review R2 B1."""
+    from tensordict import TensorDictBase
+
+    path = tmp_path / "d"
+    if earlier == "dataset":
+        World(counting_pool(2), max_episode_steps=8).collect(path, 2, seed=0, progress=False)
+        before = sorted(str(f.relative_to(path)) for f in path.rglob("*"))
+        stamp = (path / "dataset.json").stat()
+    elif earlier == "empty dir":
+        path.mkdir()
+    memmap_like = TensorDictBase.memmap_like
+
+    def create_then_fail(self, *args, **kwargs):
+        memmap_like(self, *args, **kwargs)  # the storage files exist now
+        raise failure("unable to mmap") if failure is OSError else failure()
+
+    monkeypatch.setattr(TensorDictBase, "memmap_like", create_then_fail)
+    with pytest.raises(failure):
+        World(counting_pool(2), max_episode_steps=8).collect(path, 3, seed=1, progress=False, overwrite=True)
+    monkeypatch.setattr(TensorDictBase, "memmap_like", memmap_like)
+    assert [p.name for p in tmp_path.iterdir() if p.name != "d"] == []  # nothing set aside is left
+    if earlier is None:
+        assert not path.exists()
+    elif earlier == "empty dir":
+        assert path.is_dir() and not any(path.iterdir())
+    else:
+        assert sorted(str(f.relative_to(path)) for f in path.rglob("*")) == before
+        now = (path / "dataset.json").stat()
+        assert (now.st_ino, now.st_mtime_ns) == (stamp.st_ino, stamp.st_mtime_ns)  # the CLI's "is unchanged"
+        assert load_dataset(path).num_episodes == 2
+    # and the same collect then writes, replacing what was there
+    ds = World(counting_pool(2), max_episode_steps=8).collect(path, 3, seed=1, progress=False, overwrite=True)
+    assert ds.num_episodes == 3 and load_dataset(path).num_episodes == 3
+    assert [p.name for p in tmp_path.iterdir()] == ["d"]
+
+
+def test_a_lazy_writer_removes_the_dataset_it_replaces_at_its_first_commit(tmp_path):
+    path = tmp_path / "d"
+    World(counting_pool(2), max_episode_steps=8).collect(path, 2, seed=0, progress=False)
+    writer = DatasetWriter(path, capacity=20, overwrite=True, lazy=True, commit_every=0)
+    assert load_dataset(path).num_episodes == 2  # still there
+    writer.add(TensorDict({"episode": torch.zeros(3, dtype=torch.int64), "x": torch.ones(3)}, [3]))
+    assert [p.name for p in tmp_path.iterdir()] == ["d"] and load_dataset(path).num_episodes == 1
+    writer.close(complete=False)  # an interrupted collection of one episode keeps it
+    assert load_dataset(path).num_episodes == 1
+
+
 def test_exclude_keys_are_not_stored(tmp_path):
     pool = counting_pool(2, pixels=True)
     ds = World(pool, max_episode_steps=8).collect(tmp_path / "d", 3, seed=0, progress=False,

@@ -197,9 +197,10 @@ class DatasetWriter:
     ``metadata`` entries go into ``dataset.json`` beside the writer's own (``format``, ``version``,
     ``num_steps``...), which they may not replace.
 
-    With ``lazy=True`` the path is only checked here; the directory is created (and a dataset
-    ``overwrite`` replaces removed) by :meth:`open`, or the first :meth:`add`: a run that fails
-    before it writes nothing and leaves the path as it was.
+    With ``lazy=True`` the path is only checked here; the directory is created by :meth:`open`, or
+    the first :meth:`add`, and a dataset ``overwrite`` replaces is set aside then, to be removed at
+    the first commit: a run that fails (or is interrupted) before its first episode is written
+    leaves the path as it was, the replaced dataset included.
 
     Example:
         Episodes of your own (here one pool rollout), written as a dataset that
@@ -268,18 +269,42 @@ class DatasetWriter:
         self._committed = (0, 0)
         self.closed = False
         self.opened = False
+        self._lazy = lazy
+        self._replaced: Path | None = None  # a lazy writer's replaced dataset, set aside until the first commit
+        self._made_dir = False
         if not lazy:
             self.open()
 
     def open(self) -> None:
-        """Create the dataset directory (removing the dataset ``overwrite`` replaces) and its storage."""
+        """Create the dataset directory (replacing the dataset ``overwrite`` names) and its storage."""
         if self.opened:
             return
-        _check_target(self.path, self._overwrite)  # again: the path may have changed since
+        _check_target(self.path, self._overwrite, remove=not self._lazy)  # again: the path may have changed since
+        if self._lazy and self.path.is_dir() and any(self.path.iterdir()):  # a dataset overwrite replaces
+            aside = self.path.with_name(f".{self.path.name}.replaced-{os.getpid()}-{id(self):x}")
+            self.path.rename(aside)
+            self._replaced = aside
+        self._made_dir = not self.path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
         self._new_storage()
         self.opened = True
         self._write_metadata(complete=False)
+
+    def _drop_replaced(self) -> None:
+        """The first commit: the dataset ``overwrite`` replaced is gone for good."""
+        if self._replaced is not None:
+            shutil.rmtree(self._replaced, ignore_errors=True)
+            self._replaced = None
+
+    def _undo_open(self) -> None:
+        """A lazy writer closed before its first episode: the path as it was (a replaced dataset back)."""
+        with interrupts_held():
+            shutil.rmtree(self.path)
+            if self._replaced is not None:
+                self._replaced.rename(self.path)
+                self._replaced = None
+            elif not self._made_dir:
+                self.path.mkdir()  # the empty directory that was there
 
     def _new_storage(self) -> None:
         from torchrl.data import LazyMemmapStorage, RandomSampler, ReplayBuffer, RoundRobinWriter
@@ -394,6 +419,7 @@ class DatasetWriter:
         self._committed = (len(self.episode_ids), self.num_steps)
         self._write_metadata(complete=False)
         self._last_commit = time.monotonic()
+        self._drop_replaced()
 
     def _write_metadata(self, complete: bool, **extra) -> None:
         n_eps, n_steps = self._committed
@@ -412,7 +438,8 @@ class DatasetWriter:
 
     def close(self, *, complete: bool, interrupted: str | None = None, compact: bool = True) -> None:
         """Commit what was added. ``complete=False`` marks an interrupted collection. A lazy writer never
-        opened writes nothing.
+        opened, or closed with ``complete=False`` before any episode was added, writes nothing and leaves
+        the path as it was (a dataset ``overwrite`` would replace included).
 
         ``compact``: rewrite the storage at its exact size (its capacity is a bound: a plain ``rb.loads`` of
         the directory would otherwise allocate all of it), episodes in id order, or in completion order
@@ -425,6 +452,9 @@ class DatasetWriter:
             return
         self.closed = True
         if not self.opened:
+            return
+        if self._lazy and not self.episode_ids and not complete:
+            self._undo_open()  # a failed or interrupted first episode: nothing was written
             return
         self.commit()
         compacted, extra = False, {}
@@ -457,6 +487,7 @@ class DatasetWriter:
                                       stacklevel=user_stacklevel())
         with interrupts_held():
             self._write_metadata(complete=complete, interrupted=interrupted, compacted=compacted, **extra)
+        self._drop_replaced()  # (a complete dataset of no episodes commits nothing before)
 
     def _compact(self, order: np.ndarray) -> None:
         """Rewrite the storage at its exact size, episodes in ``order``; swapped in atomically per entry."""
