@@ -85,9 +85,13 @@ def test_goal_env_with_policy_factory_dataset_eval_and_video(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["collect", "--help"])
     assert "parallel envs (default 4)" in " ".join(capsys.readouterr().out.split())
+    # the dataset's pixels are H x W = 24 x 32: --image-shape 32 24 (W H) is refused, 24 32 taken
+    code = cli.main(["eval", "torchrl_swm/PointMaze-v0", "--dataset", str(data), "--goal-offset", "3",
+                     "--eval-budget", "12", "--image-shape", "32", "24", "--no-progress"])
+    assert code == 2 and "--image-shape 32 24: the dataset's pixels are 24 x 32" in capsys.readouterr().err
     ev = run("eval", "torchrl_swm/PointMaze-v0", "--dataset", data, "--goal-offset", 3, "--eval-budget", 12,
              "--num-envs", 2, "--policy", "torchrl_swm.envs:expert_policy", "--video", tmp_path / "vid",
-             "--no-progress")
+             "--image-shape", 24, 32, "--no-progress")
     assert ev.returncode == 0, ev.stderr
     assert "6 episodes on 2 envs (reset_mode=wait" in ev.stdout and "goal_offset=3" in ev.stdout
     assert len(list((tmp_path / "vid").glob("episode_*.mp4"))) == 6
@@ -204,6 +208,8 @@ def test_clear_errors_for_unknown_envs_and_bad_paths(tmp_path, capsys):
     assert code == 2 and "unknown environment id" in err
     code, err = error("eval", "CartPole-v1", "--env-kwargs", "{bad")
     assert code == 2 and "invalid JSON" in err
+    code, err = error("eval", "CartPole-v1", "--env-kwargs", "[1]")
+    assert code == 2 and "--env-kwargs: expected a JSON object" in err and "got list" in err
     code, err = error("eval", "CartPole-v1", "--no-progress", "--env-kwargs", '{"no_such_kwarg": 1}')
     assert code == 1 and "no_such_kwarg" in err and "--traceback" in err
     # a gym.make argument that has a flag of its own here is a usage error naming the flag
@@ -405,6 +411,16 @@ def test_env_kwargs_image_shape_and_pixels_name_their_own_flags(tmp_path, capsys
             name = next(iter(kwargs))
             assert code == 2 and f"{name} has a flag of its own here: use {flag}" in err, (command, err)
     assert not (tmp_path / "ds").exists()
+    # frames need render_mode='rgb_array': another one there contradicts --video/--pixels/--image-shape (review R2
+    # B3: an EnvError from gym.make, exit 1)
+    for extra, flag in ((["--video", str(tmp_path / "v")], "--video"), (["--pixels"], "--pixels"),
+                        (["--image-shape", "8", "8"], "--image-shape")):
+        code = cli.main(["eval", "CartPole-v1", "--episodes", "1", "--no-progress", *extra,
+                         "--env-kwargs", json.dumps({"render_mode": "human"})])
+        err = capsys.readouterr().err
+        assert code == 2 and f"{flag} renders frames with render_mode='rgb_array', but --env-kwargs sets " \
+                             "render_mode='human'" in err, err
+    assert not (tmp_path / "v").exists()
 
 
 def test_a_function_whose_env_parameter_is_not_first_is_a_policy_not_a_factory(tmp_path, monkeypatch, capsys):

@@ -298,11 +298,16 @@ def _world(args, policy_spec):
         from .envs import spec
         from .pool.env_pool import check_renders_rgb_array
 
+        flag = "--video" if getattr(args, "video", None) else "--image-shape" if args.image_shape else "--pixels"
         try:
             check_renders_rgb_array(spec(args.env))
         except ValueError as err:
-            flag = "--video" if getattr(args, "video", None) else "--image-shape" if args.image_shape else "--pixels"
             raise CLIError(f"{flag}: {err}") from None
+        if kwargs.get("render_mode", "rgb_array") != "rgb_array":
+            raise CLIError(
+                f"{flag} renders frames with render_mode='rgb_array', but --env-kwargs sets "
+                f"render_mode={kwargs['render_mode']!r}: drop it from --env-kwargs"
+            )
     world = World(args.env, num_envs=args.num_envs, max_episode_steps=args.max_steps, seed=args.seed, **kwargs)
     try:
         world.set_policy(_policy(policy_spec, world))
