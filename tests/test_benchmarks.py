@@ -244,6 +244,51 @@ def test_the_plot_draws_the_package_rows_blue_and_the_references_grey():
     assert not any(label.startswith(_OURS) for label in references)
 
 
+def test_the_plot_shows_each_rows_ratio_label_and_colour(tmp_path):
+    """save_plot: one axis per (section, N), a bar per measured row, in table order, ending at its ratio on the
+    log axis, labelled with the ratio to 2 d.p. as the table gives it; the package's rows blue, references and
+    peers grey; rows without a ratio left out (review R2: only the file's existence was tested)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgba
+
+    from torchrl_swm.benchmarks.__main__ import save_plot
+    from torchrl_swm.benchmarks.harness import Row
+
+    rows = [Row("cartpole", "plain", "plain loop over gym.make envs [reference]", 16, 1.0, 0.0, 1.0, 1.0),
+            Row("cartpole", "pool", "EnvPool, step_and_maybe_reset loop", 16, 1.0, 0.0, 1.0, 0.613),
+            Row("cartpole", "sync", "gymnasium SyncVectorEnv", 16, 1.0, 0.0, 1.0, 0.85),
+            Row("cartpole", "ceil", "ceiling: not measurable", 16, 1.0, 0.0, 1.0, None),
+            Row("export/pool", "ref", "EnvPool CartPole, step_and_maybe_reset (reference)", 256, 1.0, 0.0, 1.0, 1.0),
+            Row("export/pool", "exp", "to_gymnasium(EnvPool), next_step", 256, 1.0, 0.0, 1.0, 0.0412)]
+    save_plot(rows, tmp_path / "p.png")
+    fig = plt.gcf()
+    try:
+        assert (tmp_path / "p.png").stat().st_size > 1000
+        axes = fig.axes
+        assert [ax.get_title() for ax in axes] == [
+            "cartpole, N/B = 16: ratio to the reference row (log scale)",
+            "export/pool, N/B = 256: ratio to the reference row (log scale)"]
+        blue, grey = to_rgba("tab:blue"), to_rgba("tab:gray")
+        expected = [[(rows[0], grey), (rows[1], blue), (rows[2], grey)], [(rows[4], grey), (rows[5], blue)]]
+        for ax, want in zip(axes, expected):
+            bars = sorted(ax.patches, key=lambda p: p.get_y())
+            ticks = dict(zip(ax.get_yticks(), (t.get_text() for t in ax.get_yticklabels())))
+            texts = sorted(ax.texts, key=lambda t: t.get_position()[1])
+            assert len(bars) == len(want) == len(texts)
+            for y, (bar, text, (row, colour)) in enumerate(zip(bars, texts, want)):
+                assert bar.get_x() + bar.get_width() == pytest.approx(row.ratio)  # the bar ends at the ratio
+                assert bar.get_facecolor() == colour, row.label
+                assert ticks[y] == row.label and text.get_text() == f" {row.ratio:.2f}"
+                assert text.get_position() == (pytest.approx(row.ratio), y)
+            assert ax.get_xscale() == "log" and ax.get_xlim()[0] <= min(r.ratio for r, _ in want)
+            assert ax.yaxis_inverted()  # the table's first row on top
+    finally:
+        plt.close(fig)
+
+
 @pytest.mark.parametrize("drift", [0.01, -0.01])
 def test_measure_together_keeps_ratios_of_identical_subjects_at_one_on_a_host_whose_speed_drifts(monkeypatch, drift):
     """Identical subjects on a host that slows down (or speeds up) by 1 %/s: every row must come out

@@ -241,11 +241,14 @@ def test_frames_that_are_not_uint8_rgb_are_refused_in_both_layouts(tmp_path, lay
     recorder = VideoRecorder(tmp_path / layout, layout=layout)
     recorder.bind(2, 10)
     frames = np.full((2, 8, 8, 3), 0.5, np.float32)  # float in [0, 1]: cast to uint8 it would be black
-    with pytest.raises(TypeError, match=r"expected frames of uint8 RGB .*got ndarray\(dtype=float32"):
-        if layout == "grid":
-            recorder.grid_frame(frames, np.ones(2, bool))
-        else:
-            recorder.start_episode(0, 0, frames[0])
+    rgba = np.zeros((2, 8, 8, 4), np.uint8)  # an alpha channel: the episode video dropped it, a grid failed later
+    for bad, said in ((frames, r"ndarray\(dtype=float32"), (rgba, r"ndarray\(dtype=uint8, shape=\(\d, 8, 8, 4\)|"
+                                                                     r"ndarray\(dtype=uint8, shape=\(8, 8, 4\)")):
+        with pytest.raises(TypeError, match=r"expected frames of uint8 RGB .*got " + said):
+            if layout == "grid":
+                recorder.grid_frame(bad, np.ones(2, bool))
+            else:
+                recorder.start_episode(0, 0, bad[0])
     recorder.close()
 
 
