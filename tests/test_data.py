@@ -913,6 +913,36 @@ def test_a_second_ctrl_c_while_an_interrupted_collect_is_compacted_propagates(tm
     assert sorted(ds.episode_ids.tolist()) == [0, 1] and ds.num_steps == 10
 
 
+def test_a_ctrl_c_while_a_commit_writes_the_storages_files_is_raised_after_them(tmp_path, monkeypatch):
+    """A Ctrl-C inside a periodic commit's rb.dumps left a truncated json file of TorchRL's: close()'s commit read
+    it back, and a JSONDecodeError replaced the KeyboardInterrupt (review R2 d1, one run in 45). The commit now
+    holds it until the files are written."""
+    import json
+    import signal
+
+    import torchrl.data.replay_buffers.checkpointers as checkpointers
+
+    writer = DatasetWriter(tmp_path / "d", capacity=100, commit_every=0)
+    episode = lambda i: TensorDict({"episode": torch.full((3,), i), "observation": torch.randn(3, 2)}, [3])  # noqa: E731
+    writer.add(episode(0))
+    dump, calls = json.dump, []
+
+    def interrupted_dump(obj, file, **kwargs):
+        if not calls:
+            os.kill(os.getpid(), signal.SIGINT)  # the file is open for writing, and still empty
+        calls.append(1)
+        return dump(obj, file, **kwargs)
+
+    monkeypatch.setattr(checkpointers.json, "dump", interrupted_dump)
+    with pytest.raises(KeyboardInterrupt):
+        writer.add(episode(1))  # commits at once (commit_every=0)
+    monkeypatch.undo()
+    assert len(calls) > 1  # the interrupt came after every file was written
+    writer.close(complete=False, interrupted="Ctrl-C")
+    ds = load_dataset(tmp_path / "d")
+    assert ds.episode_ids.tolist() == [0, 1] and ds.metadata["complete"] is False
+
+
 # -- review fixes: argument errors before anything is written, excluded keys --------------------------------------
 
 

@@ -415,7 +415,8 @@ class DatasetWriter:
         """Make everything added so far durable and visible to readers."""
         if (len(self.episode_ids), self.num_steps) == self._committed or not self.episode_ids:
             return
-        self.rb.dumps(self.path)  # storage_metadata.json (len), writer, sampler
+        with interrupts_held():  # TorchRL truncates its json files, then writes them: a Ctrl-C between left one empty
+            self.rb.dumps(self.path)  # storage_metadata.json (len), writer, sampler
         self._committed = (len(self.episode_ids), self.num_steps)
         self._write_metadata(complete=False)
         self._last_commit = time.monotonic()
