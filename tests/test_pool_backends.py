@@ -105,6 +105,8 @@ def test_fast_step_and_maybe_reset_equals_generic_path(factory, kwargs):
                 td.pop("_step", None)
             if t % 5 == 2:  # a root reward, as td = env.step(td)["next"] leaves: never carried to the next root
                 td["reward"] = torch.full((4, 1), float(t))
+            if t % 11 == 4:  # a stale "_reset" in a tensordict built by hand: never carried to the next root either
+                td["_reset"] = torch.rand(4, 1, generator=gen) > 0.5
         sa, ta = fast.step_and_maybe_reset(ta)
         sb, tb = slow.step_and_maybe_reset(tb)
         assert_same([sa, ta], [sb, tb])

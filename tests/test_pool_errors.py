@@ -1119,6 +1119,50 @@ def test_a_plain_step_of_envs_whose_episode_ended_is_refused_until_they_are_rese
     pool.close()
 
 
+def test_an_episode_that_ends_while_another_env_is_refused_is_refused_too_and_each_keeps_its_reason():
+    # env 1's reset raises: it is refused until a reset works; meanwhile envs 0 and 2 step with env 1 frozen, and
+    # env 0's episode (length 2) ends: a plain step of it is refused as well, and env 1 keeps its own reason
+    # (review R1 E08: only rows no other reason refused were marked, one branch no test took)
+    fns = [functools.partial(counting, length=2), functools.partial(FailingEnv, in_reset=True),
+           functools.partial(counting, length=10)]
+    pool = EnvPool(fns, seed=0)
+    with pytest.raises(EnvError, match=r"env 1 \(reset\)"):
+        pool.reset()
+    td = pool.reset(TensorDict({"_reset": torch.tensor([[True], [False], [True]])}, [3]))
+    frozen = torch.tensor([[True], [False], [True]])
+    for _ in range(2):
+        td = pool.step_mdp(pool.step(td.set("action", torch.ones(3, dtype=torch.int64)).set("_step", frozen)))
+    assert td["done"].view(-1).tolist() == [True, False, False]
+    with pytest.raises(StepRefusedError, match=r"envs \[0\] since their episode ended"):
+        pool.step(td.set("_step", frozen))
+    with pytest.raises(StepRefusedError) as refused:
+        pool.step(td.exclude("_step"))
+    assert re.search(r"envs \[1\] since a reset of theirs raised", str(refused.value))
+    assert re.search(r"envs \[0\] since their episode ended", str(refused.value))
+    out = pool.step(td.set("_step", torch.tensor([[False], [False], [True]])))["next"]  # env 2 goes on
+    assert out["observation"][:, 0].tolist() == [2, 0, 3]
+    pool.close()
+
+    # a finished env whose reset then raised stays refused for the reset, not for its (still done) episode
+    class EndsThenResetFails(CountingEnv):
+        def reset(self, *, seed=None, options=None):
+            if self.resets_called >= 2:  # the probe's and the first reset work
+                raise ValueError("reset exploded")
+            return super().reset(seed=seed, options=options)
+
+    pool = EnvPool([functools.partial(EndsThenResetFails, length=2), functools.partial(counting, length=10)], seed=0)
+    td = pool.reset()
+    for _ in range(2):
+        td = pool.step_mdp(pool.step(td.set("action", torch.ones(2, dtype=torch.int64))))
+    with pytest.raises(EnvError, match=r"env 0 \(reset\)"):
+        pool.reset(td.set("_reset", torch.tensor([[True], [False]])))
+    td = pool.reset(td.set("_reset", torch.tensor([[False], [True]]))).exclude("_reset")  # (its step was lost)
+    pool.step(td.set("_step", torch.tensor([[False], [True]])))  # env 0, frozen, still reads done
+    with pytest.raises(StepRefusedError, match=r"envs \[0\] since a reset of theirs raised"):
+        pool.step(td.exclude("_step"))
+    pool.close()
+
+
 @pytest.mark.parametrize("backend", ["serial", "process"])
 def test_drivers_that_reset_finished_envs_are_not_refused(backend):
     # step_and_maybe_reset (rollout's and collectors' path), rollout(break_when_all_done=True) (it freezes finished
