@@ -9,6 +9,7 @@ Public API (imported lazily, so ``import torchrl_swm`` stays cheap):
   :func:`unregister_backend`): one factory for both.
 * :func:`to_gymnasium`, :func:`to_sb3_vec_env`, :func:`register_gymnasium_env`: export.
 * :class:`World`, :func:`load_dataset`, :class:`History`: evaluation and datasets.
+* :class:`FrameSkip`: TorchRL's frame skip, stopping each row at the end of its episode.
 * :func:`raise_on_worker_failure`: iterate a multi-process collector so a failed worker always raises.
 """
 
@@ -34,6 +35,7 @@ _LAZY = {
     "World": "torchrl_swm.world",
     "load_dataset": "torchrl_swm.data",
     "History": "torchrl_swm.transforms",
+    "FrameSkip": "torchrl_swm.transforms",
     "raise_on_worker_failure": "torchrl_swm.collectors",
 }
 

@@ -1,4 +1,4 @@
-"""TorchRL transforms for world-model evaluation: :class:`History`.
+"""TorchRL transforms for batched envs with per-row masks: :class:`History` and :class:`FrameSkip`.
 
 :class:`History` keeps the last ``length`` steps of chosen keys, stacked along a
 new time dim right after the batch dims: a key of shape ``(N, *shape)`` gets a
@@ -15,6 +15,9 @@ Semantics, for a batched env with per-env masks:
   rows that were stepped; rows frozen by a ``"_step"`` mask keep their history
   unchanged (a frozen env adds no duplicate frames).
 
+:class:`FrameSkip` repeats each action ``frame_skip`` times, as TorchRL's
+``FrameSkipTransform`` does, but stops each row at the end of its episode.
+
 The history lives in the tensordict (root at step ``t``, ``"next"`` at ``t +
 1``), not inside the transform, so it works with ``rollout``, collectors,
 ``step_and_maybe_reset`` and :class:`~torchrl_swm.World` alike, and a
@@ -29,9 +32,9 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey, unravel_key
 from torchrl.data import Binary, Bounded, Composite, MultiOneHot, OneHot, Unbounded
-from torchrl.envs.transforms import Transform
+from torchrl.envs.transforms import FrameSkipTransform, Transform
 
-__all__ = ["History"]
+__all__ = ["History", "FrameSkip"]
 
 
 def _admitting_zeros(spec):
@@ -206,3 +209,61 @@ class History(Transform):
 
     def __repr__(self) -> str:
         return f"History(keys={self.in_keys}, length={self.length}, out_keys={self.out_keys}, padding={self.padding!r})"
+
+
+class FrameSkip(FrameSkipTransform):
+    """TorchRL's ``FrameSkipTransform``, stopping each row at the end of its episode.
+
+    Each step repeats the action ``frame_skip`` times and reports the last
+    observation and flags with the rewards summed. TorchRL's transform repeats
+    it whatever happens, so a row whose episode ends on an earlier repeat
+    would be stepped past its end: gymnasium leaves that undefined, and
+    :class:`~torchrl_swm.EnvPool` refuses it (``StepRefusedError``). Here such
+    rows are frozen with a ``"_step"`` mask for the repeats left: they keep
+    their terminal observation, flags and infos and add reward 0, so a row's
+    reward sums the steps of its own episode only, as gymnasium's frame-skip
+    wrappers (``MaxAndSkipObservation``, ``AtariPreprocessing``) give it. A
+    ``"_step"`` mask of the caller's is kept: its frozen rows stay frozen.
+
+    The parent must be able to freeze rows: an ``EnvPool`` of single envs, a
+    :class:`~torchrl_swm.WorldModelEnv`, TorchRL's batched envs. A pool over a
+    gymnasium ``VectorEnv`` steps every row; frame-skip inside each env there
+    (``gymnasium.wrappers.MaxAndSkipObservation``).
+
+    Args:
+        frame_skip: how many times each action is applied (``>= 1``).
+
+    Example:
+        >>> from torchrl.envs import TransformedEnv
+        >>> from torchrl_swm import EnvPool
+        >>> from torchrl_swm.transforms import FrameSkip
+        >>> env = TransformedEnv(EnvPool("CartPole-v1", num_envs=4, seed=0), FrameSkip(4))
+        >>> rollout = env.rollout(50, break_when_any_done=False)   # episodes end mid-skip: no refusal
+        >>> float(rollout["next", "reward"].max()) <= 4.0            # at most 4 CartPole steps per step
+        True
+        >>> env.close()
+    """
+
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        parent = self.parent
+        if parent is None:
+            raise RuntimeError("FrameSkip needs a parent env: append it to a TransformedEnv")
+        reward_key = parent.reward_key
+        reward = next_tensordict.get(reward_key)
+        caller_mask = tensordict.get("_step", None)
+        try:
+            for _ in range(self.frame_skip - 1):
+                live = ~next_tensordict.get("done")  # (N, 1), as "_step"
+                if caller_mask is not None:
+                    live &= caller_mask.reshape(live.shape)
+                if not live.any():
+                    break
+                tensordict.set("_step", live)
+                next_tensordict = parent._step(tensordict)
+                reward = reward + next_tensordict.get(reward_key)
+        finally:  # the caller's tensordict as it came (TorchRL carries "_step" into the next root)
+            if caller_mask is None:
+                tensordict.pop("_step", None)
+            else:
+                tensordict.set("_step", caller_mask)
+        return next_tensordict.set(reward_key, reward)

@@ -201,7 +201,7 @@ class EvalResult(Mapping):
       ``max_steps`` (the effective per-episode step limit: World's, or the env's
       when smaller), ``env_time_limit`` (the env's ``TimeLimit`` or ``StepCounter``
       limit, or ``None`` when unknown), ``env_steps`` (the env steps World took, one per row
-      stepped: TorchRL steps of the env it was given, so a ``FrameSkipTransform(k)`` makes
+      stepped: TorchRL steps of the env it was given, so a :class:`~torchrl_swm.transforms.FrameSkip` ``(k)`` makes
       about ``k`` gymnasium steps of each, and a world model none; on an env that cannot
       freeze rows, this includes the idle rows' steps),
       ``wall_time`` (s), ``success_source``.

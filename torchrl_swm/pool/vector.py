@@ -579,7 +579,8 @@ class VectorBackend(InProcessBackend):
                 None, "step",
                 "a VectorEnv steps all its sub-envs at once, so a '_step' mask cannot freeze rows "
                 f"(frozen: {np.setdiff1d(np.arange(self.num_envs), rows).tolist()}). Use EnvPool over single-env "
-                "factories for partial steps (rollout(break_when_all_done=True), World's wait mode).",
+                "factories for partial steps (rollout(break_when_all_done=True), World's wait mode, FrameSkip; "
+                "or skip frames inside each env: gymnasium.wrappers.MaxAndSkipObservation).",
             )
         # rows that finished and were not reset never get here: EnvPool refuses them (StepRefusedError)
         self._check_workers("step")

@@ -1,0 +1,141 @@
+"""FrameSkip: TorchRL's frame skip, stopping each row at the end of its episode (review R1 B1).
+
+TorchRL's FrameSkipTransform repeats the action whatever happens, so a row whose episode ends mid-skip is stepped
+past its end, which EnvPool refuses. FrameSkip freezes such rows for the repeats left; the reference is a hand loop
+over the same gymnasium envs that breaks the repeats at the episode's end, as gymnasium's frame-skip wrappers do.
+"""
+
+import functools
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from envs import CountingEnv, counting
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torchrl.collectors import Collector
+from torchrl.envs import FrameSkipTransform, StepCounter, TransformedEnv
+
+from torchrl_swm import EnvPool, StepRefusedError, World, WorldModelEnv
+from torchrl_swm.transforms import FrameSkip
+
+torch.set_num_threads(1)
+
+ACTION = 2  # CountingEnv's reward is its action
+
+
+def reference(lengths, skip, steps):
+    """Per env: (next observation, summed reward, done) of each skipped step, reset after done."""
+    rows = []
+    for length in lengths:
+        env = CountingEnv(length=length)
+        env.reset(seed=0)  # the pool's construction probe: its episode index 0
+        env.reset(seed=0)
+        out = []
+        for _ in range(steps):
+            total = 0.0
+            for _ in range(skip):
+                obs, reward, terminated, truncated, _ = env.step(ACTION)
+                total += reward
+                if terminated or truncated:
+                    break
+            out.append((obs.tolist(), total, terminated or truncated))
+            if terminated or truncated:
+                env.reset()
+        rows.append(out)
+    return rows
+
+
+def pool_of(lengths, **kwargs):
+    return EnvPool([functools.partial(counting, length=n) for n in lengths], seed=0, **kwargs)
+
+
+def constant_action(td):
+    return td.set("action", torch.full(td.batch_size, ACTION, dtype=torch.int64))
+
+
+def assert_matches_reference(rollout, lengths, skip):
+    want = reference(lengths, skip, rollout.shape[1])
+    for i, rows in enumerate(want):
+        assert rollout["next", "observation"][i].tolist() == [obs for obs, _, _ in rows], i
+        assert rollout["next", "reward"][i].view(-1).tolist() == [reward for _, reward, _ in rows], i
+        assert rollout["next", "done"][i].view(-1).tolist() == [done for _, _, done in rows], i
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+@pytest.mark.parametrize("skip", [1, 3, 4])
+def test_a_skipped_rollout_equals_a_hand_loop_that_stops_each_env_at_its_episodes_end(backend, skip):
+    lengths = [2, 5, 7]  # 2 and 5 end mid-skip for 3 and 4
+    kwargs = {"backend": "process", "num_workers": 2} if backend == "process" else {}
+    env = TransformedEnv(pool_of(lengths, **kwargs), FrameSkip(skip))
+    rollout = env.rollout(12, constant_action, break_when_any_done=False)
+    assert_matches_reference(rollout, lengths, skip)
+    env.close()
+
+
+def test_torchrls_frame_skip_steps_a_finished_env_which_the_pool_refuses():
+    # why FrameSkip exists: TorchRL's transform steps env 0 (length 2) a third time, past its episode's end
+    import torchrl_swm
+
+    assert torchrl_swm.FrameSkip is FrameSkip and issubclass(FrameSkip, FrameSkipTransform)
+    env = TransformedEnv(pool_of([2, 5]), FrameSkipTransform(3))
+    with pytest.raises(StepRefusedError, match=r"envs \[0\] since their episode ended"):
+        env.rollout(3, constant_action, break_when_any_done=False)
+    env.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(lengths=st.lists(st.integers(1, 7), min_size=1, max_size=4), skip=st.integers(1, 4), steps=st.integers(1, 10),
+       frozen=st.lists(st.booleans(), min_size=4, max_size=4))
+def test_skipping_keeps_a_callers_frozen_rows_frozen_and_equals_the_hand_loop(lengths, skip, steps, frozen):
+    n = len(lengths)
+    env = TransformedEnv(pool_of(lengths), FrameSkip(skip))
+    rollout = env.rollout(steps, constant_action, break_when_any_done=False)
+    assert_matches_reference(rollout, lengths, skip)
+    # a "_step" mask of the caller's: its frozen rows are not stepped by any repeat, and the mask comes back as given
+    td = env.reset()
+    mask = torch.tensor(frozen[:n]).view(n, 1)
+    mask[0] = True  # (an all-False mask is TorchRL's placeholder step)
+    td = constant_action(td).set("_step", mask.clone())
+    out = env.step(td)["next"]
+    assert torch.equal(td["_step"], mask)
+    expect = [min(skip, length) if stepped else 0 for length, stepped in zip(lengths, mask.view(-1).tolist())]
+    assert out["observation"][:, 0].tolist() == expect  # t: the repeats each row took
+    assert out["reward"].view(-1).tolist() == [ACTION * t for t in expect]
+    env.close()
+
+
+def test_collectors_world_and_world_models_run_with_frame_skip():
+    lengths = [2, 5, 7]
+    env = TransformedEnv(pool_of(lengths), FrameSkip(3))
+    collector = Collector(env, constant_action, frames_per_batch=30, total_frames=60)
+    batches = list(collector)
+    collector.shutdown()
+    assert [b.numel() for b in batches] == [30, 30]
+    assert_matches_reference(torch.cat(batches, dim=1), lengths, 3)
+    # World in both reset modes: an episode of length L takes ceil(L / 3) steps and returns ACTION * L
+    for mode in ("auto", "wait"):
+        world = World(TransformedEnv(pool_of(lengths), FrameSkip(3)), policy=constant_action)
+        result = world.evaluate(episodes=3, reset_mode=mode, progress=False)
+        assert sorted(result["episode_lengths"].tolist()) == [1, 2, 3]
+        assert sorted(result["episode_returns"].tolist()) == [4, 10, 14]
+        world.close()
+    # a world model freezes rows too (StepCounter counts the skipped steps, as TorchRL's transforms see them)
+    model = WorldModelEnv(object(), gym.spaces.Box(-np.inf, np.inf, (1,), np.float32), gym.spaces.Discrete(3),
+                          num_envs=2, initial_state=torch.zeros(1),
+                          transition_fn=lambda s, a: (s + 1, torch.ones(2), s.view(-1) + 1 >= torch.tensor([2.0, 9.0]),
+                                                      False, {}))
+    env = TransformedEnv(model, FrameSkip(3))
+    env.append_transform(StepCounter())
+    out = env.step(constant_action(env.reset()))["next"]
+    assert out["observation"].view(-1).tolist() == [2.0, 3.0] and out["reward"].view(-1).tolist() == [2.0, 3.0]
+    assert out["done"].view(-1).tolist() == [True, False]
+
+
+def test_a_vector_env_pool_cannot_freeze_rows_and_says_to_skip_inside_each_env():
+    venv = gym.vector.SyncVectorEnv([functools.partial(counting, length=n) for n in (2, 5)])
+    env = TransformedEnv(EnvPool(venv, seed=0), FrameSkip(3))
+    with pytest.raises(StepRefusedError, match=r"cannot freeze rows.*FrameSkip.*MaxAndSkipObservation"):
+        env.rollout(3, constant_action, break_when_any_done=False)
+    env.close()
