@@ -480,6 +480,7 @@ def test_writer_rejects_overflow_and_late_adds(tmp_path):
     ({"commit_every": "2"}, TypeError, r"commit_every \(seconds\) must be a number, got str"),
     ({"metadata": {"format": "mine", "note": 1}}, ValueError, r"metadata keys \['format'\] are the dataset's own"),
     ({"metadata": {"num_steps": 3, "versions": {}}}, ValueError, r"keys \['num_steps', 'versions'\]"),
+    ({"metadata": [1]}, TypeError, r"metadata: expected a mapping of JSON values, got list"),
 ])
 def test_writer_refuses_bad_arguments_before_it_creates_anything(tmp_path, kwargs, error, said):
     # review R4: a float capacity was truncated, a NaN commit_every never committed, and metadata={"format": ...}

@@ -1926,3 +1926,24 @@ def test_pixels_from_an_id_whose_env_cannot_render_rgb_array_are_refused_before_
             EnvPool("HumanRenderOnly-v0", num_envs=2, disable_env_checker=True, **pixels)
     finally:
         gym.registry.pop("HumanRenderOnly-v0")
+
+
+def test_a_meta_device_is_refused_before_any_env_is_built_and_by_to():
+    # meta tensors hold no data: it failed deep inside torch ("Tensor.item() cannot be called on meta tensors")
+    # after every env was built (review R4 B5)
+    built = []
+
+    def factory():
+        built.append(1)
+        return CountingEnv(length=5)
+
+    with pytest.raises(ValueError, match=r"EnvPool: device='meta' holds no data.*expected 'cpu', a CUDA device"):
+        EnvPool([factory] * 2, device="meta")
+    assert built == []
+    pool = EnvPool([factory] * 2, seed=0)
+    with pytest.raises(ValueError, match=r"EnvPool.to: device='meta' holds no data"):
+        pool.to(torch.device("meta"))
+    assert pool.device is None  # as it was: it still steps
+    td = pool.reset().set("action", torch.ones(2, dtype=torch.int64))
+    assert pool.step(td)["next", "observation"][:, 0].tolist() == [1.0, 1.0]
+    pool.close()

@@ -241,6 +241,8 @@ class DatasetWriter:
         commit_every = check_number(commit_every, "DatasetWriter: commit_every (seconds)")
         if not commit_every >= 0:  # NaN would never commit before close()
             raise ValueError(f"DatasetWriter: commit_every (seconds) must be >= 0, got {commit_every}")
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise TypeError(f"DatasetWriter: metadata: expected a mapping of JSON values, got {describe(metadata)}")
         metadata = dict(metadata or {})
         if clash := sorted(set(metadata) & _OWN_METADATA, key=str):
             raise ValueError(

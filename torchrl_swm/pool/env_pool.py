@@ -157,6 +157,15 @@ def _factories(env_fns, num_envs, pixels, make_kwargs) -> list[Callable[[], gym.
     return env_fns
 
 
+def _data_device(device, where: str) -> torch.device:
+    """``device`` as a ``torch.device`` that holds data: "meta" tensors have none to step or return."""
+    device = torch.device(device)
+    if device.type == "meta":
+        raise ValueError(f"{where}: device='meta' holds no data, so a pool cannot return observations there; "
+                         "expected 'cpu', a CUDA device or None")
+    return device
+
+
 def _nested_composite(leaves: Mapping[Key, object], shape, device) -> Composite:
     root = Composite(shape=shape, device=device)
     for key, spec in leaves.items():
@@ -300,7 +309,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
                 f"EnvPool: masked_reset= adapts a gymnasium VectorEnv's partial reset; got {type(env_fns).__name__} "
                 "env_fns, whose envs the pool resets one by one. Drop masked_reset, or pass the VectorEnv"
             )
-        device = None if device is None else torch.device(device)  # before any env is built: a bad one leaves none open
+        device = None if device is None else _data_device(device, "EnvPool")  # before any env is built
         if isinstance(env_fns, gym.vector.VectorEnv) and (backend not in (None, "serial") or num_workers is not None):
             raise ValueError(
                 f"EnvPool(VectorEnv): backend={backend!r} and num_workers={num_workers!r} do not apply: a vector env "
@@ -867,7 +876,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         The host staging buffer stays as it was allocated: a pool built with ``device="cuda"``
         stages in pinned memory (asynchronous copies); one moved there later copies synchronously.
         """
-        super().to(device)
+        super().to(_data_device(device, "EnvPool.to"))
         if self._host.device != self.device:
             self._host = HostBuffers(self._host.layout, self.device, flat=self._host.flat)
             self._done_views = self._cpu_done_views()
