@@ -561,9 +561,13 @@ def test_a_vector_pool_after_an_interrupted_step(kind):
     try:
         td = _step_interrupted(pool, 0.15)
         if kind == "async":
-            with pytest.raises(EnvError, match=r"the AsyncVectorEnv still waits for the answers of an interrupted "
-                                               r"call \(step\); it cannot step or reset again"):
+            waits = (r"the AsyncVectorEnv still waits for the answers of a call that failed or was interrupted "
+                     r"\(step\); it cannot step, reset or call again")
+            with pytest.raises(EnvError, match=waits):
                 pool.step(td)
+            for use in (pool.reset, lambda: pool.get_attr("t")):  # not gymnasium's AlreadyPendingCallError
+                with pytest.raises(EnvError, match=waits):
+                    use()
         else:
             with pytest.raises(EnvError, match=r"envs \[0, 1\] since a step of theirs raised"):
                 pool.step(td)
@@ -598,6 +602,21 @@ def test_a_worker_that_died_in_an_interrupted_step_stops_every_later_step_and_re
         with pytest.raises(EnvError, match=refused):
             pool.step(td.clone().set("_step", torch.tensor([True, True, False, False])))
         assert pool.get_attr("t", indices=[0, 1]) == [1, 1]  # the survivors stepped once, in the interrupted step
+
+
+def test_an_async_vector_env_worker_that_dies_mid_step_is_named_with_its_exit_code():
+    # it was "pool (step): EOFError", then gymnasium's AlreadyPendingCallError at the next reset (review R4 B4)
+    fns = [functools.partial(SlowEnv, 0.0), functools.partial(SlowExitingEnv, 0.0)]
+    pool = EnvPool(gym.vector.AsyncVectorEnv(fns), seed=0)
+    try:
+        td = pool.reset().set("action", torch.zeros(2, dtype=torch.int64))
+        with pytest.raises(EnvError, match=r"env 1 \(step\): its AsyncVectorEnv worker process ended with exit "
+                                           r"code 3 \(EOFError.*\); close this pool and build a new one"):
+            pool.step(td)
+        with pytest.raises(EnvError, match=r"still waits for the answers of a call that failed or was interrupted"):
+            pool.reset()
+    finally:
+        pool.close()
 
 
 class MyWrapper(gym.Wrapper):

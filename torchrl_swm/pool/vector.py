@@ -34,6 +34,7 @@ single envs to freeze rows.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 import gymnasium as gym
@@ -362,6 +363,17 @@ class VectorBackend(InProcessBackend):
         pipes = getattr(_innermost(self.venv), "parent_pipes", None)
         return [] if pipes is None else [i for i, pipe in enumerate(pipes) if pipe is None]
 
+    def _exited_workers(self) -> list[tuple[int, int]]:
+        """``(env, exit code)`` of the AsyncVectorEnv worker processes that have ended (given a moment to be
+        reaped: the pipe closes as the process exits)."""
+        processes = getattr(_innermost(self.venv), "processes", None) or []
+        for attempt in range(2):
+            exited = [(i, p.exitcode) for i, p in enumerate(processes) if p.exitcode is not None]
+            if exited or attempt:
+                return exited
+            time.sleep(0.2)
+        return []
+
     def _env_failure(self, err: Exception, phase: str, rows) -> EnvError:
         """The vector env raised: name the env when it can be known (the AsyncVectorEnv worker gymnasium shut
         down, the SyncVectorEnv sub-env the traceback enters, or the only row being reset); otherwise list the
@@ -370,6 +382,13 @@ class VectorBackend(InProcessBackend):
         text = error_text(err)
         if len(dead) == 1:
             return EnvError(dead[0], phase, f"{text} (its AsyncVectorEnv worker was shut down: build a new pool)")
+        if isinstance(err, (EOFError, ConnectionError)):  # a worker's pipe closed: which process ended?
+            exited = self._exited_workers()
+            if exited:
+                i, code = exited[0]
+                others = f" (and envs {[j for j, _ in exited[1:]]})" if len(exited) > 1 else ""
+                return EnvError(i, phase, f"its AsyncVectorEnv worker process ended with exit code {code}{others} "
+                                          f"({text}); close this pool and build a new one")
         raised = self._sub_env_that_raised(err)
         if raised is not None:
             return EnvError(raised, phase, text)
@@ -410,8 +429,8 @@ class VectorBackend(InProcessBackend):
         if isinstance(inner, gym.vector.AsyncVectorEnv) and inner._state is not AsyncState.DEFAULT:
             raise EnvError(
                 None, command,
-                f"the AsyncVectorEnv still waits for the answers of an interrupted call ({inner._state.value}); it "
-                "cannot step or reset again: close this pool and build a new one",
+                f"the AsyncVectorEnv still waits for the answers of a call that failed or was interrupted "
+                f"({inner._state.value}); it cannot step, reset or call again: close this pool and build a new one",
             )
 
     def _check_workers(self, phase: str) -> None:
@@ -480,7 +499,7 @@ class VectorBackend(InProcessBackend):
             reusable = self.stashed if not seeds else self.stashed & np.array([s is None for s in seeds], dtype=bool)
             if reusable.any() and (self._masked_reset is not None or reusable.all()):
                 rows = np.arange(self.num_envs)
-        self._check_workers("reset")
+        self.check_ready("reset")
         if rows is None:
             try:
                 obs, info = self.venv.reset(seed=self._seed_arg(seeds), options=option)
@@ -693,7 +712,7 @@ class VectorBackend(InProcessBackend):
         return isinstance(_innermost(self.venv), gym.vector.SyncVectorEnv)
 
     def call(self, rows, name, args, kwargs) -> list:
-        self._check_workers("call")
+        self.check_ready("call")
         call = self._per_env("call")
         if sorted(rows) != list(range(self.num_envs)):
             # a vector env's call runs the method on every env: reach only the rows asked for
@@ -719,12 +738,12 @@ class VectorBackend(InProcessBackend):
         return [False] * len(rows)  # natively batched: its rows are not separate, wrappable envs
 
     def get_attr(self, rows, name) -> list:
-        self._check_workers("get_attr")
+        self.check_ready("get_attr")
         values = self._attribute_errors(self._per_env("get_attr"), "get_attr", name)
         return [values[j] for j in rows]
 
     def set_attr(self, rows, name, values, outermost: bool = False) -> None:
-        self._check_workers("set_attr")
+        self.check_ready("set_attr")
         set_attr = self._per_env("set_attr")
         if outermost:
             inner = _innermost(self.venv)
