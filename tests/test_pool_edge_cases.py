@@ -619,6 +619,22 @@ def test_an_async_vector_env_worker_that_dies_mid_step_is_named_with_its_exit_co
         pool.close()
 
 
+@pytest.mark.parametrize("env, code", [("BadCloseEnv", 1), ("CrashingCloseEnv", 3)])
+def test_an_async_vector_env_whose_env_fails_to_close_raises_naming_it(env, code):
+    # gymnasium's worker closes its env after it acknowledged the close: an error there was lost, where the other
+    # backends raise "env i (close)" (review R4 B3)
+    import envs
+
+    venv = gym.vector.AsyncVectorEnv([envs.CountingEnv, getattr(envs, env)])
+    pool = EnvPool(venv, seed=0)
+    pool.reset()
+    with pytest.raises(EnvError, match=rf"env 1 \(close\): its AsyncVectorEnv worker exited with code {code} while "
+                                       r"closing its env"):
+        pool.close()
+    assert [p.is_alive() for p in venv.processes] == [False, False]
+    pool.close(raise_if_closed=False)  # closed: nothing more to do
+
+
 class MyWrapper(gym.Wrapper):
     pass
 

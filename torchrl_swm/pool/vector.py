@@ -780,6 +780,8 @@ class VectorBackend(InProcessBackend):
             # a call an error left pending (gymnasium raised inside step_wait, after reading its workers'
             # answers): its graceful close would wait for them forever; with a timeout it terminates them
             kwargs["timeout"] = _PENDING_CLOSE_TIMEOUT
+        processes = getattr(inner, "processes", None) or []
+        alive = [i for i, p in enumerate(processes) if p.exitcode is None]
         try:
             self.venv.close(**kwargs)
         except Exception as err:
@@ -790,6 +792,14 @@ class VectorBackend(InProcessBackend):
             except Exception as second:
                 add_note(err, f"close(terminate=True) failed too: {error_text(second)}")
             raise EnvError(None, "close", error_text(err)) from err
+        # an AsyncVectorEnv worker closes its env after it acknowledged the close: an error there only shows in
+        # its exit code (and its traceback on stderr), which gymnasium does not read
+        failed = [(i, processes[i].exitcode) for i in alive if processes[i].exitcode not in (0, None)]
+        if failed and kwargs.get("timeout") is None:
+            i, code = failed[0]
+            others = f"; so did the workers of envs {[j for j, _ in failed[1:]]}" if len(failed) > 1 else ""
+            raise EnvError(i, "close", f"its AsyncVectorEnv worker exited with code {code} while closing its env "
+                                       f"(its traceback is on the worker's stderr){others}")
 
     def _close_sync(self, inner: gym.vector.SyncVectorEnv) -> None:
         """Close a gymnasium ``SyncVectorEnv``'s sub-envs here, as the serial backend closes its own: every one,
