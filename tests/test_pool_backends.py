@@ -294,6 +294,41 @@ def test_discrete_action_indices_reach_the_env_plus_the_space_start(backend, n):
         assert pool.step(td)["next", "observation"].view(-1).tolist() == [3, 3, n + 2]  # row 0 frozen
 
 
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.uint8])
+@pytest.mark.parametrize("backend", ["vector", "process"])
+def test_narrow_integer_discrete_actions_through_a_batched_pool_give_the_int64_transitions(backend, dtype):
+    # a policy's int32 or uint8 Categorical actions (argmax of a quantised net, a small action table) on a pool
+    # that hands its envs one batched array (a VectorEnv, the process backend): what a user sees is the same
+    # transitions as int64 actions, never an IndexError/ValueError from the range check; the process backend's
+    # "_step" rows too (a VectorEnv refuses "_step" masks); review R4 A8
+    def transitions(action_dtype):
+        if backend == "vector":
+            pool = EnvPool(gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 3), seed=0)
+        else:
+            pool = EnvPool([lambda: gym.make("CartPole-v1")] * 3, seed=0, backend=backend, num_workers=2)
+        gen = torch.Generator().manual_seed(0)
+        out = []
+        with pool:
+            td = pool.reset()
+            for t in range(12):
+                td["action"] = torch.randint(0, 2, (3,), generator=gen).to(action_dtype)
+                if backend == "process" and t % 3 == 2:  # rows 0 and 2 step, row 1 is frozen
+                    td["_step"] = torch.tensor([[True], [False], [True]])
+                    stepped = pool.step(td)
+                    td = stepped["next"].clone()
+                    if td["done"].any():
+                        td = pool.reset(td.set("_reset", td["done"].clone()))
+                else:
+                    td.pop("_step", None)
+                    stepped, td = pool.step_and_maybe_reset(td)
+                out.append(stepped.exclude("action", "_step").clone())
+        return out
+
+    expected, got = transitions(torch.int64), transitions(dtype)
+    assert_same(got, expected)
+
+
 def test_process_backend_dict_observations_and_collector_consistency():
     pool = EnvPool([DictObsEnv] * 4, backend="process", num_workers=2, seed=0)
     rollout = pool.rollout(50, break_when_any_done=False)
