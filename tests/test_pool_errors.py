@@ -601,6 +601,21 @@ def test_a_bfloat16_box_action_reaches_the_env_exactly():
     pool.close()
 
 
+
+def test_a_box_action_that_requires_grad_reaches_the_env_with_its_values():
+    # a policy called outside torch.no_grad() gives actions that require grad: what a user sees is the step
+    # working with those values, never "Can't call numpy() on Tensor that requires grad"; review R4 A10
+    pool = EnvPool([functools.partial(IntBoxActionEnv, np.float32, -1, 1)] * 2, seed=0)
+    td = fresh(pool)
+    weight = torch.tensor([0.5, -0.25], requires_grad=True)
+    td["action"] = torch.stack([weight, weight * 2])  # a non-leaf with a grad_fn, as a policy's output
+    assert td["action"].requires_grad
+    assert pool.step(td)["next", "observation"].tolist() == [[0.5, -0.25], [1.0, -0.5]]
+    td["action"] = torch.tensor([[0.125, 0.75], [-1.0, 1.0]], requires_grad=True)  # a leaf that requires grad
+    assert pool.step(td)["next", "observation"].tolist() == [[0.125, 0.75], [-1.0, 1.0]]
+    pool.close()
+
+
 @pytest.mark.parametrize("in_reset", [False, True])
 def test_an_env_raising_a_base_exception_is_named_by_both_backends(in_reset):
     """SystemExit/KeyboardInterrupt from an env pass through the serial backend as they are (tagged with the env),
