@@ -13,6 +13,7 @@ from tensordict import TensorDict
 from torchrl.envs import StepCounter, TransformedEnv
 
 from torchrl_swm import EnvError, EnvPool, SpecError, StepRefusedError
+from torchrl_swm.errors import error_text
 
 
 def fresh(pool):
@@ -399,6 +400,37 @@ def test_env_error_pickles_and_rebuilds_from_its_message():
         other = EnvError(text)
         assert (other.env_index, other.phase, other.message, str(other)) == (None, None, text, text)
         assert str(pickle.loads(pickle.dumps(other))) == text
+
+
+
+def _env_error_classes():
+    import torchrl_swm.errors as errors
+
+    return sorted((c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, EnvError)),
+                  key=lambda c: c.__name__)
+
+
+@pytest.mark.parametrize("cls", _env_error_classes(), ids=lambda c: c.__name__)
+def test_every_env_error_class_survives_a_pickle_round_trip_whole(cls):
+    # an error raised in a Ray actor or a TorchRL collector worker reaches the user pickled: what they see is the
+    # same class (so "except StepRefusedError" / "except AttributeError" still catch it), message, env index,
+    # phase and the text of the exception that caused it; review R4 E8
+    import pickle
+
+    assert {"EnvError", "StepRefusedError", "EnvAttributeError"} <= {c.__name__ for c in _env_error_classes()}
+    try:
+        try:
+            raise ValueError("boom")
+        except ValueError as cause:
+            raise cls(2, "step", error_text(cause)) from cause
+    except EnvError as raised:
+        err = raised
+    for original in (err, cls(str(err))):  # also as TorchRL's workers rebuild it, from its text alone
+        again = pickle.loads(pickle.dumps(original))
+        assert type(again) is cls
+        assert (again.env_index, again.phase, again.message, str(again)) == (2, "step", "ValueError: boom",
+                                                                             "env 2 (step): ValueError: boom")
+        assert isinstance(again, AttributeError) == issubclass(cls, AttributeError)
 
 
 def test_step_returning_the_old_four_tuple_is_named():
