@@ -298,6 +298,23 @@ def test_pool_flags_refuse_truthy_non_bools(flag):
         assert pool.batch_size == (2,)
 
 
+def test_none_for_a_true_or_false_argument_is_refused_naming_it(tmp_path):
+    # None (an unset config field) reads as False: categorical_action_encoding=None silently gave one-hot
+    # actions, DatasetWriter(overwrite=None) kept the old dataset. What a user sees is a TypeError naming the
+    # argument; only arguments documented as taking None (seed_every_episode) accept it; review R4 E9
+    from torchrl_swm.data import DatasetWriter
+
+    for flag in ("categorical_action_encoding", "pixels"):
+        with pytest.raises(TypeError, match=rf"^EnvPool: {flag}: expected True or False, got NoneType None$"):
+            EnvPool("CartPole-v1", 2, **{flag: None})
+    with EnvPool("CartPole-v1", 2, seed_every_episode=None) as pool:  # None: the documented default choice
+        assert pool.batch_size == (2,)
+    for flag in ("overwrite", "lazy"):
+        with pytest.raises(TypeError, match=rf"^DatasetWriter: {flag}: expected True or False, got NoneType None$"):
+            DatasetWriter(tmp_path / "ds", 10, **{flag: None})
+    assert not (tmp_path / "ds").exists()
+
+
 def test_masked_reset_without_a_vector_env_is_refused():
     """It was dropped without a word (the docstring: "for a VectorEnv only")."""
     with pytest.raises(ValueError, match=r"masked_reset= adapts a gymnasium VectorEnv's partial reset; got str"):
