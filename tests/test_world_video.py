@@ -372,6 +372,23 @@ def test_video_recorder_checks_fps_and_quality_up_front(tmp_path):
         assert recorder.fps == used
 
 
+def test_video_recorder_refuses_true_and_false_as_fps_or_quality(tmp_path):
+    # True is an int to Python: fps=True (a YAML "yes" or a flag passed in the wrong slot) made a 1 fps video.
+    # What a user sees is a TypeError naming the argument; an env's metadata render_fps=True is no frame rate
+    # either, so the recorder keeps its 30 fps default; review R4 E10
+    for kwargs, message in (
+        ({"fps": True}, r"VideoRecorder: fps must be a number, got bool True"),
+        ({"fps": np.True_}, r"VideoRecorder: fps must be a number, got bool\(dtype=bool"),
+        ({"quality": True}, r"VideoRecorder: quality must be a number, got bool True"),
+        ({"quality": False}, r"VideoRecorder: quality must be a number, got bool False"),
+    ):
+        with pytest.raises(TypeError, match=message):
+            VideoRecorder(tmp_path / "v", **kwargs)
+    recorder = VideoRecorder(tmp_path / "v")
+    recorder.bind(2, True)
+    assert recorder.fps == 30
+
+
 def test_reusing_a_directory_warns_for_a_prefix_with_glob_characters(tmp_path):
     # the prefix is matched literally: "run[1]" as a glob pattern would look for "run1_*.mp4" and find nothing
     rec = VideoRecorder(tmp_path, prefix="run[1]")
