@@ -292,6 +292,48 @@ def test_reserved_dict_key_is_rejected():
         EnvPool([Clash])
 
 
+class _NestedReservedNames(gym.Env):
+    """A Dict observation whose nested entries are named like the pool's own keys: ("arm", "action"), ("arm",
+    "reward"); the observation counts the steps."""
+
+    observation_space = gym.spaces.Dict({
+        "arm": gym.spaces.Dict({"action": gym.spaces.Box(-1, 1, (2,), np.float32),
+                                "reward": gym.spaces.Box(0, 100, (1,), np.float32)}),
+    })
+    action_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return {"arm": {"action": np.zeros(2, np.float32), "reward": np.zeros(1, np.float32)}}, {}
+
+    def step(self, action):
+        self.t += 1
+        obs = {"arm": {"action": np.asarray(action, np.float32), "reward": np.array([self.t], np.float32)}}
+        return obs, 1.0, False, False, {}
+
+
+def test_a_nested_dict_entry_named_like_a_reserved_key_is_read_back_under_its_path():
+    # robot envs nest the last command under the arm ({"arm": {"action": ...}}): ("arm", "action") clashes with
+    # no key the pool writes, so what a user sees is the entry read back under its path, beside the pool's own
+    # "action" and "reward"; a top-level "action" entry is still refused; review R4 R11
+    pool = EnvPool([_NestedReservedNames] * 2, seed=0)
+    td = fresh(pool)
+    assert td["arm", "action"].tolist() == [[0, 0], [0, 0]]
+    td["action"] = torch.tensor([[0.5, -0.5], [0.25, 1.0]])
+    out = pool.step(td)
+    assert out["next", "arm", "action"].tolist() == [[0.5, -0.5], [0.25, 1.0]]
+    assert out["next", "arm", "reward"].tolist() == [[1.0], [1.0]] and out["next", "reward"].tolist() == [[1.0], [1.0]]
+    assert out["action"].tolist() == [[0.5, -0.5], [0.25, 1.0]]
+    pool.close()
+
+    class TopLevel(_NestedReservedNames):
+        observation_space = gym.spaces.Dict({"action": gym.spaces.Box(-1, 1, (2,), np.float32)})
+
+    with pytest.raises(SpecError, match=r"observation_space: Dict key 'action' clashes with a key the pool writes"):
+        EnvPool([TopLevel])
+
+
 def assert_first_step_raises(env_fns, match, **pool_kwargs):
     """Reset a pool of ``env_fns``, step it once with action 0 everywhere: an EnvError matching ``match``."""
     pool = EnvPool(env_fns, seed=0, **pool_kwargs)
