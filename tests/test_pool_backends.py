@@ -965,6 +965,38 @@ def test_a_same_step_vector_env_declared_otherwise_is_refused_at_its_first_final
     pool.close()
 
 
+class _OneRowCounter(SameStepCounter):
+    """A SameStepCounter whose reset or step returns one observation row for its ``num_envs`` envs, when told."""
+
+    short = None  # "reset" or "step": the call that returns one row
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        return (obs[:1] if self.short == "reset" else obs), info
+
+    def step(self, actions):
+        obs, *rest = super().step(actions)
+        return (obs[:1] if self.short == "step" else obs), *rest
+
+
+@pytest.mark.parametrize("phase", ["reset", "step"])
+def test_a_vector_env_returning_one_observation_row_for_all_its_envs_is_an_error_never_broadcast(phase):
+    # numpy would copy a (1, 1) batch into every row of the (3, 1) buffer: what a user sees is an EnvError naming
+    # the shape the pool expected and the one it got, never every env reporting env 0's observation; review R4 R14
+    venv = _OneRowCounter(3)
+    pool = EnvPool(venv, masked_reset=True, seed_every_episode=False)
+    td = pool.reset()
+    venv.short = phase
+    match = (rf"pool \({phase}\): vector observation \('observation',\): expected an array of shape \(3, 1\) and "
+             r"dtype float32, got ndarray\(dtype=float32, shape=\(1, 1\)\)")
+    with pytest.raises(EnvError, match=match):
+        pool.reset() if phase == "reset" else pool.step(td.set("action", torch.zeros(3, dtype=torch.int64)))
+    venv.short = None  # a good batch again: the pool goes on after a reset
+    td = pool.reset()
+    assert pool.step(td.set("action", torch.zeros(3, dtype=torch.int64)))["next", "observation"].tolist() == [[1]] * 3
+    pool.close()
+
+
 class _OwnMetadata(gym.vector.VectorWrapper):
     """A vector wrapper that sets metadata of its own, without its env's autoreset mode."""
 
