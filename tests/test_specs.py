@@ -284,8 +284,9 @@ def test_a_box_bounded_spec_never_equals_one_of_another_dtype_with_the_same_boun
     # on a clone, which leaves its bounds' dtype as they were); review R4 S9
     from torchrl_swm.specs import BoxBounded
 
-    box32 = gym.spaces.Box(np.array([-np.inf, 0.0]), np.array([1.0, np.inf]), dtype=np.float32)
-    box64 = gym.spaces.Box(np.array([-np.inf, 0.0]), np.array([1.0, np.inf]), dtype=np.float64)
+    low, high = np.array([-np.inf, 0.0]), np.array([1.0, np.inf])
+    box32 = gym.spaces.Box(low.astype(np.float32), high.astype(np.float32), dtype=np.float32)
+    box64 = gym.spaces.Box(low, high, dtype=np.float64)
     ours32, ours64 = space_to_spec(box32, action=True), space_to_spec(box64, action=True)
     assert type(ours32) is BoxBounded and type(ours64) is BoxBounded
     assert ours32 != ours64 and ours64 != ours32
