@@ -4296,3 +4296,36 @@ def test_a_batch_unlocked_transition_gets_one_mask_flag_per_model_row(batch):
     rows = int(np.prod(batch))  # the model gets (N, ...) rows whatever the batch
     assert tuple(seen["mask"].shape) == (rows,) and seen["mask"].all()
     assert tuple(out.shape) == (*batch, 2) and bool((out == 1).all())
+
+
+@pytest.mark.parametrize("form", ["(state, obs, reward)", "6-tuple", "mapping", "dict state"])
+def test_a_transition_may_return_its_separate_next_state_as_numpy_arrays(form):
+    # README: adapters may return torch tensors or numpy arrays; a step's separate state was the one exception
+    # ("next state: expected tensors, ... found ndarray"), though a reset's numpy state was taken (review R5 A1)
+    def transition(state, action):
+        if form == "dict state":
+            nxt = {"h": state["h"].numpy() + 1, "z": state["z"].numpy() * 2}
+            return nxt, nxt["h"][:, :2], np.ones(2, np.float32)
+        nxt = state.numpy() + 1
+        if form == "6-tuple":
+            return nxt, nxt[:, :2], np.ones(2, np.float32), np.zeros(2, bool), np.zeros(2, bool), {}
+        if form == "mapping":
+            return {"state": nxt, "obs": nxt[:, :2]}
+        return nxt, nxt[:, :2], np.ones(2, np.float32)
+
+    start = {"h": torch.zeros(3), "z": torch.ones(1)} if form == "dict state" else torch.zeros(3)
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=2, initial_state=start, initial_observation=torch.zeros(2),
+                        transition_fn=transition)
+    td = env.reset()
+    for _ in range(3):
+        td = env.step_mdp(env.step(td.set("action", torch.zeros(2, 2))))
+    state = env.state
+    if form == "dict state":
+        assert torch.equal(state["h"], torch.full((2, 3), 3.0)) and torch.equal(state["z"], torch.full((2, 1), 8.0))
+    else:
+        assert type(state) is torch.Tensor and torch.equal(state, torch.full((2, 3), 3.0))
+    assert torch.equal(td["observation"], torch.full((2, 2), 3.0))
+    # a frozen row keeps its state, as with tensors
+    td = env.step(td.set("action", torch.zeros(2, 2)).set("_step", torch.tensor([[True], [False]])))
+    rows = env.state["h"] if form == "dict state" else env.state
+    assert rows[:, 0].tolist() == [4.0, 3.0]

@@ -1353,6 +1353,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                     state = nest(obs)
         if state is not obs and state is not None:
             if type(state) is not torch.Tensor or state.shape[: shapes.nb] != bs:
+                state = _to_device(state, dev, numpy_only=True)  # numpy leaves, as every other output may be
                 try:
                     _tree.check_batch(state, tuple(bs), "next state")
                 except (ValueError, TypeError) as err:
@@ -2354,17 +2355,18 @@ def _bad_state_leaf(value, path: str, in_sequence: bool = False):
     return None
 
 
-def _to_device(value, device):
+def _to_device(value, device, numpy_only: bool = False):
+    """``value``'s numpy leaves as tensors on ``device``, and (unless ``numpy_only``) its tensors moved there."""
     if isinstance(value, np.ndarray):
         return torch.as_tensor(value, device=device)
     if isinstance(value, torch.Tensor):
-        return value.to(device) if value.device != device else value
+        return value.to(device) if value.device != device and not numpy_only else value
     if isinstance(value, TensorDictBase):
-        return value.to(device)
+        return value if numpy_only else value.to(device)
     if isinstance(value, Mapping):
-        return {k: _to_device(v, device) for k, v in value.items()}
+        return {k: _to_device(v, device, numpy_only) for k, v in value.items()}
     if isinstance(value, (tuple, list)):
-        items = [_to_device(v, device) for v in value]
+        items = [_to_device(v, device, numpy_only) for v in value]
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     return value
 
