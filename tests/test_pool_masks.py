@@ -450,3 +450,17 @@ def test_any_sequence_of_reset_masks_on_the_vector_backend_matches_plain_envs(da
         drive_against_reference(pool, _Reference(seed, truncate, pool.seed_every_episode), plan)
     finally:
         pool.close()
+
+
+def test_a_step_mask_carried_into_the_next_root_is_false_on_the_rows_that_reset():
+    # README: step_and_maybe_reset (and rollout) carry "_step" into the next root, False on rows that reset, as
+    # TorchRL's step_mdp + maybe_reset give it (review R5: no test named "_step" for this)
+    pool = EnvPool([functools.partial(counting, length=n) for n in (2, 5)], seed=0)
+    td = pool.reset()
+    for t in range(2):
+        td = td.set("action", torch.ones(2, dtype=torch.int64)).set("_step", torch.ones(2, 1, dtype=torch.bool))
+        out, td = pool.step_and_maybe_reset(td)
+    assert out["next", "done"].view(-1).tolist() == [True, False]
+    assert td["_step"].view(-1).tolist() == [False, True]  # env 0 was reset
+    assert td["observation"][:, 0].tolist() == [0.0, 2.0]
+    pool.close()
