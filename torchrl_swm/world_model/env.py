@@ -1451,7 +1451,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         before = (rt.state, rt.obs, rt.term, rt.trunc, rt.info)
         try:
             out = self._advance(td, shapes, partial)
-            if not self._same_layout(rt.state, before[0]):
+            if rt.state is not None and not self._same_layout(rt.state, before[0]):
                 got, ref = _row_shapes(rt.state), _row_shapes(before[0])
                 rt.state, rt.obs, rt.term, rt.trunc, rt.info = before  # nothing moved
                 raise ReturnFormError(
