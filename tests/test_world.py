@@ -212,6 +212,8 @@ def test_random_cartpole_has_no_success_rate_not_100_percent():
 class TerminatesOnFailure(gym.Env):
     """Terminates at step 3 with is_success False (a failure), or succeeds at step 2 when seeded odd."""
 
+    key = "is_success"
+
     def __init__(self):
         self.observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
         self.action_space = gym.spaces.Discrete(2)
@@ -219,23 +221,29 @@ class TerminatesOnFailure(gym.Env):
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         self.t, self.good = 0, bool(seed is not None and seed % 2)
-        return np.zeros(1, np.float32), {"is_success": False}
+        return np.zeros(1, np.float32), {self.key: False}
 
     def step(self, action):
         self.t += 1
         success = self.good and self.t >= 2
-        return np.zeros(1, np.float32), 1.0, self.t >= 3, False, {"is_success": success}
+        return np.zeros(1, np.float32), 1.0, self.t >= 3, False, {self.key: success}
 
 
-def test_success_comes_from_info_not_terminated():
-    pool = EnvPool([TerminatesOnFailure] * 2, seed=0)
+class TerminatesOnFailureSaysSuccess(TerminatesOnFailure):
+    key = "success"
+
+
+@pytest.mark.parametrize("env", [TerminatesOnFailure, TerminatesOnFailureSaysSuccess])
+def test_success_comes_from_info_not_terminated(env):
+    # info["is_success"] (gymnasium-robotics') or info["success"] (review R6: the second was never tested)
+    pool = EnvPool([env] * 2, seed=0)
     result = World(pool).evaluate(6, seed=0, progress=False)
     assert result["episode_terminated"].all()
     assert result["episode_successes"].tolist() == [False, True] * 3
     assert result["success_rate"] == pytest.approx(0.5)
     assert np.isnan(result["steps_to_success"][0::2]).all()
     assert result["steps_to_success"][1::2].tolist() == [2.0] * 3
-    assert result["success_source"] == "info/is_success"
+    assert result["success_source"] == f"info/{env.key}"
     assert result["start_successes"].tolist() == [False] * 6
     lo, hi = result["success_ci"]
     assert 0 < lo < 0.5 < hi < 1
