@@ -1445,7 +1445,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
 
     def _advance_after_guess(self, td, shapes: _Shapes, partial) -> TensorDict:
         """The first step after a reset that guessed its state's layout (see :meth:`_reset_state_batched`): an
-        error says how the state was read, and a next state laid out otherwise than it is refused."""
+        error says how the state was read, and a next state laid out unlike the one given is refused."""
         rt = self._rt
         guess, rt.state_guess = rt.state_guess, None
         before = (rt.state, rt.obs, rt.term, rt.trunc, rt.info)
@@ -1959,6 +1959,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         rt = self._rt
         bs = self._locked_shapes.bs
         if rows is None:
+            rt.state_guess = None  # (a guess of an earlier full reset no step has checked is moot)
             if self._constant_full is not None:
                 c_state, c_obs = self._constant_full
                 state = _tree.tree_map(torch.clone, c_state)  # fresh: outputs may be written in place by callers
