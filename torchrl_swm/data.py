@@ -200,7 +200,8 @@ class DatasetWriter:
     With ``lazy=True`` the path is only checked here; the directory is created by :meth:`open`, or
     the first :meth:`add`, and a dataset ``overwrite`` replaces is set aside then, to be removed at
     the first commit: a run that fails (or is interrupted) before its first episode is written
-    leaves the path as it was, the replaced dataset included.
+    leaves the path as it was, the replaced dataset included. (A process killed in between leaves
+    that dataset beside the path, as ``.NAME.replaced-...``: rename it back to recover it.)
 
     Example:
         Episodes of your own (here one pool rollout), written as a dataset that
