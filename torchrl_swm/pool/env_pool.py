@@ -158,11 +158,12 @@ def _factories(env_fns, num_envs, pixels, make_kwargs) -> list[Callable[[], gym.
 
 
 def _data_device(device, where: str) -> torch.device:
-    """``device`` as a ``torch.device`` that holds data: "meta" tensors have none to step or return."""
+    """``device`` as a ``torch.device`` a pool can be built on: TorchRL's env setup reads values back from
+    tensors on it, which "meta" tensors do not hold (it failed inside torch after every env was built)."""
     device = torch.device(device)
     if device.type == "meta":
-        raise ValueError(f"{where}: device='meta' holds no data, so a pool cannot return observations there; "
-                         "expected 'cpu', a CUDA device or None")
+        raise ValueError(f"{where}: device='meta' holds no data to build the pool's specs on; expected 'cpu', a CUDA "
+                         "device or None (pool.to('meta') moves a built pool's outputs there, for shape-only work)")
     return device
 
 
@@ -876,7 +877,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         The host staging buffer stays as it was allocated: a pool built with ``device="cuda"``
         stages in pinned memory (asynchronous copies); one moved there later copies synchronously.
         """
-        super().to(_data_device(device, "EnvPool.to"))
+        super().to(device)
         if self._host.device != self.device:
             self._host = HostBuffers(self._host.layout, self.device, flat=self._host.flat)
             self._done_views = self._cpu_done_views()
