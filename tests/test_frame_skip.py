@@ -139,3 +139,48 @@ def test_a_vector_env_pool_cannot_freeze_rows_and_says_to_skip_inside_each_env()
     with pytest.raises(StepRefusedError, match=r"cannot freeze rows.*FrameSkip.*MaxAndSkipObservation"):
         env.rollout(3, constant_action, break_when_any_done=False)
     env.close()
+
+
+def test_truncation_mid_skip_stops_the_row_as_termination_does():
+    # every done key counts (review R7 M2: reading "terminated" alone stepped a truncated row past its end)
+    env = TransformedEnv(EnvPool([functools.partial(counting, length=n, truncate=True) for n in (2, 5)], seed=0),
+                         FrameSkip(3))
+    rollout = env.rollout(4, constant_action, break_when_any_done=False)
+    assert rollout["next", "truncated"][0].view(-1).tolist() == [True, True, True, True]
+    assert rollout["next", "observation"][0, :, 0].tolist() == [2.0, 2.0, 2.0, 2.0]
+    assert rollout["next", "reward"][1].view(-1).tolist() == [6.0, 4.0, 6.0, 4.0]
+    env.close()
+
+
+def test_torchrls_batched_envs_and_a_stateless_world_model_give_the_hand_loops_data():
+    # review R7: TorchRL's SerialEnv gives a frozen row its input values back (the observation before the step,
+    # done False), and a batch-unlocked WorldModelEnv reads its state from the tensordict: the repeats must start
+    # from the last repeat's outputs and frozen rows keep theirs
+    from torchrl.envs import GymWrapper, SerialEnv
+
+    lengths = [2, 5]
+    serial = SerialEnv(2, [functools.partial(lambda n: GymWrapper(CountingEnv(length=n),
+                                                                   categorical_action_encoding=True), n)
+                           for n in lengths])
+    env = TransformedEnv(serial, FrameSkip(3))
+    env.set_seed(0)
+    rollout = env.rollout(3, constant_action, break_when_any_done=False)
+    assert rollout["next", "observation"][..., 0].tolist() == [[2.0, 2.0, 2.0], [3.0, 5.0, 3.0]]
+    assert rollout["next", "reward"][..., 0].tolist() == [[4.0, 4.0, 4.0], [6.0, 4.0, 6.0]]
+    assert rollout["next", "done"][..., 0].tolist() == [[True, True, True], [False, True, False]]
+    env.close()
+
+    def transition(state, action):
+        return state + 1, torch.ones(state.shape[0]), state.view(-1) + 1 >= 2, False, {}
+
+    model = WorldModelEnv(object(), gym.spaces.Box(-np.inf, np.inf, (1,), np.float32), gym.spaces.Discrete(3),
+                          num_envs=None, state_key="observation", initial_state=torch.zeros(1),
+                          transition_fn=transition)
+    td = torch.zeros(2, 1)
+    td[1] = 1.5
+    from tensordict import TensorDict
+
+    out = TransformedEnv(model, FrameSkip(3)).step(TensorDict({"observation": td, "action": torch.tensor([2, 2])},
+                                                              [2]))["next"]
+    assert out["observation"].view(-1).tolist() == [2.0, 2.5]  # 0 -> 1 -> 2 (done); 1.5 -> 2.5 (done)
+    assert out["reward"].view(-1).tolist() == [2.0, 1.0] and out["done"].view(-1).tolist() == [True, True]

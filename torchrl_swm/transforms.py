@@ -26,6 +26,7 @@ tensordict can be replayed from any point.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -225,9 +226,13 @@ class FrameSkip(FrameSkipTransform):
     wrappers (``MaxAndSkipObservation``, ``AtariPreprocessing``) give it. A
     ``"_step"`` mask of the caller's is kept: its frozen rows stay frozen.
 
-    The parent must be able to freeze rows: an ``EnvPool`` of single envs, a
-    :class:`~torchrl_swm.WorldModelEnv`, TorchRL's batched envs. A pool over a
-    gymnasium ``VectorEnv`` steps every row; frame-skip inside each env there
+    Each repeat starts from the last one's outputs (so an env whose state is
+    read from the tensordict, as a ``WorldModelEnv`` with ``state_key``,
+    advances), and a row frozen here keeps the last repeat's outputs whatever
+    the parent reports for it. The parent must be able to freeze rows: an
+    ``EnvPool`` of single envs, a :class:`~torchrl_swm.WorldModelEnv`,
+    TorchRL's batched envs. A pool over a gymnasium ``VectorEnv`` steps every
+    row; frame-skip inside each env there
     (``gymnasium.wrappers.MaxAndSkipObservation``).
 
     Args:
@@ -248,22 +253,23 @@ class FrameSkip(FrameSkipTransform):
         parent = self.parent
         if parent is None:
             raise RuntimeError("FrameSkip needs a parent env: append it to a TransformedEnv")
-        reward_key = parent.reward_key
+        reward_key, done_keys = parent.reward_key, parent.done_keys
         reward = next_tensordict.get(reward_key)
         caller_mask = tensordict.get("_step", None)
-        try:
-            for _ in range(self.frame_skip - 1):
-                live = ~next_tensordict.get("done")  # (N, 1), as "_step"
-                if caller_mask is not None:
-                    live &= caller_mask.reshape(live.shape)
-                if not live.any():
-                    break
-                tensordict.set("_step", live)
-                next_tensordict = parent._step(tensordict)
-                reward = reward + next_tensordict.get(reward_key)
-        finally:  # the caller's tensordict as it came (TorchRL carries "_step" into the next root)
-            if caller_mask is None:
-                tensordict.pop("_step", None)
-            else:
-                tensordict.set("_step", caller_mask)
+        rows = next_tensordict.batch_size
+        for _ in range(self.frame_skip - 1):
+            live = ~functools.reduce(torch.logical_or, (next_tensordict.get(key) for key in done_keys))
+            if caller_mask is not None:
+                live &= caller_mask.reshape(live.shape)
+            if not live.any():
+                break
+            # the next repeat starts where the last one ended (an env whose state is in the tensordict reads it
+            # there), with the same action; the caller's tensordict stays as it came
+            repeat = tensordict.clone(False).update(next_tensordict.exclude(reward_key, *done_keys))
+            stepped = parent._step(repeat.set("_step", live))
+            # rows frozen here keep the last repeat's outputs and add nothing, whatever the parent reports for
+            # them (TorchRL's batched envs give a frozen row its input values back)
+            reward = reward + torch.where(live, stepped.get(reward_key), torch.zeros((), dtype=reward.dtype))
+            stepped = stepped.select(*next_tensordict.keys(True, True), strict=False)  # (an unlocked env adds action)
+            next_tensordict = stepped.where(live.reshape(rows), next_tensordict.select(*stepped.keys(True, True)))
         return next_tensordict.set(reward_key, reward)
