@@ -1979,7 +1979,7 @@ def test_a_reset_state_whose_layout_was_a_guess_is_named_when_the_next_step_cont
     read = r"read as 4 rows of \(\) \(the reset_fn declares num_envs or mask" if told_rows else (
         r"read as one row, broadcast to the 4 rows \(the reset_fn declares neither")
     # told: the next state is (4, 4), not 4 rows of (); not told: the observation is (4, 4, 2), not (4, 2)
-    said = "must return its next state with the layout" if told_rows else r"expected .* shape \(4, 2\)"
+    said = "the layout of the reset.s state read the other way" if told_rows else r"expected .* shape \(4, 2\)"
     with pytest.raises(ReturnFormError, match=said) as info:
         env.step(td)
     assert re.search(read, "\n".join(info.value.__notes__))
@@ -1993,6 +1993,18 @@ def test_a_reset_state_whose_layout_was_a_guess_is_named_when_the_next_step_cont
     with pytest.raises(RuntimeError) as info:
         env.step(td)
     assert re.search(read, "\n".join(info.value.__notes__))
+    # a state that legally changes layout (a context growing by one step) is not taken for the other reading
+    # (review R7 B3: every layout change was refused after a guess)
+    def grow(state, action):
+        nxt = torch.cat([state, state[:, -1:] + 1], dim=1)
+        return nxt, nxt[:, -1, :2], torch.ones(n), torch.zeros(n, dtype=torch.bool), False, {}
+
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=n, transition_fn=grow,
+                        reset_fn=lambda num_envs: (torch.zeros(num_envs, 1, 2), torch.zeros(2)))
+    td = env.reset()
+    for _ in range(3):
+        td = env.step_mdp(env.step(td.set("action", torch.ones(n, 2))))
+    assert env.state.shape == (n, 4, 2) and td["observation"][:, 0].tolist() == [3.0] * n
     # a step that keeps the layout confirms the guess: later steps are unchecked, as always
     env = WorldModelEnv(object(), BOX2, BOX2, num_envs=n, reset_fn=lambda num_envs: (torch.zeros(n), torch.zeros(2)),
                         transition_fn=lambda s, a: (s + 1, a.clone(), torch.zeros(n)))

@@ -1445,20 +1445,26 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
 
     def _advance_after_guess(self, td, shapes: _Shapes, partial) -> TensorDict:
         """The first step after a reset that guessed its state's layout (see :meth:`_reset_state_batched`): an
-        error says how the state was read, and a next state laid out unlike the one given is refused."""
+        error says how the state was read, and a next state laid out as the other reading of the reset's state
+        would have it (a model that took it the other way) is refused."""
         rt = self._rt
         guess, rt.state_guess = rt.state_guess, None
         before = (rt.state, rt.obs, rt.term, rt.trunc, rt.info)
         try:
             out = self._advance(td, shapes, partial)
-            if rt.state is not None and not self._same_layout(rt.state, before[0]):
-                got, ref = _row_shapes(rt.state), _row_shapes(before[0])
-                rt.state, rt.obs, rt.term, rt.trunc, rt.info = before  # nothing moved
-                raise ReturnFormError(
-                    f"{self._where} returned a next state laid out as {_shape_text(got)} (one row's leaves), but "
-                    f"the state it was given is laid out as {_shape_text(ref)}: a transition must return its next "
-                    "state with the layout of the state it was given"
-                )
+            if rt.state is not None:
+                got, given = _row_shapes(rt.state), _row_shapes(before[0])
+                _, _, reset_shapes, bs, per_row = guess
+                # one row's layout under the other reading: the whole reset state (read per row), or its
+                # leaves past the reset rows (read as one row)
+                other = dict(reset_shapes) if per_row else {p: s[len(bs):] for p, s in reset_shapes.items()}
+                if got != given and got == other:
+                    rt.state, rt.obs, rt.term, rt.trunc, rt.info = before  # nothing moved
+                    raise ReturnFormError(
+                        f"{self._where} returned a next state laid out as {_shape_text(got)} (one row's leaves), "
+                        f"not as the state it was given, {_shape_text(given)}: the layout of the reset's state "
+                        "read the other way"
+                    )
         except Exception as err:
             add_note(err, _state_guess_note(*guess))
             raise
