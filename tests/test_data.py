@@ -1497,3 +1497,46 @@ def test_a_dataset_path_that_is_a_symbolic_link_is_written_where_it_points(tmp_p
         dangling.symlink_to(tmp_path / "later", target_is_directory=True)
         world.collect(dangling, 2, seed=2, progress=False)
     assert dangling.is_symlink() and load_dataset(tmp_path / "later").num_episodes == 2
+
+
+def test_a_lazy_writer_interrupted_while_it_opens_leaves_the_replaced_dataset_and_warns_of_stale_ones(
+        tmp_path, monkeypatch):
+    # review R7 B5/B4/B6: a Ctrl-C between setting the old dataset aside and creating the new one left an empty
+    # directory; a killed run's aside copy was never mentioned again; "." had no name to set a dataset aside by
+    import shutil
+    import signal
+
+    path = tmp_path / "d"
+    World(counting_pool(2), max_episode_steps=8).collect(path, 2, seed=0, progress=False)
+    writer = DatasetWriter(path, capacity=20, overwrite=True, lazy=True)
+    new_storage = DatasetWriter._new_storage
+
+    def interrupted(self):
+        os.kill(os.getpid(), signal.SIGINT)  # held until the new dataset exists: nothing half-done
+        new_storage(self)
+
+    monkeypatch.setattr(DatasetWriter, "_new_storage", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        writer.open()
+    monkeypatch.undo()
+    assert writer.opened  # opened in full before the interrupt came
+    writer.close(complete=False)  # before any episode: the path as it was
+    assert load_dataset(path).num_episodes == 2 and [p.name for p in tmp_path.iterdir()] == ["d"]
+    # a failure (not an interrupt) while opening puts the old dataset back at once
+    writer = DatasetWriter(path, capacity=20, overwrite=True, lazy=True)
+    monkeypatch.setattr(DatasetWriter, "_new_storage", lambda self: (_ for _ in ()).throw(OSError("no space")))
+    with pytest.raises(OSError, match="no space"):
+        writer.open()
+    monkeypatch.undo()
+    assert load_dataset(path).num_episodes == 2 and [p.name for p in tmp_path.iterdir()] == ["d"]
+    # a dataset set aside by a killed run is named at the next open
+    (tmp_path / ".d.replaced-1-2").mkdir()
+    with pytest.warns(UserWarning, match=r"\.d\.replaced-1-2'\] hold datasets an overwrite of .* set aside.*rename one "
+                                         r"back to recover it"):
+        DatasetWriter(path, capacity=20, overwrite=True, lazy=True).open()
+    # "." (the working directory, here the dataset) is a path like any other
+    shutil.rmtree(tmp_path / ".d.replaced-1-2")
+    monkeypatch.chdir(path)
+    writer = DatasetWriter(".", capacity=20, lazy=True, overwrite=True)
+    assert writer.path == path
+    writer.close(complete=False)

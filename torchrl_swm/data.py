@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import errno
+import glob
 import json
 import logging
 import os
@@ -233,7 +234,7 @@ class DatasetWriter:
         commit_every: float = 2.0,
         lazy: bool = False,
     ):
-        self.path = Path(path)
+        self.path = Path(os.path.abspath(path))  # ("." has no name to set a replaced dataset aside by)
         if self.path.is_symlink():  # the dataset goes where the link points (rmtree refuses a link; mkdir a dangling one)
             self.path = self.path.resolve()
         self.capacity = check_int(capacity, "DatasetWriter: capacity (rows)", minimum=1)  # never 2 for 2.9
@@ -283,15 +284,25 @@ class DatasetWriter:
         if self.opened:
             return
         _check_target(self.path, self._overwrite, remove=not self._lazy)  # again: the path may have changed since
-        if self._lazy and self.path.is_dir() and any(self.path.iterdir()):  # a dataset overwrite replaces
-            aside = self.path.with_name(f".{self.path.name}.replaced-{os.getpid()}-{id(self):x}")
-            self.path.rename(aside)
-            self._replaced = aside
-        self._made_dir = not self.path.exists()
-        self.path.mkdir(parents=True, exist_ok=True)
-        self._new_storage()
-        self.opened = True
-        self._write_metadata(complete=False)
+        stale = sorted(self.path.parent.glob(f".{glob.escape(self.path.name)}.replaced-*"))
+        if stale:
+            warnings.warn(f"DatasetWriter: {[str(p) for p in stale]} hold datasets an overwrite of {str(self.path)!r} "
+                          "set aside, from a run killed before its first commit: rename one back to recover it, or "
+                          "delete them", stacklevel=user_stacklevel())
+        with interrupts_held():  # set aside and replaced as one step: a Ctrl-C in between would leave neither
+            if self._lazy and self.path.is_dir() and any(self.path.iterdir()):  # a dataset overwrite replaces
+                aside = self.path.with_name(f".{self.path.name}.replaced-{os.getpid()}-{id(self):x}")
+                self.path.rename(aside)
+                self._replaced = aside
+            self._made_dir = not self.path.exists()
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+                self._new_storage()
+                self._write_metadata(complete=False)
+            except BaseException:
+                self._undo_open()
+                raise
+            self.opened = True
 
     def _drop_replaced(self) -> None:
         """The first commit: the dataset ``overwrite`` replaced is gone for good."""
@@ -302,7 +313,8 @@ class DatasetWriter:
     def _undo_open(self) -> None:
         """A lazy writer closed before its first episode: the path as it was (a replaced dataset back)."""
         with interrupts_held():
-            shutil.rmtree(self.path)
+            if self.path.exists():
+                shutil.rmtree(self.path)
             if self._replaced is not None:
                 self._replaced.rename(self.path)
                 self._replaced = None
