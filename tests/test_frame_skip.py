@@ -184,3 +184,16 @@ def test_torchrls_batched_envs_and_a_stateless_world_model_give_the_hand_loops_d
                                                               [2]))["next"]
     assert out["observation"].view(-1).tolist() == [2.0, 2.5]  # 0 -> 1 -> 2 (done); 1.5 -> 2.5 (done)
     assert out["reward"].view(-1).tolist() == [2.0, 1.0] and out["done"].view(-1).tolist() == [True, True]
+
+
+def test_transforms_before_the_skip_see_every_repeat_and_those_after_see_one_step():
+    from torchrl.envs import Compose, RewardSum
+
+    pool = EnvPool([functools.partial(counting, length=n) for n in (2, 7)], seed=0)
+    env = TransformedEnv(pool, Compose(StepCounter(), RewardSum(), FrameSkip(3)))
+    env.append_transform(StepCounter(step_count_key="agent_steps"))
+    rollout = env.rollout(4, constant_action, break_when_any_done=False)
+    assert rollout["next", "step_count"][..., 0].tolist() == [[2, 2, 2, 2], [3, 6, 7, 3]]  # frames
+    assert rollout["next", "episode_reward"][..., 0].tolist() == [[4.0] * 4, [6.0, 12.0, 14.0, 6.0]]
+    assert rollout["next", "agent_steps"][..., 0].tolist() == [[1, 1, 1, 1], [1, 2, 3, 1]]
+    env.close()

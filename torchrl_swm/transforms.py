@@ -228,8 +228,9 @@ class FrameSkip(FrameSkipTransform):
 
     Each repeat starts from the last one's outputs (so an env whose state is
     read from the tensordict, as a ``WorldModelEnv`` with ``state_key``,
-    advances), and a row frozen here keeps the last repeat's outputs whatever
-    the parent reports for it. The parent must be able to freeze rows: an
+    advances, and transforms before this one see every repeat: a
+    ``StepCounter`` there counts frames), and a row frozen here keeps the last
+    repeat's outputs whatever the parent reports for it. The parent must be able to freeze rows: an
     ``EnvPool`` of single envs, a :class:`~torchrl_swm.WorldModelEnv`,
     TorchRL's batched envs. A pool over a gymnasium ``VectorEnv`` steps every
     row; frame-skip inside each env there
