@@ -1791,3 +1791,42 @@ def test_a_ctrl_c_held_under_the_default_sigint_action_still_ends_the_process():
             "print('the Ctrl-C was dropped')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == -signal.SIGINT and out.stdout == "held\n", (out.returncode, out.stdout, out.stderr)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_ctrl_c_that_lands_as_the_step_loop_ends_is_raised_as_the_interrupt(masked):
+    # every env had stepped when the interrupt came: naming "the env being stepped" indexed past the loop's order,
+    # and an IndexError ("range object index out of range") replaced the KeyboardInterrupt (review R6 d: one
+    # Ctrl-C'd collect recorded it as its interruption reason)
+    import types
+
+    from envs import CountingEnv
+
+    class InterruptedAtTheEnd(list):
+        def __iter__(self):
+            yield from list.__iter__(self)
+            raise KeyboardInterrupt
+
+    pool = EnvPool([functools.partial(CountingEnv, length=50)] * 3, seed=0)
+    try:
+        td = pool.reset().set("action", torch.ones(3, dtype=torch.int64))
+        if masked:  # (a masked step loops over the row order, not the envs)
+            td["_step"] = torch.ones(3, 1, dtype=torch.bool)
+            td["_step"][1] = False
+        backend = pool._backend
+        envs = backend.envs
+        backend.envs = InterruptedAtTheEnd(envs)
+        order = types.SimpleNamespace(tolist=lambda: InterruptedAtTheEnd([0, 2]))
+        try:
+            with pytest.raises(KeyboardInterrupt) as caught:
+                if masked:
+                    backend.step([1, 1], order)
+                else:
+                    pool.step(td)
+        finally:
+            backend.envs = envs
+        assert getattr(caught.value, "env_index", None) is None  # no env was mid-step
+        td = pool.reset()  # the usual recovery
+        assert td["observation"][:, 0].tolist() == [0.0, 0.0, 0.0]
+    finally:
+        pool.close()

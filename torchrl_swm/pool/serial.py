@@ -243,7 +243,14 @@ def _bad_step_result(i: int, result) -> EnvError:
     return EnvError(i, "step", f"expected step() to return (obs, reward, terminated, truncated, info), got {describe(result)}")
 
 
-def _tag(err: BaseException, env_index: int, phase: str) -> None:
+def _stepping(first: int, order, results: list) -> int | None:
+    """The env a step loop was in when it raised: the one after those that returned a result, or ``None`` when
+    every env had (a Ctrl-C that landed as the loop ended: indexing past the order raised an IndexError that
+    replaced the interrupt)."""
+    return first + order[len(results)] if len(results) < len(order) else None
+
+
+def _tag(err: BaseException, env_index: int | None, phase: str) -> None:
     """Record which env raised ``err`` on it, unless its class forbids the attributes (the env's own exception
     must reach the caller, never an AttributeError about tagging it)."""
     try:
@@ -447,9 +454,9 @@ class SerialBackend(InProcessBackend):
                 for j, action in zip(order, actions):
                     append(envs[j].step(action))
         except Exception as err:
-            raise EnvError(first + order[len(results)], "step", error_text(err)) from err
+            raise EnvError(_stepping(first, order, results), "step", error_text(err)) from err
         except BaseException as err:  # KeyboardInterrupt, SystemExit: raised as they are, tagged with the env
-            _tag(err, first + order[len(results)], "step")  # (a worker reports it naming the env)
+            _tag(err, _stepping(first, order, results), "step")  # (a worker reports it naming the env)
             raise
         if not results:
             return None
