@@ -197,3 +197,26 @@ def test_transforms_before_the_skip_see_every_repeat_and_those_after_see_one_ste
     assert rollout["next", "episode_reward"][..., 0].tolist() == [[4.0] * 4, [6.0, 12.0, 14.0, 6.0]]
     assert rollout["next", "agent_steps"][..., 0].tolist() == [[1, 1, 1, 1], [1, 2, 3, 1]]
     env.close()
+
+
+def test_an_action_transform_before_the_skip_maps_every_repeats_action_once():
+    # review R8: the repeats stepped the parent TransformedEnv, which applied the earlier transforms' inv again
+    # (an action remap twice: the policy's 0 reached the env as 1, then 2)
+    from torchrl.envs import Compose, Transform
+
+    class PlusOne(Transform):
+        def __init__(self):
+            super().__init__(in_keys_inv=["action"], out_keys_inv=["action"])
+
+        def _inv_apply_transform(self, action):
+            return action + 1
+
+        def transform_input_spec(self, input_spec):
+            return input_spec
+
+    env = TransformedEnv(pool_of([2, 7]), Compose(PlusOne(), FrameSkip(3)))
+    td = env.reset().set("action", torch.zeros(2, dtype=torch.int64))  # the env sees 1: its reward is 1 per frame
+    out = env.step(td)["next"]
+    assert out["observation"][:, 2].tolist() == [1.0, 1.0]  # the last action the envs got
+    assert out["reward"].view(-1).tolist() == [2.0, 3.0] and out["observation"][:, 0].tolist() == [2.0, 3.0]
+    env.close()

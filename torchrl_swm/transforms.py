@@ -33,7 +33,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey, unravel_key
 from torchrl.data import Binary, Bounded, Composite, MultiOneHot, OneHot, Unbounded
-from torchrl.envs.transforms import FrameSkipTransform, Transform
+from torchrl.envs.transforms import FrameSkipTransform, Transform, TransformedEnv
 
 __all__ = ["History", "FrameSkip"]
 
@@ -229,8 +229,9 @@ class FrameSkip(FrameSkipTransform):
     Each repeat starts from the last one's outputs (so an env whose state is
     read from the tensordict, as a ``WorldModelEnv`` with ``state_key``,
     advances, and transforms before this one see every repeat: a
-    ``StepCounter`` there counts frames), and a row frozen here keeps the last
-    repeat's outputs whatever the parent reports for it. The parent must be able to freeze rows: an
+    ``StepCounter`` there counts frames, while their ``inv``, an action remap,
+    applies once per step), and a row frozen here keeps the last repeat's
+    outputs whatever the parent reports for it. The parent must be able to freeze rows: an
     ``EnvPool`` of single envs, a :class:`~torchrl_swm.WorldModelEnv`,
     TorchRL's batched envs. A pool over a gymnasium ``VectorEnv`` steps every
     row; frame-skip inside each env there
@@ -267,10 +268,23 @@ class FrameSkip(FrameSkipTransform):
             # the next repeat starts where the last one ended (an env whose state is in the tensordict reads it
             # there), with the same action; the caller's tensordict stays as it came
             repeat = tensordict.clone(False).update(next_tensordict.exclude(reward_key, *done_keys))
-            stepped = parent._step(repeat.set("_step", live))
+            stepped = _step_again(parent, repeat.set("_step", live))
             # rows frozen here keep the last repeat's outputs and add nothing, whatever the parent reports for
             # them (TorchRL's batched envs give a frozen row its input values back)
             reward = reward + torch.where(live, stepped.get(reward_key), torch.zeros((), dtype=reward.dtype))
             stepped = stepped.select(*next_tensordict.keys(True, True), strict=False)  # (an unlocked env adds action)
             next_tensordict = stepped.where(live.reshape(rows), next_tensordict.select(*stepped.keys(True, True)))
         return next_tensordict.set(reward_key, reward)
+
+
+def _step_again(parent, tensordict: TensorDictBase) -> TensorDictBase:
+    """``parent``'s step of a ``tensordict`` its transforms already read backwards (``inv``: the action a
+    policy gave, remapped for the env), as ``TransformedEnv._step`` does after its ``inv``: the base env's
+    step (its own transforms included), then the transforms' forward ``_step``. ``parent._step`` would apply
+    their ``inv`` again (an action remap twice)."""
+    if not isinstance(parent, TransformedEnv):
+        return parent._step(tensordict)
+    base = parent.base_env
+    stepped = base._step(tensordict)
+    base._complete_done(base.full_done_spec, stepped)
+    return parent.transform._step(tensordict, stepped)
