@@ -156,8 +156,9 @@ def _disk_usage(path: Path) -> tuple[int, int]:
     return used, apparent
 
 
-def _check_target(path: Path, overwrite: bool, remove: bool = True) -> None:
-    """Refuse a path that is not free (or, with ``overwrite``, not a dataset); ``remove`` the dataset there."""
+def _check_target(path: Path, overwrite: bool, remove: bool = True) -> bool:
+    """Refuse a path that is not free (or, with ``overwrite``, not a dataset); ``remove`` the dataset there.
+    Returns whether there is a dataset to replace (``False`` when ``remove`` removed it)."""
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"dataset path {str(path)!r} exists and is not a directory")
     if path.is_dir() and any(path.iterdir()):
@@ -171,8 +172,15 @@ def _check_target(path: Path, overwrite: bool, remove: bool = True) -> None:
                 f"refusing to overwrite {str(path)!r}: it is not empty and is not a torchrl_swm dataset "
                 f"(no {METADATA_FILE})"
             )
-        if remove:
-            shutil.rmtree(path)
+        if not remove:
+            return True
+        shutil.rmtree(path)
+    return False
+
+
+def _aside_prefix(path: Path) -> str:
+    """The name's start of a dataset a lazy writer's overwrite of ``path`` set aside (``.NAME.replaced-...``)."""
+    return f".{path.name}.replaced-"
 
 
 #: dataset.json's keys the writer sets itself: a caller's metadata may not replace them
@@ -283,15 +291,16 @@ class DatasetWriter:
         """Create the dataset directory (replacing the dataset ``overwrite`` names) and its storage."""
         if self.opened:
             return
-        _check_target(self.path, self._overwrite, remove=not self._lazy)  # again: the path may have changed since
-        stale = sorted(self.path.parent.glob(f".{glob.escape(self.path.name)}.replaced-*"))
+        # again: the path may have changed since; a lazy writer sets the dataset it replaces aside, not removes it
+        replacing = _check_target(self.path, self._overwrite, remove=not self._lazy)
+        stale = sorted(self.path.parent.glob(f"{glob.escape(_aside_prefix(self.path))}*"))
         if stale:
             warnings.warn(f"DatasetWriter: {[str(p) for p in stale]} hold datasets an overwrite of {str(self.path)!r} "
                           "set aside, from a run killed before its first commit: rename one back to recover it, or "
                           "delete them", stacklevel=user_stacklevel())
         with interrupts_held():  # set aside and replaced as one step: a Ctrl-C in between would leave neither
-            if self._lazy and self.path.is_dir() and any(self.path.iterdir()):  # a dataset overwrite replaces
-                aside = self.path.with_name(f".{self.path.name}.replaced-{os.getpid()}-{id(self):x}")
+            if replacing:
+                aside = self.path.with_name(f"{_aside_prefix(self.path)}{os.getpid()}-{id(self):x}")
                 self.path.rename(aside)
                 self._replaced = aside
             self._made_dir = not self.path.exists()

@@ -157,12 +157,12 @@ def _factories(env_fns, num_envs, pixels, make_kwargs) -> list[Callable[[], gym.
     return env_fns
 
 
-def _data_device(device, where: str) -> torch.device:
+def _data_device(device) -> torch.device:
     """``device`` as a ``torch.device`` a pool can be built on: TorchRL's env setup reads values back from
     tensors on it, which "meta" tensors do not hold (it failed inside torch after every env was built)."""
     device = torch.device(device)
     if device.type == "meta":
-        raise ValueError(f"{where}: device='meta' holds no data to build the pool's specs on; expected 'cpu', a CUDA "
+        raise ValueError("EnvPool: device='meta' holds no data to build the pool's specs on; expected 'cpu', a CUDA "
                          "device or None (pool.to('meta') moves a built pool's outputs there, for shape-only work)")
     return device
 
@@ -310,7 +310,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
                 f"EnvPool: masked_reset= adapts a gymnasium VectorEnv's partial reset; got {type(env_fns).__name__} "
                 "env_fns, whose envs the pool resets one by one. Drop masked_reset, or pass the VectorEnv"
             )
-        device = None if device is None else _data_device(device, "EnvPool")  # before any env is built
+        device = None if device is None else _data_device(device)  # before any env is built
         if isinstance(env_fns, gym.vector.VectorEnv) and (backend not in (None, "serial") or num_workers is not None):
             raise ValueError(
                 f"EnvPool(VectorEnv): backend={backend!r} and num_workers={num_workers!r} do not apply: a vector env "

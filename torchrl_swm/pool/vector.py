@@ -367,12 +367,13 @@ class VectorBackend(InProcessBackend):
         """``(env, exit code)`` of the AsyncVectorEnv worker processes that have ended (given a moment to be
         reaped: the pipe closes as the process exits)."""
         processes = getattr(_innermost(self.venv), "processes", None) or []
-        for attempt in range(2):
-            exited = [(i, p.exitcode) for i, p in enumerate(processes) if p.exitcode is not None]
-            if exited or attempt:
-                return exited
+
+        def exited() -> list[tuple[int, int]]:
+            return [(i, p.exitcode) for i, p in enumerate(processes) if p.exitcode is not None]
+
+        if not exited():
             time.sleep(0.2)
-        return []
+        return exited()
 
     def _env_failure(self, err: Exception, phase: str, rows) -> EnvError:
         """The vector env raised: name the env when it can be known (the AsyncVectorEnv worker gymnasium shut

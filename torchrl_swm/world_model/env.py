@@ -1453,12 +1453,13 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         try:
             out = self._advance(td, shapes, partial)
             if rt.state is not None:
-                got, given = _row_shapes(rt.state), _row_shapes(before[0])
+                got = _row_shapes(rt.state)
                 _, _, reset_shapes, bs, per_row = guess
                 # one row's layout under the other reading: the whole reset state (read per row), or its
-                # leaves past the reset rows (read as one row)
+                # leaves past the reset rows (read as one row); never the state given, read the guessed way
                 other = dict(reset_shapes) if per_row else {p: s[len(bs):] for p, s in reset_shapes.items()}
-                if got != given and got == other:
+                if got == other:
+                    given = _row_shapes(before[0])
                     rt.state, rt.obs, rt.term, rt.trunc, rt.info = before  # nothing moved
                     raise ReturnFormError(
                         f"{self._where} returned a next state laid out as {_shape_text(got)} (one row's leaves), "
