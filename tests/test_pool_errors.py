@@ -2031,3 +2031,10 @@ def test_a_meta_device_is_refused_before_any_env_is_built():
                                          r"expected 'cpu', a CUDA device or None"):
         EnvPool([factory] * 2, device=torch.device("meta"))
     assert built == []
+
+
+def test_a_num_envs_too_large_to_hold_is_a_value_error_naming_num_envs():
+    # [factory] * 10**30 raised OverflowError "cannot fit 'int' into an index-sized integer", naming nothing
+    with pytest.raises(ValueError, match=r"num_envs: 1000000000000000000000000000000 is more than this process can hold") as info:
+        EnvPool("CartPole-v1", num_envs=10**30)
+    assert isinstance(info.value.__cause__, OverflowError)

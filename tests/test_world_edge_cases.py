@@ -891,3 +891,14 @@ def test_a_policy_error_gets_one_note_naming_the_policy_even_when_raised_again_o
         world.evaluate(2, seed=0, progress=False)
     assert raised.value.__notes__[0].startswith("raised by the policy Proxy object, called with")
     world.close()
+
+
+@pytest.mark.parametrize("call", ["evaluate", "collect"])
+def test_an_episode_count_too_large_to_plan_is_a_value_error_naming_episodes(call, tmp_path):
+    # a plan per episode: [options] * 10**30 raised OverflowError (MemoryError at 10**10), naming nothing
+    world = World("CartPole-v1", num_envs=2)
+    kwargs = {"path": tmp_path / "ds"} if call == "collect" else {}
+    with pytest.raises(ValueError, match=r"^episodes: 1000000000000000000000000000000 is more than this process can hold"):
+        getattr(world, call)(episodes=10**30, progress=False, **kwargs)
+    assert not (tmp_path / "ds").exists()
+    world.close()

@@ -7,6 +7,7 @@ expected and what was received, and chains the original exception (``raise
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 
@@ -113,6 +114,20 @@ def check_int(value, what: str, *, minimum: int | None = None) -> int:
     if minimum is not None and value < minimum:
         raise ValueError(f"{what}: expected an int >= {minimum}, got {value}")
     return value
+
+
+@contextlib.contextmanager
+def count_fits(what: str, value: int):
+    """Turn the ``MemoryError``/``OverflowError`` of building ``value`` of something into a ``ValueError``
+    naming ``what``: ``[x] * 10**30`` raises "cannot fit 'int' into an index-sized integer", which names no
+    argument."""
+    try:
+        yield
+    except (MemoryError, OverflowError) as err:
+        raise ValueError(
+            f"{what}: {value} is more than this process can hold ({type(err).__name__}"
+            f"{': ' + str(err) if str(err) else ''}); ask for fewer"
+        ) from err
 
 
 def check_bool(value, what: str, *, allow_none: bool = False) -> bool | None:

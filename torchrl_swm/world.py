@@ -62,7 +62,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from ._interrupts import through_interrupts
 from .data import unstorable_entry
-from .errors import EnvError, _integral, add_note, check_bool, check_int, counted, describe, error_text
+from .errors import EnvError, _integral, add_note, check_bool, check_int, count_fits, counted, describe, error_text
 from .introspect import bookkeeping_keys, step_counter_limit
 
 __all__ = ["World", "EvalResult", "RandomPolicy", "EpisodePlan", "RESET_MODES", "SUCCESS_KEYS"]
@@ -820,7 +820,8 @@ class World:
                 raise ValueError(f"options: expected one dict or a list of {episodes} dicts, got {len(options)}")
             per_episode = list(options)
         else:
-            per_episode = [options] * episodes
+            with count_fits("episodes", episodes):
+                per_episode = [options] * episodes
         for j, o in enumerate(per_episode):
             if o is not None and not isinstance(o, Mapping):
                 what = f"options[{j}]" if listed else "options"

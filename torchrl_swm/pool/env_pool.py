@@ -31,7 +31,7 @@ from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
 from .._meta import NoAutoResetMeta
-from ..errors import EnvError, StepRefusedError, check_bool, check_indices, check_int, error_text
+from ..errors import EnvError, StepRefusedError, check_bool, check_indices, check_int, count_fits, error_text
 from ..masks import mask_rows, row_mask, row_view, zero_rewards
 from ..specs import batch_spec, space_to_spec
 from .buffers import BufferLayout, HostBuffers
@@ -130,7 +130,8 @@ def _factories(env_fns, num_envs, pixels, make_kwargs) -> list[Callable[[], gym.
             make_kwargs = {"render_mode": "rgb_array", **make_kwargs}
             if make_kwargs["render_mode"] == "rgb_array":
                 check_renders_rgb_array(env_spec, make_kwargs)
-        return [functools.partial(make, env_spec, **make_kwargs)] * int(num_envs)
+        with count_fits(f"EnvPool({name!r}): num_envs", num_envs):
+            return [functools.partial(make, env_spec, **make_kwargs)] * num_envs
     if make_kwargs:
         raise TypeError(
             f"EnvPool: keyword arguments {sorted(make_kwargs)} are only accepted with a gymnasium id "
