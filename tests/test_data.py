@@ -445,9 +445,9 @@ def test_overwrite_and_friends_refuse_truthy_non_bools(tmp_path):
         with pytest.raises(TypeError, match=r"collect: compact: expected True or False, got NoneType None"):
             world.collect(tmp_path / "other", 2, seed=1, progress=False, compact=None)
         # progress="no" would draw the bar: refused before anything runs, in collect and in evaluate
-        with pytest.raises(TypeError, match=r"collect: progress: expected True or False, got str 'no'"):
+        with pytest.raises(TypeError, match=r"collect: progress: expected True, False or None, got str 'no'"):
             world.collect(tmp_path / "other", 2, seed=1, progress="no")
-        with pytest.raises(TypeError, match=r"evaluate: progress: expected True or False, got str 'no'"):
+        with pytest.raises(TypeError, match=r"evaluate: progress: expected True, False or None, got str 'no'"):
             world.evaluate(2, seed=1, progress="no")
     assert sorted(p.name for p in path.rglob("*")) == before and load_dataset(path).num_episodes == 2
     assert not (tmp_path / "other").exists()

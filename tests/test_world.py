@@ -3,6 +3,8 @@
 import functools
 import json
 import math
+import sys
+import types
 import warnings
 
 import gymnasium as gym
@@ -868,6 +870,34 @@ def test_progress_bar_runs(capsys):
     World(pool, ones(2)).evaluate(4, seed=0, progress=True)
     assert "evaluate" in capsys.readouterr().err
     pool.close()
+
+
+@pytest.mark.parametrize("run", ["evaluate", "collect"])
+def test_the_default_progress_bar_is_drawn_only_where_someone_watches(run, capsys, monkeypatch, tmp_path):
+    # as the CLI: a log or a pipe gets no bar (tqdm's carriage returns filled them), a terminal or a notebook does
+    world = World(fixed_length_pool([2, 2]), ones(2))
+    calls = iter(range(10))
+
+    def go(**kwargs):
+        if run == "collect":
+            return world.collect(tmp_path / f"ds{next(calls)}", 4, seed=0, max_steps=5, **kwargs)
+        return world.evaluate(4, seed=0, **kwargs)
+
+    assert not sys.stderr.isatty()  # captured
+    go()
+    assert run not in capsys.readouterr().err
+    go(progress=True)
+    assert run in capsys.readouterr().err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    go()
+    assert run in capsys.readouterr().err
+    go(progress=False)
+    assert run not in capsys.readouterr().err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))  # a Jupyter kernel's stderr
+    go()
+    assert run in capsys.readouterr().err
+    world.close()
 
 
 def _time_limited_counting(length, limit):

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 import warnings
 from collections import deque
@@ -842,7 +843,7 @@ class World:
         max_steps: int | None = None,
         success_fn: Callable[[TensorDictBase], torch.Tensor] | None = None,
         video=None,
-        progress: bool = True,
+        progress: bool | None = None,
         options: dict | Sequence[dict] | None = None,
         exploration: str | None = "deterministic",
         dataset=None,
@@ -881,7 +882,8 @@ class World:
                 ``"next"`` = step t + 1); replaces the env's success info.
             video: a directory (one MP4 per episode) or a
                 :class:`~torchrl_swm.video.VideoRecorder`; needs ``"pixels"``.
-            progress: show a progress bar (tqdm, on stderr).
+            progress: show a progress bar (tqdm, on stderr). ``None`` (the default): only where someone
+                watches, a terminal or a Jupyter notebook, as the CLI; none in logs and pipes.
             options: reset options for every episode (a dict) or per episode (a list).
             exploration: TorchRL exploration type for the policy
                 (``"deterministic"``, ``"random"``, ``"mode"``, ``"mean"`` or ``None``).
@@ -1190,7 +1192,7 @@ class World:
         *,
         seed: int | None = None,
         policy=None,
-        progress: bool = True,
+        progress: bool | None = None,
         reset_mode: str = "auto",
         max_steps: int | None = None,
         options: dict | Sequence[dict] | None = None,
@@ -1221,6 +1223,7 @@ class World:
             max_steps: per-episode step limit (default ``max_episode_steps``,
                 else the env's ``TimeLimit``); required to size the storage.
             policy: a policy for this collection only (default: the World's).
+            progress: a progress bar, as in :meth:`evaluate` (default: on a terminal or in a notebook).
             exploration: TorchRL exploration type (default ``"random"``).
             overwrite: replace an existing dataset at ``path``.
             compact: rewrite the storage at its exact size at the end, in episode order (an interrupted
@@ -1303,6 +1306,13 @@ class _forked_rng:
         return self._ctx.__exit__(*exc)
 
 
+def _watched() -> bool:
+    """Whether someone watches stderr: a terminal, or a Jupyter kernel (whose stderr is no terminal, where tqdm
+    draws a widget). Logs and pipes get no progress bar: tqdm would fill them with carriage returns."""
+    isatty = getattr(sys.stderr, "isatty", None)  # None under pythonw
+    return bool(isatty is not None and isatty()) or "ipykernel" in sys.modules
+
+
 class _Run:
     """One evaluate/collect run: the episode schedule, the step loop and the per-episode bookkeeping."""
 
@@ -1355,7 +1365,7 @@ class _Run:
         if writer is not None:
             self.recorder = _EpisodeBuffer(n, max_steps)
             self.episode_ids = torch.zeros(n, dtype=torch.int64)
-        self.progress = progress
+        self.progress = _watched() if progress is None else progress
         self.desc = desc
         self.exclude_keys = [*exclude_keys, *[("next", *k) for k in exclude_keys]]
         self._exclude_unchecked = list(exclude_keys)  # checked against the first recorded step
@@ -1377,7 +1387,7 @@ class _Run:
     def check_arguments(world: World, plans, exploration, policy, progress, desc: str) -> None:
         """Raise on a run's bad arguments. Callers run it before creating anything (a dataset
         directory, videos) and before building the run."""
-        check_bool(progress, f"{desc}: progress")  # "no" would draw the bar
+        check_bool(progress, f"{desc}: progress", allow_none=True)  # "no" would draw the bar
         if exploration is not None and exploration not in _EXPLORATION:
             raise ValueError(f"exploration: expected one of {sorted(_EXPLORATION)} or None, got {exploration!r}")
         if any(p.options for p in plans) and world.pool is None:
