@@ -1188,7 +1188,8 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             if value.dtype != self._reward_dtype:
                 raise ReturnFormError(
                     f"{where} returned {form}: reward: expected dtype {self._reward_dtype} (the reward spec), "
-                    f"got {describe(returned)}"
+                    f"got {describe(returned)}; cast it in the model, or declare that dtype with "
+                    f"reward_spec=Unbounded(shape=(1,), dtype={value.dtype})"
                 )
             self._check_device(value, "reward", where, form)
             return value
