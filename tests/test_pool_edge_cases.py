@@ -1830,3 +1830,16 @@ def test_a_ctrl_c_that_lands_as_the_step_loop_ends_is_raised_as_the_interrupt(ma
         assert td["observation"][:, 0].tolist() == [0.0, 0.0, 0.0]
     finally:
         pool.close()
+
+
+def test_the_repr_names_attributes_the_pool_has():
+    # the repr said observation_space=..., an attribute the pool lacks: a gymnasium user typed it from there
+    import re
+
+    pool = EnvPool("CartPole-v1", num_envs=2, seed=0)
+    text = repr(pool)
+    names = re.findall(r"(\w+)=", text)
+    assert {"num_envs", "single_observation_space", "single_action_space"} <= set(names)
+    for name in set(names) - {"info_keys"}:  # info_keys: the info leaves, listed for reading
+        assert f"{name}={getattr(pool, name)}" in text
+    pool.close()

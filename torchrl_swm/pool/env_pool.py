@@ -911,7 +911,8 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
     def __repr__(self) -> str:
         return (
             f"EnvPool(num_envs={self.num_envs}, device={self.device}, "
-            f"observation_space={self.single_observation_space}, action_space={self.single_action_space}, "
+            f"single_observation_space={self.single_observation_space}, "
+            f"single_action_space={self.single_action_space}, "
             f"info_keys={sorted(self._info_schema.leaves)})"
         )
 
