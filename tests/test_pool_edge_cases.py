@@ -1776,7 +1776,8 @@ def test_a_pool_takes_a_gymnasium_env_spec_as_an_id():
             torch.manual_seed(0)  # the same random actions
             rollouts.append(env.rollout(20, break_when_any_done=False))
         torch.testing.assert_close(*rollouts)
-    with pytest.raises(ValueError, match=r"EnvPool\('CartPole-v1'\): expected num_envs >= 1, got None"):
+    needs = r"EnvPool\('CartPole-v1'\) needs num_envs= \(the number of parallel envs\), got None"
+    with pytest.raises(ValueError, match=needs):
         EnvPool(spec)
 
 

@@ -2035,6 +2035,9 @@ def test_a_meta_device_is_refused_before_any_env_is_built():
 
 def test_a_num_envs_too_large_to_hold_is_a_value_error_naming_num_envs():
     # [factory] * 10**30 raised OverflowError "cannot fit 'int' into an index-sized integer", naming nothing
-    with pytest.raises(ValueError, match=r"num_envs: 1000000000000000000000000000000 is more than this process can hold") as info:
+    too_many = r"num_envs: 1000000000000000000000000000000 is more than this process can hold"
+    with pytest.raises(ValueError, match=rf"^EnvPool\('CartPole-v1'\): {too_many}") as info:
         EnvPool("CartPole-v1", num_envs=10**30)
     assert isinstance(info.value.__cause__, OverflowError)
+    with pytest.raises(ValueError, match=rf"^EnvPool: {too_many}"):
+        EnvPool(functools.partial(CountingEnv, length=5), num_envs=10**30)  # one factory and a count

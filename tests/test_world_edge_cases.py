@@ -898,7 +898,8 @@ def test_an_episode_count_too_large_to_plan_is_a_value_error_naming_episodes(cal
     # a plan per episode: [options] * 10**30 raised OverflowError (MemoryError at 10**10), naming nothing
     world = World("CartPole-v1", num_envs=2)
     kwargs = {"path": tmp_path / "ds"} if call == "collect" else {}
-    with pytest.raises(ValueError, match=r"^episodes: 1000000000000000000000000000000 is more than this process can hold"):
+    too_many = r"^episodes: 1000000000000000000000000000000 is more than this process can hold"
+    with pytest.raises(ValueError, match=too_many):
         getattr(world, call)(episodes=10**30, progress=False, **kwargs)
     assert not (tmp_path / "ds").exists()
     world.close()

@@ -1340,7 +1340,8 @@ def test_bug_garbage_returns_raise(result, match):
             # named as the model returned it: a numpy array of shape (2,), not the tensor it was converted to
             (torch.zeros(2, 2), torch.zeros(2, 2), np.ones(2)),
             r"reward: expected dtype torch.float32 \(the reward spec\), got ndarray\(dtype=float64, shape=\(2,\)\); "
-            r"cast it in the model, or declare that dtype with reward_spec=Unbounded\(shape=\(1,\), dtype=torch.float64\)",
+            r"cast it in the model, or declare that dtype with "
+            r"reward_spec=Unbounded\(shape=\(1,\), dtype=torch.float64\)",
         ),
         (
             (torch.zeros(2), torch.zeros(2), torch.zeros(2, dtype=torch.bool), {}),

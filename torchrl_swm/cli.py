@@ -249,12 +249,11 @@ def _check_env_args(args) -> None:
         raise CLIError(f"--image-shape: expected two positive sizes H W, got {' '.join(map(str, args.image_shape))}")
 
 
-def _add_env_arguments(p: argparse.ArgumentParser, default_envs: int, mode_help: str) -> None:
+def _add_env_arguments(p: argparse.ArgumentParser, default_envs: int, mode_help: str, seed_help: str = "") -> None:
     p.add_argument("env", help="a gymnasium id (torchrl_swm/* ids are registered automatically)")
     p.add_argument("--num-envs", type=int, default=default_envs, help=f"parallel envs (default {default_envs})")
     p.add_argument("--seed", type=int, default=0,
-                   help="base seed: episode j starts from seed + j (default 0); eval --dataset starts episodes from "
-                   "the dataset episodes' own seeds, and this seeds the policy's randomness only")
+                   help=f"base seed: episode j starts from seed + j (default 0){seed_help}")
     p.add_argument("--max-steps", type=int, default=None,
                    help="per-episode step limit, also the env's TimeLimit (default: the env's TimeLimit)")
     p.add_argument("--mode", choices=("auto", "wait"), default=None,
@@ -376,7 +375,9 @@ def _collect(args) -> int:
 
 # -- eval ---------------------------------------------------------------------------------------------------
 def _configure_eval(p: argparse.ArgumentParser) -> None:
-    _add_env_arguments(p, default_envs=8, mode_help="reset mode (default: auto; wait for --dataset evaluation)")
+    _add_env_arguments(p, default_envs=8, mode_help="reset mode (default: auto; wait for --dataset evaluation)",
+                       seed_help="; with --dataset, episodes start from the dataset episodes' own seeds, and this "
+                       "seeds the policy's randomness only")
     p.add_argument("--episodes", type=int, default=None,
                    help="episodes (default: one per env, or all dataset episodes)")
     p.add_argument("--video", default=None, type=os.path.expanduser, help="write one MP4 per episode to this directory")

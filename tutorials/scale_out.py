@@ -104,6 +104,7 @@ def main():
     collector = make_collector(args.collector, actor)
     frames, collect_time, start = 0, 0.0, time.perf_counter()
     running = None  # each env's steps in its current episode
+    collector.update_policy_weights_()  # the workers start from this actor's weights (RayCollector warns if not)
     batches = iter(collector)
     try:
         for it in range(args.total_frames // args.frames_per_batch):

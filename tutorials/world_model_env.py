@@ -9,6 +9,8 @@ make_world_model_env adds the seed design's extras (action adapter, reward/termi
 adapters, time limit, decoder) as TorchRL transforms you can swap.
 """
 
+import logging
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -23,6 +25,7 @@ from torchrl.envs.utils import check_env_specs
 from torchrl_swm import WorldModelEnv, make_env, make_world_model_env
 
 torch.manual_seed(0)
+logging.getLogger("torchrl").setLevel(logging.WARNING)  # no "check_env_specs succeeded!" lines in the output
 
 # --- 1. A model and the env --------------------------------------------------------------------
 # Any object works. This one has a `step(state, action, generator=None)` method, which the env

@@ -118,7 +118,7 @@ def _factories(env_fns, num_envs, pixels, make_kwargs) -> list[Callable[[], gym.
     if isinstance(env_fns, (str, EnvSpec)):
         name = env_fns if isinstance(env_fns, str) else env_fns.id
         if num_envs is None:
-            raise ValueError(f"EnvPool({name!r}): expected num_envs >= 1, got None")
+            raise ValueError(f"EnvPool({name!r}) needs num_envs= (the number of parallel envs), got None")
         num_envs = check_int(num_envs, f"EnvPool({name!r}): num_envs", minimum=1)
         from ..envs import make  # gym.make that also knows this package's ids, in any process
 
@@ -144,7 +144,9 @@ def _factories(env_fns, num_envs, pixels, make_kwargs) -> list[Callable[[], gym.
                 f"EnvPool: one factory ({getattr(env_fns, '__name__', type(env_fns).__name__)}) needs num_envs >= 1, "
                 "got None; pass num_envs=, or a sequence of factories (one per env)"
             )
-        return [env_fns] * check_int(num_envs, "EnvPool: num_envs", minimum=1)
+        num_envs = check_int(num_envs, "EnvPool: num_envs", minimum=1)
+        with count_fits("EnvPool: num_envs", num_envs):
+            return [env_fns] * num_envs
     if isinstance(env_fns, gym.Env) or not isinstance(env_fns, Sequence):
         raise TypeError(
             "EnvPool: expected a sequence of zero-argument factories returning gymnasium.Env, one such factory "
