@@ -91,9 +91,10 @@ def test_goal_env_with_policy_factory_dataset_eval_and_video(tmp_path, capsys):
     assert code == 2 and "--image-shape 32 24: the dataset's pixels are 24 x 32" in capsys.readouterr().err
     ev = run("eval", "torchrl_swm/PointMaze-v0", "--dataset", data, "--goal-offset", 3, "--eval-budget", 12,
              "--num-envs", 2, "--policy", "torchrl_swm.envs:expert_policy", "--video", tmp_path / "vid",
-             "--image-shape", 24, 32, "--no-progress")
+             "--image-shape", 24, 32, "--no-progress", "--json", tmp_path / "ev.json")
     assert ev.returncode == 0, ev.stderr
     assert "6 episodes on 2 envs (reset_mode=wait" in ev.stdout and "goal_offset=3" in ev.stdout
+    assert json.loads((tmp_path / "ev.json").read_text())["start_steps"] == [0] * 6  # no --start-step: step 0
     assert len(list((tmp_path / "vid").glob("episode_*.mp4"))) == 6
 
 
@@ -132,6 +133,9 @@ def test_video_grid_writes_one_grid_video(tmp_path, capsys):
                      "--image-shape", "16", "16", "--video", str(tmp_path / "v"), "--video-grid",
                      "--no-progress"]) == 0
     assert sorted(os.listdir(tmp_path / "v")) == ["grid.mp4"]
+    # without --video there is nowhere to write it: a usage error, never a silent run without a video
+    assert cli.main(["eval", "CartPole-v1", "--episodes", "1", "--video-grid", "--no-progress"]) == 2
+    assert "--video-grid needs --video DIR" in capsys.readouterr().err
 
 
 def test_policy_object_from_a_module(tmp_path, monkeypatch, capsys):

@@ -281,3 +281,27 @@ def test_property_run_and_cli_accept_the_same_seeds(seed):
     except SystemExit:
         parsed = False
     assert accepted == parsed == expected
+
+
+def test_model_table_claims_no_gain_below_a_tenth(capsys):
+    quickstart.print_model_table({
+        "transitions": 10, "next_obs_mse": 0.3, "next_obs_mse_baseline": 0.31, "multi_step": 2,
+        "multi_step_mse": 0.3, "multi_step_mse_baseline": 0.34, "reward_mse": 0.3, "reward_mse_baseline": 0.3,
+        "done_accuracy": 0.9, "done_accuracy_baseline": 0.9, "terminations": 0, "terminations_caught": 0,
+        "false_terminations": 0,
+    })
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].rstrip().endswith("(no change)")  # 1.03x: no "1.0x lower"
+    assert lines[3].rstrip().endswith("(no change)     1.1x lower")  # 1.13x
+
+
+def test_the_sticky_data_policy_draws_afresh_at_every_episode_start():
+    # an action kept across an episode boundary would make an episode depend on the one its env ran before
+    from torchrl.data import Bounded
+
+    torch.manual_seed(0)
+    policy = quickstart.StickyRandomPolicy(Bounded(-1.0, 1.0, shape=(3, 2)), stickiness=1.0)  # always keep
+    first = policy(TensorDict({"is_init": torch.ones(3, 1, dtype=torch.bool)}, [3]))["action"].clone()
+    second = policy(TensorDict({"is_init": torch.tensor([[True], [False], [False]])}, [3]))["action"]
+    assert torch.equal(second[1:], first[1:])  # mid-episode rows keep their action
+    assert (second[0] != first[0]).all()  # the row starting an episode draws a new one
