@@ -303,6 +303,17 @@ def test_overwrite_rules(tmp_path):
     with pytest.raises(FileExistsError, match="not a torchrl_swm dataset"):
         world.collect(other, 2, seed=0, overwrite=True, progress=False)
     assert (other / "keep.txt").read_text() == "precious"
+    # "dataset.json" is a common name: another tool's, or an unreadable one, does not make the directory ours to
+    # delete (any dataset.json did, and overwrite removed the directory with the user's files)
+    for content, why in [('{"format": "coco", "images": []}', "has format 'coco', not 'torchrl_swm.dataset'"),
+                         ("[1, 2]", "has format None"), ("{not json", "is unreadable: JSONDecodeError")]:
+        (other / "dataset.json").write_text(content)
+        for lazy in (False, True):
+            with pytest.raises(FileExistsError, match=rf"not a torchrl_swm dataset \(its dataset.json {why}"):
+                DatasetWriter(other, 4, overwrite=True, lazy=lazy)
+        with pytest.raises(FileExistsError, match="not a torchrl_swm dataset"):
+            world.collect(other, 2, seed=0, overwrite=True, progress=False)
+        assert (other / "keep.txt").read_text() == "precious"
     pool.close()
 
 

@@ -167,15 +167,32 @@ def _check_target(path: Path, overwrite: bool, remove: bool = True) -> bool:
                 f"dataset path {str(path)!r} exists and is not empty; choose another path or pass "
                 "overwrite=True (--overwrite) to replace a dataset there"
             )
-        if not (path / METADATA_FILE).exists():
+        why = _not_a_dataset(path)
+        if why:
             raise FileExistsError(
-                f"refusing to overwrite {str(path)!r}: it is not empty and is not a torchrl_swm dataset "
-                f"(no {METADATA_FILE})"
+                f"refusing to overwrite {str(path)!r}: it is not empty and is not a torchrl_swm dataset ({why}); "
+                "remove it yourself if it is yours to delete"
             )
         if not remove:
             return True
         shutil.rmtree(path)
     return False
+
+
+def _not_a_dataset(path: Path) -> str | None:
+    """Why ``path`` is not a torchrl_swm dataset that overwrite may delete, or None. ``dataset.json`` is a common
+    name (other tools' metadata): only one whose format is ours marks the directory as a dataset."""
+    meta_path = path / METADATA_FILE
+    if not meta_path.exists():
+        return f"no {METADATA_FILE}"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return f"its {METADATA_FILE} is unreadable: {type(err).__name__}: {err}"
+    found = meta.get("format") if isinstance(meta, dict) else None
+    if found != FORMAT:
+        return f"its {METADATA_FILE} has format {found!r}, not {FORMAT!r}"
+    return None
 
 
 def _aside_prefix(path: Path) -> str:
