@@ -833,3 +833,16 @@ def test_progress_bar_goes_to_stderr_when_only_stderr_is_a_terminal(tmp_path):
     assert b"evaluate:   0%" in terminal, terminal  # tqdm's bar (the summary says "World.evaluate: 2 episodes")
     result = (tmp_path / "result.txt").read_text()
     assert "2 episodes on 2 envs" in result and "evaluate:   0%" not in result and "%|" not in result
+
+
+def test_collect_into_a_path_another_writer_holds_is_a_usage_error_before_any_env(tmp_path, capsys):
+    import torch
+    from tensordict import TensorDict
+
+    from torchrl_swm.data import DatasetWriter
+
+    writer = DatasetWriter(tmp_path / "d", capacity=20, commit_every=0)
+    writer.add(TensorDict({"episode": torch.zeros(3, dtype=torch.int64), "x": torch.ones(3)}, [3]))
+    code = cli.main(["collect", "no/such-env-v0", "--episodes", "2", "--out", str(tmp_path / "d"), "--overwrite"])
+    assert code == 2 and f"is being written by another DatasetWriter (pid {os.getpid()}" in capsys.readouterr().err
+    writer.close(complete=True)

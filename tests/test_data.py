@@ -764,9 +764,10 @@ def test_a_lazy_writer_removes_the_dataset_it_replaces_at_its_first_commit(tmp_p
     writer = DatasetWriter(path, capacity=20, overwrite=True, lazy=True, commit_every=0)
     assert load_dataset(path).num_episodes == 2  # still there
     writer.add(TensorDict({"episode": torch.zeros(3, dtype=torch.int64), "x": torch.ones(3)}, [3]))
-    assert [p.name for p in tmp_path.iterdir()] == ["d"] and load_dataset(path).num_episodes == 1
+    # the old dataset is gone; the lock of the writer writing d lies beside it until close
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".d.lock", "d"] and load_dataset(path).num_episodes == 1
     writer.close(complete=False)  # an interrupted collection of one episode keeps it
-    assert load_dataset(path).num_episodes == 1
+    assert load_dataset(path).num_episodes == 1 and [p.name for p in tmp_path.iterdir()] == ["d"]
 
 
 def test_exclude_keys_are_not_stored(tmp_path):
@@ -1551,3 +1552,76 @@ def test_a_lazy_writer_interrupted_while_it_opens_leaves_the_replaced_dataset_an
     writer = DatasetWriter(".", capacity=20, lazy=True, overwrite=True)
     assert writer.path == path
     writer.close(complete=False)
+
+
+# -- one writer per path ---------------------------------------------------------------------------------------
+def _episode(episode_id, length=3):
+    return TensorDict({"episode": torch.full((length,), episode_id, dtype=torch.int64),
+                       "x": torch.full((length,), float(episode_id))}, [length])
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_second_writer_of_a_path_being_written_is_refused_and_the_first_keeps_its_data(tmp_path, overwrite):
+    # nothing locked the path: an overwrite set the live dataset aside and removed it at its first commit (the
+    # first run then wrote into the second's directory, both "succeeded", the data was corrupt); two first
+    # episodes ending together deleted each other's files (review R4 B1, B2)
+    path = tmp_path / "d"
+    first = DatasetWriter(path, capacity=20, commit_every=0)
+    first.add(_episode(0))
+    being_written = rf"'{re.escape(str(path))}' is being written by another DatasetWriter \(pid {os.getpid()}"
+    with pytest.raises(FileExistsError, match=being_written):
+        DatasetWriter(path, capacity=20, overwrite=overwrite)
+    # two lazy writers made while the path was free: the second to open is refused, and deletes nothing
+    other = tmp_path / "e"
+    lazy = [DatasetWriter(other, capacity=20, overwrite=overwrite, lazy=True, commit_every=0) for _ in range(2)]
+    lazy[0].add(_episode(1))
+    with pytest.raises(FileExistsError, match="is being written by another DatasetWriter"):
+        lazy[1].add(_episode(2))
+    lazy[1].close(complete=False)
+    lazy[0].add(_episode(3))
+    lazy[0].close(complete=True)
+    assert load_dataset(other).td["episode"].tolist() == [1] * 3 + [3] * 3
+    first.add(_episode(4))
+    first.close(complete=True)
+    assert load_dataset(path).td["episode"].tolist() == [0] * 3 + [4] * 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "e"]  # the locks go with their writers
+    # closed, the path is free again
+    DatasetWriter(path, capacity=20, overwrite=True).close(complete=True)
+
+
+def test_a_writer_in_another_process_holds_its_path_until_it_ends_even_killed(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "d"
+    script = (
+        "import sys, torch\nfrom tensordict import TensorDict\nfrom torchrl_swm.data import DatasetWriter\n"
+        f"w = DatasetWriter({str(path)!r}, capacity=20, commit_every=0)\n"
+        "w.add(TensorDict({'episode': torch.zeros(3, dtype=torch.int64), 'x': torch.ones(3)}, [3]))\n"
+        "print('ready', flush=True)\nsys.stdin.read()\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        with pytest.raises(FileExistsError, match=rf"being written by another DatasetWriter \(pid {child.pid},"):
+            World(counting_pool(2), max_episode_steps=8).collect(path, 2, seed=0, overwrite=True, progress=False)
+        assert load_dataset(path).num_episodes == 1  # the child's, untouched
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    # killed: the kernel released its lock; its lock file, left behind, is taken over
+    assert (tmp_path / ".d.lock").exists()
+    ds = World(counting_pool(2), max_episode_steps=8).collect(path, 2, seed=0, overwrite=True, progress=False)
+    assert ds.num_episodes == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+
+
+def test_a_writer_never_closed_releases_its_path_when_collected(tmp_path):
+    import gc
+
+    writer = DatasetWriter(tmp_path / "d", capacity=20, commit_every=0)
+    writer.add(_episode(0))
+    del writer
+    gc.collect()
+    assert not (tmp_path / ".d.lock").exists()
+    DatasetWriter(tmp_path / "d", capacity=20, overwrite=True).close(complete=True)

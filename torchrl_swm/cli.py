@@ -330,9 +330,10 @@ def _configure_collect(p: argparse.ArgumentParser) -> None:
 def _collect(args) -> int:
     out = os.path.abspath(args.out)
     _check_output_dir(args.out, "--out")
-    from .data import _check_target
+    from .data import _check_target, _WriterLock
 
-    try:  # a non-empty directory, or one --overwrite may not replace (not a dataset): refused before an env is built
+    try:  # a non-empty directory, or one --overwrite may not replace (not a dataset, being written): refused
+        _WriterLock(Path(out)).check_free(Path(out))  # before an env is built
         _check_target(Path(out), args.overwrite, remove=False)
     except FileExistsError as err:
         raise CLIError(f"--out {args.out}: {err}") from None

@@ -49,8 +49,14 @@ import os
 import shutil
 import time
 import warnings
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no lock between writers
+    fcntl = None
 
 import numpy as np
 import torch
@@ -200,6 +206,65 @@ def _aside_prefix(path: Path) -> str:
     return f".{path.name}.replaced-"
 
 
+class _WriterLock:
+    """An exclusive ``flock`` on ``.NAME.lock`` beside a dataset, held by the one writer writing it, from its
+    ``open()`` to its ``close()``: a second writer of the path (another process's collect, an overwrite of it)
+    is refused, where it would set aside or remove the files the first is still writing. The kernel releases
+    the lock of a killed process; its file, left behind, is taken over. No-op where ``fcntl`` is missing."""
+
+    def __init__(self, path: Path):
+        self.path = path.with_name(f".{path.name}.lock")
+        self.fd: int | None = None
+
+    def acquire(self, dataset: Path) -> None:
+        if fcntl is None:  # pragma: no cover - Windows
+            return
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise FileExistsError(
+                    f"dataset path {str(dataset)!r} is being written by another DatasetWriter (pid {holder}, which "
+                    f"holds {str(self.path)!r}); wait for it to finish, or choose another path"
+                ) from None
+            try:  # the file a holder removed as it released it: lock the new one instead
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        # released by close(), or when a writer never closed is garbage-collected
+        self._release = weakref.finalize(self, _WriterLock._unlock, self.path, fd)
+
+    def check_free(self, dataset: Path) -> None:
+        """Refuse at once a path another writer holds (without creating the lock file, or keeping the lock)."""
+        if fcntl is None or not self.path.exists():
+            return
+        probe = _WriterLock.__new__(_WriterLock)
+        probe.path, probe.fd = self.path, None
+        probe.acquire(dataset)
+        probe._release.detach()
+        os.close(probe.fd)  # released, the file left as it was found (a killed writer's, taken over later)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            self._release()
+            self.fd = None
+
+    @staticmethod
+    def _unlock(path: Path, fd: int) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # before the unlock: a writer waiting on this file then locks a new one
+        os.close(fd)
+
+
 #: dataset.json's keys the writer sets itself: a caller's metadata may not replace them
 _OWN_METADATA = frozenset({
     "format", "version", "layout", "created", "versions", "complete", "num_episodes", "num_steps", "storage_rows",
@@ -228,6 +293,10 @@ class DatasetWriter:
     the first commit: a run that fails (or is interrupted) before its first episode is written
     leaves the path as it was, the replaced dataset included. (A process killed in between leaves
     that dataset beside the path, as ``.NAME.replaced-...``: rename it back to recover it.)
+
+    One writer per path: from :meth:`open` to :meth:`close` the writer holds an exclusive ``flock`` on
+    ``.NAME.lock`` beside the path (removed at close; a killed process's lock is released by the kernel),
+    and another writer of that path, in any process, is refused (``FileExistsError``, naming the holder's pid).
 
     Example:
         Episodes of your own (here one pool rollout), written as a dataset that
@@ -276,6 +345,8 @@ class DatasetWriter:
                 f"DatasetWriter: metadata keys {clash} are the dataset's own (dataset.json's {sorted(_OWN_METADATA)}): "
                 "name yours otherwise"
             )
+        self._lock = _WriterLock(self.path)
+        self._lock.check_free(self.path)
         _check_target(self.path, overwrite, remove=False)
         self._overwrite = overwrite
         self.commit_every = commit_every
@@ -308,6 +379,15 @@ class DatasetWriter:
         """Create the dataset directory (replacing the dataset ``overwrite`` names) and its storage."""
         if self.opened:
             return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire(self.path)  # held until close(): no other writer sets this dataset aside under it
+        try:
+            self._open()
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _open(self) -> None:
         # again: the path may have changed since; a lazy writer sets the dataset it replaces aside, not removes it
         replacing = _check_target(self.path, self._overwrite, remove=not self._lazy)
         stale = sorted(self.path.parent.glob(f"{glob.escape(_aside_prefix(self.path))}*"))
@@ -495,6 +575,12 @@ class DatasetWriter:
         self.closed = True
         if not self.opened:
             return
+        try:
+            self._finish(complete, interrupted, compact)
+        finally:
+            self._lock.release()
+
+    def _finish(self, complete: bool, interrupted: str | None, compact: bool) -> None:
         if self._lazy and not self.episode_ids and not complete:
             self._undo_open()  # a failed or interrupted first episode: nothing was written
             return
