@@ -792,6 +792,8 @@ def test_replay_buffer_slices_and_batch_size_must_agree(collected):
         ds.replay_buffer(num_slices=4, slice_len=5, batch_size=30)
     with pytest.raises(ValueError, match="num_slices needs slice_len"):
         ds.replay_buffer(num_slices=4, batch_size=8)
+    with pytest.raises(ValueError, match="batch_size 10 is not a multiple of slice_len 4"):  # TorchRL: at sample()
+        ds.replay_buffer(slice_len=4, batch_size=10)
     assert ds.replay_buffer(num_slices=4, slice_len=2, batch_size=8).sample().reshape(4, 2).batch_size == (4, 2)
 
 
@@ -1233,7 +1235,7 @@ def test_a_dataset_caught_between_compaction_and_its_last_dataset_json_is_read_a
         load_dataset(tmp_path / "ds")
 
 
-@pytest.mark.parametrize("damage", ["shape", "dtype", "storage_rows", "no_episode"])
+@pytest.mark.parametrize("damage", ["shape", "dtype", "storage_rows", "no_episode", "num_steps"])
 def test_a_storage_that_disagrees_with_dataset_json_is_a_dataset_error(tmp_path, damage):
     # the storage's own meta.json would reshape (or reinterpret) the rows without a word
     World(counting_pool(2)).collect(tmp_path / "ds", 3, seed=0, max_steps=10, progress=False)
@@ -1248,6 +1250,9 @@ def test_a_storage_that_disagrees_with_dataset_json_is_a_dataset_error(tmp_path,
     elif damage == "storage_rows":
         info["storage_rows"] = "20 rows"
         message = r"'storage_rows' must be a non-negative integer, got '20 rows'"
+    elif damage == "num_steps":  # more rows than the storage holds: torch's "file ... is smaller than" before
+        message = rf"storage has {info['num_steps']} rows, dataset.json says {info['num_steps'] + 5}"
+        info["num_steps"] += 5
     else:  # no "episode" anywhere: neither listed nor stored
         meta.pop("episode")
         del info["keys"]["episode"]

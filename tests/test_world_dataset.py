@@ -164,6 +164,9 @@ def test_a_negative_episodes_idx_is_out_of_range_not_counted_from_the_end(maze_d
     with World("torchrl_swm/PointMaze-v0", num_envs=1, image_shape=(32, 32)) as w:
         with pytest.raises(IndexError, match=r"episodes_idx\[1\] = -1 is out of range"):
             w.evaluate(dataset=maze_dataset, episodes_idx=[0, -1], goal_offset=1, eval_budget=5, progress=False)
+        n = maze_dataset.num_episodes  # one past the last: refused by name, not by numpy's own IndexError
+        with pytest.raises(IndexError, match=rf"episodes_idx\[0\] = {n} is out of range: the dataset has {n} episodes"):
+            w.evaluate(dataset=maze_dataset, episodes_idx=[n], goal_offset=1, eval_budget=5, progress=False)
 
 
 def test_bad_argument_types_are_named(maze_dataset):
