@@ -712,6 +712,59 @@ def test_process_backend_close_after_an_interrupted_hung_step_terminates_the_wor
         _reap(processes)
 
 
+def test_a_worker_stuck_in_an_interrupted_step_leaves_the_other_workers_envs_answering():
+    # every call/get_attr/set_attr waited for the reply the stuck worker owed, even one for another worker's env
+    # (until the next Ctrl-C, for every such call); a serial loop answers them at once (review R1 B1)
+    pool = EnvPool([functools.partial(SlowEnv, 0.0), functools.partial(SlowEnv, 3600.0)], backend="process",
+                   num_workers=2, seed=0)
+    processes = _workers(pool)
+    try:
+        _step_interrupted(pool, 0.5)  # env 1 hangs; env 0's step has returned
+        with _interrupt_after(20.0, CloseHung):  # (a guard: the bug is a call that never returns)
+            assert pool.get_attr("t", indices=[0]) == [1]
+            pool.set_attr("delay", [0.25], indices=[0])
+            assert pool.call("get_wrapper_attr", "delay", indices=[0]) == [0.25]
+        with pytest.warns(RuntimeWarning, match="was terminated"):
+            pool.close()
+    finally:
+        _reap(processes)
+
+
+class CallableEnv(SlowEnv):
+    """A SlowEnv whose methods take functions (a lambda reaches a process worker only through cloudpickle), and
+    one that ends its worker."""
+
+    def run(self, fn):
+        return fn(self.t)
+
+    def run_hook(self):
+        return self.hook(self.t)
+
+    def die(self):
+        os._exit(3)
+
+
+def test_a_process_pool_sends_lambdas_to_its_envs_in_call_and_set_attr_arguments():
+    with _process_pool([CallableEnv] * 4, 2) as pool:
+        pool.reset()
+        assert pool.call("run", lambda t: t + 10) == [10] * 4
+        offset = 5
+        pool.set_attr("hook", [lambda t, k=k: t + k * offset for k in range(4)])  # closures over local names
+        assert pool.call("run_hook") == [0, 5, 10, 15]
+
+
+def test_a_worker_that_died_in_a_call_stops_the_next_step_before_any_env_moves():
+    # no row waits for a reset, so nothing else checks the workers first: the step was sent to the live workers,
+    # whose envs moved, before the dead one's send failed
+    with _process_pool([CallableEnv] * 4, 2) as pool:
+        td = pool.reset().set("action", torch.zeros(4, dtype=torch.int64))
+        with pytest.raises(EnvError, match=r"worker 1 \(envs 2..3, pid \d+\) died with exit code 3"):
+            pool.call("die", indices=[2])
+        with pytest.raises(EnvError, match=r"died with exit code 3: the pool cannot step or reset"):
+            pool.step(td)
+        assert pool.get_attr("t", indices=[0, 1]) == [0, 0]
+
+
 class SlowToMakeEnv(SlowEnv):
     """A SlowEnv whose construction takes ``make_delay`` seconds (a simulator starting); with ``marks``, it writes
     ``made-<i>`` once made and ``closed-<i>`` when closed into that folder."""

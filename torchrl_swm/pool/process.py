@@ -15,6 +15,8 @@ through its process sentinel at once; ``close()`` always reaps every worker and
 frees the shared memory, also after errors and at interpreter exit. An env call
 that never returns (or a stopped worker) is waited for, as a serial loop would
 wait: Ctrl-C interrupts the wait, and ``close()`` then terminates that worker.
+Meanwhile the other workers' envs answer ``call``/``get_attr``/``set_attr``;
+``step`` and ``reset`` wait for the stuck one again.
 """
 
 from __future__ import annotations
@@ -290,7 +292,9 @@ class ProcessBackend:
 
         If a send fails (a dead worker), the replies of the workers already sent to are
         read and dropped before the error is raised, so no reply is left for a later command."""
-        self._drain_owed()
+        # only the workers sent to: a worker stuck in an interrupted env call keeps the others answering
+        # (call/get_attr/set_attr of their envs), as a serial loop would; step and reset drain every worker first
+        self._drain_owed(workers=[w for w, _ in messages])
         sent = []
         try:
             held = hold_interrupts()  # each message is sent whole, and counted as sent, or not at all
@@ -311,14 +315,15 @@ class ProcessBackend:
             raise
         return sent
 
-    def _drain_owed(self, timeout: float | None = None) -> list[int]:
-        """Read and drop the replies an interrupted command left unread (see ``_gather``).
+    def _drain_owed(self, timeout: float | None = None, workers=None) -> list[int]:
+        """Read and drop the replies an interrupted command left unread (see ``_gather``), of ``workers``
+        (default: all).
 
         With ``timeout``, give up after that many seconds in all: returns the workers still silent
         then (stuck in an env call), whose replies stay owed."""
         deadline = None if timeout is None else time.monotonic() + timeout
         stuck = []
-        for w in list(self._owed):
+        for w in [w for w in self._owed if workers is None or w in workers]:
             while self._owed.get(w):
                 self._owed[w] -= 1  # counted again by _gather if this wait is interrupted or times out
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
