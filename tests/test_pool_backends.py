@@ -116,6 +116,26 @@ def test_fast_step_and_maybe_reset_equals_generic_path(factory, kwargs):
     slow.close()
 
 
+def test_fast_step_and_maybe_reset_equals_generic_path_when_every_row_ends_at_once():
+    # fixed-length episodes (a TimeLimit): every row done at the same step, a reset of all rows, where the
+    # policy's root keys are carried as TorchRL carries them (a `<=` for `<` in the partial-reset test zeroed
+    # them; review R5 M28)
+    factory = functools.partial(counting, length=3)
+    fast, slow = EnvPool([factory] * 4, seed=3), GenericPathPool([factory] * 4, seed=3)
+    ta, tb = fast.reset(), slow.reset()
+    for t in range(9):
+        for td in (ta, tb):
+            td["action"] = torch.full((4,), t % 3, dtype=torch.int64)
+            td["policy_logits"] = torch.full((4, 3), float(t))
+        sa, ta = fast.step_and_maybe_reset(ta)
+        sb, tb = slow.step_and_maybe_reset(tb)
+        assert bool(sa["next", "done"].all()) == (t % 3 == 2)
+        assert_same([sa, ta], [sb, tb])
+    assert ta["policy_logits"].eq(8.0).all()  # carried through the all-rows reset
+    fast.close()
+    slow.close()
+
+
 @pytest.mark.parametrize("factory", [functools.partial(counting, max_length=4), DictObsEnv])
 def test_policy_leaves_under_output_subtrees_are_carried_as_torchrl_does(factory):
     # a policy writing under the pool's own "info" subtree or a Dict observation's subtree:

@@ -532,3 +532,31 @@ def test_frames_of_another_size_without_image_shape_are_an_error_naming_image_sh
             EnvPool(gym.vector.SyncVectorEnv(fns), seed=0, pixels=True)
         else:
             EnvPool(fns, seed=0, pixels=True, backend=backend, num_workers=1)
+
+
+class FineRewardEnv(gym.Env):
+    """Rewards with every float32 digit in use (10000.1 + t / 3): float16 (or any narrower store) rounds them."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(1, np.float32), 10000.1 + self.t / 3, self.t == 4, False, {}
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_rewards_are_the_envs_own_rounded_to_float32_only(backend):
+    # the pool's test envs reward small integers, exact in float16: a narrower reward store passed every test
+    pool = EnvPool([FineRewardEnv] * 3, seed=0, backend=backend, **({"num_workers": 2} if backend == "process" else {}))
+    rollout = pool.rollout(10, break_when_any_done=False)
+    expected = np.float32([10000.1 + (t % 4 + 1) / 3 for t in range(10)])
+    assert rollout["next", "reward"].dtype == torch.float32
+    for row in range(3):
+        np.testing.assert_array_equal(rollout["next", "reward"][row, :, 0].numpy(), expected)
+    pool.close()
