@@ -247,11 +247,10 @@ class _WriterLock:
         """Refuse at once a path another writer holds (without creating the lock file, or keeping the lock)."""
         if fcntl is None or not self.path.exists():
             return
-        probe = _WriterLock.__new__(_WriterLock)
-        probe.path, probe.fd = self.path, None
+        probe = _WriterLock(dataset)
         probe.acquire(dataset)
         probe._release.detach()
-        os.close(probe.fd)  # released, the file left as it was found (a killed writer's, taken over later)
+        os.close(probe.fd)  # released, the file left in place (a killed writer's, taken over by the next open)
 
     def release(self) -> None:
         if self.fd is not None:
