@@ -1630,3 +1630,43 @@ def test_a_writer_never_closed_releases_its_path_when_collected(tmp_path):
     gc.collect()
     assert not (tmp_path / ".d.lock").exists()
     DatasetWriter(tmp_path / "d", capacity=20, overwrite=True).close(complete=True)
+
+
+def test_a_swap_that_fails_midway_is_finished_and_the_compacted_dataset_loads(tmp_path, monkeypatch):
+    # an OSError between two entries' os.replace left some entries compacted, some not: the close finishes the
+    # swap it had begun (review R4 M12: without that the dataset no longer loads, "cut short")
+    import torchrl_swm.data as data_module
+
+    path = tmp_path / "d"
+    writer = DatasetWriter(path, capacity=20, commit_every=0)
+    for k in (1, 0):
+        writer.add(_episode(k))
+    real_replace, calls = os.replace, []
+
+    def failing_once(src, dst):
+        calls.append(src)
+        if len(calls) == 3:  # inside the swap, after the first entry moved
+            raise OSError("disk hiccup")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(data_module.os, "replace", failing_once)
+    with pytest.raises(OSError, match="disk hiccup"):
+        writer.close(complete=True)
+    monkeypatch.undo()
+    ds = load_dataset(path)
+    assert ds.td["episode"].tolist() == [0] * 3 + [1] * 3  # compacted: in id order, at its exact size
+    assert ds.metadata.get("compacted") is True and "compaction_failed" not in ds.metadata
+    assert sorted(p.name for p in path.iterdir() if p.name.startswith(".")) == []  # no .compact / .old left
+
+
+def test_a_damaged_dataset_json_without_a_complete_key_is_not_taken_for_one_being_written(tmp_path):
+    # only "complete": false (a collect in progress) is read again and worded so (review R4 M16)
+    World(counting_pool(2)).collect(tmp_path / "ds", 3, seed=0, max_steps=10, progress=False)
+    dataset_json = tmp_path / "ds" / "dataset.json"
+    info = json.loads(dataset_json.read_text())
+    del info["complete"]
+    info["num_steps"] += 5
+    dataset_json.write_text(json.dumps(info))
+    with pytest.raises(DatasetError, match=r"dataset.json says") as error:
+        load_dataset(tmp_path / "ds")
+    assert "still being written" not in str(error.value)
