@@ -1615,8 +1615,12 @@ def test_a_writer_in_another_process_holds_its_path_until_it_ends_even_killed(tm
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
-    # killed: the kernel released its lock; its lock file, left behind, is taken over
-    assert (tmp_path / ".d.lock").exists()
+    # killed: the kernel released its lock; its lock file, left behind, is taken over by the next open, and a
+    # writer's check at construction leaves it as it is
+    lock_file = tmp_path / ".d.lock"
+    assert lock_file.read_text().strip() == str(child.pid)
+    DatasetWriter(path, capacity=20, overwrite=True, lazy=True).close(complete=False)
+    assert lock_file.read_text().strip() == str(child.pid)
     ds = World(counting_pool(2), max_episode_steps=8).collect(path, 2, seed=0, overwrite=True, progress=False)
     assert ds.num_episodes == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["d"]
 

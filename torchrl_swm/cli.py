@@ -333,7 +333,7 @@ def _collect(args) -> int:
     from .data import _check_target, _WriterLock
 
     try:  # a non-empty directory, or one --overwrite may not replace (not a dataset, being written): refused
-        _WriterLock(Path(out)).check_free(Path(out))  # before an env is built
+        _WriterLock(Path(out)).check_free()  # before an env is built
         _check_target(Path(out), args.overwrite, remove=False)
     except FileExistsError as err:
         raise CLIError(f"--out {args.out}: {err}") from None

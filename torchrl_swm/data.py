@@ -212,30 +212,37 @@ class _WriterLock:
     is refused, where it would set aside or remove the files the first is still writing. The kernel releases
     the lock of a killed process; its file, left behind, is taken over. No-op where ``fcntl`` is missing."""
 
-    def __init__(self, path: Path):
-        self.path = path.with_name(f".{path.name}.lock")
+    def __init__(self, dataset: Path):
+        self.dataset = dataset
+        self.path = dataset.with_name(f".{dataset.name}.lock")
         self.fd: int | None = None
 
-    def acquire(self, dataset: Path) -> None:
+    def _lock(self, fd: int) -> None:
+        """Lock ``fd`` (the lock file, opened), or raise naming the writer holding it; ``fd`` stays open."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            raise FileExistsError(
+                f"dataset path {str(self.dataset)!r} is being written by another DatasetWriter (pid {holder}, "
+                f"which holds {str(self.path)!r}); wait for it to finish, or choose another path"
+            ) from None
+
+    def acquire(self) -> None:
         if fcntl is None:  # pragma: no cover - Windows
             return
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
-                os.close(fd)
-                raise FileExistsError(
-                    f"dataset path {str(dataset)!r} is being written by another DatasetWriter (pid {holder}, which "
-                    f"holds {str(self.path)!r}); wait for it to finish, or choose another path"
-                ) from None
-            try:  # the file a holder removed as it released it: lock the new one instead
-                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+                self._lock(fd)
+                # the file a holder removed as it released it: lock the new one instead
+                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                    break
             except FileNotFoundError:
-                same = False
-            if same:
-                break
+                pass
+            except BaseException:
+                os.close(fd)
+                raise
             os.close(fd)
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
@@ -243,14 +250,19 @@ class _WriterLock:
         # released by close(), or when a writer never closed is garbage-collected
         self._release = weakref.finalize(self, _WriterLock._unlock, self.path, fd)
 
-    def check_free(self, dataset: Path) -> None:
-        """Refuse at once a path another writer holds (without creating the lock file, or keeping the lock)."""
-        if fcntl is None or not self.path.exists():
+    def check_free(self) -> None:
+        """Refuse at once a path another writer holds, creating nothing and keeping no lock (a killed writer's
+        file is left for the next open to take over)."""
+        if fcntl is None:  # pragma: no cover - Windows
             return
-        probe = _WriterLock(dataset)
-        probe.acquire(dataset)
-        probe._release.detach()
-        os.close(probe.fd)  # released, the file left in place (a killed writer's, taken over by the next open)
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            self._lock(fd)
+        finally:
+            os.close(fd)
 
     def release(self) -> None:
         if self.fd is not None:
@@ -345,7 +357,7 @@ class DatasetWriter:
                 "name yours otherwise"
             )
         self._lock = _WriterLock(self.path)
-        self._lock.check_free(self.path)
+        self._lock.check_free()
         _check_target(self.path, overwrite, remove=False)
         self._overwrite = overwrite
         self.commit_every = commit_every
@@ -379,7 +391,7 @@ class DatasetWriter:
         if self.opened:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock.acquire(self.path)  # held until close(): no other writer sets this dataset aside under it
+        self._lock.acquire()  # held until close(): no other writer sets this dataset aside under it
         try:
             self._open()
         except BaseException:
