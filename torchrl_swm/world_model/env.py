@@ -1458,7 +1458,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                 _, _, reset_shapes, bs, per_row = guess
                 # one row's layout under the other reading: the whole reset state (read per row), or its
                 # leaves past the reset rows (read as one row); never the state given, read the guessed way
-                other = dict(reset_shapes) if per_row else {p: s[len(bs):] for p, s in reset_shapes.items()}
+                other = dict(reset_shapes) if per_row else _past_rows(reset_shapes, bs)
                 if got == other:
                     given = _row_shapes(before[0])
                     rt.state, rt.obs, rt.term, rt.trunc, rt.info = before  # nothing moved
@@ -2308,7 +2308,7 @@ def _state_guess_note(where, form, got, bs, knows_rows) -> str:
     """How a reset read a state of ambiguous layout (see ``WorldModelEnv._reset_state_batched``)."""
     rows = bs[0] if len(bs) == 1 else tuple(bs)
     if knows_rows:
-        read = f"as {rows} rows of {_shape_text({p: s[len(bs):] for p, s in got.items()})}"
+        read = f"as {rows} rows of {_shape_text(_past_rows(got, bs))}"
         told = "declares num_envs or mask: it knows"
     else:
         read, told = f"as one row, broadcast to the {rows} rows", "declares neither num_envs nor mask: it does not know"
@@ -2319,6 +2319,11 @@ def _state_guess_note(where, form, got, bs, knows_rows) -> str:
         "wrong, return the observation batched too (one per row being reset), or pass initial_state= or "
         "state_key=/state_spec= to give one row's layout"
     )
+
+
+def _past_rows(shapes: dict, bs) -> dict:
+    """``{path: shape}`` with the leading batch dims ``bs`` dropped: one row's layout of a per-row state."""
+    return {path: shape[len(bs):] for path, shape in shapes.items()}
 
 
 def _row_shapes(state) -> dict:
