@@ -14,8 +14,10 @@ import torch
 from envs import CountingEnv, counting
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tensordict import TensorDict
 from torchrl.collectors import Collector
-from torchrl.envs import FrameSkipTransform, StepCounter, TransformedEnv
+from torchrl.data import Categorical, Composite, Unbounded
+from torchrl.envs import Compose, EnvBase, FrameSkipTransform, StepCounter, TransformedEnv
 
 from torchrl_swm import EnvPool, StepRefusedError, World, WorldModelEnv
 from torchrl_swm.transforms import FrameSkip
@@ -220,3 +222,81 @@ def test_an_action_transform_before_the_skip_maps_every_repeats_action_once():
     assert out["observation"][:, 2].tolist() == [1.0, 1.0]  # the last action the envs got
     assert out["reward"].view(-1).tolist() == [2.0, 3.0] and out["observation"][:, 0].tolist() == [2.0, 3.0]
     env.close()
+
+
+@pytest.mark.parametrize("layered", [False, True])
+def test_world_reads_a_step_limit_that_a_frame_skip_repeats_in_its_own_steps(layered, tmp_path):
+    # StepCounter(max_steps=7) before FrameSkip(3) counts frames: the episode is cut at frame 7, world step 3
+    lengths = [20, 20]
+    if layered:  # the counter in an inner layer, the skip in an outer one: the same order of application
+        env = TransformedEnv(TransformedEnv(pool_of(lengths), StepCounter(max_steps=7)), FrameSkip(3),
+                             auto_unwrap=False)
+        assert isinstance(env.base_env, TransformedEnv)
+    else:
+        env = TransformedEnv(pool_of(lengths), Compose(StepCounter(max_steps=7), FrameSkip(3)))
+    world = World(env, policy=constant_action)
+    result = world.evaluate(episodes=2, progress=False)
+    assert result["episode_lengths"].tolist() == [3, 3]
+    assert result["episode_truncated"].tolist() == [True, True]
+    assert result["max_steps"] == 3 and result["env_time_limit"] == 3
+    # a counter after the skip counts the world's steps
+    after = TransformedEnv(pool_of(lengths), Compose(FrameSkip(3), StepCounter(max_steps=4)))
+    result = World(after, policy=constant_action).evaluate(episodes=2, progress=False)
+    assert result["episode_lengths"].tolist() == [4, 4] and result["env_time_limit"] == 4
+    # a gymnasium TimeLimit counts frames under every skip: CartPole-v1's 500 under 2 x 3 is 84 world steps
+    cartpole = TransformedEnv(TransformedEnv(EnvPool("CartPole-v1", num_envs=1, seed=0), FrameSkip(2)), FrameSkip(3),
+                              auto_unwrap=False)
+    assert World(cartpole, policy=None).evaluate(episodes=0, progress=False)["env_time_limit"] == 84
+    world.close()
+    cartpole.close()
+
+
+def test_collect_refuses_a_step_counter_that_counts_frames_and_records_one_that_counts_steps(tmp_path):
+    lengths = [7, 7]
+    inside = TransformedEnv(pool_of(lengths), Compose(StepCounter(), FrameSkip(3)))
+    with pytest.raises(ValueError, match=r"'step_count' of env 0 reads 3 after step 1 .*place it after the FrameSkip"):
+        World(inside, policy=constant_action).collect(tmp_path / "inside", 2, max_steps=10, progress=False)
+    after = TransformedEnv(pool_of(lengths), Compose(FrameSkip(3), StepCounter()))
+    dataset = World(after, policy=constant_action).collect(tmp_path / "after", 2, max_steps=10, progress=False)
+    episode = dataset.episode(0)
+    assert episode["step_count"].view(-1).tolist() == [0, 1, 2]
+    assert episode["next", "step_count"].view(-1).tolist() == [1, 2, 3]
+    assert episode["next", "observation"][:, 0].tolist() == [3.0, 6.0, 7.0]
+    inside.close()
+    after.close()
+
+
+class _TerminatedOnly(EnvBase):
+    """A TorchRL env whose ``_step`` writes ``terminated`` and no ``done`` (``EnvBase.step`` completes it);
+    row 0 ends at t=2, row 1 at t=9; it freezes rows by ``"_step"``."""
+
+    def __init__(self):
+        super().__init__(batch_size=[2])
+        self.observation_spec = Composite(observation=Unbounded((2, 1)), shape=(2,))
+        self.action_spec = Categorical(3, shape=(2,))
+        self.reward_spec = Unbounded((2, 1))
+        self.done_spec = Composite(done=Categorical(2, (2, 1), dtype=torch.bool),
+                                   terminated=Categorical(2, (2, 1), dtype=torch.bool), shape=(2,))
+        self.t = torch.zeros(2, 1)
+
+    def _reset(self, tensordict):
+        self.t.zero_()
+        return TensorDict({"observation": self.t.clone(), "terminated": torch.zeros(2, 1, dtype=torch.bool)}, [2])
+
+    def _step(self, tensordict):
+        stepped = tensordict.get("_step", torch.ones(2, 1, dtype=torch.bool)).view(2, 1)
+        self.t = torch.where(stepped, self.t + 1, self.t)
+        return TensorDict({"observation": self.t.clone(), "reward": stepped.float(),
+                           "terminated": self.t >= torch.tensor([[2.0], [9.0]])}, [2])
+
+    def _set_seed(self, seed):
+        return seed
+
+
+def test_frame_skip_completes_the_done_flag_of_an_env_whose_step_writes_terminated_only():
+    env = TransformedEnv(_TerminatedOnly(), FrameSkip(3))
+    out = env.step(constant_action(env.reset()))["next"]
+    assert out["observation"].view(-1).tolist() == [2.0, 3.0]
+    assert out["reward"].view(-1).tolist() == [2.0, 3.0]
+    assert out["done"].view(-1).tolist() == [True, False]
+    assert out["terminated"].view(-1).tolist() == [True, False]

@@ -488,6 +488,17 @@ def test_wait_mode_on_a_vector_env_pool_resets_each_env_once_per_planned_episode
     assert [env.last_seed for env in venv.envs] == [6, 7, 8]  # the last round's planned seeds
 
 
+def test_auto_mode_on_a_vector_env_pool_resets_each_env_once_per_planned_episode():
+    # a row restarted by its next planned episode gets that reset only, no idle-row reset before it
+    venv = gym.vector.SyncVectorEnv([functools.partial(counting, length=2)] * 3)
+    with World(EnvPool(venv, seed=0), ones(3)) as world:
+        before = [env.resets_called for env in venv.envs]
+        result = world.evaluate(9, seed=0, reset_mode="auto", progress=False)
+    assert result["episode_lengths"].tolist() == [2] * 9
+    assert [env.resets_called - k for env, k in zip(venv.envs, before)] == [3, 3, 3]
+    assert [env.last_seed for env in venv.envs] == [6, 7, 8]
+
+
 def test_vector_env_pool_videos_show_only_the_episodes(tmp_path):
     pytest.importorskip("imageio")
     pytest.importorskip("imageio_ffmpeg")

@@ -1,7 +1,8 @@
 """What a TorchRL env's transforms add: their time limit, and the keys that are bookkeeping.
 
 World reads the episode step limit of an env's ``StepCounter(max_steps=...)`` (as it reads a
-gymnasium ``TimeLimit``), and the exports leave the leaves of bookkeeping transforms
+gymnasium ``TimeLimit``), in the env's own steps: a counter that a ``FrameSkip`` after it repeats
+counts frames, ``frame_skip`` of them per step. The exports leave the leaves of bookkeeping transforms
 (``StepCounter``'s ``"step_count"``, ``RewardSum``'s ``"episode_reward"``, ``InitTracker``'s
 ``"is_init"``) out of the default observation, as gymnasium's ``TimeLimit`` and
 ``RecordEpisodeStatistics`` never change the observation.
@@ -9,11 +10,13 @@ gymnasium ``TimeLimit``), and the exports leave the leaves of bookkeeping transf
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 from torchrl.envs import Compose, EnvBase, InitTracker, RewardSum, StepCounter, Transform, TransformedEnv
+from torchrl.envs.transforms import FrameSkipTransform
 
-__all__ = ["transforms_of", "step_counter_limit", "bookkeeping_keys"]
+__all__ = ["transforms_of", "step_counter_limit", "frames_per_step", "bookkeeping_keys"]
 
 
 def _key(key) -> tuple[str, ...]:
@@ -35,6 +38,34 @@ def transforms_of(env: EnvBase) -> Iterator[Transform]:
         env = env.base_env
 
 
+def _applied_in_order(env: EnvBase) -> list[Transform]:
+    """``env``'s transforms in the order a step applies them: the innermost layer first, a ``Compose`` in its
+    order (a transform's ``parent``, which a ``FrameSkip`` repeats, is the base env and every one before it)."""
+    layers = []
+    while isinstance(env, TransformedEnv):
+        layers.append(env.transform)
+        env = env.base_env
+
+    def flat(transform):
+        if isinstance(transform, Compose):
+            for inner in transform:
+                yield from flat(inner)
+        else:
+            yield transform
+
+    return [t for layer in reversed(layers) for t in flat(layer)]
+
+
+def _skips(transforms) -> int:
+    return math.prod(int(t.frame_skip) for t in transforms if isinstance(t, FrameSkipTransform))
+
+
+def frames_per_step(env: EnvBase) -> int:
+    """How many base-env steps one step of ``env`` runs at most: the product of its ``FrameSkip``'s
+    ``frame_skip`` (1 without one). A gymnasium ``TimeLimit`` of the base env counts those."""
+    return _skips(_applied_in_order(env))
+
+
 def step_limits(env: EnvBase) -> list[tuple[StepCounter, bool]]:
     """``env``'s ``StepCounter`` transforms with a ``max_steps``, each with whether it ends episodes
     (``update_done``; one that only flags ``truncated`` lets them run on)."""
@@ -43,9 +74,12 @@ def step_limits(env: EnvBase) -> list[tuple[StepCounter, bool]]:
 
 
 def step_counter_limit(env: EnvBase) -> int | None:
-    """The smallest ``max_steps`` of ``env``'s ``StepCounter`` transforms that end episodes, or ``None``
-    without one."""
-    limits = [int(t.max_steps) for t, ends in step_limits(env) if ends]
+    """The most steps of ``env`` an episode can last under its ``StepCounter`` transforms that end episodes
+    (the smallest ``max_steps``), or ``None`` without one. A counter that a ``FrameSkip`` after it repeats
+    counts frames: its ``max_steps`` frames end the episode at step ``ceil(max_steps / frame_skip)``."""
+    order = _applied_in_order(env)
+    limits = [math.ceil(int(t.max_steps) / _skips(order[i + 1:])) for i, t in enumerate(order)
+              if isinstance(t, StepCounter) and t.max_steps is not None and getattr(t, "update_done", True)]
     return min(limits) if limits else None
 
 

@@ -64,7 +64,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 from ._interrupts import through_interrupts
 from .data import unstorable_entry
 from .errors import EnvError, _integral, add_note, check_bool, check_int, count_fits, counted, describe, error_text
-from .introspect import bookkeeping_keys, step_counter_limit
+from .introspect import bookkeeping_keys, frames_per_step, step_counter_limit
 
 __all__ = ["World", "EvalResult", "RandomPolicy", "EpisodePlan", "RESET_MODES", "SUCCESS_KEYS"]
 
@@ -781,8 +781,10 @@ class World:
 
     def _env_time_limit(self) -> int | None:
         """The env's own limit: its gymnasium ``TimeLimit``'s (its spec's ``max_episode_steps``, or the wrapper's
-        own) or a TorchRL ``StepCounter(max_steps=...)`` transform's, the smaller; None when neither is known."""
-        limits = [self._time_limit, step_counter_limit(self.env)]
+        own) or a TorchRL ``StepCounter(max_steps=...)`` transform's, the smaller; None when neither is known.
+        In World's steps: a ``FrameSkip`` makes the limits of what it repeats frames (see ``step_counter_limit``)."""
+        time_limit = None if self._time_limit is None else math.ceil(int(self._time_limit) / frames_per_step(self.env))
+        limits = [time_limit, step_counter_limit(self.env)]
         limits = [int(limit) for limit in limits if limit is not None]
         return min(limits) if limits else None
 
@@ -1030,8 +1032,9 @@ class World:
         """Refuse env keys that the dataset's own ``"episode"`` / ``"step_count"`` entries would overwrite.
 
         A ``"step_count"`` leaf may be a ``StepCounter``'s (also one inside a ``SerialEnv``'s envs), which counts
-        the steps World counts: returns whether it must be checked against World's count at every step (it is
-        not a ``StepCounter`` of the env's own transforms), where any difference is an error."""
+        the steps World counts: returns whether the env has one, which is then checked against World's count at
+        every step, where any difference is an error (a ``StepCounter`` that a ``FrameSkip`` repeats counts
+        frames)."""
         spec = self.env.full_observation_spec.clone()
         spec.update(self.env.full_state_spec)
         allowed = bookkeeping_keys(self.env)
@@ -1047,7 +1050,7 @@ class World:
                 "(\"episode\": the episode id, \"step_count\": the step in the episode) and would overwrite; "
                 "rename it (e.g. torchrl.envs.RenameTransform) before collecting"
             )
-        return has_count and ("step_count",) not in allowed
+        return has_count
 
     def _dataset_plans(self, dataset, episodes, episodes_idx, start_steps, goal_offset, eval_budget, seed, goal_key,
                        reset_options_fn, check_start):
@@ -1704,8 +1707,8 @@ class _Run:
         return root
 
     def _check_step_count(self, nxt, rows: np.ndarray) -> None:
-        """The env's own ``"step_count"`` (a StepCounter World cannot see, inside a SerialEnv's envs) must be
-        World's count on the rows recorded: World writes its count there, which must not change the data.
+        """The env's own ``"step_count"`` (a StepCounter's, also one inside a SerialEnv's envs) must be World's
+        count on the rows recorded: World writes its count there, which must not change the data.
         The step's ``"next"`` is checked (the root one is the previous step's, and a SerialEnv may have
         updated the caller's root in place)."""
         found = self._first_difference(nxt, "step_count", rows, self.t)
@@ -1714,7 +1717,8 @@ class _Run:
             raise ValueError(
                 f"World.collect: the env's own 'step_count' of env {j} reads {got.item()!r} after "
                 f"step {int(expected)} of its episode; World writes its count in every dataset row under "
-                "'step_count', so it would replace a value that is not a step count. Rename it (e.g. "
+                "'step_count', so it would replace a value that is not a step count of the env's steps (a "
+                "StepCounter that a FrameSkip repeats counts frames: place it after the FrameSkip). Rename it (e.g. "
                 "torchrl.envs.RenameTransform) before collecting"
             )
 
