@@ -846,3 +846,72 @@ def test_collect_into_a_path_another_writer_holds_is_a_usage_error_before_any_en
     code = cli.main(["collect", "no/such-env-v0", "--episodes", "2", "--out", str(tmp_path / "d"), "--overwrite"])
     assert code == 2 and f"is being written by another DatasetWriter (pid {os.getpid()}" in capsys.readouterr().err
     writer.close(complete=True)
+
+
+def test_output_paths_that_would_fail_after_the_run_are_usage_errors_before_it(tmp_path, capsys, monkeypatch):
+    # each of these passed the up-front check, then failed once the work was done (its results lost), or wrote
+    # nothing (an empty --json) or into the current directory (an empty --out); review R4 B1, B2, B4
+    import torchrl_swm.world as world_module
+
+    monkeypatch.setattr(world_module.World, "__init__", lambda *a, **k: pytest.fail("an env was built"))
+    monkeypatch.setattr("torchrl_swm.benchmarks.__main__.run_sections", lambda *a, **k: pytest.fail("it ran"))
+    monkeypatch.chdir(tmp_path)
+
+    def error(*argv):
+        with pytest.raises(SystemExit) as info:  # argparse's own usage errors exit 2 themselves
+            cli.main([str(a) for a in argv])
+        return info.value.code, capsys.readouterr().err
+
+    for argv, flag in ((["eval", "CartPole-v1", "--json", ""], "--json"), (["eval", "CartPole-v1", "--video", ""],
+                       "--video"), (["collect", "CartPole-v1", "--episodes", 1, "--out", ""], "--out"),
+                       (["eval", "CartPole-v1", "--dataset", ""], "--dataset"), (["info", ""], "path"),
+                       (["bench", "--json", ""], "--json"), (["bench", "--plot", ""], "--plot")):
+        code, err = error(*argv)
+        assert code == 2 and f"argument {flag}: expected a path, got ''" in err, (argv, err)
+    assert os.listdir(tmp_path) == []
+
+    def usage(*argv):
+        code = cli.main([str(a) for a in argv])
+        return code, capsys.readouterr().err
+
+    code, err = usage("eval", "CartPole-v1", "--json", "res/")
+    assert code == 2 and "--json res/: ends with a path separator, expected a file path" in err
+    code, err = usage("eval", "CartPole-v1", "--json", "same", "--video", "same")
+    assert code == 2 and "--json same and --video same are the same path" in err
+    code, err = usage("bench", "--json", "b.png", "--plot", "b.png")
+    assert code == 2 and "--json b.png and --plot b.png are the same file" in err
+    code, err = usage("bench", "--plot", "b.xyz")
+    assert code == 2 and "--plot b.xyz: unknown image format 'xyz'; expected a file name ending in one of" in err
+    (tmp_path / "d.png").mkdir()  # no extension is matplotlib's PNG: the file checked is the one it would write
+    code, err = usage("bench", "--plot", "d")
+    assert code == 2 and "--plot d.png: is a directory" in err
+    assert sorted(os.listdir(tmp_path)) == ["d.png"]
+
+
+def test_bench_plot_without_an_extension_writes_and_prints_the_png_it_checked(tmp_path, capsys):
+    from torchrl_swm.benchmarks.__main__ import build_parser, check_args
+
+    args = build_parser().parse_args(["--plot", str(tmp_path / "chart")])
+    check_args(args)
+    assert args.plot == str(tmp_path / "chart.png")
+
+
+@pytest.mark.parametrize("value", ["null", '"x"', "3", "true"])
+def test_env_kwargs_that_are_not_an_object_are_usage_errors(value, capsys):
+    assert cli.main(["eval", "CartPole-v1", "--no-progress", "--env-kwargs", value]) == 2
+    assert "--env-kwargs: expected a JSON object, got " in capsys.readouterr().err
+
+
+def test_env_kwargs_naming_the_env_or_the_policy_are_usage_errors(capsys):
+    for key in ("env", "env_fns", "policy"):
+        assert cli.main(["eval", "CartPole-v1", "--no-progress", "--env-kwargs", json.dumps({key: 1})]) == 2
+        assert f"--env-kwargs: {key} is not a gym.make keyword argument" in capsys.readouterr().err
+
+
+def test_an_interrupt_while_the_commands_load_exits_130_without_a_traceback(monkeypatch, capsys):
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["eval", "CartPole-v1"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"

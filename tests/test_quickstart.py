@@ -265,6 +265,14 @@ def test_cli_errors_are_runs_with_the_flags_for_the_fields(capsys):
         assert str(from_python.value) == python
 
 
+def test_the_boundary_values_of_the_config_are_accepted():
+    # top_k == candidates keeps every candidate; threads 0 is torch's default; stickiness 0 is i.i.d. actions
+    for fields in ({"top_k": 16, "candidates": 16}, {"threads": 0}, {"stickiness": 0.0}, {"stickiness": 1.0}):
+        quickstart._check_config(QuickstartConfig.tiny(**fields))
+    parsed = parse_args(["--tiny", "--top-k", "16", "--candidates", "16", "--threads", "0"])
+    assert (parsed.top_k, parsed.candidates, parsed.threads) == (16, 16, 0)
+
+
 @settings(max_examples=40, deadline=None)
 @given(seed=st.one_of(st.integers(-2**65, 2**65), st.integers(LAST_SEED - 3, LAST_SEED + 3)))
 def test_property_run_and_cli_accept_the_same_seeds(seed):

@@ -188,8 +188,18 @@ def _json_arg(text: str | None, name: str) -> dict:
     return value
 
 
+def path_arg(text: str) -> str:
+    """An argparse ``type`` for paths: ``~`` expanded, an empty string refused (``--json "$OUT"`` with ``OUT``
+    unset would otherwise write nothing, or into the current directory)."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a path, got ''")
+    return os.path.expanduser(text)
+
+
 def _check_output_file(path: str, flag: str) -> None:
     """Fail before any work when ``path`` cannot be written (the file is created only at the end)."""
+    if path.endswith(tuple(sep for sep in (os.sep, os.altsep) if sep)):
+        raise CLIError(f"{flag} {path}: ends with a path separator, expected a file path")
     target = os.path.abspath(path)
     if os.path.isdir(target):
         raise CLIError(f"{flag} {path}: is a directory, expected a file path")
@@ -262,7 +272,9 @@ def _add_env_arguments(p: argparse.ArgumentParser, default_envs: int, mode_help:
                    help="record pixels resized to H x W (implies --pixels)")
     p.add_argument("--pixels", action="store_true",
                    help="record pixels, at the env's render size unless --image-shape is given")
-    p.add_argument("--env-kwargs", default=None, help="JSON object of gym.make keyword arguments")
+    p.add_argument("--env-kwargs", default=None,
+                   help="JSON object of gym.make keyword arguments; EnvPool's own options among them (backend, "
+                        "num_workers, device, seed_every_episode...) configure the pool, as EnvPool(id, ...) takes them")
     p.add_argument("--policy", default=None,
                    help="module:attr of a policy object, or of a function/class taking env; attr may be dotted "
                         "(module:Class.method) (default: random)")
@@ -283,6 +295,10 @@ def _world(args, policy_spec):
     kwargs = _json_arg(args.env_kwargs, "--env-kwargs")
     flags = {"max_episode_steps": "--max-steps", "seed": "--seed", "num_envs": "--num-envs",
              "image_shape": "--image-shape", "pixels": "--pixels"}
+    not_make = sorted(k for k in kwargs if k in ("env", "env_fns", "policy"))
+    if not_make:
+        raise CLIError(f"--env-kwargs: {', '.join(not_make)} is not a gym.make keyword argument (the env is the "
+                       "command's ENV argument, the policy --policy)")
     taken = sorted(k for k in kwargs if k in flags)
     if taken:
         raise CLIError(
@@ -320,7 +336,7 @@ def _world(args, policy_spec):
 def _configure_collect(p: argparse.ArgumentParser) -> None:
     _add_env_arguments(p, default_envs=4, mode_help="reset mode (default: auto)")
     p.add_argument("--episodes", type=int, required=True, help="episodes to collect")
-    p.add_argument("--out", required=True, type=os.path.expanduser,
+    p.add_argument("--out", required=True, type=path_arg,
                    help="dataset directory (must not exist, or be empty; missing parents are created)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
 
@@ -381,12 +397,12 @@ def _configure_eval(p: argparse.ArgumentParser) -> None:
                        "seeds the policy's randomness only")
     p.add_argument("--episodes", type=int, default=None,
                    help="episodes (default: one per env, or all dataset episodes)")
-    p.add_argument("--video", default=None, type=os.path.expanduser, help="write one MP4 per episode to this directory")
+    p.add_argument("--video", default=None, type=path_arg, help="write one MP4 per episode to this directory")
     p.add_argument("--video-grid", action="store_true", help="write a single grid video instead")
-    p.add_argument("--json", default=None, type=os.path.expanduser,
+    p.add_argument("--json", default=None, type=path_arg,
                    help="also write the result (per-episode arrays) to this JSON file")
     g = p.add_argument_group("dataset-driven evaluation")
-    g.add_argument("--dataset", default=None, type=os.path.expanduser,
+    g.add_argument("--dataset", default=None, type=path_arg,
                    help="start episodes from states of this dataset (the first --episodes of its episodes; "
                         "--max-steps does not apply: --eval-budget is the step limit)")
     g.add_argument("--goal-offset", type=int, default=None, help="goal = dataset step start + goal offset")
@@ -445,12 +461,15 @@ def _eval(args) -> int:
                               goal_offset=args.goal_offset, eval_budget=args.eval_budget)
     elif args.goal_offset is not None or args.eval_budget is not None or args.start_step is not None:
         raise CLIError("--goal-offset/--eval-budget/--start-step are only used with --dataset")
-    if args.video_grid and not args.video:
+    if args.video_grid and args.video is None:
         raise CLIError("--video-grid needs --video DIR")
-    if args.json:
+    if args.json is not None:
         _check_output_file(args.json, "--json")
-    if args.video:
+    if args.video is not None:
         _check_output_dir(args.video, "--video")
+        if args.json is not None and os.path.abspath(args.json) == os.path.abspath(args.video):
+            raise CLIError(f"--json {args.json} and --video {args.video} are the same path: the video directory "
+                           "would take the results file's place")
     _check_env_args(args)
     _check_policy_spec(args.policy)
     if args.video and args.image_shape is None and not args.pixels:
@@ -482,7 +501,7 @@ def _eval(args) -> int:
 
 # -- info -------------------------------------------------------------------------------------------------------
 def _configure_info(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", type=os.path.expanduser, help="a dataset directory written by collect")
+    p.add_argument("path", type=path_arg, help="a dataset directory written by collect")
     p.add_argument("--json", action="store_true", help="print dataset.json instead of the summary")
 
 
@@ -558,8 +577,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # as with `python -m torchrl_swm.cli` (a console script's sys.path starts at its bin directory instead)
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    try:
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+    except KeyboardInterrupt:  # the commands' modules import torch: a Ctrl-C there is an interrupt, no traceback
+        print("interrupted", file=sys.stderr)
+        return 130
     if extra:  # only commands that hand their arguments on (quickstart) take unknown ones
         if not getattr(args, "_passthrough", False):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")

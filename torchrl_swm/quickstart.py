@@ -904,7 +904,9 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = "python -m torchrl
         prog=prog,
         description="Collect real data, train a world model, plan in it, evaluate in the real env, export.",
     )
-    p.add_argument("--out", default=d.out, type=os.path.expanduser, help="output directory (default: %(default)s)")
+    from .cli import path_arg
+
+    p.add_argument("--out", default=d.out, type=path_arg, help="output directory (default: %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--tiny", action="store_true", help="tiny sizes for a smoke run (CI); explicit flags still apply")
     p.add_argument("--no-video", action="store_true", help="do not write the MP4")

@@ -27,8 +27,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         help="timed seconds per row (split over 3 repeats in the cartpole section, 5 in the "
                              "others)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
-    parser.add_argument("--json", type=os.path.expanduser, help="save the rows to this JSON file")
-    parser.add_argument("--plot", type=os.path.expanduser, help="save a bar chart of the ratios to this PNG file")
+    from ..cli import path_arg
+
+    parser.add_argument("--json", type=path_arg, help="save the rows to this JSON file")
+    parser.add_argument("--plot", type=path_arg,
+                        help="save a bar chart of the ratios to this image file (PNG without an extension: PATH.png)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     return parser
 
@@ -170,17 +173,28 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--threads: expected >= 1, got {args.threads}")
     from ..cli import CLIError, _check_output_file
 
+    if args.plot is not None:
+        try:  # found now, not after the whole run
+            from matplotlib.backend_bases import FigureCanvasBase
+        except ImportError:
+            raise ValueError('--plot needs matplotlib: pip install "torchrl-swm[plot]" (or drop --plot)') from None
+        # the file matplotlib writes is the one checked and printed: no extension is its default format, PNG
+        suffix = os.path.splitext(args.plot)[1][1:].lower()
+        formats = FigureCanvasBase.get_supported_filetypes()
+        if not suffix and not os.path.isdir(args.plot) and not args.plot.endswith(
+                tuple(sep for sep in (os.sep, os.altsep) if sep)):  # (a directory is refused as one below)
+            args.plot += ".png"
+        elif suffix and suffix not in formats:
+            raise ValueError(f"--plot {args.plot}: unknown image format {suffix!r}; expected a file name ending in "
+                             f"one of {', '.join('.' + f for f in sorted(formats))}")
+    if args.json is not None and args.plot is not None and os.path.abspath(args.json) == os.path.abspath(args.plot):
+        raise ValueError(f"--json {args.json} and --plot {args.plot} are the same file: the plot would replace the rows")
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        if path:  # found now, not after minutes of benchmarking
+        if path is not None:  # found now, not after minutes of benchmarking
             try:
                 _check_output_file(path, flag)
             except CLIError as err:
                 raise ValueError(str(err)) from None
-    if args.plot:
-        try:  # found now, not after the whole run
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise ValueError('--plot needs matplotlib: pip install "torchrl-swm[plot]" (or drop --plot)') from None
 
 
 @contextlib.contextmanager
