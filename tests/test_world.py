@@ -477,26 +477,17 @@ def test_vector_env_pool_in_auto_and_wait_mode_never_sends_a_step_mask():
     pool.close()
 
 
-def test_wait_mode_on_a_vector_env_pool_resets_each_env_once_per_planned_episode():
-    # at a round's end the rows that start the next round get its planned reset only, no idle-row reset before it
+@pytest.mark.parametrize("mode", ["wait", "auto"])
+def test_a_vector_env_pool_resets_each_env_once_per_planned_episode(mode):
+    # a row that starts its next planned episode (at a round's end in wait mode, at its episode's end in auto
+    # mode) gets that episode's reset only, no idle-row reset before it
     venv = gym.vector.SyncVectorEnv([functools.partial(counting, length=2)] * 3)
     with World(EnvPool(venv, seed=0), ones(3)) as world:
         before = [env.resets_called for env in venv.envs]
-        result = world.evaluate(9, seed=0, reset_mode="wait", progress=False)
+        result = world.evaluate(9, seed=0, reset_mode=mode, progress=False)
     assert result["episode_lengths"].tolist() == [2] * 9
-    assert [env.resets_called - k for env, k in zip(venv.envs, before)] == [3, 3, 3]  # 3 rounds
-    assert [env.last_seed for env in venv.envs] == [6, 7, 8]  # the last round's planned seeds
-
-
-def test_auto_mode_on_a_vector_env_pool_resets_each_env_once_per_planned_episode():
-    # a row restarted by its next planned episode gets that reset only, no idle-row reset before it
-    venv = gym.vector.SyncVectorEnv([functools.partial(counting, length=2)] * 3)
-    with World(EnvPool(venv, seed=0), ones(3)) as world:
-        before = [env.resets_called for env in venv.envs]
-        result = world.evaluate(9, seed=0, reset_mode="auto", progress=False)
-    assert result["episode_lengths"].tolist() == [2] * 9
-    assert [env.resets_called - k for env, k in zip(venv.envs, before)] == [3, 3, 3]
-    assert [env.last_seed for env in venv.envs] == [6, 7, 8]
+    assert [env.resets_called - k for env, k in zip(venv.envs, before)] == [3, 3, 3]  # 3 episodes each
+    assert [env.last_seed for env in venv.envs] == [6, 7, 8]  # the last planned seeds
 
 
 def test_vector_env_pool_videos_show_only_the_episodes(tmp_path):

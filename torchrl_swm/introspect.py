@@ -23,18 +23,19 @@ def _key(key) -> tuple[str, ...]:
     return (key,) if isinstance(key, str) else tuple(key)
 
 
+def _flat(transform: Transform) -> Iterator[Transform]:
+    """``transform``, or the transforms of a ``Compose`` (nested ones too) in its order."""
+    if isinstance(transform, Compose):
+        for inner in transform:
+            yield from _flat(inner)
+    else:
+        yield transform
+
+
 def transforms_of(env: EnvBase) -> Iterator[Transform]:
     """Every transform of ``env``'s ``TransformedEnv`` layers (inside ``Compose`` too), outermost layer first."""
-
-    def flat(transform):
-        if isinstance(transform, Compose):
-            for inner in transform:
-                yield from flat(inner)
-        else:
-            yield transform
-
     while isinstance(env, TransformedEnv):
-        yield from flat(env.transform)
+        yield from _flat(env.transform)
         env = env.base_env
 
 
@@ -45,15 +46,7 @@ def _applied_in_order(env: EnvBase) -> list[Transform]:
     while isinstance(env, TransformedEnv):
         layers.append(env.transform)
         env = env.base_env
-
-    def flat(transform):
-        if isinstance(transform, Compose):
-            for inner in transform:
-                yield from flat(inner)
-        else:
-            yield transform
-
-    return [t for layer in reversed(layers) for t in flat(layer)]
+    return [t for layer in reversed(layers) for t in _flat(layer)]
 
 
 def _skips(transforms) -> int:
