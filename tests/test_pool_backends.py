@@ -696,6 +696,40 @@ def test_workers_close_their_envs_when_the_pools_process_is_killed(tmp_path, sig
     assert "Traceback" not in (tmp_path / "err.txt").read_text()
 
 
+def test_forked_workers_close_their_envs_when_the_pools_process_is_killed(tmp_path):
+    # a forked worker inherited the pool's ends of its own pipe and the earlier workers': holding them, it never
+    # saw an end of file once the pool's process died, and stayed alive with its envs open; review R6 of round 15
+    import subprocess
+    import sys
+
+    markers = tmp_path / "closed"
+    markers.mkdir()
+    script = tmp_path / "killed_forked_pool.py"
+    script.write_text(
+        "import functools, os, signal\n"
+        "import torchrl_swm.pool.env_pool as env_pool\n"
+        "from envs import MarkerClosingEnv\n"
+        "from torchrl_swm import EnvPool\n"
+        "from torchrl_swm.pool.process import ProcessBackend\n"
+        "if __name__ == '__main__':\n"
+        "    env_pool.ProcessBackend = functools.partial(ProcessBackend, start_method='fork')\n"
+        f"    make = functools.partial(MarkerClosingEnv, {str(markers)!r}, step_s=0.0, length=50)\n"
+        "    pool = EnvPool([make] * 4, backend='process', num_workers=2, seed=0)\n"
+        "    assert pool._backend._start_method == 'fork'\n"
+        "    pool.rand_step(pool.reset())\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    with open(tmp_path / "err.txt", "w") as err:  # a file, not a pipe: the workers hold it open
+        proc = subprocess.run([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=err, timeout=120,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 15
+    while len(list(markers.iterdir())) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    closed = sorted(path.name.split("-")[1] for path in markers.iterdir())
+    assert len(closed) == 4 and len(set(closed)) == 2, closed  # every env, closed in its own worker (2 pids)
+
+
 def test_idle_workers_exit_when_the_pools_process_is_killed(tmp_path):
     # a SIGKILLed pool process runs no close(): its idle workers see their pipe end and exit by themselves,
     # never left running (or spinning) as orphans

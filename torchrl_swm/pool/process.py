@@ -221,8 +221,12 @@ class ProcessBackend:
                         "functools.partial, not closures over locks, open files or live envs."
                     ) from err
                 parent, child = ctx.Pipe(duplex=True)
-                proc = ctx.Process(target=worker_main, args=(child, payload, rows.start, pixels), daemon=True,
-                                   name=f"torchrl_swm-pool-worker-{w}")
+                # a forked worker inherits the pool's ends of its own pipe and the earlier workers': it closes
+                # them first, or a pool's process that dies without close() leaves it waiting for an end of file
+                # that never comes (its envs never closed). Spawned workers inherit no descriptors
+                inherited = [c.fileno() for c in (*self._conns, parent)] if self._start_method == "fork" else []
+                proc = ctx.Process(target=worker_main, args=(child, payload, rows.start, pixels, inherited),
+                                   daemon=True, name=f"torchrl_swm-pool-worker-{w}")
                 proc.start()
                 child.close()
                 self._processes.append(proc)

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Sequence
 from multiprocessing.reduction import ForkingPickler
 from multiprocessing.shared_memory import SharedMemory
 
@@ -66,8 +67,12 @@ def _default_interrupt() -> None:
     signal.siginterrupt(signal.SIGINT, True)
 
 
-def worker_main(conn, payload: bytes, first: int, pixels: bool) -> None:
-    """Worker main loop: build the envs, then serve commands until "close" or EOF."""
+def worker_main(conn, payload: bytes, first: int, pixels: bool, inherited_fds: Sequence[int] = ()) -> None:
+    """Worker main loop: build the envs, then serve commands until "close" or EOF.
+
+    ``inherited_fds``: the pool's pipe ends a forked worker inherited, closed first (see ``ProcessBackend``)."""
+    for fd in inherited_fds:
+        os.close(fd)
     # a terminal's Ctrl-C reaches the whole process group: the pool's process alone handles it (it holds
     # the interrupt through a message and drains the replies it left unread); a worker killed by it here
     # would break a pool the user means to keep using. First thing: the window before it (spawn's import of
