@@ -333,6 +333,24 @@ def test_info_keys_restricts_and_ignores_others():
         info_pool([{"a": 1}] * 2, [[{}]] * 2, info_keys=["zzz"])
 
 
+def test_info_keys_skips_a_key_that_could_not_be_stored():
+    # a key numeric in env 0 and None in env 1 cannot be stacked: the error says to skip it with info_keys=
+    reset = [{"a": 1.0, "b": 1}, {"a": None, "b": 1}]
+    pool = info_pool(reset, [[{"a": 1.0, "b": 2}], [{"a": None, "b": 2}]], info_keys=["b"])
+    assert list(pool.observation_spec["info"].keys()) == ["b"] and step(pool)["info", "b"].view(-1).tolist() == [2, 2]
+    pool.close()
+
+
+def test_a_float64_info_value_at_float32s_largest_is_stored_exactly_in_a_float32_key():
+    top = np.float64(np.finfo(np.float32).max)  # exactly representable: no overflow
+    pool = info_pool([{"f": np.float32(0)}], [[{"f": np.float32(0)}, {"f": top}]])
+    td = pool.reset()
+    for _ in range(2):
+        td = pool.step(td.set("action", torch.zeros(1, dtype=torch.int64)))["next"]
+    assert td["info", "f"].dtype == torch.float32 and td["info", "f"].item() == float(top)
+    pool.close()
+
+
 @pytest.mark.parametrize("bad", [5, [1], [("a", 2)], b"a", [()]])
 def test_info_keys_of_the_wrong_type_are_named(bad):
     with pytest.raises(TypeError, match=r"info_keys: expected a key or a list of keys"):
