@@ -10,6 +10,7 @@ import torch
 from envs import InfoEnv, counting, sparse_info
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tensordict import TensorDict
 from torchrl.data import Unbounded
 
 from torchrl_swm import EnvError, EnvPool, SpecError
@@ -896,4 +897,19 @@ def test_a_declared_info_spec_follows_the_pools_device_not_the_declarations():
     pool = info_pool([{"frac": np.zeros(2, np.float32)}] * 2, [[{"frac": np.ones(2, np.float32)}]] * 2, info_spec=spec)
     assert pool.observation_spec["info", "frac"].device == torch.device("cpu")  # the pool's outputs are on the CPU
     assert pool.observation_spec["info", "frac"].is_in(step(pool)["info", "frac"])
+    pool.close()
+
+
+@pytest.mark.parametrize("backend", ["serial", "process"])
+def test_a_partial_reset_without_the_callers_rows_shows_zeros_and_no_mask_on_the_rows_it_did_not_reset(backend):
+    # the rows a partial reset leaves are the caller's: with no caller tensordict they hold zeros, never the
+    # buffers' stale step values (review R5 M33)
+    fns = [functools.partial(InfoEnv, {"r": 10.0 + i}, [{"s": 1.0}]) for i in range(3)]
+    pool = EnvPool(fns, seed=0, backend=backend, **({"num_workers": 2} if backend == "process" else {}))
+    assert step(pool)["info", "s"].view(-1).tolist() == [1.0, 1.0, 1.0]
+    out = pool.reset(TensorDict({"_reset": torch.tensor([[True], [False], [False]])}, [3]))
+    assert out["info", "r"].view(-1).tolist() == [10.0, 0.0, 0.0]
+    assert out["info_mask", "r"].view(-1).tolist() == [True, False, False]
+    assert out["info", "s"].view(-1).tolist() == [0.0, 0.0, 0.0]
+    assert out["info_mask", "s"].view(-1).tolist() == [False, False, False]
     pool.close()
