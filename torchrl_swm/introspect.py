@@ -71,8 +71,8 @@ def step_counter_limit(env: EnvBase) -> int | None:
     (the smallest ``max_steps``), or ``None`` without one. A counter that a ``FrameSkip`` after it repeats
     counts frames: its ``max_steps`` frames end the episode at step ``ceil(max_steps / frame_skip)``."""
     order = _applied_in_order(env)
-    limits = [math.ceil(int(t.max_steps) / _skips(order[i + 1:])) for i, t in enumerate(order)
-              if isinstance(t, StepCounter) and t.max_steps is not None and getattr(t, "update_done", True)]
+    frames = {id(t): _skips(order[i + 1:]) for i, t in enumerate(order)}  # per step, of each transform
+    limits = [math.ceil(int(t.max_steps) / frames[id(t)]) for t, ends in step_limits(env) if ends]
     return min(limits) if limits else None
 
 

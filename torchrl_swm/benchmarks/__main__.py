@@ -181,9 +181,8 @@ def check_args(args: argparse.Namespace) -> None:
         # the file matplotlib writes is the one checked and printed: no extension is its default format, PNG
         suffix = os.path.splitext(args.plot)[1][1:].lower()
         formats = FigureCanvasBase.get_supported_filetypes()
-        if not suffix and not os.path.isdir(args.plot) and not args.plot.endswith(
-                tuple(sep for sep in (os.sep, os.altsep) if sep)):  # (a directory is refused as one below)
-            args.plot += ".png"
+        if not suffix and os.path.basename(args.plot) and not os.path.isdir(args.plot):
+            args.plot += ".png"  # (a directory, or a path ending in a separator, is refused as such below)
         elif suffix and suffix not in formats:
             raise ValueError(f"--plot {args.plot}: unknown image format {suffix!r}; expected a file name ending in "
                              f"one of {', '.join('.' + f for f in sorted(formats))}")
