@@ -517,6 +517,26 @@ def test_vector_env_object_info_mixing_numbers_and_other_values_is_an_error_nami
         vector_info_pool([{"v": torch.zeros(2)}, {"v": torch.zeros(3)}], [[{}]] * 2)
 
 
+@pytest.mark.parametrize("vector", ["sync", "async"])
+@pytest.mark.parametrize("bad, key, expected", [
+    ({"x": "oops"}, "'x'", r"str 'oops'\).*ValueError: could not convert string to float"),
+    ({"g": {"x": np.zeros(3)}}, "'g/x'", r"shape=\(3,\)\).*could not broadcast input array from shape \(3,\)"),
+])
+def test_an_info_value_gymnasium_cannot_stack_names_the_env_and_the_key(vector, bad, key, expected):
+    # gymnasium's VectorEnv._add_info stacks each key into one array typed and shaped by its first value; a string
+    # or a changed shape there raised its bare ValueError, which named neither the env nor the key
+    good = {"x": 1.0} if "x" in bad else {"g": {"x": np.zeros(2)}}
+    fns = [functools.partial(InfoEnv, good, [good, good, bad if i == 2 else good]) for i in range(3)]
+    venv = gym.vector.SyncVectorEnv(fns) if vector == "sync" else gym.vector.AsyncVectorEnv(fns)
+    pool = EnvPool(venv, seed=0)
+    td = step(pool)
+    td = step(pool, td)
+    with pytest.raises(EnvError, match=rf"env 2 \(step\): its info key {key} \(.*" + expected) as err:
+        step(pool, td)
+    assert err.value.env_index == 2 and isinstance(err.value.__cause__, ValueError)
+    pool.close()
+
+
 def test_vector_env_object_infos_that_are_not_numbers_are_skipped():
     pool = vector_info_pool([{"name": "a", "obj": None, "x": 1}] * 2, [[{"name": "b", "obj": object(), "x": 2}]] * 2)
     assert set(pool.observation_spec["info"].keys()) == {"x"}

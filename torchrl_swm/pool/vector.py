@@ -390,6 +390,16 @@ class VectorBackend(InProcessBackend):
                 others = f" (and envs {[j for j, _ in exited[1:]]})" if len(exited) > 1 else ""
                 return EnvError(i, phase, f"its AsyncVectorEnv worker process ended with exit code {code}{others} "
                                           f"({text}); close this pool and build a new one")
+        stacking = _info_stacking_failure(err)
+        if stacking is not None:
+            i, key, value = stacking
+            return EnvError(
+                i, phase,
+                f"its info key {key!r} ({describe(value)}) could not be stacked with the other envs' values of that "
+                f"key by gymnasium's VectorEnv._add_info ({text}): it batches each key into one array, typed and "
+                "shaped by the first value it meets, so every env must report a key with one type and shape "
+                "(a string or a shape change breaks it). Report it with one type and shape, or under another key.",
+            )
         raised = self._sub_env_that_raised(err)
         if raised is not None:
             return EnvError(raised, phase, text)
@@ -828,6 +838,26 @@ class VectorBackend(InProcessBackend):
                     raise
         if env_error is not None:
             raise env_error
+
+
+def _info_stacking_failure(err: Exception) -> tuple[int, str, object] | None:
+    """``(env index, key, value)`` when ``err`` was raised by gymnasium's ``VectorEnv._add_info`` stacking one
+    sub-env's info value into the batched array (SyncVectorEnv and AsyncVectorEnv both stack there); a nested
+    key is joined with ``/``. ``None`` for any other error."""
+    found = None
+    keys = []
+    tb = err.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "_add_info" and frame.f_globals.get("__name__", "").startswith("gymnasium."):
+            local = frame.f_locals
+            if "key" in local and isinstance(local.get("env_num"), (int, np.integer)):
+                keys.append(str(local["key"]))
+                found = int(local["env_num"]), local.get("value")
+        tb = tb.tb_next
+    if found is None:
+        return None
+    return found[0], "/".join(keys), found[1]
 
 
 def _single_options(options):
