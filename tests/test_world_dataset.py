@@ -369,6 +369,40 @@ def test_evaluating_a_dataset_on_another_env_warns_naming_both(maze_dataset):
             world.evaluate(dataset=maze_dataset, episodes=2, goal_offset=3, eval_budget=5, progress=False)
 
 
+def test_evaluating_a_dataset_with_other_env_kwargs_of_the_same_id_warns_naming_them(maze_dataset):
+    # the dataset's env: PointMaze-v0 with its registered layout "u"; here the same id on another maze
+    kwargs = dict(dataset=maze_dataset, episodes=2, goal_offset=3, eval_budget=5, progress=False)
+    with World("torchrl_swm/PointMaze-v0", num_envs=2, layout="open") as world:
+        with pytest.warns(UserWarning, match=r"other keyword arguments than this World's \(layout: given here only\)"):
+            world.evaluate(**kwargs)
+    with World("torchrl_swm/PointMaze-v0", num_envs=2, reward_type="sparse", render_size=32) as world:
+        with pytest.warns(UserWarning, match=r"\(render_size: given here only, reward_type: given here only\)"):
+            world.evaluate(**kwargs)
+    # the pool's own arguments (num_envs, image_shape, seed, ...) may differ freely
+    with World("torchrl_swm/PointMaze-v0", num_envs=3, seed=7) as world, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        world.evaluate(**kwargs)
+
+
+def test_a_dataset_env_kwarg_given_on_both_sides_with_other_values_is_named_with_both(tmp_path):
+    path = tmp_path / "ds"
+    with World("torchrl_swm/PointMaze-v0", num_envs=2, reward_type="sparse") as world:
+        world.collect(path, 2, seed=0, policy=PointMazeExpert("u", noise=0.4), progress=False)
+    kwargs = dict(dataset=path, episodes=2, goal_offset=1, eval_budget=3, progress=False)
+    with World("torchrl_swm/PointMaze-v0", num_envs=2, reward_type="dense") as world:
+        with pytest.warns(UserWarning, match=r"\(reward_type: 'sparse' there, 'dense' here\)"):
+            world.evaluate(**kwargs)
+    with World("torchrl_swm/PointMaze-v0", num_envs=2) as world:
+        with pytest.warns(UserWarning, match=r"\(reward_type: given there only\)"):
+            world.evaluate(**kwargs)
+    with World("torchrl_swm/PointMaze-v0", num_envs=4, reward_type="sparse") as world, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        world.evaluate(**kwargs)
+    with World(EnvPool("torchrl_swm/PointMaze-v0", num_envs=2)) as world, warnings.catch_warnings():
+        warnings.simplefilter("error")  # a World over a built pool does not know its env's arguments: no warning
+        world.evaluate(**kwargs)
+
+
 def test_episodes_with_episodes_idx_is_not_truncated_either(maze_dataset):
     with World("torchrl_swm/PointMaze-v0", num_envs=2) as world:
         with pytest.raises(TypeError, match=r"episodes: expected an int, got float 2\.5"):

@@ -167,6 +167,45 @@ def _recordable_kwargs(kwargs: Mapping) -> tuple[dict, dict]:
     return record, unrecorded
 
 
+def _warn_if_env_kwargs_differ(metadata: Mapping, env_kwargs: dict) -> None:
+    """Warn when a dataset and this World built their env from the same id with other ``gym.make`` keyword
+    arguments (another maze size, another task): starts and goals of one env give the other meaningless metrics.
+
+    Compared only where both sides built their pool from an id (their records hold ``num_envs``), on the
+    keyword arguments that are not the pool's own (``num_envs``, ``seed``, ...: those may differ freely), as
+    given: an argument left at its default on one side and spelled out on the other counts as a difference."""
+    import inspect
+
+    from .pool import EnvPool
+
+    recorded = metadata.get("env_kwargs")
+    if not isinstance(recorded, Mapping) or "num_envs" not in recorded or "num_envs" not in env_kwargs:
+        return
+    pool_params = set(inspect.signature(EnvPool.__init__).parameters)
+    mine, mine_unrecorded = _recordable_kwargs(env_kwargs)
+    theirs_unrecorded = metadata.get("env_kwargs_unrecorded")
+    theirs_unrecorded = theirs_unrecorded if isinstance(theirs_unrecorded, Mapping) else {}
+    missing = object()
+    differ = sorted(
+        k for k in (set(recorded) | set(mine) | set(theirs_unrecorded) | set(mine_unrecorded)) - pool_params
+        if k not in theirs_unrecorded and k not in mine_unrecorded and recorded.get(k, missing) != mine.get(k, missing)
+        or (k in theirs_unrecorded) != (k in mine_unrecorded)
+    )
+    if differ:
+        shown = ", ".join(
+            f"{k}: {recorded[k]!r} there, {mine[k]!r} here" if k in recorded and k in mine
+            else f"{k}: given {'there' if k in recorded or k in theirs_unrecorded else 'here'} only"
+            for k in differ
+        )
+        warnings.warn(
+            f"evaluate(dataset=...): the dataset's env was built with other keyword arguments than this World's "
+            f"({shown}); its starts and goals may not fit this env. Build the World with the dataset's env_kwargs "
+            "(its dataset.json records them).",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
 def _wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     if n == 0:
         return (float("nan"), float("nan"))
@@ -1072,6 +1111,8 @@ class World:
                 UserWarning,
                 stacklevel=3,
             )
+        else:
+            _warn_if_env_kwargs_differ(ds.metadata, self.env_kwargs)
         if goal_offset is None or eval_budget is None:
             raise ValueError("evaluate(dataset=...): goal_offset= and eval_budget= are required")
         goal_offset, eval_budget = check_int(goal_offset, "goal_offset"), check_int(eval_budget, "eval_budget")
