@@ -749,14 +749,16 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
 
     @classmethod
     def factory(cls, *args, **kwargs) -> PoolFactory:
-        """A picklable zero-argument factory of ``EnvPool(*args, **kwargs)``, for collectors.
+        """A picklable factory of ``EnvPool(*args, **kwargs)``, for collectors.
 
         TorchRL's multi-process and Ray collectors build their envs in other
         processes from a factory. This one checks at once that its arguments
         pickle (with cloudpickle, as the collectors do) and says what to change
         when they do not, instead of failing later inside a worker; it resolves a
         gymnasium id at once too, so workers can build an id registered only in
-        this process (see :class:`PoolFactory`).
+        this process (see :class:`PoolFactory`). Called with keyword arguments, it
+        builds the pool with those in place of its own: TorchRL's
+        ``create_env_kwargs=[{"seed": 0}, {"seed": 2**32}]`` gives each worker its seed.
 
         Examples:
             >>> from torchrl.collectors import MultiSyncCollector
@@ -945,8 +947,13 @@ class PoolFactory:
                 "open files, live envs or CUDA tensors captured in closures)."
             ) from err
 
-    def __call__(self) -> EnvPool:
-        return self.pool_cls(*self._build_args, **self._build_kwargs)
+    def __call__(self, **overrides) -> EnvPool:
+        """The pool; keyword arguments replace the factory's (TorchRL's ``create_env_kwargs``: a worker's
+        ``seed=``)."""
+        if not overrides:
+            return self.pool_cls(*self._build_args, **self._build_kwargs)
+        args, kwargs = _resolve_env_id((), overrides)
+        return self.pool_cls(*self._build_args, **{**self._build_kwargs, **kwargs})
 
     def __reduce__(self):
         import cloudpickle
