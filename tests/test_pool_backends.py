@@ -116,6 +116,24 @@ def test_fast_step_and_maybe_reset_equals_generic_path(factory, kwargs):
     slow.close()
 
 
+@pytest.mark.parametrize("length", [50, 1])
+def test_the_next_root_shares_no_node_with_the_stored_step(length):
+    # as TorchRL's step_mdp: sub-tensordicts of the next root are new nodes (leaves are shared), so a collector
+    # replacing ("collector", "traj_ids") in its carrier, or a policy setting an ("info", k), never rewrites the
+    # transition it stored. length 1: every row ends, the reset path; 50: none does
+    pool = EnvPool([functools.partial(counting, length=length)] * 3, seed=0)
+    td = pool.reset().set("action", pool.action_spec.zero())
+    td["collector", "traj_ids"] = torch.arange(3)
+    out, root = pool.step_and_maybe_reset(td)
+    assert root["collector"] is not out["collector"] and root["info"] is not out["next", "info"]
+    stored = out.clone()
+    root["collector"].set("traj_ids", torch.full((3,), 7))
+    root["info"].set("t", torch.full((3, 1), 9))
+    root.set(("policy", "hidden"), torch.ones(3))
+    assert (out == stored).all() and "policy" not in out.keys()
+    pool.close()
+
+
 def test_fast_step_and_maybe_reset_equals_generic_path_when_every_row_ends_at_once():
     # fixed-length episodes (a TimeLimit): every row done at the same step, a reset of all rows, where the
     # policy's root keys are carried as TorchRL carries them (a `<=` for `<` in the partial-reset test zeroed

@@ -114,8 +114,9 @@ def test_set_seed_then_a_reset_of_some_envs_still_warns_at_the_step(reset_rows, 
     pool.close()
 
 
+@pytest.mark.parametrize("final_step", ["step", "step_and_maybe_reset"])
 @pytest.mark.parametrize("second_reset", ["all-True mask", "partial mask", "every env done in step_and_maybe_reset"])
-def test_set_seed_after_every_env_was_reset_warns_at_the_step(second_reset):
+def test_set_seed_after_every_env_was_reset_warns_at_the_step(second_reset, final_step):
     # every env reset and none stepped since, then set_seed: the episodes in progress keep their old seeds. An
     # all-True "_reset" (TorchRL's maybe_reset when every env is done) resets every env as reset() does; a partial
     # reset right after a full one leaves every env in a not-yet-stepped episode
@@ -134,7 +135,7 @@ def test_set_seed_after_every_env_was_reset_warns_at_the_step(second_reset):
         td = pool.reset(td).exclude("_reset")
     pool.set_seed(100)
     with pytest.warns(UserWarning, match=r"set_seed\(\) came after the last reset of every env and before"):
-        pool.step(td.set("action", pool.action_spec.zero()))
+        getattr(pool, final_step)(td.set("action", pool.action_spec.zero()))
     pool.close()
 
 
