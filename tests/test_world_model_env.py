@@ -1667,6 +1667,62 @@ def test_dict_initial_observation_completes_a_reset_fn_that_returns_only_a_state
     assert torch.equal(env.state, torch.zeros(3, 2))
 
 
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_reset_fn_returning_one_envs_state_next_to_initial_observation_is_broadcast(n):
+    # the seed design's reset: one env's latent, the observation from initial_observation=. Its leaves do not lead
+    # with the rows, so it is one row, broadcast (it was read as batched: an error at N=1 and 3)
+    latent = torch.arange(4.0)
+
+    def transition(state, action):
+        return {"state": state + 1, "observation": state[:, :2] + action, "reward": state[:, :1]}
+
+    env = WorldModelEnv(object(), BOX2, FORCE, num_envs=n, initial_observation=torch.zeros(2),
+                        reset_fn=lambda model, seed, options: {"state": latent}, transition_fn=transition)
+    td = env.reset()
+    assert torch.equal(env.state, latent.expand(n, 4)) and torch.equal(td["observation"], torch.zeros(n, 2))
+    td = env.step(td.set("action", torch.ones(n, 2)))["next"]
+    assert torch.equal(td["observation"], torch.tensor([[1.0, 2.0]] * n))
+    assert torch.equal(env.state, (latent + 1).expand(n, 4))
+    td["_reset"] = torch.tensor([[i == 0] for i in range(n)])
+    env.reset(td)
+    assert torch.equal(env.state, torch.stack([latent if i == 0 else latent + 1 for i in range(n)]))
+
+
+def test_a_state_only_reset_whose_leaves_lead_with_the_rows_is_read_per_row_and_the_step_names_the_guess():
+    # (4,) for 4 rows, no observation returned: per row (4 scalars), a guess the first step names when it fails
+    env = WorldModelEnv(object(), BOX2, FORCE, num_envs=4, initial_observation=torch.zeros(2),
+                        reset_fn=lambda model, seed, options: {"state": torch.arange(4.0)},
+                        transition_fn=lambda state, action: (state[:, :2], state[:, :2], state[:, :1]))
+    env.reset()
+    assert env.state.shape == (4,)
+    with pytest.raises(IndexError) as err:
+        env.step(env.reset().set("action", torch.zeros(4, 2)))
+    assert any("no observation (initial_observation= gave it)" in note and "read as 4 rows of ()" in note
+               for note in err.value.__notes__)
+
+
+@pytest.mark.parametrize("returned", ["unbatched tuple", "mapping", "batched tuple", "state only", "encode_fn"])
+def test_a_numpy_state_from_a_reset_fn_or_an_encoder_becomes_a_tensor(returned):
+    # as a step's numpy state and a numpy initial_state are (the seed's upstream reset adapter returns np.array)
+    one = np.full(2, 3.0, np.float32)
+    reset = {
+        "unbatched tuple": lambda: (one, one),
+        "mapping": lambda: {"state": one, "observation": one},
+        "batched tuple": lambda: (np.stack([one] * 3), np.stack([one] * 3)),
+        "state only": lambda: {"state": one},
+        "encode_fn": None,
+    }[returned]
+    kwargs = {"initial_observation": torch.full((2,), 1.5), "encode_fn": lambda obs: obs.numpy() * 2} \
+        if reset is None else {"reset_fn": lambda seed, options: reset(), "initial_observation": torch.zeros(2)}
+    env = WorldModelEnv(object(), BOX2, FORCE, num_envs=3, transition_fn=lambda s, a: (s + a, s + a, s[:, :1]),
+                        **kwargs)
+    env.reset()
+    assert type(env.state) is torch.Tensor and torch.equal(env.state, torch.full((3, 2), 3.0))
+    td = env.step(env.reset().set("action", torch.ones(3, 2)))["next"]
+    assert torch.equal(td["observation"], torch.full((3, 2), 4.0))
+    assert torch.equal(td["reward"], torch.full((3, 1), 3.0))
+
+
 def test_start_states_with_declared_info_start_at_zero_and_survive_partial_resets():
     # real data carries no model info: the declared keys read zero on sampled rows
     _, data = _real_data()
@@ -1926,6 +1982,11 @@ def test_reset_state_and_observation_are_batched_or_not_each():
     assert torch.equal(env.state, torch.arange(15.0).view(3, 5)) and torch.equal(td["observation"], torch.zeros(3, 2))
     td["action"] = torch.zeros(3, 2)
     env.step(td)
+    # told by a mask= alone too (the rows are mask's True ones)
+    env = WorldModelEnv(object(), BOX2, BOX2, num_envs=3, transition_fn=transition,
+                        reset_fn=lambda seed, options, mask: reset_fn(int(mask.sum())))
+    env.reset()
+    assert torch.equal(env.state, torch.arange(15.0).view(3, 5))
     # ...while one that is not told returns one row, broadcast, whatever its leading dim
     # (a (3,) state for 3 envs, a (1, 8) hidden state for num_envs=1)
     for n, shape in ((3, (3,)), (1, (1, 8))):

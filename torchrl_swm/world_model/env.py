@@ -1455,7 +1455,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             out = self._advance(td, shapes, partial)
             if rt.state is not None:
                 got = _row_shapes(rt.state)
-                _, _, reset_shapes, bs, per_row = guess
+                _, _, reset_shapes, bs, per_row, _ = guess
                 # one row's layout under the other reading: the whole reset state (read per row), or its
                 # leaves past the reset rows (read as one row); never the state given, read the guessed way
                 other = dict(reset_shapes) if per_row else _past_rows(reset_shapes, bs)
@@ -1598,6 +1598,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             raise
         if state is None:
             raise ReturnFormError(f"{self._encode.description} returned None for {what}; expected the encoded state")
+        state = _to_device(state, self._dev, numpy_only=True)
         state = self._check_state(state, bs, f"{self._encode.description} (encoding {what})")
         return state
 
@@ -1752,6 +1753,9 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         form, state, obs, info = split_reset(result, where, self._obs_keys)
         if self._obs_is_state and state is not MISSING and obs is not MISSING and state is not obs:
             self._separate_state(form, where)  # the next step would read the observation back as the state
+        if state is not MISSING:  # numpy leaves as tensors, as a step's state (and every other output) may be
+            converted = _to_device(state, self._dev, numpy_only=True)
+            obs, state = (converted if obs is state else obs), converted
         # what tells whether the state is batched: the returned observation, the state itself (obs = state),
         # or nothing (the observation is initial_observation's broadcast)
         obs_hint = "obs"
@@ -1872,9 +1876,19 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
             # told how many rows it resets (num_envs=, mask=) returns a per-row state, one that is not returns one
             # row. A guess either way (an unbatched (4,) state for 4 rows): the next step says so if it fails.
             if self._locked:  # (a batch-unlocked env's steps take their state from the tensordict)
-                self._rt.state_guess = (where, form, got, bs, knows_rows)  # said by the next step if it fails
+                # said by the next step if it fails
+                self._rt.state_guess = (where, form, got, bs, knows_rows, "returned")
             return knows_rows
-        return obs_batched is not False  # the state follows the observation (unbatched: broadcast)
+        if obs_batched is None:
+            # the observation is initial_observation's broadcast, so it says nothing: a state whose leaves do not
+            # all lead with the reset rows is one row (the seed design's one-env state: broadcast); one whose
+            # leaves do is read per row, a guess (a (4,) state for 4 rows) the next step names if it fails
+            if not all(shape[: len(bs)] == bs for shape in got.values()):
+                return False
+            if self._locked:
+                self._rt.state_guess = (where, form, got, bs, True, "initial")
+            return True
+        return obs_batched  # the state follows the observation (unbatched: broadcast)
 
     def _expect_obs(self) -> str:
         if self._obs_is_mapping:
@@ -2304,9 +2318,18 @@ _PARTIAL_MERGE = "a partial reset puts the reset rows' start state into the othe
 _FROZEN_MERGE = "a '_step' mask keeps the frozen rows' state"
 
 
-def _state_guess_note(where, form, got, bs, knows_rows) -> str:
-    """How a reset read a state of ambiguous layout (see ``WorldModelEnv._reset_state_batched``)."""
+def _state_guess_note(where, form, got, bs, knows_rows, observation) -> str:
+    """How a reset read a state of ambiguous layout (see ``WorldModelEnv._reset_state_batched``); ``observation``:
+    ``"returned"`` (an unbatched one, returned by the reset) or ``"initial"`` (none: initial_observation's)."""
     rows = bs[0] if len(bs) == 1 else tuple(bs)
+    if observation == "initial":
+        return (
+            f"WorldModelEnv: the last reset's {where} returned {form} with state leaves {_shape_text(got)} and no "
+            f"observation (initial_observation= gave it). They lead with the {rows} rows being reset, and no "
+            f"initial_state=/state_spec= gives one row's layout, so the state was read as {rows} rows of "
+            f"{_shape_text(_past_rows(got, bs))}. If it is one row's state, return the observation too, or pass "
+            "state_key=/state_spec= to give one row's layout"
+        )
     if knows_rows:
         read = f"as {rows} rows of {_shape_text(_past_rows(got, bs))}"
         told = "declares num_envs or mask: it knows"
