@@ -416,6 +416,43 @@ def test_a_spec_at_odds_with_its_values_is_refused_not_exported_as_a_wrong_space
     env.close()
 
 
+class _Float64Box(gym.Env):
+    """A float64 Box(-100, 100, (2,)) observation [t, -t]."""
+
+    observation_space = gym.spaces.Box(-100.0, 100.0, (2,), np.float64)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0, 0.0]), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.array([self.t, -self.t], np.float64), 1.0, False, self.t >= 3, {}
+
+
+def test_a_transform_that_changes_a_pool_leafs_spec_exports_the_transformed_space_and_data():
+    # a leaf a transform changed keeps its key but not the pool's gymnasium space: the export must read the
+    # transformed spec (DoubleToFloat: float32 data and space; ObservationNorm: the bounds moved)
+    from torchrl.envs import DoubleToFloat, ObservationNorm, TransformedEnv
+
+    env = to_gymnasium(TransformedEnv(EnvPool([_Float64Box] * 2, seed=0), DoubleToFloat(in_keys=["observation"])))
+    assert env.single_observation_space.dtype == np.float32
+    obs, _ = env.reset(seed=0)
+    obs, *_ = env.step(np.zeros(2, np.int64))
+    assert obs.dtype == np.float32 and obs.tolist() == [[1.0, -1.0]] * 2 and env.observation_space.contains(obs)
+    env.close()
+    norm = ObservationNorm(loc=1.0, scale=2.0, in_keys=["observation"])
+    env = to_gymnasium(TransformedEnv(EnvPool([_Float64Box] * 2, seed=0), norm))
+    space = env.single_observation_space
+    assert space.low.tolist() == [-199.0, -199.0] and space.high.tolist() == [201.0, 201.0]
+    env.reset(seed=0)
+    obs, *_ = env.step(np.zeros(2, np.int64))
+    assert obs.tolist() == [[3.0, -1.0]] * 2 and env.observation_space.contains(obs)
+    env.close()
+
+
 def test_info_keys_declared_one_hot_are_exported_as_they_are():
     # a one-hot observation is exposed as indices (Discrete); an info declared OneHot keeps its values
     from torchrl_swm import to_sb3_vec_env
