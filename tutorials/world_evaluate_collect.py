@@ -19,7 +19,6 @@ Usage:
 """
 
 import argparse
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -32,15 +31,25 @@ from torchrl_swm import EnvPool, History, World, load_dataset
 from torchrl_swm.envs import PointMazeExpert
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--out", default=None, help="where to write the dataset and videos (default: a temp dir)")
+parser.add_argument("--out", default=None,
+                    help="where to write OUT/dataset and OUT/videos (default: a new temp dir). A rerun replaces the "
+                         "torchrl_swm dataset in OUT/dataset and the episode_*.mp4 files in OUT/videos; it refuses "
+                         "an OUT/dataset that is not a torchrl_swm dataset and an OUT/videos holding other files")
 parser.add_argument("--episodes", type=int, default=40)
 parser.add_argument("--num-envs", type=int, default=8)
 args = parser.parse_args()
 torch.set_num_threads(1)  # the tensors here are tiny: extra intra-op threads only add contention
 
 out = Path(args.out or tempfile.mkdtemp(prefix="torchrl_swm_tutorial_"))
-for old in ("dataset", "videos"):
-    shutil.rmtree(out / old, ignore_errors=True)
+# A rerun replaces this tutorial's own outputs and nothing else: collect(overwrite=True) below replaces only a
+# torchrl_swm dataset (it refuses any other folder), and the videos folder may hold only earlier episode videos.
+old_videos = sorted((out / "videos").glob("episode_*.mp4"))
+others = sorted(set((out / "videos").iterdir()) - set(old_videos)) if (out / "videos").is_dir() else []
+if others or ((out / "videos").exists() and not (out / "videos").is_dir()):
+    parser.error(f"{out / 'videos'} holds files this tutorial did not write (e.g. {(others or [out / 'videos'])[0]}); "
+                 "choose another --out")
+for old in old_videos:  # an earlier run's videos: a run with fewer episodes would leave some of them beside its own
+    old.unlink()
 ENV = "torchrl_swm/PointMaze-v0"
 
 # --- 1. Collect ------------------------------------------------------------------------------------------
@@ -48,7 +57,8 @@ ENV = "torchrl_swm/PointMaze-v0"
 # seed 0 + j, whichever episodes finish first. A policy that reads only the observation gives the same dataset
 # on any number of envs; this expert's noise is one torch draw for the whole batch, so it depends on the number.
 world = World(ENV, num_envs=args.num_envs, image_shape=(64, 64))
-dataset = world.collect(out / "dataset", args.episodes, seed=0, policy=PointMazeExpert("u", noise=0.5))
+dataset = world.collect(out / "dataset", args.episodes, seed=0, policy=PointMazeExpert("u", noise=0.5),
+                        overwrite=True)  # replaces an earlier run's dataset, never a folder that is not one
 print(dataset.summary())
 
 # --- 2. Read it back ----------------------------------------------------------------------------------------
@@ -75,9 +85,11 @@ auto = world.evaluate(32, seed=100, reset_mode="auto")
 wait = world.evaluate(32, seed=100, reset_mode="wait")
 print(auto)
 # Same episodes, same seeds: a deterministic policy gets identical per-episode results in both modes.
-assert np.array_equal(auto["episode_lengths"], wait["episode_lengths"])
-print(f"{wait['reset_mode']} mode: identical per-episode results, {wait['env_steps']} env-steps in "
-      f"{wait['wall_time']:.2f} s (auto: {auto['wall_time']:.2f} s); "
+identical = all(np.array_equal(auto[k], wait[k])
+                for k in ("seeds", "episode_lengths", "episode_returns", "episode_successes"))
+assert identical
+print(f"{wait['reset_mode']} mode: identical per-episode results (seeds, lengths, returns, successes): {identical}, "
+      f"{wait['env_steps']} env-steps in {wait['wall_time']:.2f} s (auto: {auto['wall_time']:.2f} s); "
       f"first lengths {auto['episode_lengths'][:8].tolist()}")
 
 
@@ -110,17 +122,19 @@ else:
 # rows that were reset; frozen envs (wait mode) add no duplicate frames.
 pool = EnvPool(ENV, num_envs=4, image_shape=(64, 64), seed=0)
 env = TransformedEnv(pool, History(["pixels"], 4))
-shapes = set()
+shapes, newest_is_current = set(), set()
 
 
 def planner_stub(td):
     shapes.add(tuple(td["history", "pixels"].shape))
+    newest_is_current.add(bool((td["history", "pixels"][:, -1] == td["pixels"]).all()))  # the last frame is now
     return PointMazeExpert("u")(td)
 
 
 print()
 print(World(env, planner_stub).evaluate(8, seed=5, reset_mode="wait", progress=False).summary().splitlines()[0])
-print(f"the planner saw history of shape {shapes.pop()}")
+print(f"the planner saw history of shape {' and '.join(map(str, sorted(shapes)))}, "
+      f"its newest frame the current pixels: {newest_is_current == {True}}")
 env.close()
 world.close()
 print(f"\noutputs in {out}")
