@@ -23,7 +23,10 @@ ignored) and train on it. Episode statistics come from gymnasium's vector
 
 ``--env-id world-model`` runs the same loop on a learned world model (the package's
 ``WorldModelEnv`` over a small MLP, continuous actions): the agent then uses a
-Gaussian policy head, as CleanRL's ppo_continuous_action.py does.
+Gaussian policy head and the envs clip its actions to the Box with gymnasium's
+``ClipAction`` wrapper, as CleanRL's ppo_continuous_action.py does (the buffer keeps the
+raw sample, so its log-prob stays right; the model never sees an action outside the
+``[-1, 1]`` it was trained on).
 
 Usage:
     python tutorials/cleanrl_ppo.py                            # CartPole, 100k steps (~1 min CPU)
@@ -70,6 +73,12 @@ def parse_args():
     parser.add_argument("--max-grad-norm", type=float, default=0.5)
     parser.add_argument("--target-kl", type=float, default=None)
     args = parser.parse_args()
+    for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if args.num_envs * args.num_steps % args.num_minibatches:  # a last, smaller minibatch: NaN advantages at 1
+        parser.error(f"--num-minibatches {args.num_minibatches} must divide the batch, --num-envs x --num-steps "
+                     f"= {args.num_envs * args.num_steps}")
     args.batch_size = int(args.num_envs * args.num_steps)
     args.minibatch_size = int(args.batch_size // args.num_minibatches)
     args.num_iterations = max(1, args.total_timesteps // args.batch_size)
@@ -106,6 +115,8 @@ def make_envs(args):
     else:
         env = EnvPool(args.env_id, num_envs=args.num_envs, seed=args.seed)
     envs = to_gymnasium(env, autoreset_mode="same_step")
+    if isinstance(envs.single_action_space, gym.spaces.Box):  # as CleanRL's ppo_continuous_action.py
+        envs = gym.wrappers.vector.ClipAction(envs)
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)
 
 

@@ -42,6 +42,8 @@ model.learn(args.total_timesteps)
 train_mean = np.mean([ep["r"] for ep in model.ep_info_buffer]) if model.ep_info_buffer else float("nan")
 print(f"mean training episode return (last {len(model.ep_info_buffer)} episodes): {train_mean:.1f}")
 
-mean, std = evaluate_policy(model, venv, n_eval_episodes=16, deterministic=True, warn=False)
-print(f"evaluation: mean return {mean:.1f} +/- {std:.1f}")
+returns, _ = evaluate_policy(model, venv, n_eval_episodes=16, deterministic=True, return_episode_rewards=True,
+                             warn=False)
+print(f"evaluation ({len(returns)} episodes, deterministic): mean return {np.mean(returns):.1f} "
+      f"+/- {np.std(returns):.1f}")
 venv.close()
