@@ -28,6 +28,9 @@ def test_scale_out_tutorial(collector):
 
     lengths = [float(m) for m in re.findall(r"mean length of the episodes that ended +([\d.]+)", proc.stdout)]
     assert len(lengths) == 2 and all(8 <= n <= 64 * 2 for n in lengths), proc.stdout
+    # the same 8 envs (2 workers x 4) for every collector: one pool of 8, or one pool of 4 per worker
+    layout = "(8, 64)" if collector == "single" else "(2, 4, 64)"
+    assert proc.stdout.count(f"| batch {layout} |") == 2, proc.stdout
 
 
 def _load_scale_out():
@@ -36,6 +39,25 @@ def _load_scale_out():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--total-frames", "1000", "--frames-per-batch", "2048"],
+     "--total-frames (1000) must be a multiple of --frames-per-batch (2048), at least one batch"),
+    (["--total-frames", "3000", "--frames-per-batch", "2048"],
+     "--total-frames (3000) must be a multiple of --frames-per-batch (2048)"),
+    (["--frames-per-batch", "0"], "--frames-per-batch must be positive, got 0"),
+    (["--total-frames", "-5"], "--total-frames must be positive, got -5"),
+    (["--envs-per-worker", "0"], "--envs-per-worker must be positive, got 0"),
+    (["--workers", "0"], "--workers must be positive, got 0"),
+])
+def test_scale_out_refuses_sizes_it_cannot_run(monkeypatch, capsys, flags, message):
+    """Fewer total frames than a batch divided by a zero collection time; 3000 of 2048 trained on 2048 silently."""
+    tutorial = _load_scale_out()
+    monkeypatch.setattr(sys, "argv", ["scale_out.py", *flags])
+    with pytest.raises(SystemExit) as exit_:
+        tutorial.main()
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_scale_out_counts_episode_lengths_across_batches():

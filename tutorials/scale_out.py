@@ -98,6 +98,13 @@ def ended_lengths(done, running):
 def main():
     global args
     args = parser.parse_args()
+    for flag in ("workers", "envs_per_worker", "frames_per_batch", "total_frames"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if args.total_frames < args.frames_per_batch or args.total_frames % args.frames_per_batch:
+        # the loop takes total // per-batch batches: it would train on none, or silently drop the rest
+        parser.error(f"--total-frames ({args.total_frames}) must be a multiple of --frames-per-batch "
+                     f"({args.frames_per_batch}), at least one batch")
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
     actor, loss, advantage, optimizer = make_ppo()
@@ -112,6 +119,7 @@ def main():
             batch = next(batches)
             collect_time += time.perf_counter() - t0
             frames += batch.numel()
+            layout = tuple(batch.shape)  # single: (envs, time); multisync and ray: (workers, envs, time)
             batch = batch.reshape(-1, batch.shape[-1])  # (envs, time): GAE runs along the last dim
             with torch.no_grad():
                 advantage(batch)
@@ -128,8 +136,8 @@ def main():
             running = torch.zeros(done.shape[0], dtype=torch.long) if running is None else running
             ended = ended_lengths(done, running)
             mean_length = f"{sum(ended) / len(ended):6.1f}" if ended else "   n/a"
-            print(f"iter {it:3d} | frames {frames:7d} | mean length of the episodes that ended {mean_length} | "
-                  f"collection {frames / collect_time:8,.0f} frames/s")
+            print(f"iter {it:3d} | frames {frames:7d} | batch {layout} | mean length of the episodes that ended "
+                  f"{mean_length} | collection {frames / collect_time:8,.0f} frames/s")
     finally:
         collector.shutdown()
         if args.collector == "ray":
