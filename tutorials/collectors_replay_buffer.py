@@ -99,13 +99,13 @@ def main():
 
     # --- 4. One pool per worker process: MultiSyncCollector + EnvPool.factory ----------------------------------
     # EnvPool.factory(...) is a picklable zero-argument factory (checked at once): each worker builds its own
-    # pool of 8 envs. Seeds far apart keep the two pools' episodes distinct, and the trajectory ids are unique
-    # across workers. policy=None: random actions.
+    # pool of 8 envs. A pool seeded s plays its episodes from the seeds s, s+1, s+2...: seeds 2**32 apart keep the
+    # two pools' episodes distinct however long they run (as in scale_out.py; episode_seed >> 32 names the worker),
+    # and the trajectory ids are unique across workers. policy=None: random actions.
     # (In torchrl 0.14.1, a MultiSyncCollector given an nn.Module policy sets up a shared-memory weight-sync
     # scheme whose __del__ can hang at garbage collection: use policy=None or a plain callable here, and always
     # call shutdown().)
-    factories = [EnvPool.factory("CartPole-v1", num_envs=8, seed=0),
-                 EnvPool.factory("CartPole-v1", num_envs=8, seed=1_000_000)]
+    factories = [EnvPool.factory("CartPole-v1", num_envs=8, seed=w * 2**32) for w in range(2)]
     multi = MultiSyncCollector(factories, None, frames_per_batch=2 * 8 * 32, total_frames=2 * 8 * 32 * 2)
     multi_buffer = TensorDictReplayBuffer(
         storage=LazyTensorStorage(100_000),
