@@ -73,7 +73,7 @@ def test_cleanrl_ppo_clips_the_world_models_actions(monkeypatch):
     sees actions in [-1, 1] (a third of the first samples fall outside, queries off the model's training data)."""
     import numpy as np
 
-    import torchrl_swm.benchmarks.export as export
+    from torchrl_swm.benchmarks import export
 
     seen, make_model = [], export.make_model
 
