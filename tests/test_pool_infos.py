@@ -517,24 +517,38 @@ def test_vector_env_object_info_mixing_numbers_and_other_values_is_an_error_nami
         vector_info_pool([{"v": torch.zeros(2)}, {"v": torch.zeros(3)}], [[{}]] * 2)
 
 
+@pytest.mark.parametrize("when", ["construction reset", "construction step", "later step"])
 @pytest.mark.parametrize("vector", ["sync", "async"])
 @pytest.mark.parametrize("bad, key, expected", [
     ({"x": "oops"}, "'x'", r"str 'oops'\).*ValueError: could not convert string to float"),
     ({"g": {"x": np.zeros(3)}}, "'g/x'", r"shape=\(3,\)\).*could not broadcast input array from shape \(3,\)"),
 ])
-def test_an_info_value_gymnasium_cannot_stack_names_the_env_and_the_key(vector, bad, key, expected):
+def test_an_info_value_gymnasium_cannot_stack_names_the_env_and_the_key(vector, bad, key, expected, when):
     # gymnasium's VectorEnv._add_info stacks each key into one array typed and shaped by its first value; a string
-    # or a changed shape there raised its bare ValueError, which named neither the env nor the key
+    # or a changed shape there raised its bare ValueError, which named neither the env nor the key (at the pool's
+    # construction, its probing reset and step, too)
     good = {"x": 1.0} if "x" in bad else {"g": {"x": np.zeros(2)}}
-    fns = [functools.partial(InfoEnv, good, [good, good, bad if i == 2 else good]) for i in range(3)]
+    reset_bad, steps_bad = {"construction reset": (True, 0), "construction step": (False, 0), "later step": (False, 2)}[when]
+    fns = [functools.partial(InfoEnv, bad if i == 2 and reset_bad else good,
+                             [bad if i == 2 and t == steps_bad and not reset_bad else good for t in range(3)])
+           for i in range(3)]
     venv = gym.vector.SyncVectorEnv(fns) if vector == "sync" else gym.vector.AsyncVectorEnv(fns)
-    pool = EnvPool(venv, seed=0)
-    td = step(pool)
-    td = step(pool, td)
-    with pytest.raises(EnvError, match=rf"env 2 \(step\): its info key {key} \(.*" + expected) as err:
-        step(pool, td)
+    phase = "reset" if reset_bad else "step"
+    match = rf"env 2 \({phase}\): its info key {key} \(.*" + expected
+    if when != "later step":
+        with pytest.raises(EnvError, match=match + ".* while probing the vector env at construction") as err:
+            EnvPool(venv, seed=0)
+        assert "build a new one" not in str(err.value)
+        venv.close()
+    else:
+        pool = EnvPool(venv, seed=0)
+        td = step(pool, step(pool))
+        with pytest.raises(EnvError, match=match) as err:
+            step(pool, td)
+        # an AsyncVectorEnv left waiting for the other workers' answers cannot go on: said so
+        assert ("close this pool and build a new one" in str(err.value)) == (vector == "async")
+        pool.close()
     assert err.value.env_index == 2 and isinstance(err.value.__cause__, ValueError)
-    pool.close()
 
 
 def test_vector_env_object_infos_that_are_not_numbers_are_skipped():

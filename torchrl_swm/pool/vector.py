@@ -312,6 +312,9 @@ class VectorBackend(InProcessBackend):
         except EnvError:
             raise
         except Exception as err:
+            stacking = self._info_stacking_error(err, phase, " while probing the vector env at construction")
+            if stacking is not None:
+                raise stacking from err
             hint = f"; {PROBE_HINT}" if phase == "step" else ""
             raise EnvError(
                 None, phase, f"{error_text(err)} (while probing the vector env at construction{hint})"
@@ -390,16 +393,9 @@ class VectorBackend(InProcessBackend):
                 others = f" (and envs {[j for j, _ in exited[1:]]})" if len(exited) > 1 else ""
                 return EnvError(i, phase, f"its AsyncVectorEnv worker process ended with exit code {code}{others} "
                                           f"({text}); close this pool and build a new one")
-        stacking = _info_stacking_failure(err)
+        stacking = self._info_stacking_error(err, phase)
         if stacking is not None:
-            i, key, value = stacking
-            return EnvError(
-                i, phase,
-                f"its info key {key!r} ({describe(value)}) could not be stacked with the other envs' values of that "
-                f"key by gymnasium's VectorEnv._add_info ({text}): it batches each key into one array, typed and "
-                "shaped by the first value it meets, so every env must report a key with one type and shape "
-                "(a string or a shape change breaks it). Report it with one type and shape, or under another key.",
-            )
+            return stacking
         raised = self._sub_env_that_raised(err)
         if raised is not None:
             return EnvError(raised, phase, text)
@@ -409,6 +405,25 @@ class VectorBackend(InProcessBackend):
             f" while resetting envs {[int(r) for r in rows]} (the vector env does not say which)"
         )
         return EnvError(None, phase, f"{text}{where}")
+
+    def _info_stacking_error(self, err: Exception, phase: str, during: str = "") -> EnvError | None:
+        """The :class:`EnvError` for an info value gymnasium's ``VectorEnv._add_info`` could not stack (see
+        :func:`_info_stacking_failure`), naming the env and the key; ``None`` for any other error."""
+        stacking = _info_stacking_failure(err)
+        if stacking is None:
+            return None
+        i, key, value = stacking
+        # an AsyncVectorEnv raised while reading its workers' answers, the rest still in their pipes: a pool over it
+        # cannot go on (at construction there is no pool yet)
+        rebuild = not during and isinstance(_innermost(self.venv), gym.vector.AsyncVectorEnv)
+        return EnvError(
+            i, phase,
+            f"its info key {key!r} ({describe(value)}) could not be stacked with the other envs' values of that "
+            f"key by gymnasium's VectorEnv._add_info ({error_text(err)}){during}: it batches each key into one "
+            "array, typed and shaped by the first value it meets, so every env must report a key with one type "
+            "and shape (a string or a shape change breaks it). Report it with one type and shape, or under "
+            f"another key{'; close this pool and build a new one' if rebuild else ''}.",
+        )
 
     def _sub_env_that_raised(self, err: Exception) -> int | None:
         """The index of the sub-env whose call raised ``err``, for a vector env running its envs in this process
