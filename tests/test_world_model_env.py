@@ -1688,13 +1688,45 @@ def test_a_reset_fn_returning_one_envs_state_next_to_initial_observation_is_broa
     assert torch.equal(env.state, torch.stack([latent if i == 0 else latent + 1 for i in range(n)]))
 
 
+def test_a_state_only_reset_with_a_leaf_not_led_by_the_rows_is_one_row():
+    # one leaf leads with the 3 rows by chance, the other does not: the state is one row, broadcast
+    env = WorldModelEnv(object(), BOX2, FORCE, num_envs=3, initial_observation=torch.zeros(2),
+                        reset_fn=lambda seed, options: {"state": {"h": torch.ones(3, 8), "t": torch.tensor(0.0)}},
+                        transition_fn=lambda s, a: ({"h": s["h"], "t": s["t"] + 1}, a, s["t"].view(-1, 1)))
+    env.reset()
+    assert env.state["h"].shape == (3, 3, 8) and env.state["t"].shape == (3,)
+
+
+def test_a_state_only_reset_fn_told_its_rows_returns_them():
+    # num_envs= tells it the rows: its state is per row, checked (a wrong row count is an error, never broadcast)
+    def make(rows):
+        return WorldModelEnv(object(), BOX2, FORCE, num_envs=3, initial_observation=torch.zeros(2),
+                             reset_fn=lambda seed, options, num_envs: {"state": torch.zeros(num_envs + rows, 4)},
+                             transition_fn=lambda s, a: (s, a, s[:, :1]))
+    env = make(0)
+    env.reset()
+    assert env.state.shape == (3, 4)
+    with pytest.raises(ReturnFormError, match=r"state: expected leading batch dims"):
+        make(-1).reset()
+
+
 def test_a_state_only_reset_whose_leaves_lead_with_the_rows_is_read_per_row_and_the_step_names_the_guess():
-    # (4,) for 4 rows, no observation returned: per row (4 scalars), a guess the first step names when it fails
-    env = WorldModelEnv(object(), BOX2, FORCE, num_envs=4, initial_observation=torch.zeros(2),
-                        reset_fn=lambda model, seed, options: {"state": torch.arange(4.0)},
-                        transition_fn=lambda state, action: (state[:, :2], state[:, :2], state[:, :1]))
+    # (4,) for 4 rows, no observation returned: per row (4 scalars), a guess. A model that steps it per row goes
+    # on; the first step names the guess when the model fails on it or returns the other reading's layout
+    def make(transition):
+        return WorldModelEnv(object(), BOX2, FORCE, num_envs=4, initial_observation=torch.zeros(2),
+                             reset_fn=lambda model, seed, options: {"state": torch.arange(4.0)},
+                             transition_fn=transition)
+
+    env = make(lambda s, a: (s + 1, a + s[:, None], s[:, None]))
     env.reset()
     assert env.state.shape == (4,)
+    env.step(env.reset().set("action", torch.zeros(4, 2)))
+    assert env.state.tolist() == [1.0, 2.0, 3.0, 4.0]
+    env = make(lambda s, a: (s.expand(4, 4) + 1, a, s[:, None]))  # one row of (4,), stepped for 4 rows
+    with pytest.raises(ReturnFormError, match="read the other way"):
+        env.step(env.reset().set("action", torch.zeros(4, 2)))
+    env = make(lambda state, action: (state[:, :2], state[:, :2], state[:, :1]))
     with pytest.raises(IndexError) as err:
         env.step(env.reset().set("action", torch.zeros(4, 2)))
     assert any("no observation (initial_observation= gave it)" in note and "read as 4 rows of ()" in note

@@ -1880,9 +1880,12 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                 self._rt.state_guess = (where, form, got, bs, knows_rows, "returned")
             return knows_rows
         if obs_batched is None:
-            # the observation is initial_observation's broadcast, so it says nothing: a state whose leaves do not
-            # all lead with the reset rows is one row (the seed design's one-env state: broadcast); one whose
-            # leaves do is read per row, a guess (a (4,) state for 4 rows) the next step names if it fails
+            # the observation is initial_observation's broadcast, so it says nothing. A reset_fn told the rows it
+            # resets returns them (checked next); otherwise a state whose leaves do not all lead with the reset rows
+            # is one row (the seed design's one-env state: broadcast), and one whose leaves do is read per row, a
+            # guess (a (4,) state for 4 rows) the next step names if it fails
+            if knows_rows:
+                return True
             if not all(shape[: len(bs)] == bs for shape in got.values()):
                 return False
             if self._locked:
