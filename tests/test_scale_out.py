@@ -101,6 +101,19 @@ def test_create_env_kwargs_reach_one_factory_as_the_workers_own_arguments():
         assert pool.reset()["episode_seed"].view(-1).tolist() == list(range(1000, 1000 + N))
     with make() as pool:
         assert pool.reset()["episode_seed"].view(-1).tolist() == list(range(5, 5 + N))
+    by_position = EnvPool.factory("CartPole-v1", 2, seed=0)  # the README's form: the id and num_envs by position
+    with by_position(num_envs=3, env_fns="Acrobot-v1", max_episode_steps=7) as pool:
+        assert pool.num_envs == 3 and pool.single_action_space.n == 3  # Acrobot's 3 actions
+        assert [spec.max_episode_steps for spec in pool.get_attr("spec")] == [7] * 3  # a gym.make keyword
+    import gymnasium as gym
+
+    gym.register("OnlyHereForTheFactory-v0", entry_point="envs:CountingEnv", kwargs={"length": 4})
+    try:
+        only_here = EnvPool.factory("OnlyHereForTheFactory-v0", num_envs=2, seed=0)
+    finally:
+        gym.registry.pop("OnlyHereForTheFactory-v0")  # as in a worker: the factory carries the resolved spec
+    with only_here(seed=3) as pool:
+        assert pool.reset()["episode_seed"].view(-1).tolist() == [3, 4]
     seeds = [0, 1000]
     collector = MultiSyncCollector([make] * 2, policy(), frames_per_batch=2 * N * T, total_frames=2 * N * T * 2,
                                    cat_results="stack", create_env_kwargs=[{"seed": s} for s in seeds])

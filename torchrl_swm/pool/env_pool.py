@@ -948,12 +948,22 @@ class PoolFactory:
             ) from err
 
     def __call__(self, **overrides) -> EnvPool:
-        """The pool; keyword arguments replace the factory's (TorchRL's ``create_env_kwargs``: a worker's
-        ``seed=``)."""
+        """The pool; keyword arguments replace the factory's, given by name or by position (TorchRL's
+        ``create_env_kwargs``: a worker's ``seed=``, or ``env_fns=``: an id given here is resolved in the process
+        that calls the factory, so it must be registered there)."""
         if not overrides:
             return self.pool_cls(*self._build_args, **self._build_kwargs)
-        args, kwargs = _resolve_env_id((), overrides)
-        return self.pool_cls(*self._build_args, **{**self._build_kwargs, **kwargs})
+        import inspect
+
+        _, overrides = _resolve_env_id((), overrides)
+        # the factory's arguments by name (EnvBase's metaclass hides __init__'s signature from the class's own), so
+        # an override of one given by position replaces it
+        params = list(inspect.signature(self.pool_cls.__init__).parameters.values())
+        given = dict(inspect.Signature(params[1:]).bind_partial(*self._build_args, **self._build_kwargs).arguments)
+        for param in params[1:]:
+            if param.kind is param.VAR_KEYWORD:  # **make_kwargs: gym.make's keywords, spread among the pool's own
+                given.update(given.pop(param.name, {}))
+        return self.pool_cls(**{**given, **overrides})
 
     def __reduce__(self):
         import cloudpickle
