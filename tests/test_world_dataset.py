@@ -1,6 +1,7 @@
 """Dataset-driven evaluation: start from dataset states, goals from later steps, budgets, chunking."""
 
 import functools
+import json
 import warnings
 
 import gymnasium as gym
@@ -359,10 +360,12 @@ def test_dataset_episode_and_step_indices_are_not_truncated(maze_dataset, bad):
 
 
 def test_evaluating_a_dataset_on_another_env_warns_naming_both(maze_dataset):
-    with World("torchrl_swm/PointMaze-Open-v0", num_envs=2) as world:
+    with World("torchrl_swm/PointMaze-Open-v0", num_envs=2, reward_type="sparse") as world:
         with pytest.warns(UserWarning, match=r"collected on 'torchrl_swm/PointMaze-v0', but this World runs "
-                                             r"'torchrl_swm/PointMaze-Open-v0'"):
+                                             r"'torchrl_swm/PointMaze-Open-v0'") as caught:
             world.evaluate(dataset=maze_dataset, episodes=2, goal_offset=3, eval_budget=5, progress=False)
+    # one warning (the other env's arguments are not compared), pointing at the caller's line
+    assert len([w for w in caught if w.category is UserWarning]) == 1 and caught[0].filename == __file__
     for same in ("torchrl_swm/PointMaze-v0", "torchrl_swm.envs:torchrl_swm/PointMaze-v0"):  # gym.make's module:id
         with World(same, num_envs=2) as world, warnings.catch_warnings():
             warnings.simplefilter("error")  # the same env: no warning
@@ -373,8 +376,13 @@ def test_evaluating_a_dataset_with_other_env_kwargs_of_the_same_id_warns_naming_
     # the dataset's env: PointMaze-v0 with its registered layout "u"; here the same id on another maze
     kwargs = dict(dataset=maze_dataset, episodes=2, goal_offset=3, eval_budget=5, progress=False)
     with World("torchrl_swm/PointMaze-v0", num_envs=2, layout="open") as world:
-        with pytest.warns(UserWarning, match=r"other keyword arguments than this World's \(layout: given here only\)"):
+        with pytest.warns(UserWarning, match=r"other keyword arguments than this World's \(layout: 'u' there, "
+                                             r"'open' here\)") as caught:
             world.evaluate(**kwargs)
+    assert caught[0].filename == __file__  # the caller's line
+    with World("torchrl_swm/PointMaze-v0", num_envs=2, layout="u") as world, warnings.catch_warnings():
+        warnings.simplefilter("error")  # the id's registered layout, spelled out: the same env
+        world.evaluate(**kwargs)
     with World("torchrl_swm/PointMaze-v0", num_envs=2, reward_type="sparse", render_size=32) as world:
         with pytest.warns(UserWarning, match=r"\(render_size: given here only, reward_type: given here only\)"):
             world.evaluate(**kwargs)
@@ -401,6 +409,57 @@ def test_a_dataset_env_kwarg_given_on_both_sides_with_other_values_is_named_with
     with World(EnvPool("torchrl_swm/PointMaze-v0", num_envs=2)) as world, warnings.catch_warnings():
         warnings.simplefilter("error")  # a World over a built pool does not know its env's arguments: no warning
         world.evaluate(**kwargs)
+
+
+def test_a_dataset_env_kwarg_without_a_json_form_is_compared_by_its_type(tmp_path):
+    from collections import UserList
+
+    from torchrl_swm.envs import LAYOUTS
+
+    path = tmp_path / "ds"
+    u_rows = UserList(LAYOUTS["u"])  # a sequence of rows that is not a list or tuple: no JSON form
+    with World("torchrl_swm/PointMaze-v0", num_envs=2, layout=u_rows) as world:
+        world.collect(path, 2, seed=0, policy=PointMazeExpert("u", noise=0.4), progress=False)
+    kwargs = dict(dataset=path, episodes=2, goal_offset=1, eval_budget=3, progress=False)
+    with World("torchrl_swm/PointMaze-v0", num_envs=2, layout="open") as world:
+        with pytest.warns(UserWarning, match=r"\(layout: a UserList \(no JSON form\) there, 'open' here\)"):
+            world.evaluate(**kwargs)
+    with World("torchrl_swm/PointMaze-v0", num_envs=2, layout=u_rows) as world, warnings.catch_warnings():
+        warnings.simplefilter("error")  # without a JSON form on both sides: not compared
+        world.evaluate(**kwargs)
+
+
+def test_a_dataset_from_unversioned_ids_of_two_envs_warns_naming_both(tmp_path):
+    # ids without "-v": both Worlds were built from an id (their records hold num_envs), so the ids are compared
+    for name, layout in (("MazeU", "u"), ("MazeOpen", "open")):
+        gym.register(name, entry_point="torchrl_swm.envs.point_maze:PointMazeEnv", kwargs={"layout": layout},
+                     max_episode_steps=60)
+    try:
+        with World("MazeU", num_envs=2) as world:
+            world.collect(tmp_path / "ds", 2, seed=0, policy=PointMazeExpert("u", noise=0.4), progress=False)
+        with World("MazeOpen", num_envs=2) as world:
+            with pytest.warns(UserWarning, match=r"collected on 'MazeU', but this World runs 'MazeOpen'"):
+                world.evaluate(dataset=tmp_path / "ds", episodes=2, goal_offset=1, eval_budget=3, progress=False)
+    finally:
+        for name in ("MazeU", "MazeOpen"):
+            gym.registry.pop(name)
+
+
+def test_a_dataset_recorded_before_unrecordable_arguments_were_named_compares_what_both_give(tmp_path):
+    path = tmp_path / "ds"
+    with World("torchrl_swm/PointMaze-v0", num_envs=2, reward_type="sparse") as world:
+        world.collect(path, 2, seed=0, policy=PointMazeExpert("u", noise=0.4), progress=False)
+    meta = json.loads((path / "dataset.json").read_text())
+    del meta["env_kwargs_unrecorded"]  # an older record: dicts and numpy values were left out without a word
+    (path / "dataset.json").write_text(json.dumps(meta))
+    kwargs = dict(dataset=path, episodes=2, goal_offset=1, eval_budget=3, progress=False)
+    with World("torchrl_swm/PointMaze-v0", num_envs=2, reward_type="sparse", goal_radius=0.3) as world, \
+            warnings.catch_warnings():
+        warnings.simplefilter("error")  # goal_radius may be one the old record left out: not compared
+        world.evaluate(**kwargs)
+    with World("torchrl_swm/PointMaze-v0", num_envs=2, reward_type="dense") as world:
+        with pytest.warns(UserWarning, match=r"\(reward_type: 'sparse' there, 'dense' here\)"):
+            world.evaluate(**kwargs)
 
 
 def test_episodes_with_episodes_idx_is_not_truncated_either(maze_dataset):

@@ -167,43 +167,81 @@ def _recordable_kwargs(kwargs: Mapping) -> tuple[dict, dict]:
     return record, unrecorded
 
 
-def _warn_if_env_kwargs_differ(metadata: Mapping, env_kwargs: dict) -> None:
-    """Warn when a dataset and this World built their env from the same id with other ``gym.make`` keyword
-    arguments (another maze size, another task): starts and goals of one env give the other meaningless metrics.
+def _warn_if_dataset_env_differs(metadata: Mapping, env_id: str | None, env_kwargs: dict) -> None:
+    """Warn when a dataset's env is not this World's: another id, or the same id built with other ``gym.make``
+    keyword arguments (another maze's walls, another task). Starts and goals of one env give the other
+    meaningless metrics.
 
-    Compared only where both sides built their pool from an id (their records hold ``num_envs``), on the
-    keyword arguments that are not the pool's own (``num_envs``, ``seed``, ...: those may differ freely), as
-    given: an argument left at its default on one side and spelled out on the other counts as a difference."""
+    A record holding ``num_envs`` in its ``env_kwargs`` comes from a World built from an id, as does this one
+    when ``env_kwargs`` holds it: then the ids are compared as they are and the ``gym.make`` keyword arguments
+    (those that are not the pool's own: ``num_envs``, ``seed``, ... may differ freely) with the id's registered
+    defaults filled in. Otherwise only ids that look like gymnasium ids (``-v``) are compared: a World over a
+    built pool records its spec's id, or its class name."""
+    recorded_id = metadata.get("env")
+    recorded = metadata.get("env_kwargs")
+    from_ids = isinstance(recorded, Mapping) and "num_envs" in recorded and "num_envs" in env_kwargs
+    if not isinstance(recorded_id, str) or env_id is None:
+        return
+    if (from_ids or "-v" in recorded_id) and _bare_id(recorded_id) != _bare_id(env_id):
+        warnings.warn(
+            f"evaluate(dataset=...): the dataset was collected on {recorded_id!r}, but this World runs "
+            f"{env_id!r}; its starts and goals may not fit this env",
+            UserWarning,
+            stacklevel=4,
+        )
+        return
+    if not from_ids:
+        return
     import inspect
 
     from .pool import EnvPool
 
-    recorded = metadata.get("env_kwargs")
-    if not isinstance(recorded, Mapping) or "num_envs" not in recorded or "num_envs" not in env_kwargs:
-        return
     pool_params = set(inspect.signature(EnvPool.__init__).parameters)
+    registered, _ = _recordable_kwargs(getattr(_registered_spec(env_id), "kwargs", None) or {})
     mine, mine_unrecorded = _recordable_kwargs(env_kwargs)
     theirs_unrecorded = metadata.get("env_kwargs_unrecorded")
-    theirs_unrecorded = theirs_unrecorded if isinstance(theirs_unrecorded, Mapping) else {}
+    if not isinstance(theirs_unrecorded, Mapping):
+        # a record from before unrecordable arguments were named kept only some values: compare what both give
+        theirs_unrecorded, mine = {}, {k: v for k, v in mine.items() if k in recorded}
+        mine_unrecorded = {}
+    mine, theirs = {**registered, **mine}, {**registered, **recorded}
     missing = object()
-    differ = sorted(
-        k for k in (set(recorded) | set(mine) | set(theirs_unrecorded) | set(mine_unrecorded)) - pool_params
-        if k not in theirs_unrecorded and k not in mine_unrecorded and recorded.get(k, missing) != mine.get(k, missing)
-        or (k in theirs_unrecorded) != (k in mine_unrecorded)
-    )
-    if differ:
-        shown = ", ".join(
-            f"{k}: {recorded[k]!r} there, {mine[k]!r} here" if k in recorded and k in mine
-            else f"{k}: given {'there' if k in recorded or k in theirs_unrecorded else 'here'} only"
-            for k in differ
-        )
+    shown = []
+    for k in sorted((set(theirs) | set(mine) | set(theirs_unrecorded) | set(mine_unrecorded)) - pool_params):
+        there = f"a {theirs_unrecorded[k]} (no JSON form)" if k in theirs_unrecorded else repr(theirs.get(k, missing))
+        here = f"a {mine_unrecorded[k]} (no JSON form)" if k in mine_unrecorded else repr(mine.get(k, missing))
+        if k in theirs_unrecorded or k in mine_unrecorded:
+            same = theirs_unrecorded.get(k) == mine_unrecorded.get(k)  # unrecordable on both sides: not compared
+        else:
+            same = theirs.get(k, missing) == mine.get(k, missing)
+        if same:
+            continue
+        if k not in theirs and k not in theirs_unrecorded:
+            shown.append(f"{k}: given here only")
+        elif k not in mine and k not in mine_unrecorded:
+            shown.append(f"{k}: given there only")
+        else:
+            shown.append(f"{k}: {there} there, {here} here")
+    if shown:
         warnings.warn(
             f"evaluate(dataset=...): the dataset's env was built with other keyword arguments than this World's "
-            f"({shown}); its starts and goals may not fit this env. Build the World with the dataset's env_kwargs "
-            "(its dataset.json records them).",
+            f"({', '.join(shown)}); its starts and goals may not fit this env. Build the World with the dataset's "
+            "env_kwargs (its dataset.json records them).",
             UserWarning,
             stacklevel=4,
         )
+
+
+def _bare_id(env_id: str) -> str:
+    """A gymnasium id without gym.make's ``module:`` prefix (``"mod:Env-v0"`` and ``"Env-v0"`` are one env)."""
+    return env_id.split(":")[-1]
+
+
+def _registered_spec(env_id: str):
+    """The registered ``EnvSpec`` of ``env_id`` in this process, or ``None``."""
+    import gymnasium as gym
+
+    return gym.registry.get(_bare_id(env_id))
 
 
 def _wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -1101,18 +1139,7 @@ class World:
                 f"{describe(dataset)}"
             )
         ds = dataset if isinstance(dataset, WorldDataset) else load_dataset(dataset)
-        recorded = ds.metadata.get("env")
-        if (isinstance(recorded, str) and "-v" in recorded and self.env_id is not None
-                and recorded.split(":")[-1] != self.env_id.split(":")[-1]):  # gym.make's "module:id" is the same env
-            # starts and goals from another env (another maze's walls) give metrics that mean nothing
-            warnings.warn(
-                f"evaluate(dataset=...): the dataset was collected on {recorded!r}, but this World runs "
-                f"{self.env_id!r}; its starts and goals may not fit this env",
-                UserWarning,
-                stacklevel=3,
-            )
-        else:
-            _warn_if_env_kwargs_differ(ds.metadata, self.env_kwargs)
+        _warn_if_dataset_env_differs(ds.metadata, self.env_id, self.env_kwargs)
         if goal_offset is None or eval_budget is None:
             raise ValueError("evaluate(dataset=...): goal_offset= and eval_budget= are required")
         goal_offset, eval_budget = check_int(goal_offset, "goal_offset"), check_int(eval_budget, "eval_budget")
