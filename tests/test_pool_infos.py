@@ -551,6 +551,22 @@ def test_an_info_value_gymnasium_cannot_stack_names_the_env_and_the_key(vector, 
     assert err.value.env_index == 2 and isinstance(err.value.__cause__, ValueError)
 
 
+class _OwnAddInfo(gym.vector.SyncVectorEnv):
+    """A vector env whose own ``_add_info`` (same name and locals as gymnasium's) fails for its own reasons."""
+
+    def _add_info(self, vector_infos, env_info, env_num):
+        for key, value in env_info.items():  # noqa: B007 (gymnasium's locals, on purpose)
+            if env_num == 1:
+                raise ValueError("a bug in this vector env's own info code")
+        return super()._add_info(vector_infos, env_info, env_num)
+
+
+def test_an_error_in_a_vector_envs_own_add_info_is_not_taken_for_gymnasiums_stacking():
+    with pytest.raises(EnvError, match="a bug in this vector env's own info code") as err:
+        EnvPool(_OwnAddInfo([functools.partial(InfoEnv, {"x": 1.0}, [{"x": 1.0}])] * 2), seed=0)
+    assert "could not be stacked" not in str(err.value)
+
+
 def test_vector_env_object_infos_that_are_not_numbers_are_skipped():
     pool = vector_info_pool([{"name": "a", "obj": None, "x": 1}] * 2, [[{"name": "b", "obj": object(), "x": 2}]] * 2)
     assert set(pool.observation_spec["info"].keys()) == {"x"}
