@@ -528,7 +528,8 @@ def test_an_info_value_gymnasium_cannot_stack_names_the_env_and_the_key(vector, 
     # or a changed shape there raised its bare ValueError, which named neither the env nor the key (at the pool's
     # construction, its probing reset and step, too)
     good = {"x": 1.0} if "x" in bad else {"g": {"x": np.zeros(2)}}
-    reset_bad, steps_bad = {"construction reset": (True, 0), "construction step": (False, 0), "later step": (False, 2)}[when]
+    reset_bad, steps_bad = {"construction reset": (True, 0), "construction step": (False, 0),
+                            "later step": (False, 2)}[when]
     fns = [functools.partial(InfoEnv, bad if i == 2 and reset_bad else good,
                              [bad if i == 2 and t == steps_bad and not reset_bad else good for t in range(3)])
            for i in range(3)]
