@@ -1837,10 +1837,12 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
         """Whether a reset's state already has the reset rows ``bs``, decided for the state itself.
 
         With a known layout of one row (:meth:`_state_reference`) the shapes decide. Otherwise the
-        state follows the observation (``obs_batched``; ``None`` when the observation is not the
-        reset's own), except next to an unbatched observation from a reset_fn told the number of
-        rows it resets (``knows_rows``: it declares ``num_envs`` or ``mask``): its state is per row
-        when every leaf leads with those rows (never broadcast again into ``(k, k, ...)``).
+        state follows the observation (``obs_batched``), except next to an unbatched observation from a
+        reset_fn told the number of rows it resets (``knows_rows``: it declares ``num_envs`` or ``mask``):
+        its state is per row when every leaf leads with those rows (never broadcast again into
+        ``(k, k, ...)``). With no observation of the reset's own (``obs_batched`` ``None``:
+        initial_observation's), a reset_fn told its rows returns them; otherwise a state whose leaves all
+        lead with the rows is per row (a guess) and any other is one row.
         """
         try:
             got = _tree.shapes(state)
