@@ -550,6 +550,9 @@ def test_an_info_value_gymnasium_cannot_stack_names_the_env_and_the_key(vector, 
         assert ("close this pool and build a new one" in str(err.value)) == (vector == "async")
         pool.close()
     assert err.value.env_index == 2 and isinstance(err.value.__cause__, ValueError)
+    # and which env's value laid the array out
+    layout = "shape ()" if "x" in bad else "shape (2,)"
+    assert f"typed and shaped by the first value it meets (env 0's: dtype float64, {layout})" in str(err.value)
 
 
 class _OwnAddInfo(gym.vector.SyncVectorEnv):

@@ -64,6 +64,6 @@ def test_world_tutorial_never_deletes_files_it_did_not_write(tmp_path):
 
     (tmp_path / "b" / "dataset").mkdir(parents=True)
     (tmp_path / "b" / "dataset" / "important_notes.txt").write_text("mine")
-    out = _run(tmp_path / "b", 2, returncode=1)
-    assert "is not a torchrl_swm dataset" in out.stderr, out.stderr[-3000:]
+    out = _run(tmp_path / "b", 2, returncode=2)  # a usage error, as for the videos folder: no traceback
+    assert "is not a torchrl_swm dataset" in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert (tmp_path / "b" / "dataset" / "important_notes.txt").read_text() == "mine"

@@ -57,8 +57,12 @@ ENV = "torchrl_swm/PointMaze-v0"
 # seed 0 + j, whichever episodes finish first. A policy that reads only the observation gives the same dataset
 # on any number of envs; this expert's noise is one torch draw for the whole batch, so it depends on the number.
 world = World(ENV, num_envs=args.num_envs, image_shape=(64, 64))
-dataset = world.collect(out / "dataset", args.episodes, seed=0, policy=PointMazeExpert("u", noise=0.5),
-                        overwrite=True)  # replaces an earlier run's dataset, never a folder that is not one
+try:  # overwrite=True replaces an earlier run's dataset, never a folder that is not one
+    dataset = world.collect(out / "dataset", args.episodes, seed=0, policy=PointMazeExpert("u", noise=0.5),
+                            overwrite=True)
+except FileExistsError as err:
+    world.close()
+    parser.error(f"{err}; or choose another --out")
 print(dataset.summary())
 
 # --- 2. Read it back ----------------------------------------------------------------------------------------

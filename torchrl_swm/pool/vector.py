@@ -412,7 +412,7 @@ class VectorBackend(InProcessBackend):
         stacking = _info_stacking_failure(err)
         if stacking is None:
             return None
-        i, key, value = stacking
+        i, key, value, layout = stacking
         # an AsyncVectorEnv raised while reading its workers' answers, the rest still in their pipes: a pool over it
         # cannot go on (at construction there is no pool yet)
         rebuild = not during and isinstance(_innermost(self.venv), gym.vector.AsyncVectorEnv)
@@ -420,8 +420,8 @@ class VectorBackend(InProcessBackend):
             i, phase,
             f"its info key {key!r} ({describe(value)}) could not be stacked with the other envs' values of that "
             f"key by gymnasium's VectorEnv._add_info ({error_text(err)}){during}: it batches each key into one "
-            "array, typed and shaped by the first value it meets, so every env must report a key with one type "
-            "and shape (a string or a shape change breaks it). Report it with one type and shape, or under "
+            f"array, typed and shaped by the first value it meets{layout}, so every env must report a key with one "
+            "type and shape (a string or a shape change breaks it). Report it with one type and shape, or under "
             f"another key{'; close this pool and build a new one' if rebuild else ''}.",
         )
 
@@ -855,10 +855,11 @@ class VectorBackend(InProcessBackend):
             raise env_error
 
 
-def _info_stacking_failure(err: Exception) -> tuple[int, str, object] | None:
-    """``(env index, key, value)`` when ``err`` was raised by gymnasium's ``VectorEnv._add_info`` stacking one
-    sub-env's info value into the batched array (SyncVectorEnv and AsyncVectorEnv both stack there); a nested
-    key is joined with ``/``. ``None`` for any other error."""
+def _info_stacking_failure(err: Exception) -> tuple[int, str, object, str] | None:
+    """``(env index, key, value, layout)`` when ``err`` was raised by gymnasium's ``VectorEnv._add_info`` stacking
+    one sub-env's info value into the batched array (SyncVectorEnv and AsyncVectorEnv both stack there); a nested
+    key is joined with ``/``; ``layout`` says which env's value typed and shaped the array (``""`` if unknown).
+    ``None`` for any other error."""
     found = None
     keys = []
     tb = err.__traceback__
@@ -868,11 +869,17 @@ def _info_stacking_failure(err: Exception) -> tuple[int, str, object] | None:
             local = frame.f_locals
             if "key" in local and isinstance(local.get("env_num"), (int, np.integer)):
                 keys.append(str(local["key"]))
-                found = int(local["env_num"]), local.get("value")
+                found = int(local["env_num"]), local.get("value"), local
         tb = tb.tb_next
     if found is None:
         return None
-    return found[0], "/".join(keys), found[1]
+    i, value, local = found
+    layout = ""
+    array, reported = local.get("array"), (local.get("vector_infos") or {}).get(f"_{local['key']}")
+    if isinstance(array, np.ndarray) and isinstance(reported, np.ndarray) and reported.any():
+        first = int(np.flatnonzero(reported)[0])  # the env whose value the array was made for
+        layout = f" (env {first}'s: dtype {array.dtype}, shape {tuple(array.shape[1:])})"
+    return i, "/".join(keys), value, layout
 
 
 def _single_options(options):
