@@ -192,12 +192,10 @@ def _warn_if_dataset_env_differs(metadata: Mapping, env_id: str | None, env_kwar
         return
     if not from_ids:
         return
-    import inspect
+    import gymnasium as gym
 
-    from .pool import EnvPool
-
-    pool_params = set(inspect.signature(EnvPool.__init__).parameters)
-    registered, _ = _recordable_kwargs(getattr(_registered_spec(env_id), "kwargs", None) or {})
+    pool_params = _pool_options()
+    registered, _ = _recordable_kwargs(getattr(gym.registry.get(_bare_id(env_id)), "kwargs", None) or {})
     mine, mine_unrecorded = _recordable_kwargs(env_kwargs)
     theirs_unrecorded = metadata.get("env_kwargs_unrecorded")
     if not isinstance(theirs_unrecorded, Mapping):
@@ -237,11 +235,14 @@ def _bare_id(env_id: str) -> str:
     return env_id.split(":")[-1]
 
 
-def _registered_spec(env_id: str):
-    """The registered ``EnvSpec`` of ``env_id`` in this process, or ``None``."""
-    import gymnasium as gym
+def _pool_options() -> set[str]:
+    """The names of ``EnvPool``'s own keyword arguments (``num_envs``, ``seed``, ``backend``...): any other keyword
+    given with a gymnasium id goes to ``gym.make``."""
+    import inspect
 
-    return gym.registry.get(_bare_id(env_id))
+    from .pool import EnvPool
+
+    return set(inspect.signature(EnvPool.__init__).parameters) - {"self", "env_fns", "make_kwargs"}
 
 
 def _wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -397,15 +398,13 @@ def _pool_source(env_id: str, kwargs: dict) -> tuple:
     them too. Other ids go to EnvPool as they are.
     """
     import functools
-    import inspect
 
     from .envs import make, spec
-    from .pool import EnvPool
 
     if not env_id.startswith("torchrl_swm/"):
         return (env_id,)
     spec(env_id)  # unknown ids fail here, with gymnasium's "did you mean" message
-    pool_params = set(inspect.signature(EnvPool.__init__).parameters) - {"self", "env_fns", "make_kwargs"}
+    pool_params = _pool_options()
     make_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k not in pool_params}
     if kwargs.get("pixels") or kwargs.get("image_shape") is not None:
         make_kwargs.setdefault("render_mode", "rgb_array")
