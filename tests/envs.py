@@ -628,3 +628,12 @@ class MarkerClosingEnv(CountingEnv):
         with open(os.path.join(self.marker_dir, f"closed-{os.getpid()}-{id(self)}"), "w"):
             pass
         super().close()
+
+
+PARENT_MARK = None  # set by a test in the pool's process: a forked worker inherits it, a spawned one does not
+
+
+def marked_counting(length=3):
+    env = CountingEnv(length=length)
+    env.inherited_mark, env.pid = PARENT_MARK, os.getpid()
+    return env

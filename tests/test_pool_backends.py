@@ -482,6 +482,48 @@ def test_one_factory_and_a_count_is_a_list_of_that_factory(backend):
         EnvPool(counting, 0, backend=backend)
 
 
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_mp_start_method_chooses_how_the_workers_start(monkeypatch, method):
+    # as TorchRL's ParallelEnv(mp_start_method=...): "fork" starts in milliseconds (no import of the user's modules
+    # again) and its workers inherit this process's state; a spawned or forkserver worker starts from scratch
+    import multiprocessing
+
+    if method not in multiprocessing.get_all_start_methods():
+        pytest.skip(f"{method} is not available on this platform")
+    import envs
+
+    monkeypatch.setattr(envs, "PARENT_MARK", "set in the pool's process")
+    pool = EnvPool(functools.partial(envs.marked_counting, length=4), 2, backend="process", num_workers=1, seed=3,
+                   mp_start_method=method)
+    serial = EnvPool(functools.partial(envs.marked_counting, length=4), 2, seed=3)
+    try:
+        inherited = "set in the pool's process" if method == "fork" else None
+        assert pool.get_attr("inherited_mark") == [inherited] * 2
+        assert pool.get_attr("pid") == [pool.get_attr("pid")[0]] * 2 != [os.getpid()] * 2  # both in the worker
+        assert_same(drive(pool, 10), drive(serial, 10))
+    finally:
+        pool.close()
+        serial.close()
+
+
+def test_mp_start_method_needs_the_process_backend_and_a_known_method():
+    with pytest.raises(ValueError, match=r"mp_start_method='fork' is for backend='process'.* or drop mp_start_method"):
+        EnvPool("CartPole-v1", 2, mp_start_method="fork")
+    with pytest.raises(ValueError, match=r"num_workers=1, mp_start_method='fork' is for backend='process'.* or drop "
+                                         r"num_workers and mp_start_method"):
+        EnvPool("CartPole-v1", 2, num_workers=1, mp_start_method="fork")
+    with pytest.raises(ValueError, match=r"mp_start_method must be one of \[.*'spawn'.*\] on this platform, got 'thread'"):
+        EnvPool("CartPole-v1", 2, backend="process", mp_start_method="thread")
+    vec = gym.vector.SyncVectorEnv([functools.partial(CountingEnv, length=3)] * 2)
+    with pytest.raises(ValueError, match=r"EnvPool\(VectorEnv\): backend=None and mp_start_method='fork' do not apply"):
+        EnvPool(vec, mp_start_method="fork")
+    vec.close()
+    # an explicit backend="serial" ignores it, as num_workers: one configuration can switch backends
+    pool = EnvPool("CartPole-v1", 2, backend="serial", mp_start_method="fork")
+    assert type(pool._backend).__name__ == "SerialBackend"
+    pool.close()
+
+
 @pytest.mark.parametrize("kwargs", [{"backend": "process"}, {"num_workers": 2}])
 def test_a_vector_env_refuses_backend_and_num_workers(kwargs):
     vec = gym.vector.SyncVectorEnv([functools.partial(CountingEnv, length=3)] * 2)
@@ -659,13 +701,11 @@ def test_a_forked_process_pool_closes_without_resource_tracker_warnings(tmp_path
     script = tmp_path / "forked_pool.py"
     script.write_text(
         "import functools\n"
-        "import torchrl_swm.pool.env_pool as env_pool\n"
         "from envs import counting\n"
         "from torchrl_swm import EnvPool\n"
-        "from torchrl_swm.pool.process import ProcessBackend\n"
         "if __name__ == '__main__':\n"
-        "    env_pool.ProcessBackend = functools.partial(ProcessBackend, start_method='fork')\n"
-        "    pool = EnvPool([functools.partial(counting, length=5)] * 2, backend='process', num_workers=2, seed=0)\n"
+        "    pool = EnvPool([functools.partial(counting, length=5)] * 2, backend='process', num_workers=2, seed=0,\n"
+        "                   mp_start_method='fork')\n"
         "    assert pool._backend._start_method == 'fork'\n"
         "    pool.rollout(3, break_when_any_done=False)\n"
         "    pool.close()\n"
@@ -725,14 +765,11 @@ def test_forked_workers_close_their_envs_when_the_pools_process_is_killed(tmp_pa
     script = tmp_path / "killed_forked_pool.py"
     script.write_text(
         "import functools, os, signal\n"
-        "import torchrl_swm.pool.env_pool as env_pool\n"
         "from envs import MarkerClosingEnv\n"
         "from torchrl_swm import EnvPool\n"
-        "from torchrl_swm.pool.process import ProcessBackend\n"
         "if __name__ == '__main__':\n"
-        "    env_pool.ProcessBackend = functools.partial(ProcessBackend, start_method='fork')\n"
         f"    make = functools.partial(MarkerClosingEnv, {str(markers)!r}, step_s=0.0, length=50)\n"
-        "    pool = EnvPool([make] * 4, backend='process', num_workers=2, seed=0)\n"
+        "    pool = EnvPool([make] * 4, backend='process', num_workers=2, seed=0, mp_start_method='fork')\n"
         "    assert pool._backend._start_method == 'fork'\n"
         "    pool.rand_step(pool.reset())\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"

@@ -225,6 +225,13 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             ``GymEnv(id, num_workers=k)`` starts processes; the pool never runs serially
             without a word); an explicit ``backend="serial"`` ignores it, so that one
             configuration can switch backends.
+        mp_start_method: how the process backend starts its workers (as TorchRL's
+            ``ParallelEnv(mp_start_method=...)``): ``"spawn"`` (default: safe with
+            threads and CUDA, but each worker imports your script's modules again),
+            ``"forkserver"`` or ``"fork"`` (POSIX: imports nothing again, so it starts
+            several times faster; unsafe once this process runs threads, e.g. CUDA or
+            Ray). Given without
+            ``backend=``, it is an error, as ``num_workers``.
         device: where the output tensordicts live. ``None`` (default): on the CPU,
             with no device of its own, as TorchRL's ``GymEnv``; a ``Collector``
             then skips the device cast of its carrier it makes every step for an
@@ -294,6 +301,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         *,
         backend: str | None = None,
         num_workers: int | None = None,
+        mp_start_method: str | None = None,
         device: torch.device | str | None = None,
         categorical_action_encoding: bool = True,
         pixels: bool = False,
@@ -314,17 +322,22 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
                 "env_fns, whose envs the pool resets one by one. Drop masked_reset, or pass the VectorEnv"
             )
         device = None if device is None else _data_device(device)  # before any env is built
-        if isinstance(env_fns, gym.vector.VectorEnv) and (backend not in (None, "serial") or num_workers is not None):
+        process_options = {k: v for k, v in (("num_workers", num_workers), ("mp_start_method", mp_start_method))
+                           if v is not None}
+        if isinstance(env_fns, gym.vector.VectorEnv) and (backend not in (None, "serial") or process_options):
+            given = "".join(f" and {k}={v!r}" for k, v in process_options.items())
             raise ValueError(
-                f"EnvPool(VectorEnv): backend={backend!r} and num_workers={num_workers!r} do not apply: a vector env "
+                f"EnvPool(VectorEnv): backend={backend!r}{given} do not apply: a vector env "
                 "runs as it is (its own processes, if any: gymnasium's AsyncVectorEnv). Drop them, or pass env "
                 "factories or an id with backend='process'"
             )
-        if num_workers is not None and backend is None:
+        if process_options and backend is None:
             # TorchRL's GymEnv(id, num_workers=k) starts processes: never run serially without a word
+            given = ", ".join(f"{k}={v!r}" for k, v in process_options.items())
             raise ValueError(
-                f"EnvPool: num_workers={num_workers!r} is for backend='process'; the default serial backend runs every "
-                "env in this process. Pass backend='process' to run the envs in worker processes, or drop num_workers"
+                f"EnvPool: {given} is for backend='process'; the default serial backend runs every "
+                "env in this process. Pass backend='process' to run the envs in worker processes, or drop "
+                + " and ".join(process_options)
             )
         backend = "serial" if backend is None else backend
         if isinstance(env_fns, gym.vector.VectorEnv):
@@ -338,7 +351,8 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
         elif backend == "serial":
             backend = SerialBackend(_factories(env_fns, num_envs, pixels, make_kwargs), pixels=pixels)
         elif backend == "process":
-            backend = ProcessBackend(_factories(env_fns, num_envs, pixels, make_kwargs), num_workers, pixels=pixels)
+            backend = ProcessBackend(_factories(env_fns, num_envs, pixels, make_kwargs), num_workers, pixels=pixels,
+                                     start_method="spawn" if mp_start_method is None else mp_start_method)
         else:
             raise ValueError(f"EnvPool: backend must be 'serial' or 'process', got {backend!r}")
         if seed_every_episode is None:

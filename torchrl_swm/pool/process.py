@@ -199,6 +199,11 @@ class ProcessBackend:
         self._dead_worker: EnvError | None = None  # the first worker found dead after start: no step or reset since
         self._shm = None
         self._action_buf = None
+        if start_method not in mp.get_all_start_methods():
+            raise ValueError(
+                f"EnvPool(backend='process'): mp_start_method must be one of {mp.get_all_start_methods()} "
+                f"on this platform, got {start_method!r}"
+            )
         ctx = mp.get_context(start_method)
         self._start_method, self._started = ctx.get_start_method(), False  # started: every worker made its envs
         self._processes, self._conns, self._pids = [], [], []
