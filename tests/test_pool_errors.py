@@ -1898,29 +1898,68 @@ def test_actions_outside_their_space_are_refused_naming_the_env(make, kwargs, ba
 @pytest.mark.parametrize(
     "make, kwargs, action, match",
     [
-        (_EchoMultiDiscrete, {}, [[0.7, 1.9], [0.0, 0.0]], "integer dtype for a MultiCategorical action"),
-        (_EchoMultiDiscrete, {}, [[True, False], [False, True]], "integer dtype for a MultiCategorical action"),
+        (_EchoMultiDiscrete, {}, [[0.7, 1.9], [0.0, 0.0]], "an integer dtype for a MultiCategorical action"),
+        (_EchoMultiDiscrete, {}, [[True, False], [False, True]], "an integer dtype for a MultiCategorical action"),
         (functools.partial(counting, length=10), {"categorical_action_encoding": False},
-         [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]], "integer or bool one-hot action"),
-        (_EchoMultiDiscrete, {"categorical_action_encoding": False},
-         [[1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0]] * 2, "integer or bool multi-one-hot action"),
-        (_EchoMultiBinary, {}, [[0.0, 1.0], [1.0, 1.0]], "integer or bool MultiBinary action"),
+         [[0j, 1 + 0j, 0j], [1 + 0j, 0j, 0j]], "an integer, bool or 0/1 float one-hot action"),
+        (_EchoMultiBinary, {}, [[0j, 1 + 0j], [1 + 0j, 1 + 0j]], "bools or 0/1 numbers for a MultiBinary action"),
     ],
-    ids=["multicategorical-float", "multicategorical-bool", "one-hot-float", "multi-one-hot-float",
-         "multibinary-float"],
+    ids=["multicategorical-float", "multicategorical-bool", "one-hot-complex", "multibinary-complex"],
 )
 def test_a_float_action_for_an_index_or_one_hot_space_is_a_type_error_never_truncated(make, kwargs, action, match):
-    # float indices would be truncated ([0.7, 1.9] read as [0, 1]); even an exact float one-hot is refused, as it
-    # is for every index-like space: the policy's output is a float, not an action, until it is rounded or sampled
+    # float indices would be truncated ([0.7, 1.9] read as [0, 1]): a MultiCategorical takes integers only, as
+    # torch's Categorical samples them. One-hot and binary actions take exact 0/1 floats (the next test)
     pool = EnvPool([make] * 2, seed=0, **kwargs)
     td = fresh(pool)
     action = torch.tensor(action)
     td["action"] = action
-    with pytest.raises(TypeError, match=rf"action: expected an {match}, got {action.dtype}"):
+    with pytest.raises(TypeError, match=rf"action: expected {match}, got {action.dtype}"):
         pool.step(td)
     td["action"] = pool.action_spec.rand()
     pool.step(td)  # the pool still steps
     pool.close()
+
+
+def _pool_of(make, backend, **kwargs):
+    if backend == "vector":
+        return EnvPool(gym.vector.SyncVectorEnv([make] * 2), seed=0, **kwargs)
+    extra = {"backend": "process", "num_workers": 1} if backend == "process" else {}
+    return EnvPool([make] * 2, seed=0, **extra, **kwargs)
+
+
+@pytest.mark.parametrize("backend", ["serial", "vector", "process"])
+def test_exact_float_one_hot_and_binary_actions_are_taken_as_distributions_sample_them(backend):
+    # a OneHotCategorical or Bernoulli sample is a float tensor of exact 0s and 1s: TorchRL's GymEnv steps it, and
+    # so does the pool (the serial one row by row, the others as one batch); any other float is refused, never
+    # rounded, naming the env
+    with _pool_of(functools.partial(counting, length=10), backend, categorical_action_encoding=False) as pool:
+        td = fresh(pool)
+        td["action"] = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+        assert pool.step(td)["next", "reward"].view(-1).tolist() == [1.0, 2.0]  # counting: reward = the index
+        sample = torch.distributions.OneHotCategorical(logits=torch.zeros(2, 3)).sample()
+        td["action"] = sample
+        assert pool.step(td)["next", "reward"].view(-1).tolist() == sample.argmax(-1).float().tolist()
+        for bad in ([0.5, 0.5, 0.0], [1.0, 1e-8, 0.0], [float("nan"), 1.0, 0.0], [1.0, 1.0, -1.0]):
+            td["action"] = torch.tensor([[1.0, 0.0, 0.0], bad])
+            with pytest.raises(ValueError, match=r"action for env 1: expected a one-hot vector, got \["):
+                pool.step(td)
+        td["action"] = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float16)
+        assert pool.step(td)["next", "reward"].view(-1).tolist() == [0.0, 1.0]  # the pool still steps
+    with _pool_of(_EchoMultiDiscrete, backend, categorical_action_encoding=False) as pool:
+        td = fresh(pool)
+        td["action"] = torch.tensor([[1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]])
+        assert pool.step(td)["next", "observation"].tolist() == [[0.0, 2.0], [2.0, 3.0]]
+        td["action"] = torch.tensor([[1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.75]])
+        with pytest.raises(ValueError, match=r"action for env 1: expected a one-hot vector, got \[0\.0, 0\.0, 0\.0, 0\.75\]"):
+            pool.step(td)
+    with _pool_of(_EchoMultiBinary, backend) as pool:
+        td = fresh(pool)
+        sample = torch.distributions.Bernoulli(probs=torch.full((2, 2), 0.5)).sample()
+        td["action"] = sample
+        assert pool.step(td)["next", "observation"].tolist() == sample.tolist()
+        td["action"] = torch.tensor([[0.0, 1.0], [1.0, 0.5]])
+        with pytest.raises(ValueError, match=r"action for env 1: expected 0/1 values, got \[1\.0, 0\.5\]"):
+            pool.step(td)
 
 
 @pytest.mark.parametrize("bad", [-1, 3])  # below 0, and n itself (off by one: it would reach the env as n + start)

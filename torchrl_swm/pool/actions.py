@@ -131,9 +131,13 @@ class ActionCodec:
         return values.astype(self.space.dtype, copy=False)  # in range: the cast is exact
 
     def _one_hot_to_index(self, array, dtype, rows):
-        if array.dtype.kind not in "biu":
-            raise TypeError(f"action: expected an integer or bool one-hot action, got {dtype}")
-        bad = np.flatnonzero((array.sum(-1) != 1) | (array.max(-1) != 1) | (array.min(-1) < 0))
+        # floats too, when exactly 0 or 1: a OneHotCategorical sample is a float one-hot, as TorchRL's GymEnv takes it
+        if array.dtype.kind not in "biuf":
+            raise TypeError(f"action: expected an integer, bool or 0/1 float one-hot action, got {dtype}")
+        not_one_hot = (array.sum(-1) != 1) | (array.max(-1) != 1) | (array.min(-1) < 0)
+        if array.dtype.kind == "f":  # [1.0, 1e-8] sums to 1.0 in float32: only exact 0s and 1s are one-hot
+            not_one_hot |= ((array != 0) & (array != 1)).any(-1)
+        bad = np.flatnonzero(not_one_hot)
         if bad.size:
             self._bad(f"expected a one-hot vector, got {array[bad[0]].tolist()}", rows, bad)
         return array.argmax(-1)
@@ -144,8 +148,8 @@ class ActionCodec:
                 raise TypeError(f"action: expected an integer dtype for a MultiCategorical action, got {dtype}")
             values = array
         else:
-            if array.dtype.kind not in "biu":
-                raise TypeError(f"action: expected an integer or bool multi-one-hot action, got {dtype}")
+            if array.dtype.kind not in "biuf":
+                raise TypeError(f"action: expected an integer, bool or 0/1 float multi-one-hot action, got {dtype}")
             parts = np.split(array, np.cumsum(self.high)[:-1], axis=-1)
             values = np.stack([self._one_hot_to_index(p, dtype, rows) for p in parts], -1)
         bad = np.flatnonzero(((values < 0) | (values >= self.high)).reshape(len(values), -1).any(-1))
@@ -154,8 +158,9 @@ class ActionCodec:
         return (values.astype(np.int64) + self.start).astype(self.space.dtype, copy=False)  # in range: exact
 
     def _binary(self, array, dtype, rows):
-        if array.dtype.kind not in "biu":
-            raise TypeError(f"action: expected an integer or bool MultiBinary action, got {dtype}")
+        # floats too, when exactly 0 or 1: a Bernoulli sample is a float
+        if array.dtype.kind not in "biuf":
+            raise TypeError(f"action: expected bools or 0/1 numbers for a MultiBinary action, got {dtype}")
         bad = np.flatnonzero(((array != 0) & (array != 1)).reshape(len(array), -1).any(-1))
         if bad.size:
             self._bad(f"expected 0/1 values, got {array[bad[0]].tolist()}", rows, bad)
