@@ -2083,3 +2083,25 @@ def test_a_num_envs_too_large_to_hold_is_a_value_error_naming_num_envs():
     assert isinstance(info.value.__cause__, OverflowError)
     with pytest.raises(ValueError, match=rf"^EnvPool: {too_many}"):
         EnvPool(functools.partial(CountingEnv, length=5), num_envs=10**30)  # one factory and a count
+
+
+@pytest.mark.parametrize("keyword, value, hint", [
+    ("from_pixels", True, r"for from_pixels=, EnvPool renders frames itself: pixels=True"),
+    ("pixels_only", False, r"for pixels_only=, EnvPool renders frames itself"),
+    ("frame_skip", 4, r"for frame_skip=, repeat actions with TransformedEnv\(pool, torchrl_swm.FrameSkip\(k\)\)"),
+    ("wrappers", [], r"for wrappers=, wrap each env in a factory"),
+    ("vectorization_mode", "sync", r"for vectorization_mode=, pass the vector env itself"),
+    ("context", "fork", r"for context=, the process backend's start method is mp_start_method="),
+])
+def test_a_torchrl_or_make_vec_keyword_the_env_refuses_is_told_the_pools_way(keyword, value, hint):
+    # EnvPool passes keywords it does not know to gym.make: GymEnv's from_pixels=True or make_vec's wrappers= then
+    # failed inside CartPole's __init__, naming CartPole, not the keyword the pool spells otherwise
+    with pytest.raises(EnvError, match=r"env 0 \(make\): .*unexpected keyword argument '" + keyword + "'.*" + hint) as info:
+        EnvPool("CartPole-v1", 2, **{keyword: value})
+    assert isinstance(info.value.__cause__, TypeError)
+
+
+def test_a_keyword_no_one_knows_gets_gymnasiums_error_alone():
+    with pytest.raises(EnvError, match=r"unexpected keyword argument 'colour'") as info:
+        EnvPool("CartPole-v1", 2, colour="red")
+    assert "EnvPool passes keywords" not in str(info.value)

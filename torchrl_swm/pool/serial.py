@@ -188,6 +188,29 @@ def env_is_wrapped(env: gym.Env, wrapper_class: type) -> bool:
     return False
 
 
+#: keywords TorchRL's GymEnv or gymnasium's make_vec take and gym.make does not: EnvPool passes unknown keywords to
+#: gym.make, so an env refusing one of these gets the pool's own way to say it
+_FOREIGN_KEYWORDS = {
+    "from_pixels": "EnvPool renders frames itself: pixels=True, or image_shape=(H, W) to resize them",
+    "pixels_only": "EnvPool renders frames itself: pixels=True, or image_shape=(H, W) to resize them",
+    "frame_skip": "repeat actions with TransformedEnv(pool, torchrl_swm.FrameSkip(k))",
+    "wrappers": "wrap each env in a factory: EnvPool(lambda: Wrapper(gym.make(id)), num_envs)",
+    "vectorization_mode": "pass the vector env itself: EnvPool(gym.make_vec(id, n, vectorization_mode=...))",
+    "vector_kwargs": "pass the vector env itself: EnvPool(gym.make_vec(id, n, vector_kwargs=...))",
+    "context": "the process backend's start method is mp_start_method= (with backend='process')",
+    "start_method": "the process backend's start method is mp_start_method= (with backend='process')",
+}
+
+
+def _foreign_keyword_hint(err: Exception) -> str:
+    """How to say with EnvPool what a keyword meant for TorchRL or make_vec, when the env refused it."""
+    if isinstance(err, TypeError):
+        for name, hint in _FOREIGN_KEYWORDS.items():
+            if f"unexpected keyword argument '{name}'" in str(err):
+                return f". EnvPool passes keywords it does not know to gym.make; for {name}=, {hint}"
+    return ""
+
+
 def make_envs(env_fns: Sequence[Callable[[], gym.Env]], first: int = 0, pixels: bool = False) -> list[gym.Env]:
     """Call each factory, check what it returned, and close everything on failure."""
     envs: list[gym.Env] = []
@@ -200,7 +223,7 @@ def make_envs(env_fns: Sequence[Callable[[], gym.Env]], first: int = 0, pixels: 
             try:
                 env = fn()
             except Exception as err:
-                raise EnvError(i, "make", f"the factory raised {error_text(err)}") from err
+                raise EnvError(i, "make", f"the factory raised {error_text(err)}{_foreign_keyword_hint(err)}") from err
             except BaseException as err:  # KeyboardInterrupt, SystemExit: raised as they are, tagged with the env
                 _tag(err, i, "make")  # (a worker reports it naming the env)
                 raise
