@@ -1,6 +1,7 @@
 """Seeding: set_seed schedules, reset(seed=...) forms, options, and reproducibility."""
 
 import functools
+import re
 
 import gymnasium as gym
 import numpy as np
@@ -203,7 +204,8 @@ def test_a_none_seed_entry_leaves_that_env_on_its_own_schedule(backend):
     kwargs = {"num_workers": 2} if backend == "process" else {}
     pool = EnvPool([functools.partial(counting, length=2)] * 3, seed=5, backend=backend, **kwargs)
     assert seeds_of(pool.reset()) == [5, 6, 7]
-    assert seeds_of(pool.reset(seed=[7, None, 9])) == [7, 9, 9]
+    with pytest.warns(UserWarning, match=r"env 1 \(at seed 9\) and env 2 \(at seed 9\) on one schedule"):
+        assert seeds_of(pool.reset(seed=[7, None, 9])) == [7, 9, 9]
     assert seeds_of(pool.reset(seed=np.array([None, 40, None], dtype=object))) == [10, 40, 12]
     # the restarted schedules go on from their new bases; env 1's was never restarted before this
     assert seeds_of(pool.reset(seed=[None, None, None])) == [13, 43, 15]
@@ -508,4 +510,51 @@ def test_unseeded_pools_draw_their_base_seed_from_the_whole_seed_range():
     pool = EnvPool("CartPole-v1", num_envs=n)
     seeds = pool.reset()["episode_seed"].view(-1).tolist()
     assert seeds == list(range(seeds[0], seeds[0] + n))
+    pool.close()
+
+
+@pytest.mark.parametrize("seed, warned", [
+    ([0, 3, 6], r"env 0 \(at seed 0\) and env 1 \(at seed 3\) on one schedule: each env's seeds step by num_envs=3 "
+                r"and theirs are both 0 modulo 3, so env 0 replays env 1's episodes, 1 episode behind it"),
+    ([5, 50, 500], r"env 0 \(at seed 5\) and env 1 \(at seed 50\).* 15 episodes behind it"),
+    ([4, 4, 6], None),  # the same seed to two envs: on purpose
+    ([10, 11, 12], None),
+    ([5, 5000, 9], None),  # 5 and 5000 meet only after 1665 episodes: random seeds in a wide range often would
+    (7, None),
+])
+def test_a_list_of_seeds_putting_two_envs_on_one_schedule_warns_that_one_replays_the_other(seed, warned):
+    # each env's seeds step by N: seeds equal modulo N put two envs in one residue class, where one replays the
+    # other's episodes at every later reset, silently duplicating data (review A A1)
+    import warnings
+
+    pool = EnvPool([functools.partial(counting, length=2)] * 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = seeds_of(pool.reset(seed=seed))
+    ours = [w for w in caught if "on one schedule" in str(w.message)]
+    if warned is None:
+        assert not ours
+    else:
+        assert len(ours) == 1 and ours[0].filename == __file__, [(str(w.message), w.filename) for w in caught]
+        assert re.search(warned, str(ours[0].message))
+        # what it says: the env behind goes through the seeds of the one ahead
+        later = [seeds_of(pool.reset()) for _ in range(20)]
+        behind, ahead = (int(i) for i in re.search(r"env (\d+) replays env (\d+)", str(ours[0].message)).groups())
+        assert {s[ahead] for s in [first] + later} & {s[behind] for s in later}
+    pool.close()
+
+
+def test_a_partial_reset_judges_only_the_rows_it_restarts():
+    # the entries of rows a partial reset leaves alone are not used, so they put no env on another's schedule
+    import warnings
+
+    pool = EnvPool([functools.partial(counting, length=2)] * 3, seed=0)
+    td = pool.reset()
+    td["_reset"] = torch.tensor([[True], [False], [False]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert seeds_of(pool.reset(td, seed=[9, 1, 2])) == [9, 1, 2]  # 9 is 0 modulo 3, as env 0's own 0 was
+    td["_reset"] = torch.tensor([[True], [False], [False]])  # TorchRL's reset took the mask out of td
+    with pytest.warns(UserWarning, match=r"env 1 \(at seed 1\) and env 0 \(at seed 7\).* 2 episodes behind it"):
+        assert seeds_of(pool.reset(td, seed=[7, 0, 0])) == [7, 1, 2]  # 7 is env 1's class (1 modulo 3)
     pool.close()

@@ -1044,3 +1044,17 @@ def test_the_progress_bar_counts_the_successes_of_the_episodes_finished_so_far(p
         result = world.evaluate(17, seed=0, success_fn=lambda td: torch.tensor([True, False, False]), progress=True)
     assert result["episode_successes"].nonzero()[0].tolist() == [0, 3, 6, 9, 12, 15]
     assert postfixes == [("6/8", 7), ("6/16", 15), ("6/17", 16)]
+
+
+@pytest.mark.parametrize("reset_mode", ["auto", "wait"])
+def test_world_gives_every_episode_its_seed_so_the_pools_overlapping_schedule_warning_never_shows(reset_mode):
+    # World seeds each episode (and each idle row of a vector env) itself, so the pool's warning that a list of
+    # seeds put two envs on one schedule does not apply: its own schedules never pick a seed here
+    pool = EnvPool(gym.vector.SyncVectorEnv([functools.partial(CountingEnv, length=3)] * 3))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            result = World(pool).evaluate(episodes=4, seed=0, reset_mode=reset_mode)
+        assert result.seeds.tolist() == [0, 1, 2, 3]
+    finally:
+        pool.close()

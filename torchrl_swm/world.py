@@ -1544,13 +1544,17 @@ class _Run:
             for i, option in options.items():
                 per_env[i] = option
             kwargs["options"] = per_env
-        if flags.all() and td is None:
-            td = self.env.reset(**kwargs)
-        else:  # with the carried root: a full reset keeps its entries, as TorchRL's maybe_reset does
-            if td is None:  # first reset: only the rows that have an episode
-                td = self.env.full_done_spec.zero()
-            td.set("_reset", _as_mask(flags, self.device))
-            td = self.env.reset(td, **kwargs)
+        with warnings.catch_warnings():
+            # every episode here gets its own seed: the pool's own schedules, which a list of seeds can make
+            # overlap, never pick one
+            warnings.filterwarnings("ignore", message="EnvPool.reset: the seeds given put env")
+            if flags.all() and td is None:
+                td = self.env.reset(**kwargs)
+            else:  # with the carried root: a full reset keeps its entries, as TorchRL's maybe_reset does
+                if td is None:  # first reset: only the rows that have an episode
+                    td = self.env.full_done_spec.zero()
+                td.set("_reset", _as_mask(flags, self.device))
+                td = self.env.reset(td, **kwargs)
         td.pop("_reset", None)
         return td
 

@@ -510,6 +510,29 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             if not self._unreset.any():
                 self._unreset = None
         self._resize_frames(rows, odd_frames)
+        if seed_override is not None:
+            self._warn_overlapping_seeds(rows, seed_override)
+
+    def _warn_overlapping_seeds(self, rows: np.ndarray | None, override: np.ndarray) -> None:
+        # each row's seeds step by N: a list of seeds can put two rows in one residue class, where one replays the
+        # other's episodes at every later reset, silently duplicating data (an int seed s never does: s + i)
+        pair = self._seeds.overlap(rows, override)
+        if pair is None:
+            return
+        n, base, count = self.num_envs, self._seeds.base, self._seeds.count
+        at = {i: int(base[i] + max(int(count[i]) - 1, 0) * n) for i in pair}  # the seed of each one's episode now
+        behind, ahead = sorted(pair, key=lambda i: (at[i], i))
+        lag = (at[ahead] - at[behind]) // n
+        warnings.warn(
+            f"EnvPool.reset: the seeds given put env {behind} (at seed {at[behind]}) and env {ahead} (at seed "
+            f"{at[ahead]}) on one schedule: each env's seeds step by num_envs={n} and theirs are both "
+            f"{at[ahead] % n} modulo {n}, so env {behind} replays env {ahead}'s episodes, "
+            + (f"{lag} episode{'s' * (lag != 1)} behind it," if lag else "in step with it,")
+            + f" at every later reset. Give seeds that differ modulo {n} (an int seed s gives env i the seed "
+            "s + i), or the same seed to both on purpose",
+            UserWarning,
+            stacklevel=5,  # the caller of reset(), through TorchRL's EnvBase.reset
+        )
 
     def _must_reset(self, rows: np.ndarray | None, why: int) -> None:
         """Refuse to step ``rows`` (all when ``None``) until they are reset: a step or reset that raised may have
