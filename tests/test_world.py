@@ -1058,3 +1058,34 @@ def test_world_gives_every_episode_its_seed_so_the_pools_overlapping_schedule_wa
         assert result.seeds.tolist() == [0, 1, 2, 3]
     finally:
         pool.close()
+
+
+def test_envs_made_with_other_time_limits_each_end_their_episodes_at_their_own():
+    # World read the step limit from env 0's spec (EnvPool.env_spec): env 1, made with max_episode_steps=50, had
+    # every episode cut at env 0's 2 steps, reported truncated with a partial return (review E, round 17)
+    limits = [2, 50]
+    pool = EnvPool([functools.partial(gym.make, "CartPole-v1", max_episode_steps=limit) for limit in limits], seed=0)
+
+    def push_left(td):
+        return td.set("action", torch.zeros(td.batch_size, dtype=torch.int64))
+
+    try:
+        world = World(pool, push_left)
+        result = world.evaluate(6, seed=3, progress=False)
+    finally:
+        pool.close()
+    reference = []
+    for j in range(6):  # episode j runs on env j % 2, seeded 3 + j
+        env = gym.make("CartPole-v1", max_episode_steps=limits[j % 2])
+        env.reset(seed=3 + j)
+        steps, ret, terminated, truncated = 0, 0.0, False, False
+        while not (terminated or truncated):
+            _, reward, terminated, truncated, _ = env.step(0)
+            steps, ret = steps + 1, ret + reward
+        reference.append((steps, ret, truncated and not terminated))
+        env.close()
+    assert result.episode_lengths.tolist() == [r[0] for r in reference]
+    assert result.episode_returns.tolist() == [r[1] for r in reference]
+    assert result.episode_truncated.tolist() == [r[2] for r in reference]
+    assert result.env_time_limit == 50
+    assert min(result.episode_lengths[1::2].tolist()) > 2  # env 1's episodes were not cut at env 0's limit

@@ -787,9 +787,11 @@ class World:
             self._freezes_rows = _freezes_rows(env)
             self._env_spec = None if self.pool is None else self.pool.env_spec
             self._env_metadata = {} if self.pool is None else self.pool.env_metadata
-            self._time_limit = getattr(self._env_spec, "max_episode_steps", None)  # gymnasium's TimeLimit
-            if self._time_limit is None and self.pool is not None:
-                self._time_limit = _time_limit_wrapper_steps(self.pool)
+            # gymnasium's TimeLimit: read from every env's wrapper where the pool reaches them (env_spec is env 0's,
+            # and envs made with other max_episode_steps each end at their own: World cuts at the largest)
+            self._time_limit = None if self.pool is None else _time_limit_wrapper_steps(self.pool)
+            if self._time_limit is None:
+                self._time_limit = getattr(self._env_spec, "max_episode_steps", None)
             if self.env_id is None:
                 self.env_id = getattr(self._env_spec, "id", None)
             self.policy = None
