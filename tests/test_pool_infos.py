@@ -521,7 +521,8 @@ def test_vector_env_object_info_mixing_numbers_and_other_values_is_an_error_nami
 @pytest.mark.parametrize("vector", ["sync", "async"])
 @pytest.mark.parametrize("bad, key, expected", [
     ({"x": "oops"}, "'x'", r"str 'oops'\).*ValueError: could not convert string to float"),
-    ({"g": {"x": np.zeros(3)}}, "'g/x'", r"shape=\(3,\)\).*could not broadcast input array from shape \(3,\)"),
+    ({"g": {"x": np.zeros(3)}}, "'g/x'", r"shape=\(3,\)\).*ValueError: a value of shape \(3,\) where the key's array holds "
+                                         r"values of shape \(2,\)"),
 ])
 def test_an_info_value_gymnasium_cannot_stack_names_the_env_and_the_key(vector, bad, key, expected, when):
     # gymnasium's VectorEnv._add_info stacks each key into one array typed and shaped by its first value; a string
@@ -817,6 +818,58 @@ def test_dtypes_promoted_across_envs_keep_every_value_exact(first, second):
     assert values == [float(first), float(second)] and all(type(v) is float for v in values)
     assert pool.observation_spec["info", "x"].dtype == torch.float64 or values == [float(np.float32(v)) for v in values]
     pool.close()
+
+
+@pytest.mark.parametrize("vector", ["sync", "async"])
+@pytest.mark.parametrize("first, second", [
+    (1, 1.5),                        # gymnasium read 1.5 as 1 beside an int
+    (True, 3),                       # and 3 as True beside a bool
+    (np.float32(0.5), 2**40 + 1),
+    (np.int8(-3), np.float32(0.25)),
+    (np.zeros(2, np.int16), np.array([0.5, 2.5])),
+])
+def test_a_vector_env_stacks_info_values_of_other_types_as_the_serial_backend(vector, first, second):
+    # gymnasium's VectorEnv._add_info types each key's array by the first value it meets and casts the others
+    # into it without a word, even into a key declared with info_spec= (review D, round 17): the pool promotes it
+    # as numpy promotes the values' dtypes, as the serial backend stacks them, at construction and at every step
+    fns = [functools.partial(InfoEnv, {"x": first}, [{"x": first}]),
+           functools.partial(InfoEnv, {"x": second}, [{"x": second}, {"x": second}])]
+    serial = EnvPool(fns, seed=0)
+    pool = EnvPool(gym.vector.SyncVectorEnv(fns) if vector == "sync" else gym.vector.AsyncVectorEnv(fns), seed=0)
+    try:
+        assert pool.observation_spec["info", "x"].dtype == serial.observation_spec["info", "x"].dtype
+        a, b = serial.reset(), pool.reset()
+        for _ in range(3):
+            assert torch.equal(a["info", "x"], b["info", "x"])
+            a, b = step(serial, a).clone(), step(pool, b).clone()
+        expected = np.stack(np.broadcast_arrays(np.asarray(first, np.float64), np.asarray(second, np.float64)))
+        assert b["info", "x"].view(2, -1).double().numpy().tolist() == expected.reshape(2, -1).tolist()
+    finally:
+        serial.close()
+        pool.close()
+
+
+@pytest.mark.parametrize("vector", ["sync", "async"])
+def test_an_info_value_of_another_shape_is_not_broadcast_by_a_vector_env(vector):
+    # gymnasium broadcast env 1's scalar into the (1,) row env 0's array laid out: the serial backend refuses it
+    fns = [functools.partial(InfoEnv, {"w": np.zeros(1)}), functools.partial(InfoEnv, {"w": 5.0})]
+    with pytest.raises(EnvError, match=r"env 1 \(reset\): its info key 'w' \(float 5\.0\).*a value of shape \(\) "
+                                       r"where the key's array holds values of shape \(1,\)\)") as err:
+        EnvPool(gym.vector.SyncVectorEnv(fns) if vector == "sync" else gym.vector.AsyncVectorEnv(fns), seed=0)
+    assert err.value.env_index == 1
+    with pytest.raises(EnvError, match=r"env 1 .*'w'"):
+        EnvPool(fns, seed=0)  # as the serial backend says
+
+
+@pytest.mark.parametrize("vector", ["sync", "async"])
+@pytest.mark.parametrize("first", [1.5, True, 1])
+def test_a_none_beside_numbers_is_an_error_on_a_vector_env_as_on_the_serial_backend(vector, first):
+    # gymnasium stored it as NaN beside floats and False beside bools, its _k mask True: a value that looks reported
+    fns = [functools.partial(InfoEnv, {"x": first}), functools.partial(InfoEnv, {"x": None})]
+    with pytest.raises(EnvError, match=r"env 1 \(reset\): its info key 'x' \(NoneType None\).*None beside numbers"):
+        EnvPool(gym.vector.SyncVectorEnv(fns) if vector == "sync" else gym.vector.AsyncVectorEnv(fns), seed=0)
+    with pytest.raises(EnvError, match=r"env 1 \(reset\): info key 'x' is NoneType None here, but a number in env 0"):
+        EnvPool(fns, seed=0)
 
 
 @pytest.mark.parametrize("key_dtype, value", [

@@ -182,6 +182,45 @@ def _innermost(venv):
     return venv
 
 
+def _stack_infos_as_numpy_promotes(venv) -> None:
+    """Make gymnasium's ``VectorEnv._add_info``, on ``venv`` only, stack info values as the pool's other backends
+    do. It types each key's array by the first value it meets and casts the other envs' values into it without a
+    word (env 1's 1.5 read 1 beside env 0's int, its 3 read True beside a bool, a ``None`` NaN beside floats),
+    and broadcasts a value of another shape into its row. Here the array is first promoted as numpy promotes the
+    values' dtypes, and a ``None`` beside numbers or another shape raises, from a frame
+    :func:`_info_stacking_failure` reads as gymnasium's own. For vector envs that use gymnasium's ``_add_info``
+    unchanged (``SyncVectorEnv``, ``AsyncVectorEnv``: both stack in this process)."""
+    if type(venv)._add_info is not gym.vector.VectorEnv._add_info:
+        return
+    stack = gym.vector.VectorEnv._add_info
+
+    def _add_info(vector_infos, env_info, env_num):
+        # the name and locals (key, value, env_num, array) _info_stacking_failure reads an error's env and key from
+        for key, value in env_info.items():
+            array = vector_infos.get(key)
+            if key == "final_obs" or isinstance(value, dict) or array is None or array.dtype.kind not in "biuf":
+                continue  # a key's first value lays its array out; object arrays keep what they are given
+            if value is None:
+                raise ValueError("None beside numbers (gymnasium would store a NaN, a False or raise)")
+            given = np.asarray(value)
+            if given.dtype.kind not in "biuf":
+                continue  # a string beside numbers: gymnasium raises, named as its own error
+            if given.shape != array.shape[1:]:
+                raise ValueError(f"a value of shape {given.shape} where the key's array holds values of shape "
+                                 f"{array.shape[1:]}")  # gymnasium broadcast some: a scalar into a (1,) row
+            wider = np.result_type(array.dtype, given.dtype)
+            if wider != array.dtype:
+                vector_infos[key] = array.astype(wider)
+
+    def promoting_add_info(vector_infos, env_info, env_num):
+        if env_info:  # most steps of most envs report nothing: no cost beyond the call
+            _add_info(vector_infos, env_info, env_num)
+            vector_infos = stack(venv, vector_infos, env_info, env_num)  # its nested dicts come back through here
+        return vector_infos
+
+    venv._add_info = promoting_add_info
+
+
 class VectorBackend(InProcessBackend):
     """Drives a gymnasium ``VectorEnv`` (see the module docstring).
 
@@ -216,6 +255,7 @@ class VectorBackend(InProcessBackend):
         self._everyone = np.ones(self.num_envs, dtype=bool)
         self._everyone.flags.writeable = False
         inner = _innermost(venv)
+        _stack_infos_as_numpy_promotes(inner)
         if (isinstance(inner, gym.vector.AsyncVectorEnv) and not getattr(inner, "shared_memory", True)
                 and self.mode is AutoresetMode.NEXT_STEP):
             # gymnasium 1.4's worker clears its pending NEXT_STEP autoreset at a reset only with shared memory: the
@@ -865,7 +905,8 @@ def _info_stacking_failure(err: Exception) -> tuple[int, str, object, str] | Non
     tb = err.__traceback__
     while tb is not None:
         frame = tb.tb_frame
-        if frame.f_code.co_name == "_add_info" and frame.f_globals.get("__name__", "").startswith("gymnasium."):
+        module = frame.f_globals.get("__name__", "")
+        if frame.f_code.co_name == "_add_info" and (module.startswith("gymnasium.") or module == __name__):
             local = frame.f_locals
             if "key" in local and isinstance(local.get("env_num"), (int, np.integer)):
                 keys.append(str(local["key"]))
