@@ -1,6 +1,7 @@
 """Videos follow the World's masks: one file per episode, L + 1 frames, no frames from frozen envs."""
 
 import builtins
+import glob
 import functools
 import re
 
@@ -582,4 +583,63 @@ def test_a_burst_of_ctrl_c_while_a_cut_run_unwinds_still_marks_its_cut_episodes(
     names = sorted(p.name for p in tmp_path.glob("*.mp4"))
     assert sorted(p.name for p in recorder.files) == names
     assert [n for n in names if n.endswith(".cut.mp4")] == ["episode_00001.cut.mp4", "episode_00002.cut.mp4"]
+    pool.close()
+
+
+def test_close_closes_every_writer_when_one_cut_episode_cannot_be_renamed(tmp_path):
+    # the video folder removed under a running recorder (a cleanup job): the first cut episode's rename failed and
+    # close() stopped there, every later writer's ffmpeg left running, the grid writer too (review C, round 17)
+    import os
+    import shutil
+
+    def children():  # this process's child processes, from /proc (Linux)
+        found = set()
+        for stat in glob.glob("/proc/[0-9]*/stat"):
+            try:
+                with open(stat) as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == os.getpid() and fields[0] != "Z":
+                found.add(int(stat.split("/")[2]))
+        return found
+
+    folder = tmp_path / "videos"
+    recorder = VideoRecorder(folder, fps=5)
+    recorder.bind(3, None)
+    frame = np.zeros((8, 8, 3), np.uint8)
+    for env in range(3):
+        recorder.start_episode(env, env, frame)
+        recorder.add_frame(env, frame)
+    writers = [entry[0] for entry in recorder._writers.values()]
+    before = children()
+    assert len(before) >= 3  # one ffmpeg per open episode
+    shutil.rmtree(folder)
+    with pytest.raises(FileNotFoundError) as err:
+        recorder.close()
+    assert all(writer.closed for writer in writers) and not recorder._writers
+    assert len([note for note in getattr(err.value, "__notes__", []) if note.startswith("also:")]) == 2  # envs 1, 2
+    assert not before & children()  # every ffmpeg has exited and been reaped
+    assert recorder.files == [] and recorder.frame_counts == {}  # nothing listed that is not there
+
+
+def test_a_run_whose_videos_cannot_be_closed_reports_its_own_error_first(tmp_path):
+    # World.evaluate closes the recorder as the run's error goes by: a failing close no longer replaces that error
+    import shutil
+
+    pool = pixel_pool([30, 30])
+    folder = tmp_path / "videos"
+
+    def remove_the_folder_then_fail(td):
+        if remove_the_folder_then_fail.calls == 3:
+            shutil.rmtree(folder)
+            raise RuntimeError("the policy failed")
+        remove_the_folder_then_fail.calls += 1
+        return td.set("action", torch.ones(2, dtype=torch.int64))
+
+    remove_the_folder_then_fail.calls = 0
+    with pytest.raises(RuntimeError, match="the policy failed") as err:
+        World(pool, remove_the_folder_then_fail).evaluate(2, seed=0, video=VideoRecorder(folder), progress=False)
+    assert any(note.startswith("closing the videos then failed too: FileNotFoundError")
+               for note in err.value.__notes__)
     pool.close()

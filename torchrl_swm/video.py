@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from ._interrupts import interrupts_held
-from .errors import _real, add_note, check_number, describe, error_text
+from .errors import _real, add_as_notes, add_note, check_number, describe, error_text
 
 __all__ = ["VideoRecorder", "require_imageio", "count_frames"]
 
@@ -231,21 +231,39 @@ class VideoRecorder:
         An episode still open (a run cut by an error or Ctrl-C: World ends every episode it plays) keeps
         the frames it has, as ``<prefix>_<index>.cut.mp4``, so that no ``<prefix>_<index>.mp4`` is a cut
         episode. A grid video keeps its name.
+
+        Every writer is closed (each an ffmpeg process) even when one fails, as a file removed under it
+        makes it; the first error is then raised, the others added to it as notes.
         """
+        errors: list[Exception] = []
         with interrupts_held():  # a second Ctrl-C while a cut run closes must not leave files half done
             for env in list(self._writers):
                 path = self._writers[env][1]
-                self.end_episode(env)
-                cut = path.with_name(f"{path.stem}.cut{path.suffix}")
-                os.replace(path, cut)
-                self.files[-1] = cut
+                try:
+                    self.end_episode(env)
+                    cut = path.with_name(f"{path.stem}.cut{path.suffix}")
+                    os.replace(path, cut)
+                except Exception as err:
+                    errors.append(err)
+                    if path in self.frame_counts and not path.exists():  # listed by end_episode, gone since
+                        self.files.remove(path)
+                        del self.frame_counts[path]
+                    continue
+                self.files[self.files.index(path)] = cut
                 self.frame_counts[cut] = self.frame_counts.pop(path)
             if self._grid is not None:
                 writer, path, count = self._grid
                 self._grid = None
-                writer.close()
-                self.files.append(path)
-                self.frame_counts[path] = count
+                try:
+                    writer.close()
+                except Exception as err:
+                    errors.append(err)
+                else:
+                    self.files.append(path)
+                    self.frame_counts[path] = count
+        if errors:
+            add_as_notes(errors[0], errors[1:])
+            raise errors[0]
 
 
 def _episode_frame(frame: np.ndarray, goal: np.ndarray | None) -> np.ndarray:

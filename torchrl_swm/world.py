@@ -1039,9 +1039,15 @@ class World:
             )
             with _forked_rng(seed):
                 run.run()
-        finally:
+        except BaseException as err:
             if recorder is not None:
-                through_interrupts(recorder.close)  # a second Ctrl-C must not leave cut files unmarked
+                try:
+                    through_interrupts(recorder.close)  # a second Ctrl-C must not leave cut files unmarked
+                except Exception as close_err:  # the run's own error is the one to report
+                    add_note(err, f"closing the videos then failed too: {error_text(close_err)}")
+            raise
+        if recorder is not None:
+            through_interrupts(recorder.close)
         return run.result(seed=seed, extra=extra)
 
     def _check_limit(self, value, name):
