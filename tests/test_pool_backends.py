@@ -14,6 +14,7 @@ from envs import (
     CountingEnv,
     DictObsEnv,
     FailingEnv,
+    MarkerClosingEnv,
     SlowFirstRowEnv,
     StubbornFailingEnv,
     assert_reaped,
@@ -752,6 +753,37 @@ def test_workers_close_their_envs_when_the_pools_process_is_killed(tmp_path, sig
     closed = sorted(path.name.split("-")[1] for path in markers.iterdir())
     assert len(closed) == 4 and len(set(closed)) == 2, closed  # every env, closed in its own worker (2 pids)
     assert "Traceback" not in (tmp_path / "err.txt").read_text()
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["idle", "mid-step"])
+def test_a_worker_sent_sigterm_closes_its_envs_and_the_pool_names_it(tmp_path, busy):
+    # SIGTERM (a job scheduler's, or the pool's own _end for a stuck worker before its SIGKILL) ended a worker
+    # without running its finally: its envs were never closed, and processes they own outlived the pool (review B)
+    import threading
+
+    markers = tmp_path / "closed"
+    markers.mkdir()
+    make = functools.partial(MarkerClosingEnv, str(markers), step_s=0.5 if busy else 0.0, length=50)
+    pool = EnvPool([make] * 4, backend="process", num_workers=2, seed=0)
+    try:
+        td = pool.reset()
+        td["action"] = torch.zeros(4, dtype=torch.int64)
+        worker = pool._backend._processes[1]
+        if busy:  # sent while the workers step (0.5 s per env)
+            threading.Timer(0.3, os.kill, (worker.pid, signal.SIGTERM)).start()
+            with pytest.raises(EnvError, match=r"worker 1 \(envs 2\.\.3, pid \d+\) died with exit code 143"):
+                pool.step(td)
+        else:
+            os.kill(worker.pid, signal.SIGTERM)
+        worker.join(timeout=15)
+        assert worker.exitcode == 128 + signal.SIGTERM
+        closed = [path.name.split("-")[1] for path in markers.iterdir()]
+        assert closed == [str(worker.pid)] * 2, closed  # both of its envs, closed in the worker
+        with pytest.raises(EnvError, match=r"worker 1 \(envs 2\.\.3, pid \d+\) died with exit code 143"):
+            pool.step(td)
+    finally:
+        pool.close()
+    assert len(list(markers.iterdir())) == 4  # the other worker's envs at close
 
 
 def test_forked_workers_close_their_envs_when_the_pools_process_is_killed(tmp_path):

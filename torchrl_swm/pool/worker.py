@@ -61,10 +61,23 @@ def _ignore_interrupt(signum, frame) -> None:
     """The worker's SIGINT handler: the pool's process handles Ctrl-C (see worker_main)."""
 
 
+class _Terminated(SystemExit):
+    """A SIGTERM: the worker leaves its command loop and closes its envs, then exits with 128 + SIGTERM."""
+
+
+def _terminate(signum, frame) -> None:
+    """The worker's SIGTERM handler: the envs are closed on the way out (a simulator an env owns must not
+    outlive it, as after the pool's end); a second SIGTERM, as a stuck close gets, kills as by default."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise _Terminated(128 + signal.SIGTERM)
+
+
 def _default_interrupt() -> None:
-    """In a child forked from a worker: Ctrl-C raises KeyboardInterrupt again, as in any Python process."""
+    """In a child forked from a worker: Ctrl-C raises KeyboardInterrupt again and SIGTERM ends it, as in any
+    Python process."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.siginterrupt(signal.SIGINT, True)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def worker_main(conn, payload: bytes, first: int, pixels: bool, inherited_fds: Sequence[int] = ()) -> None:
@@ -87,6 +100,8 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool, inherited_fds: S
         os.register_at_fork(after_in_child=_default_interrupt)
     from .serial import SerialBackend
 
+    backend = shm = None
+    signal.signal(signal.SIGTERM, _terminate)  # SIGTERM's default ends the worker without closing its envs
     batch_scheduling()
     # everything imported so far (a spawned worker runs the user's main module again: torch, torchrl, Ray...)
     # stays alive until the worker exits: frozen, the collector never traverses it again. The interpreter's
@@ -95,13 +110,14 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool, inherited_fds: S
     # not frozen: collected as in any process
     gc.freeze()
 
-    backend = shm = None
     action_view = None
     kind = None
     try:
         env_fns = cloudpickle.loads(payload)
         backend = SerialBackend(env_fns, first=first, pixels=pixels)
         _reply(conn, REPLY_OK, (backend.observation_space, backend.action_space))
+    except _Terminated:
+        raise  # the envs made so far are closed (make_envs); the pool reads the exit code
     except BaseException as err:  # report, then exit: the pool raises in the main process
         _reply(conn, REPLY_ERROR, _error_payload(err))
         return
@@ -161,6 +177,8 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool, inherited_fds: S
                 except Exception as err:
                     raise _unpicklable_reply(command, args, reply, first, err) from err
                 conn.send_bytes(payload)
+            except _Terminated:
+                raise  # out of the loop: the envs are closed below
             except BaseException as err:
                 try:
                     _reply(conn, REPLY_ERROR, _error_payload(err))
