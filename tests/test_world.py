@@ -1089,3 +1089,36 @@ def test_envs_made_with_other_time_limits_each_end_their_episodes_at_their_own()
     assert result.episode_truncated.tolist() == [r[2] for r in reference]
     assert result.env_time_limit == 50
     assert min(result.episode_lengths[1::2].tolist()) > 2  # env 1's episodes were not cut at env 0's limit
+
+
+def test_the_success_rate_interval_stays_within_0_and_1():
+    # Wilson's interval at 0 successes has a lower bound of 0 only up to rounding (-2.8e-17 at 0 of 7): clamped
+    from torchrl_swm.world import _wilson
+
+    for n in range(1, 200):
+        assert _wilson(0, n)[0] == 0.0 and _wilson(n, n)[1] == 1.0
+        for k in (0, 1, n // 2, n - 1, n):
+            low, high = _wilson(k, n)
+            assert 0.0 <= low <= k / n <= high <= 1.0
+
+
+class _SeedLogEnv(CountingEnv):
+    """Logs the seed of every reset."""
+
+    def reset(self, *, seed=None, options=None):
+        self.__dict__.setdefault("seed_log", []).append(seed)
+        return super().reset(seed=seed, options=options)
+
+
+@pytest.mark.parametrize("reset_mode", ["auto", "wait"])
+def test_idle_rows_of_a_vector_env_never_reset_with_a_planned_episodes_seed(reset_mode):
+    # a VectorEnv steps every row: rows with no episode left are reset outside any episode, with seeds past the
+    # plan's (seed .. seed + E - 1), so that no planned episode is played twice (review E M17, round 17)
+    pool = EnvPool(gym.vector.SyncVectorEnv([functools.partial(_SeedLogEnv, length=3)] * 3))
+    try:
+        World(pool).evaluate(4, seed=10, reset_mode=reset_mode, progress=False)
+        logs = [env.unwrapped.seed_log for env in pool._backend.venv.envs]
+    finally:
+        pool.close()
+    used = [seed for log in logs for seed in log if seed is not None and seed >= 10]
+    assert sorted(seed for seed in used if seed < 14) == [10, 11, 12, 13]  # each planned seed once

@@ -252,7 +252,8 @@ def _wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     denom = 1 + z * z / n
     center = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, center - half), min(1.0, center + half))
+    # exactly 0 at 0 successes and 1 at n, as the interval is: rounding gave -2.8e-17 and 0.9999999999999999
+    return (0.0 if k == 0 else max(0.0, center - half), 1.0 if k == n else min(1.0, center + half))
 
 
 def _as_tuple(key) -> tuple:
