@@ -903,7 +903,7 @@ def test_env_kwargs_that_are_not_an_object_are_usage_errors(value, capsys):
 
 
 def test_env_kwargs_naming_the_env_or_the_policy_are_usage_errors(capsys):
-    for key in ("env", "env_fns", "policy"):
+    for key in ("env", "env_fns", "policy", "id", "env_id"):  # id: gym.make's own, the one a user tries first
         assert cli.main(["eval", "CartPole-v1", "--no-progress", "--env-kwargs", json.dumps({key: 1})]) == 2
         assert f"--env-kwargs: {key} is not a gym.make keyword argument" in capsys.readouterr().err
 

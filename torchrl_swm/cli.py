@@ -295,7 +295,7 @@ def _world(args, policy_spec):
     kwargs = _json_arg(args.env_kwargs, "--env-kwargs")
     flags = {"max_episode_steps": "--max-steps", "seed": "--seed", "num_envs": "--num-envs",
              "image_shape": "--image-shape", "pixels": "--pixels"}
-    not_make = sorted(k for k in kwargs if k in ("env", "env_fns", "policy"))
+    not_make = sorted(k for k in kwargs if k in ("env", "env_fns", "policy", "id", "env_id"))
     if not_make:
         raise CLIError(f"--env-kwargs: {', '.join(not_make)} is not a gym.make keyword argument (the env is the "
                        "command's ENV argument, the policy --policy)")
