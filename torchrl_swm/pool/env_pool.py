@@ -194,8 +194,9 @@ class _ClosedBackend:
     @staticmethod
     def error() -> RuntimeError:
         return RuntimeError(
-            "EnvPool is closed (close() was called, perhaps by a Collector's shutdown(), which closes its env); "
-            "its envs are gone. Build a new EnvPool, or pass the Collector a factory of pools instead of a pool."
+            "EnvPool is closed (close() was called: its own, a Collector's shutdown(), which closes its env, or "
+            "an export's, to_gymnasium(pool).close() or SB3's VecEnv.close(), which close the pool they wrap); its "
+            "envs are gone. Build a new EnvPool, or pass the Collector a factory of pools instead of a pool."
         )
 
     def close(self) -> None:  # closing twice is fine

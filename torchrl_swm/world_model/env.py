@@ -310,8 +310,9 @@ class _ClosedRuntime:
 
 def _closed_error() -> RuntimeError:
     return RuntimeError(
-        "WorldModelEnv is closed (close() was called, perhaps by a Collector's shutdown(), which TorchRL's Collector "
-        "also runs once it reaches total_frames): its rows' state was released. reset() every row to reopen it "
+        "WorldModelEnv is closed (close() was called: its own, a Collector's shutdown(), which TorchRL's Collector "
+        "also runs once it reaches total_frames, or an export's, to_gymnasium(env).close() or SB3's "
+        "VecEnv.close()): its rows' state was released. reset() every row to reopen it "
         "(rollout() and a new Collector do), as TorchRL's batched envs restart at their next reset."
     )
 
