@@ -4434,3 +4434,20 @@ def test_a_transition_may_return_its_separate_next_state_as_numpy_arrays(form):
     td = env.step(td.set("action", torch.zeros(2, 2)).set("_step", torch.tensor([[True], [False]])))
     rows = env.state["h"] if form == "dict state" else env.state
     assert rows[:, 0].tolist() == [4.0, 3.0]
+
+
+@pytest.mark.parametrize("start", ["initial_state", "initial_observation"])
+def test_a_float64_numpy_start_is_told_how_to_make_it_float32(start):
+    # numpy's default dtype is float64: the first start a gymnasium user writes, np.zeros(4), was refused with no
+    # word on how to fix it (review F F4, round 17)
+    import gymnasium as gym
+
+    from torchrl_swm import WorldModelEnv
+
+    with pytest.raises(ReturnFormError, match=r"got Tensor\(dtype=torch.float64.*numpy arrays are float64 by default: "
+                                              r"pass the start as np.zeros\(\.\.\., np.float32\)"):
+        WorldModelEnv(lambda s, a: s, observation_space=gym.spaces.Box(-1, 1, (4,)),
+                      action_space=gym.spaces.Box(-1, 1, (2,)), num_envs=3, **{start: np.zeros(4)}).reset()
+    env = WorldModelEnv(lambda s, a: s, observation_space=gym.spaces.Box(-1, 1, (4,)),
+                        action_space=gym.spaces.Box(-1, 1, (2,)), num_envs=3, **{start: np.zeros(4, np.float32)})
+    assert env.reset()["observation"].dtype == torch.float32

@@ -308,6 +308,18 @@ class _ClosedRuntime:
         raise _closed_error()
 
 
+def _float64_start_hint(err: Exception, *starts) -> str:
+    """What to do when a float64 start (numpy's default dtype) was refused for a float32 spec; else ``""``."""
+    try:
+        leaves = [t for start in starts for _, t in _tree.leaves(start)]
+    except TypeError:  # a start that is not tensors: its own error says so
+        return ""
+    if "got Tensor(dtype=torch.float64" in str(err) and any(t.dtype == torch.float64 for t in leaves):
+        return ("; numpy arrays are float64 by default: pass the start as np.zeros(..., np.float32) or a torch "
+                "tensor (float32 by default), or declare float64 in the spec")
+    return ""
+
+
 def _closed_error() -> RuntimeError:
     return RuntimeError(
         "WorldModelEnv is closed (close() was called: its own, a Collector's shutdown(), which TorchRL's Collector "
@@ -827,11 +839,16 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                 "env its own start with reset_fn= or start_states="
             )
         self._initial_state = None if initial_state is None else _to_device(initial_state, device)
-        self._initial_obs = (
-            None
-            if initial_observation is None
-            else self._read_obs(_to_device(initial_observation, device), (), "initial_observation", None)
-        )
+        self._initial_obs = None
+        if initial_observation is not None:
+            initial_observation = _to_device(initial_observation, device)
+            try:
+                self._initial_obs = self._read_obs(initial_observation, (), "initial_observation", None)
+            except ReturnFormError as err:
+                hint = _float64_start_hint(err, initial_observation)
+                if not hint:
+                    raise
+                raise ReturnFormError(f"{err}{hint}") from err
         reset_extras = {"num_envs": None, "mask": None, "generator": self._reset_generator}
         self._start_data = None
         self._reset_bound: Bound | None = None
@@ -1550,7 +1567,12 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                     state, bs, "initial_state (the observation too, since no initial_observation is given)", None
                 )
         except (ReturnFormError, SpecError) as err:  # our checks' errors; a user encoder's own pass through
-            if type(err) not in (ReturnFormError, SpecError) or not self._start_looks_batched(bs):
+            if type(err) not in (ReturnFormError, SpecError):
+                raise
+            hint = _float64_start_hint(err, self._initial_state, self._initial_obs)
+            if not self._start_looks_batched(bs):
+                if hint:
+                    raise type(err)(f"{err}{hint}") from err
                 raise
             given = ", ".join(
                 f"{name} of shape {_shape_text(_tree.shapes(value))}"
@@ -1558,7 +1580,7 @@ class WorldModelEnv(EnvBase, metaclass=NoAutoResetMeta):
                 if value is not None
             )
             raise type(err)(
-                f"{err}. Note: initial_state / initial_observation are one unbatched start (one row), broadcast to "
+                f"{err}{hint}. Note: initial_state / initial_observation are one unbatched start (one row), broadcast to "
                 f"the batch {tuple(bs)}; given: {given}. For a start per row, pass reset_fn= or start_states="
             ) from err
         return state, obs
