@@ -1674,3 +1674,29 @@ def test_a_damaged_dataset_json_without_a_complete_key_is_not_taken_for_one_bein
     with pytest.raises(DatasetError, match=r"dataset.json says") as error:
         load_dataset(tmp_path / "ds")
     assert "still being written" not in str(error.value)
+
+
+def test_a_writer_releases_its_lock_and_its_descriptor_even_when_closing_fails(tmp_path, monkeypatch):
+    # a close whose metadata write raised kept the path's lock while the writer lived: a retry in the same session
+    # was refused as "being written by another DatasetWriter" (its own pid); and every writer's lock descriptor
+    # must be closed, one per collect otherwise (review C L2, L4)
+    path = tmp_path / "d"
+    DatasetWriter(path, capacity=10, overwrite=True).close(complete=True)  # the first opens torch's own (shm, pipe)
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        writer = DatasetWriter(path, capacity=10, overwrite=True, commit_every=0)
+        writer.add(_episode(0))
+        writer.close(complete=True)
+    assert len(os.listdir("/proc/self/fd")) == fds
+    writer = DatasetWriter(path, capacity=10, overwrite=True, commit_every=0)
+    writer.add(_episode(1))
+
+    def failing_write(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(writer, "_write_metadata", failing_write)
+    with pytest.raises(OSError, match="disk full"):
+        writer.close(complete=True)
+    assert not (tmp_path / ".d.lock").exists()
+    DatasetWriter(path, capacity=10, overwrite=True).close(complete=True)  # the path is free again
+    assert len(os.listdir("/proc/self/fd")) == fds

@@ -644,3 +644,38 @@ def test_a_run_whose_videos_cannot_be_closed_reports_its_own_error_first(tmp_pat
     assert any(note.startswith("closing the videos then failed too: FileNotFoundError")
                for note in err.value.__notes__)
     pool.close()
+
+
+def test_close_finishes_the_grid_video_itself(tmp_path):
+    # the grid writer was finished only by imageio's __del__ once close() dropped it (CPython's refcounting): a
+    # caller still holding it, or another interpreter, kept an unfinished grid.mp4 and its ffmpeg (review C V2)
+    recorder = VideoRecorder(tmp_path, layout="grid", fps=5)
+    recorder.bind(2, None)
+    recorder.grid_frame(np.zeros((2, 8, 8, 3), np.uint8), np.array([True, True]))
+    writer = recorder._grid[0]
+    recorder.close()
+    assert writer.closed and count_frames(recorder.files[0]) == 1
+
+
+def test_a_first_frame_that_fails_closes_its_writer(tmp_path):
+    # its ffmpeg would otherwise live until the writer is collected (review C V6)
+    recorder = VideoRecorder(tmp_path)
+    recorder.bind(1, 10)
+    real = recorder.imageio
+    made = []
+
+    class FailingFirstFrame:  # the real imageio, whose writers fail to take their first frame
+        def get_writer(self, *args, **kwargs):
+            writer = real.get_writer(*args, **kwargs)
+            made.append(writer)
+
+            def fail(frame):
+                raise OSError("no space left on device")
+
+            writer.append_data = fail
+            return writer
+
+    recorder.imageio = FailingFirstFrame()
+    with pytest.raises(OSError, match="no space left"):
+        recorder.start_episode(0, 0, np.zeros((8, 8, 3), np.uint8))
+    assert made and all(writer.closed for writer in made) and recorder.files == []
