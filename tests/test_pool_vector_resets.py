@@ -138,3 +138,32 @@ def test_cartpoles_masked_reset_keeps_or_replaces_the_reset_bounds_as_gymnasiums
     # options={} are options: gymnasium's reset(options={}) goes back to the default bounds
     masked = torch.tensor([[True], [False]])
     assert cartpole_bounds_after(lambda pool, td: pool.reset(td.set("_reset", masked), options={})) == (-0.05, 0.05)
+
+
+class _NaNObsEnv(gym.Env):
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.array([np.nan, 0.0], np.float32), {}
+
+    def step(self, action):
+        return np.array([np.nan, 1.0], np.float32), 0.0, False, False, {}
+
+
+class _VerifiedSyncVectorEnv(gym.vector.SyncVectorEnv):
+    """A subclass: the pool checks that its masked reset leaves the other rows untouched."""
+
+
+def test_a_nan_in_a_row_a_masked_reset_left_alone_is_not_taken_for_a_change():
+    # NaN != NaN: the check that a masked reset left the other rows as they were must read NaN as unchanged, or a
+    # NaN observation makes every partial reset an error (review D M7, round 17)
+    pool = EnvPool(_VerifiedSyncVectorEnv([_NaNObsEnv, _NaNObsEnv]), seed=0, masked_reset=True)
+    td = pool.reset()
+    td["action"] = torch.zeros(2, dtype=torch.int64)
+    td = pool.step(td)["next"]
+    td["_reset"] = torch.tensor([[True], [False]])
+    out = pool.reset(td)
+    assert out["observation"][:, 1].tolist() == [0.0, 1.0] and out["observation"][:, 0].isnan().all()
+    pool.close()
