@@ -158,7 +158,10 @@ def _dict_leaf(obs, key: tuple):
 def _coerce(i, key, value, shape, dtype, phase):
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
-        value = value.detach().cpu().numpy()
+        value = value.detach().cpu()
+        if value.is_floating_point() and value.dtype not in (torch.float16, torch.float32, torch.float64):
+            value = value.float()  # bfloat16, float8: numpy has no such dtype, and float32 holds their values exactly
+        value = value.numpy()
     array = np.asarray(value)
     if array.shape != shape:
         raise EnvError(
