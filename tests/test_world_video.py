@@ -1,8 +1,8 @@
 """Videos follow the World's masks: one file per episode, L + 1 frames, no frames from frozen envs."""
 
 import builtins
-import glob
 import functools
+import glob
 import re
 
 import numpy as np
