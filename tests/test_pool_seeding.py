@@ -558,3 +558,68 @@ def test_a_partial_reset_judges_only_the_rows_it_restarts():
     with pytest.warns(UserWarning, match=r"env 1 \(at seed 1\) and env 0 \(at seed 7\).* 2 episodes behind it"):
         assert seeds_of(pool.reset(td, seed=[7, 0, 0])) == [7, 1, 2]  # 7 is env 1's class (1 modulo 3)
     pool.close()
+
+
+@pytest.mark.parametrize("seed, warned", [
+    ([0, 1, 1500], True),     # env 1 meets env 2 after 500 episodes: within the 1000 the check looks ahead
+    ([0, 1, 3001], False),    # 1000 episodes apart: beyond it
+    ([9000, 0, 1], False),    # no two envs in one residue class, whatever the order of their bases
+    ([600, 0, 9], True),      # env 1 and env 2 (0 and 9, 3 episodes apart), not env 0 (600) and another
+])
+def test_the_overlap_check_looks_1000_episodes_ahead_within_each_residue_class(seed, warned):
+    import warnings
+
+    pool = EnvPool([functools.partial(counting, length=2)] * 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pool.reset(seed=seed)
+    ours = [str(w.message) for w in caught if "on one schedule" in str(w.message)]
+    assert bool(ours) == warned, ours
+    if seed == [600, 0, 9]:
+        assert "env 1 (at seed 0) and env 2 (at seed 9)" in ours[0]
+    pool.close()
+
+
+def test_the_overlap_check_judges_only_rows_the_seeds_restart_and_warns_once_per_pool():
+    import warnings
+
+    def ours(pool, **kwargs):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pool.reset(**kwargs)
+        return [w for w in caught if "on one schedule" in str(w.message)]
+
+    pool = EnvPool([functools.partial(counting, length=2)] * 3)
+    assert len(ours(pool, seed=[0, 3, 6])) == 1
+    assert not ours(pool, seed=[0, 3, 6])  # said once per pool: a run that resets with such lists is not flooded
+    fresh = EnvPool([functools.partial(counting, length=2)] * 3, seed=0)
+    fresh.reset()
+    fresh._seeds.base[:] = [0, 3, 6]  # rows 0 and 1 overlap already; rows given None are not restarted now
+    assert not ours(fresh, seed=[None, None, 8])
+    td = fresh.reset()
+    td["_reset"] = torch.tensor([[False], [False], [True]])
+    assert not ours(fresh, tensordict=td, seed=[0, 0, 8])  # entries of rows a partial reset leaves are not used
+    pool.close()
+    fresh.close()
+    unseeded_episodes = EnvPool([functools.partial(counting, length=2)] * 3, seed_every_episode=False)
+    assert not ours(unseeded_episodes, seed=[0, 3, 6])  # one seed per env, no schedule: nothing to overlap
+    unseeded_episodes.close()
+
+
+def test_the_overlap_warning_points_at_the_callers_line_through_a_transform_or_an_export():
+    import warnings
+
+    from torchrl.envs import StepCounter, TransformedEnv
+
+    from torchrl_swm import to_gymnasium
+
+    for wrap in (lambda pool: TransformedEnv(pool, StepCounter()), to_gymnasium):
+        pool = EnvPool([functools.partial(counting, length=2)] * 3)
+        env = wrap(pool)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            env.reset(seed=[0, 3, 6])
+        ours = [w for w in caught if "on one schedule" in str(w.message)]
+        assert len(ours) == 1 and ours[0].filename == __file__, [(w.filename, w.lineno) for w in ours]
+        env.close()
+        pool.close()

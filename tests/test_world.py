@@ -1122,3 +1122,23 @@ def test_idle_rows_of_a_vector_env_never_reset_with_a_planned_episodes_seed(rese
         pool.close()
     used = [seed for log in logs for seed in log if seed is not None and seed >= 10]
     assert sorted(seed for seed in used if seed < 14) == [10, 11, 12, 13]  # each planned seed once
+
+
+class _WarnEveryStepEnv(CountingEnv):
+    def step(self, action):
+        warnings.warn("_WarnEveryStepEnv: a deprecated thing", UserWarning)
+        return super().step(action)
+
+
+def test_world_leaves_an_envs_own_repeated_warning_shown_once():
+    # World once silenced the pool's seed-schedule warning with a warnings filter around each reset: changing the
+    # filters clears Python's record of warnings already shown, so an env's own warning came back after every
+    # reset (22 times for 20 episodes, review G, round 17)
+    pool = EnvPool([functools.partial(_WarnEveryStepEnv, length=3)] * 2, seed=0)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            World(pool).evaluate(20, seed=0, progress=False)
+    finally:
+        pool.close()
+    assert len([w for w in caught if "a deprecated thing" in str(w.message)]) == 1

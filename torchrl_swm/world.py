@@ -1553,10 +1553,12 @@ class _Run:
             for i, option in options.items():
                 per_env[i] = option
             kwargs["options"] = per_env
-        with warnings.catch_warnings():
-            # every episode here gets its own seed: the pool's own schedules, which a list of seeds can make
-            # overlap, never pick one
-            warnings.filterwarnings("ignore", message="EnvPool.reset: the seeds given put env")
+        # every episode here gets its own seed: the pool's schedules, which a list of seeds can make overlap, never
+        # pick one, so its warning about that does not apply (a filter would re-show the env's own warnings)
+        quiet = self.pool is not None and seeded
+        if quiet:
+            self.pool._seeds_given_per_episode = True
+        try:
             if flags.all() and td is None:
                 td = self.env.reset(**kwargs)
             else:  # with the carried root: a full reset keeps its entries, as TorchRL's maybe_reset does
@@ -1564,6 +1566,9 @@ class _Run:
                     td = self.env.full_done_spec.zero()
                 td.set("_reset", _as_mask(flags, self.device))
                 td = self.env.reset(td, **kwargs)
+        finally:
+            if quiet:
+                self.pool._seeds_given_per_episode = False
         td.pop("_reset", None)
         return td
 

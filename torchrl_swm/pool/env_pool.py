@@ -31,7 +31,16 @@ from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
 from .._meta import NoAutoResetMeta
-from ..errors import EnvError, StepRefusedError, check_bool, check_indices, check_int, count_fits, error_text
+from ..errors import (
+    EnvError,
+    StepRefusedError,
+    check_bool,
+    check_indices,
+    check_int,
+    count_fits,
+    error_text,
+    user_stacklevel,
+)
 from ..masks import mask_rows, row_mask, row_view, zero_rewards
 from ..specs import batch_spec, space_to_spec
 from .buffers import BufferLayout, HostBuffers
@@ -362,6 +371,9 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             n = len(backend)
             super().__init__(batch_size=torch.Size([n]), device=device)
             self.num_envs = n
+            # a list of seeds that put two envs on one schedule warns once; World, which gives every episode its
+            # own seed (the schedules never pick one), turns the check off around its resets
+            self._seed_overlap_warned = self._seeds_given_per_episode = False
             self._backend = backend
             # the fast step_and_maybe_reset reads the buffers directly: a subclass's own _step or
             # _reset (shaping, its own done flags, reset options) takes TorchRL's generic path
@@ -517,9 +529,12 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
     def _warn_overlapping_seeds(self, rows: np.ndarray | None, override: np.ndarray) -> None:
         # each row's seeds step by N: a list of seeds can put two rows in one residue class, where one replays the
         # other's episodes at every later reset, silently duplicating data (an int seed s never does: s + i)
+        if self._seed_overlap_warned or self._seeds_given_per_episode:
+            return  # once per pool; never for a caller (World) that gives every episode its seed
         pair = self._seeds.overlap(rows, override)
         if pair is None:
             return
+        self._seed_overlap_warned = True
         n, base, count = self.num_envs, self._seeds.base, self._seeds.count
         at = {i: int(base[i] + max(int(count[i]) - 1, 0) * n) for i in pair}  # the seed of each one's episode now
         behind, ahead = sorted(pair, key=lambda i: (at[i], i))
@@ -530,9 +545,9 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             f"{at[ahead] % n} modulo {n}, so env {behind} replays env {ahead}'s episodes, "
             + (f"{lag} episode{'s' * (lag != 1)} behind it," if lag else "in step with it,")
             + f" at every later reset. Give seeds that differ modulo {n} (an int seed s gives env i the seed "
-            "s + i), or the same seed to both on purpose",
+            "s + i), or the same seed to both on purpose (said once per pool)",
             UserWarning,
-            stacklevel=5,  # the caller of reset(), through TorchRL's EnvBase.reset
+            stacklevel=user_stacklevel(),  # the caller of reset(), through TorchRL, a transform or an export
         )
 
     def _must_reset(self, rows: np.ndarray | None, why: int) -> None:
