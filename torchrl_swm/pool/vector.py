@@ -34,7 +34,9 @@ single envs to freeze rows.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 
 import gymnasium as gym
@@ -182,43 +184,61 @@ def _innermost(venv):
     return venv
 
 
+_INT64_MAX = np.iinfo(np.int64).max
+
+
 def _stack_infos_as_numpy_promotes(venv) -> None:
     """Make gymnasium's ``VectorEnv._add_info``, on ``venv`` only, stack info values as the pool's other backends
     do. It types each key's array by the first value it meets and casts the other envs' values into it without a
     word (env 1's 1.5 read 1 beside env 0's int, its 3 read True beside a bool, a ``None`` NaN beside floats),
     and broadcasts a value of another shape into its row. Here the array is first promoted as numpy promotes the
-    values' dtypes, and a ``None`` beside numbers or another shape raises, from a frame
+    values' dtypes (integers of either sign in int64, which the serial backend also uses), and a ``None``
+    beside numbers, a value of another shape or a dict beside a value raises, from a frame
     :func:`_info_stacking_failure` reads as gymnasium's own. For vector envs that use gymnasium's ``_add_info``
-    unchanged (``SyncVectorEnv``, ``AsyncVectorEnv``: both stack in this process)."""
+    unchanged (``SyncVectorEnv``, ``AsyncVectorEnv``: both stack in this process); undone at the pool's close."""
     if type(venv)._add_info is not gym.vector.VectorEnv._add_info:
         return
-    stack = gym.vector.VectorEnv._add_info
+    # a weak reference: the env holding a method bound to itself would live until the cycle collector ran
+    venv._add_info = functools.partial(_promoting_add_info, weakref.proxy(venv))
 
-    def _add_info(vector_infos, env_info, env_num):
-        # the name and locals (key, value, env_num, array) _info_stacking_failure reads an error's env and key from
-        for key, value in env_info.items():
-            array = vector_infos.get(key)
-            if key == "final_obs" or isinstance(value, dict) or array is None or array.dtype.kind not in "biuf":
-                continue  # a key's first value lays its array out; object arrays keep what they are given
-            if value is None:
-                raise ValueError("None beside numbers (gymnasium would store a NaN, a False or raise)")
-            given = np.asarray(value)
-            if given.dtype.kind not in "biuf":
-                continue  # a string beside numbers: gymnasium raises, named as its own error
-            if given.shape != array.shape[1:]:
-                raise ValueError(f"a value of shape {given.shape} where the key's array holds values of shape "
-                                 f"{array.shape[1:]}")  # gymnasium broadcast some: a scalar into a (1,) row
-            wider = np.result_type(array.dtype, given.dtype)
-            if wider != array.dtype:
-                vector_infos[key] = array.astype(wider)
 
-    def promoting_add_info(vector_infos, env_info, env_num):
-        if env_info:  # most steps of most envs report nothing: no cost beyond the call
-            _add_info(vector_infos, env_info, env_num)
-            vector_infos = stack(venv, vector_infos, env_info, env_num)  # its nested dicts come back through here
-        return vector_infos
+def _promoting_add_info(venv, vector_infos, env_info, env_num):
+    if env_info:  # most steps of most envs report nothing: no cost beyond the call
+        _add_info(vector_infos, env_info, env_num)
+        vector_infos = gym.vector.VectorEnv._add_info(venv, vector_infos, env_info, env_num)  # nested: through here
+    return vector_infos
 
-    venv._add_info = promoting_add_info
+
+def _add_info(vector_infos, env_info, env_num):
+    """Promote the arrays of ``vector_infos`` that ``env_info``'s values would not fit. The name and locals (key,
+    value, env_num, array) are those :func:`_info_stacking_failure` reads an error's env and key from."""
+    for key, value in env_info.items():
+        array = vector_infos.get(key)
+        if key == "final_obs" or array is None:
+            continue  # a key's first value lays its array out
+        if isinstance(value, dict) or isinstance(array, dict):
+            if isinstance(value, dict) != isinstance(array, dict):
+                raise ValueError("a dict in one env and a value in another")
+            continue
+        if array.dtype.kind not in "biuf":
+            continue  # object arrays keep what they are given
+        if value is None:
+            raise ValueError("None beside numbers (gymnasium would store a NaN, a False or raise)")
+        given = np.asarray(value)
+        if given.dtype.kind not in "biuf":
+            continue  # a string beside numbers: gymnasium raises, named as its own error
+        if given.shape != array.shape[1:]:
+            raise ValueError(f"a value of shape {given.shape} where the key's array holds values of shape "
+                             f"{array.shape[1:]}")  # gymnasium broadcast some: a scalar into a (1,) row
+        wider = np.result_type(array.dtype, given.dtype)
+        if wider.kind == "f" and array.dtype.kind in "iu" and given.dtype.kind in "iu":
+            # int64 beside uint64: numpy's float64 would round both; int64 holds them where they fit
+            if any(part.dtype == np.uint64 and part.size and part.max() > _INT64_MAX for part in (array, given)):
+                raise ValueError("an integer outside int64's range beside other integers (report it as a float "
+                                 "or a string)")
+            wider = np.dtype(np.int64)
+        if wider != array.dtype:
+            vector_infos[key] = array.astype(wider)
 
 
 class VectorBackend(InProcessBackend):
@@ -839,6 +859,7 @@ class VectorBackend(InProcessBackend):
     def close(self) -> None:
         kwargs = {}
         inner = _innermost(self.venv)
+        inner.__dict__.pop("_add_info", None)  # the info stacking as it was (see _stack_infos_as_numpy_promotes)
         if _plain_sync(inner) and not inner.closed:
             self._close_sync(inner)
             return
@@ -916,7 +937,8 @@ def _info_stacking_failure(err: Exception) -> tuple[int, str, object, str] | Non
         return None
     i, value, local = found
     layout = ""
-    array, reported = local.get("array"), (local.get("vector_infos") or {}).get(f"_{local['key']}")
+    infos = local.get("vector_infos")  # an array, not a dict, where a value met a dict of the key before it
+    array, reported = local.get("array"), infos.get(f"_{local['key']}") if isinstance(infos, dict) else None
     if isinstance(array, np.ndarray) and isinstance(reported, np.ndarray) and reported.any():
         first = int(np.flatnonzero(reported)[0])  # the env whose value the array was made for
         layout = f" (env {first}'s: dtype {array.dtype}, shape {tuple(array.shape[1:])})"
