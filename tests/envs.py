@@ -637,3 +637,16 @@ def marked_counting(length=3):
     env = CountingEnv(length=length)
     env.inherited_mark, env.pid = PARENT_MARK, os.getpid()
     return env
+
+
+def slow_marker_factory(marker_dir: str, make_s: float, made_dir: str | None = None):
+    """A factory that takes ``make_s`` seconds to make a :class:`MarkerClosingEnv`; then, with ``made_dir``, it
+    writes a file there saying so."""
+    import time
+
+    time.sleep(make_s)
+    env = MarkerClosingEnv(marker_dir, length=50)
+    if made_dir is not None:
+        with open(os.path.join(made_dir, f"made-{os.getpid()}-{id(env)}"), "w"):
+            pass
+    return env

@@ -786,6 +786,42 @@ def test_a_worker_sent_sigterm_closes_its_envs_and_the_pool_names_it(tmp_path, b
     assert len(list(markers.iterdir())) == 4  # the other worker's envs at close
 
 
+def test_a_sigterm_during_close_or_construction_ends_the_worker_with_143_not_an_envs_error(tmp_path):
+    # inside an env's close() the SIGTERM was reported as that env's close error "_Terminated: 143"; during the
+    # construction it must close the envs made so far and exit 143, not reply an error and exit 0 (review G)
+    import threading
+
+    from envs import SlowCloseEnv, slow_marker_factory
+
+    pool = EnvPool([functools.partial(SlowCloseEnv, close_s=3.0)], backend="process", num_workers=1, seed=0)
+    pool.reset()
+    worker = pool._backend._processes[0]
+    threading.Timer(0.5, os.kill, (worker.pid, signal.SIGTERM)).start()
+    with pytest.raises(EnvError, match=r"worker 0 \(envs 0\.\.0, pid \d+\) died with exit code 143") as err:
+        pool.close()
+    assert "_Terminated" not in str(err.value)
+    markers, made = tmp_path / "closed", tmp_path / "made"
+    markers.mkdir()
+    made.mkdir()
+
+    def terminate_the_worker_once_env_0_is_made():
+        deadline = time.monotonic() + 120
+        while not list(made.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for path in made.iterdir():
+            os.kill(int(path.name.split("-")[1]), signal.SIGTERM)  # env 1's factory is still sleeping
+
+    killer = threading.Thread(target=terminate_the_worker_once_env_0_is_made)
+    killer.start()
+    fns = [functools.partial(slow_marker_factory, str(markers), 0.0, str(made)),
+           functools.partial(slow_marker_factory, str(markers), 5.0)]
+    with pytest.raises(EnvError, match=r"worker 0 \(envs 0\.\.1, pid \d+\) died with exit code 143 before it "
+                                       r"made its envs"):
+        EnvPool(fns, backend="process", num_workers=1, seed=0)
+    killer.join()
+    assert len(list(markers.iterdir())) == 1  # env 0, made, is closed
+
+
 def test_forked_workers_close_their_envs_when_the_pools_process_is_killed(tmp_path):
     # a forked worker inherited the pool's ends of its own pipe and the earlier workers': holding them, it never
     # saw an end of file once the pool's process died, and stayed alive with its envs open; review R6 of round 15

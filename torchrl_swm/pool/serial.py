@@ -144,14 +144,15 @@ def close_envs(envs: Sequence, first: int = 0, *, interrupts_as_errors: bool = F
     others are still closed, as ``contextlib.ExitStack`` does, then the interrupt is raised (the pool
     counts itself closed by then: a second ``close()`` would not close them). ``interrupts_as_errors``
     (a worker process, which ignores Ctrl-C: the interrupt came from the env's own code) raises it as
-    that env's ``EnvError`` instead, so the pool's process names it as it names any close error.
+    that env's ``EnvError`` instead, so the pool's process names it as it names any close error; but for
+    the worker's own SIGTERM (``ends_the_worker``), an interrupt still.
     """
     first_error = interrupt = None
     for j, env in enumerate(envs):
         try:
             env.close()
         except BaseException as err:
-            if isinstance(err, Exception) or interrupts_as_errors:
+            if isinstance(err, Exception) or (interrupts_as_errors and not getattr(err, "ends_the_worker", False)):
                 if first_error is None:
                     first_error = EnvError(first + j, "close", error_text(err))
                     first_error.__cause__ = err

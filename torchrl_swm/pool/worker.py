@@ -64,6 +64,8 @@ def _ignore_interrupt(signum, frame) -> None:
 class _Terminated(SystemExit):
     """A SIGTERM: the worker leaves its command loop and closes its envs, then exits with 128 + SIGTERM."""
 
+    ends_the_worker = True  # not an env's own error, even inside its close() (see close_envs)
+
 
 def _terminate(signum, frame) -> None:
     """The worker's SIGTERM handler: the envs are closed on the way out (a simulator an env owns must not
@@ -116,8 +118,10 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool, inherited_fds: S
         env_fns = cloudpickle.loads(payload)
         backend = SerialBackend(env_fns, first=first, pixels=pixels)
         _reply(conn, REPLY_OK, (backend.observation_space, backend.action_space))
-    except _Terminated:
-        raise  # the envs made so far are closed (make_envs); the pool reads the exit code
+    except _Terminated:  # the pool reads the exit code; make_envs closed the envs of a make it cut short
+        if backend is not None:  # made, cut in its reply
+            backend.close(interrupts_as_errors=True)
+        raise
     except BaseException as err:  # report, then exit: the pool raises in the main process
         _reply(conn, REPLY_ERROR, _error_payload(err))
         return
@@ -165,6 +169,8 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool, inherited_fds: S
                 elif command == "close":
                     try:
                         backend.close(interrupts_as_errors=True)  # an env's own SystemExit: its close error
+                    except _Terminated:
+                        raise  # not an env's error: the envs left are closed below
                     except BaseException as err:  # reported, and the worker still exits
                         _reply(conn, REPLY_ERROR, _error_payload(err))
                     else:
