@@ -2105,3 +2105,14 @@ def test_a_keyword_no_one_knows_gets_gymnasiums_error_alone():
     with pytest.raises(EnvError, match=r"unexpected keyword argument 'colour'") as info:
         EnvPool("CartPole-v1", 2, colour="red")
     assert "EnvPool passes keywords" not in str(info.value)
+
+
+@pytest.mark.parametrize("error", [TypeError("bad context"), ValueError("got an unexpected keyword argument 'wrappers'")])
+def test_no_keyword_hint_for_a_factory_error_that_is_not_an_unexpected_keyword(error):
+    # only a TypeError for an unexpected keyword the pool spells otherwise gets the hint (review G F1, F2)
+    def factory():
+        raise error
+
+    with pytest.raises(EnvError, match=r"env 0 \(make\): the factory raised") as info:
+        EnvPool(factory, 2)
+    assert "EnvPool passes keywords" not in str(info.value)

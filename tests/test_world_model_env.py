@@ -4451,3 +4451,15 @@ def test_a_float64_numpy_start_is_told_how_to_make_it_float32(start):
     env = WorldModelEnv(lambda s, a: s, observation_space=gym.spaces.Box(-1, 1, (4,)),
                         action_space=gym.spaces.Box(-1, 1, (2,)), num_envs=3, **{start: np.zeros(4, np.float32)})
     assert env.reset()["observation"].dtype == torch.float32
+
+
+def test_the_float64_hint_is_only_for_a_float64_start_refused_for_its_dtype():
+    # a float64 start of the wrong shape for a float64 spec: its dtype is right, and no hint is given (review G M1)
+    import gymnasium as gym
+
+    from torchrl_swm import WorldModelEnv
+
+    with pytest.raises(ReturnFormError) as err:
+        WorldModelEnv(lambda s, a: s, observation_space=gym.spaces.Box(-1, 1, (4,), np.float64),
+                      action_space=gym.spaces.Box(-1, 1, (2,)), num_envs=3, initial_state=np.zeros(5)).reset()
+    assert "numpy arrays are float64 by default" not in str(err.value)

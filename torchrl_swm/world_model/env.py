@@ -314,9 +314,11 @@ def _float64_start_hint(err: Exception, *starts) -> str:
         leaves = [t for start in starts for _, t in _tree.leaves(start)]
     except TypeError:  # a start that is not tensors: its own error says so
         return ""
-    if "got Tensor(dtype=torch.float64" in str(err) and any(t.dtype == torch.float64 for t in leaves):
-        return ("; numpy arrays are float64 by default: pass the start as np.zeros(..., np.float32) or a torch "
-                "tensor (float32 by default), or declare float64 in the spec")
+    text = str(err)
+    refused_for_its_dtype = "got Tensor(dtype=torch.float64" in text and "expected dtype torch.float64" not in text
+    if refused_for_its_dtype and any(t.dtype == torch.float64 for t in leaves):
+        return ("; numpy arrays are float64 by default: pass the start as np.zeros(..., np.float32) or "
+                "torch.zeros(...) (float32 by default), or declare float64 in the spec")
     return ""
 
 
