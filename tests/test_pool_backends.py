@@ -822,6 +822,23 @@ def test_a_sigterm_during_close_or_construction_ends_the_worker_with_143_not_an_
     assert len(list(markers.iterdir())) == 1  # env 0, made, is closed
 
 
+def test_a_second_sigterm_ends_a_worker_whose_envs_take_long_to_close():
+    # the first SIGTERM closes the envs; a second one, as a stuck close gets, ends the worker at once (review G K4)
+    from envs import SlowCloseEnv
+
+    pool = EnvPool([functools.partial(SlowCloseEnv, close_s=30.0)], backend="process", num_workers=1, seed=0)
+    try:
+        pool.reset()
+        worker = pool._backend._processes[0]
+        os.kill(worker.pid, signal.SIGTERM)
+        time.sleep(1.0)  # inside the env's 30 s close by now
+        os.kill(worker.pid, signal.SIGTERM)
+        worker.join(timeout=10)
+        assert worker.exitcode == -signal.SIGTERM
+    finally:
+        pool.close()
+
+
 def test_forked_workers_close_their_envs_when_the_pools_process_is_killed(tmp_path):
     # a forked worker inherited the pool's ends of its own pipe and the earlier workers': holding them, it never
     # saw an end of file once the pool's process died, and stayed alive with its envs open; review R6 of round 15
