@@ -1637,7 +1637,7 @@ def test_an_export_reopened_by_a_reset_after_close_closes_its_world_model_again(
         export.step(action)
         export.close()
         assert wm.is_closed
-        with pytest.raises(RuntimeError, match=r"WorldModelEnv is closed .*or an export's, to_gymnasium\(env\)"):
+        with pytest.raises(RuntimeError, match="WorldModelEnv is closed"):
             export.step(action)
     export.close()  # a second close does nothing
     assert wm.is_closed
