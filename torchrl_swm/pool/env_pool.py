@@ -240,8 +240,7 @@ class EnvPool(EnvBase, metaclass=NoAutoResetMeta):
             threads and CUDA, but each worker imports your script's modules again),
             ``"forkserver"`` or ``"fork"`` (POSIX: imports nothing again, so it starts
             several times faster; unsafe once this process runs threads, e.g. CUDA or
-            Ray). Given without
-            ``backend=``, it is an error, as ``num_workers``.
+            Ray). Given without ``backend=``, it is an error, as ``num_workers``.
         device: where the output tensordicts live. ``None`` (default): on the CPU,
             with no device of its own, as TorchRL's ``GymEnv``; a ``Collector``
             then skips the device cast of its carrier it makes every step for an

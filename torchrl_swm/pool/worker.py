@@ -120,7 +120,11 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool, inherited_fds: S
         _reply(conn, REPLY_OK, (backend.observation_space, backend.action_space))
     except _Terminated:  # the pool reads the exit code; make_envs closed the envs of a make it cut short
         if backend is not None:  # made, cut in its reply
-            backend.close(interrupts_as_errors=True)
+            try:
+                backend.close(interrupts_as_errors=True)
+            except Exception as err:  # no pool to report it to: the worker's stderr says it
+                print(f"torchrl_swm pool worker (envs from {first}): closing the envs after a SIGTERM failed: "
+                      f"{error_text(err)}", file=sys.stderr, flush=True)
         raise
     except BaseException as err:  # report, then exit: the pool raises in the main process
         _reply(conn, REPLY_ERROR, _error_payload(err))
@@ -170,7 +174,7 @@ def worker_main(conn, payload: bytes, first: int, pixels: bool, inherited_fds: S
                     try:
                         backend.close(interrupts_as_errors=True)  # an env's own SystemExit: its close error
                     except _Terminated:
-                        raise  # not an env's error: the envs left are closed below
+                        raise  # not an env's error (close_envs closed the other envs): the worker exits with 143
                     except BaseException as err:  # reported, and the worker still exits
                         _reply(conn, REPLY_ERROR, _error_payload(err))
                     else:
