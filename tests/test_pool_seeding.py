@@ -623,3 +623,21 @@ def test_the_overlap_warning_points_at_the_callers_line_through_a_transform_or_a
         assert len(ours) == 1 and ours[0].filename == __file__, [(w.filename, w.lineno) for w in ours]
         env.close()
         pool.close()
+
+
+def test_the_overlap_check_measures_from_where_each_env_is_not_where_its_schedule_began():
+    # env 0 seeded 0 and 3000 episodes on is at seed 6000: a row restarted at 6002 replays its episodes one
+    # episode later, though their first seeds (0 and 6002) were 3001 episodes apart (review G G7, round 17)
+    import warnings
+
+    pool = EnvPool([functools.partial(counting, length=2)] * 2, seed=0)
+    td = pool.reset()
+    pool._seeds.count[:] = 3001  # as after 3000 more episodes each: env 0 at seed 6000, env 1 at 6001
+    td["_reset"] = torch.tensor([[False], [True]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert seeds_of(pool.reset(td, seed=[None, 6002])) == [0, 6002]  # env 0's root keeps its first episode's
+    ours = [str(w.message) for w in caught if "on one schedule" in str(w.message)]
+    assert len(ours) == 1 and "env 0 (at seed 6000) and env 1 (at seed 6002)" in ours[0], ours
+    assert [seeds_of(pool.reset()) for _ in range(2)] == [[6002, 6004], [6004, 6006]]  # env 0 replays env 1's
+    pool.close()

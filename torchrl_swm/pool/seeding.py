@@ -14,8 +14,8 @@ reset uses ``b_i + k_i * N`` (``N`` envs), then ``k_i`` grows by one. So:
 * ``reset(seed=[s_0, ..., s_{N-1}])`` sets ``b_i = s_i`` for the reset rows (a ``None``
   entry leaves that env on its own schedule). Two rows whose bases are equal modulo ``N``
   then share seeds (each steps by ``N``), so one replays the other's episodes, at every
-  later reset: :meth:`SeedSchedule.overlap` finds those that meet within 1000 episodes, and
-  the pool warns;
+  later reset: :meth:`SeedSchedule.overlap` finds those that meet within 1000 episodes
+  from where they are, and the pool warns;
 * seeds wrap modulo ``2**63`` (``b_i + k_i * N`` past ``2**63 - 1`` continues from 0), so a
   large base seed never overflows into an invalid (negative) one mid-run.
 
@@ -163,11 +163,12 @@ class SeedSchedule:
             self.count[slice(None) if rows is None else rows] -= 1
 
     def overlap(self, rows: np.ndarray | None, override: np.ndarray, horizon: int = 1000) -> tuple[int, int] | None:
-        """Two rows whose schedules share seeds within ``horizon`` episodes (bases equal modulo ``N`` and less
-        than ``horizon * N`` apart), one of them restarted by the ``override`` of the last :meth:`next` of
-        ``rows``; ``None`` when there are none. Rows given the same seed on purpose are not reported, nor
-        schedules that would meet only after ``horizon`` episodes (random seeds in a wide range often do).
-        Only with ``every_episode`` (otherwise a base is one seed, not a schedule)."""
+        """Two rows whose schedules share seeds within ``horizon`` episodes (their current seeds equal modulo
+        ``N`` and less than ``horizon * N`` apart, wherever their schedules started), one of them restarted by
+        the ``override`` of the last :meth:`next` of ``rows``; ``None`` when there are none. Rows given the same
+        seed on purpose are not reported, nor schedules that would meet only after ``horizon`` episodes
+        (random seeds in a wide range often do). Only with ``every_episode`` (otherwise a base is one seed,
+        not a schedule)."""
         n = self.num_envs
         if not self.every_episode or n < 2:
             return None
@@ -175,10 +176,11 @@ class SeedSchedule:
         restarted[slice(None) if rows is None else rows] = True
         restarted &= override != NO_SEED
         base = self.base
-        residues = base % n
-        order = np.lexsort((base, residues))  # by residue, then by base: the closest schedules side by side
+        at = (base + np.maximum(self.count - 1, 0) * n) & _MAX_SEED  # each row's current episode's seed
+        residues = at % n
+        order = np.lexsort((at, residues))  # by residue, then by seed: the closest schedules side by side
         a, b = order[:-1], order[1:]
-        close = (residues[a] == residues[b]) & (base[b] - base[a] < horizon * n) & (restarted[a] | restarted[b])
+        close = (residues[a] == residues[b]) & (at[b] - at[a] < horizon * n) & (restarted[a] | restarted[b])
         close &= ~(restarted[a] & restarted[b] & (base[a] == base[b]))  # the same seed, given to both on purpose
         found = np.flatnonzero(close)
         return None if not found.size else tuple(sorted((int(a[found[0]]), int(b[found[0]]))))
