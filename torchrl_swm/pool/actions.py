@@ -15,7 +15,7 @@ import torch
 
 from ..errors import SpecError, describe
 from ..specs import space_to_spec
-from .infos import first_cast_problem
+from .infos import first_cast_problem, tensor_numpy
 from .rows import action_kind, env_action_list
 
 __all__ = ["ActionCodec"]
@@ -82,12 +82,7 @@ class ActionCodec:
         if rows is None and self.kind == "discrete" and self.categorical and not batched:
             # the hot path of Discrete pools: no numpy call (each costs microseconds in the loop)
             return self._categorical_list(action, action.dtype, rows)
-        try:
-            array = action.numpy()
-        except TypeError:  # bfloat16, float8: numpy has no such dtype, and float32 holds their values exactly
-            if not action.is_floating_point():
-                raise
-            array = action.float().numpy()
+        array = tensor_numpy(action)
         if rows is not None:
             array = array[rows]
         if self.kind == "discrete" and self.categorical and not batched:

@@ -91,6 +91,17 @@ class SkippedValue:
         return SkippedValue, (self.text,)
 
 
+def tensor_numpy(tensor) -> np.ndarray:
+    """A CPU tensor with no grad as numpy; bfloat16 and float8, which numpy has no dtype for, through float32,
+    which holds their values exactly."""
+    try:
+        return tensor.numpy()
+    except TypeError:
+        if tensor.dtype.is_floating_point:
+            return tensor.float().numpy()
+        raise
+
+
 def numeric_value(value) -> np.ndarray | None:
     """``value`` as a numpy array when the info rule records it, else ``None``.
 
@@ -115,13 +126,7 @@ def numeric_value(value) -> np.ndarray | None:
     if torch is not None and isinstance(value, torch.Tensor):
         if value.dtype.is_complex:
             return None
-        tensor = value.detach().cpu()
-        try:
-            return tensor.numpy()
-        except TypeError:  # bfloat16, float8: numpy has no such dtype, and float32 holds their values exactly
-            if tensor.dtype.is_floating_point:
-                return tensor.float().numpy()
-            raise
+        return tensor_numpy(value.detach().cpu())
     if isinstance(value, (int, float)):  # a subclass (IntEnum, IntFlag): its plain number, as int/float above
         return numeric_value(int(value) if isinstance(value, int) else float(value))
     return None

@@ -15,7 +15,7 @@ import gymnasium as gym
 import numpy as np
 
 from ..errors import EnvError, SpecError, describe
-from .infos import InfoWriter, cast_problem, first_cast_problem
+from .infos import InfoWriter, cast_problem, first_cast_problem, tensor_numpy
 
 __all__ = ["RowWriter", "observation_leaves", "action_kind", "env_action_list", "RESERVED_KEYS"]
 
@@ -158,10 +158,7 @@ def _dict_leaf(obs, key: tuple):
 def _coerce(i, key, value, shape, dtype, phase):
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
-        value = value.detach().cpu()
-        if value.is_floating_point() and value.dtype not in (torch.float16, torch.float32, torch.float64):
-            value = value.float()  # bfloat16, float8: numpy has no such dtype, and float32 holds their values exactly
-        value = value.numpy()
+        value = tensor_numpy(value.detach().cpu())
     array = np.asarray(value)
     if array.shape != shape:
         raise EnvError(
